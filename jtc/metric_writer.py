@@ -1,0 +1,71 @@
+"""Per-step metrics to `<workdir>/metrics.jsonl` and TensorBoard event files.
+
+On resume from step s, lines of the JSONL file with `step >= s` are dropped first, so a killed
+and resumed run leaves exactly one line per step, as an uninterrupted run would.
+"""
+
+import json
+import math
+import os
+
+import numpy as np
+
+
+def _to_python(value):
+  value = np.asarray(value)
+  if value.size != 1:
+    return value.tolist()
+  value = value.item()
+  if isinstance(value, float) and not math.isfinite(value):
+    return str(value)
+  return value
+
+
+def read_jsonl(path):
+  """All records of a metrics file (a torn last line from a killed run is ignored)."""
+  records = []
+  if not os.path.exists(path):
+    return records
+  with open(path) as f:
+    for line in f:
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError:
+        break
+  return records
+
+
+class MetricWriter:
+  """Writes scalar metrics to JSONL (and TensorBoard, when tensorboardX is installed)."""
+
+  def __init__(self, workdir, *, resume_step=0):
+    os.makedirs(workdir, exist_ok=True)
+    self.path = os.path.join(workdir, 'metrics.jsonl')
+    kept = [r for r in read_jsonl(self.path) if r.get('step', -1) < resume_step]
+    tmp = self.path + '.tmp'
+    with open(tmp, 'w') as f:
+      for r in kept:
+        f.write(json.dumps(r) + '\n')
+    os.replace(tmp, self.path)
+    self._file = open(self.path, 'a')
+    try:
+      import tensorboardX  # pylint: disable=import-outside-toplevel
+      self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, 'tensorboard'))
+    except ImportError:
+      self._tb = None
+
+  def write(self, step, metrics):
+    record = {'step': int(step)}
+    record.update({k: _to_python(v) for k, v in metrics.items()})
+    self._file.write(json.dumps(record) + '\n')
+    self._file.flush()
+    if self._tb is not None:
+      for k, v in record.items():
+        if k != 'step' and isinstance(v, (int, float)):
+          self._tb.add_scalar(k, v, int(step))
+    return record
+
+  def close(self):
+    self._file.close()
+    if self._tb is not None:
+      self._tb.close()

@@ -1,0 +1,163 @@
+r"""Supervised fine-tuning of the default base policy on task solutions.
+
+  python -m jtc.sft --config configs/sft_arith.py --workdir W
+
+Each training example is a prompt followed by one of its equivalent solution texts, the format
+drawn uniformly, so the resulting policy writes every format (the drift between formats under
+RL is what the paper's Corollary 3.2 is about). The loss is the mean negative log-likelihood
+of the completion tokens, computed with the same chunked `model.sequence_logprobs` that the RL
+trainer uses. At the end the policy is evaluated (avg@k at the config's temperature) and
+written as a policy bundle to `<workdir>/policy` (and to `--config.export_to`, e.g.
+`jtc/assets/base_policy` to rebuild the shipped one).
+"""
+
+import functools
+import json
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+from ml_collections import config_flags
+import numpy as np
+import optax
+
+from jtc import checkpoints
+from jtc import data as data_lib
+from jtc import model as model_lib
+from jtc import sampler as sampler_lib
+from jtc import tasks as tasks_lib
+from jtc import tokenizer as tokenizer_lib
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'SFT config file.', lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Where the policy bundle and metrics go.')
+
+
+def encode_pairs(tokenizer, prompts, completions, *, prompt_width, completion_width):
+  """Left-padded prompts then right-padded, EOS-terminated completions.
+
+  Returns tokens [B, P+T], input_mask [B, P+T] and completion loss mask [B, T].
+  """
+  tokens_BP, mask_BP = data_lib.encode_prompts(tokenizer, prompts, width=prompt_width)
+  B = len(completions)
+  comp_BT = np.full((B, completion_width), tokenizer.pad_id, np.int32)
+  cmask_BT = np.zeros((B, completion_width), np.int32)
+  for b, text in enumerate(completions):
+    ids = tokenizer.encode(text) + [tokenizer.eos_id]
+    if len(ids) > completion_width:
+      raise ValueError(f'completion {text!r} has {len(ids)} tokens with EOS, more than '
+                       f'completion_width={completion_width}')
+    comp_BT[b, :len(ids)] = ids
+    cmask_BT[b, :len(ids)] = 1
+  tokens = np.concatenate([tokens_BP, comp_BT], axis=1)
+  input_mask = np.concatenate([mask_BP, cmask_BT], axis=1)
+  return tokens, input_mask, cmask_BT.astype(np.float32)
+
+
+def sft_step(params, opt_state, tokens_BL, input_mask_BL, mask_BT, *, model_config, optimizer,
+             prompt_width):
+  """One AdamW step on the mean completion-token negative log-likelihood."""
+
+  def loss_fn(p):
+    out = model_lib.sequence_logprobs(p, model_config, tokens_BL, input_mask_BL,
+                                      completion_start=prompt_width)
+    return -jnp.sum(out['logps'] * mask_BT) / jnp.maximum(jnp.sum(mask_BT), 1.0)
+
+  loss, grads = jax.value_and_grad(loss_fn)(params)
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, loss
+
+
+def evaluate(params, model_config, tokenizer, task, examples, *, k, prompt_width,
+             max_new_tokens, temperature, seed, batch_prompts=32):
+  """avg@k accuracy and the share of each solution format among correct samples."""
+  sample = functools.partial(
+      sampler_lib.sample, config=model_config, num_samples=k, max_new_tokens=max_new_tokens,
+      eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, temperature=temperature)
+  correct, formats = [], []
+  for s in range(0, len(examples), batch_prompts):
+    chunk = examples[s:s + batch_prompts]
+    n_real = len(chunk)
+    chunk = chunk + [chunk[-1]] * (batch_prompts - n_real)
+    tokens_BP, mask_BP = data_lib.encode_prompts(tokenizer, [e['prompt'] for e in chunk],
+                                                 width=prompt_width)
+    out = jax.device_get(sample(params, prompt_tokens_BP=tokens_BP, prompt_mask_BP=mask_BP,
+                                rng=jax.random.fold_in(jax.random.key(seed), s)))
+    n = n_real * k
+    comps = [tokenizer.decode(r[m > 0].tolist())
+             for r, m in zip(out.completion[:n], out.completion_mask[:n])]
+    rep = [e for e in chunk[:n_real] for _ in range(k)]
+    rewards = np.asarray(task.reward_fn([e['prompt'] for e in rep], comps,
+                                        [e['answer'] for e in rep]))
+    correct.append(rewards > 0.5)
+    formats += [task.format_of(c) for c, ok in zip(comps, rewards > 0.5) if ok]
+  correct = np.concatenate(correct)
+  result = {f'avg@{k}': float(correct.mean())}
+  for f in task.formats:
+    result[f'format/{f}'] = formats.count(f) / max(len(formats), 1)
+  return result
+
+
+def train_sft(c, workdir):
+  """Runs SFT from scratch; returns the final evaluation dict."""
+  task = tasks_lib.get_task(c.task)
+  tokenizer = tokenizer_lib.from_spec(dict(c.tokenizer))
+  model_config = getattr(model_lib.ModelConfig, c.model_preset)(vocab_size=tokenizer.vocab_size)
+  rng = np.random.default_rng(c.seed)
+  params = model_lib.init_params(model_config, jax.random.key(c.seed))
+  schedule = optax.warmup_cosine_decay_schedule(0.0, c.learning_rate, c.warmup_steps,
+                                                c.num_steps, c.learning_rate * 0.1)
+  optimizer = optax.chain(optax.clip_by_global_norm(1.0),
+                          optax.adamw(schedule, weight_decay=c.weight_decay))
+  opt_state = optimizer.init(params)
+  step_fn = jax.jit(functools.partial(sft_step, model_config=model_config, optimizer=optimizer,
+                                      prompt_width=c.prompt_width), donate_argnums=(0, 1))
+  train = data_lib.load_examples(c.task, split='train', data_dir=os.path.join(workdir, 'data'),
+                                 limit=c.train_problems)
+  test = data_lib.load_examples(c.task, split='test', data_dir=os.path.join(workdir, 'data'),
+                                limit=c.eval_problems)
+  t0 = time.time()
+  log = open(os.path.join(workdir, 'sft_metrics.jsonl'), 'w')
+  for step in range(1, c.num_steps + 1):
+    idx = rng.integers(0, len(train), c.batch_size)
+    prompts = [train[i]['prompt'] for i in idx]
+    sols = []
+    for i in idx:
+      solutions = train[i]['solutions']
+      sols.append(solutions[task.formats[rng.integers(len(task.formats))]])
+    tokens, input_mask, mask = encode_pairs(tokenizer, prompts, sols,
+                                            prompt_width=c.prompt_width,
+                                            completion_width=c.max_new_tokens)
+    params, opt_state, loss = step_fn(params, opt_state, tokens, input_mask, mask)
+    if step % 50 == 0 or step == c.num_steps:
+      rec = dict(step=step, loss=float(loss), time=time.time() - t0)
+      log.write(json.dumps(rec) + '\n')
+      log.flush()
+      print(rec, file=sys.stderr)
+  result = evaluate(params, model_config, tokenizer, task, test, k=c.eval_k,
+                    prompt_width=c.prompt_width, max_new_tokens=c.max_new_tokens,
+                    temperature=1.0, seed=c.seed + 1)
+  result['train_seconds'] = time.time() - t0
+  log.write(json.dumps(dict(step=c.num_steps, **result)) + '\n')
+  log.close()
+  meta = dict(made_by='python -m jtc.sft --config configs/sft_arith.py', task=c.task,
+              sft_steps=c.num_steps, seed=c.seed, eval=result)
+  for path in [os.path.join(workdir, 'policy')] + ([c.export_to] if c.export_to else []):
+    checkpoints.save_policy_bundle(path, model_config=model_config, params=params,
+                                   tokenizer_spec=dict(c.tokenizer), meta=meta)
+  return result
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments {argv[1:]}')
+  os.makedirs(_WORKDIR.value, exist_ok=True)
+  print(json.dumps(train_sft(_CONFIG.value, _WORKDIR.value)))
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config', 'workdir'])
+  app.run(main)

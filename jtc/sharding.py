@@ -1,0 +1,172 @@
+"""Device mesh, logical-axis rules and sharded jit: the one place that knows about devices.
+
+Mesh axes:
+  'data'   pure data parallelism (parameters replicated);
+  'fsdp'   data parallelism with parameters (and so optimiser state) sharded over 'embed';
+  'tensor' Megatron-style model parallelism over heads, MLP hidden units and vocabulary.
+
+The model names *logical* axes only (`jtc.model.param_logical_axes`, `model.CACHE_AXES`);
+`LOGICAL_AXIS_RULES` below maps them to mesh axes. A dimension whose size is not divisible by
+the product of its mesh axes keeps the longest prefix of those axes that divides it (possibly
+none, i.e. replicated), so every preset runs on every mesh.
+
+Single host: `mesh = make_mesh(data=1, fsdp=-1, tensor=1)` (-1: all remaining devices), then
+`shard_params`, `shard_batch`, and `sharded_jit(fn, mesh, in_shardings=..., out_shardings=...)`.
+Anything jitted on sharded inputs (e.g. `jtc.sampler.sample`) also runs sharded: XLA
+propagates the input shardings.
+
+Multi-host (TPU pods, GPU clusters): call `initialize_distributed()` first thing in *every*
+process, before any other JAX call (`jax.distributed.initialize`; on TPU/SLURM/Open MPI the
+coordinator, process count and id are detected, otherwise pass them). `jax.devices()` then
+lists every host's devices and `make_mesh` spans them all; each process reads only its own
+slice of the batch (e.g. grain with `ShardByJaxProcess`) and `host_local_to_global` assembles
+the global array. Parameters are created with `jax.jit(init_params, out_shardings=...)` so no
+host ever holds them whole.
+
+Dimension key: B batch, L sequence length, plus the model's (see `jtc.model`).
+"""
+
+import math
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jtc import model as model_lib
+
+MESH_AXES = ('data', 'fsdp', 'tensor')
+
+# logical axis -> mesh axis / tuple of mesh axes / None (replicated).
+LOGICAL_AXIS_RULES = {
+    # Activations, batches and the KV cache.
+    'batch': ('data', 'fsdp'),
+    'length': None,
+    'cache_length': None,
+    # Parameters.
+    'vocab': 'tensor',
+    'embed': 'fsdp',
+    'heads': 'tensor',
+    'kv_heads': 'tensor',
+    'head_dim': None,
+    'mlp': 'tensor',
+    'norm': None,
+}
+
+
+def make_mesh(*, data: int = 1, fsdp: int = -1, tensor: int = 1,
+              devices: Sequence[Any] | None = None) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh; at most one size may be -1 (= the rest)."""
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = {'data': data, 'fsdp': fsdp, 'tensor': tensor}
+  free = [k for k, v in sizes.items() if v == -1]
+  if len(free) > 1 or any(v == 0 or v < -1 for v in sizes.values()):
+    raise ValueError(f'mesh sizes {sizes} invalid: positive ints, at most one -1')
+  if free:
+    known = math.prod(v for v in sizes.values() if v != -1)
+    if len(devices) % known:
+      raise ValueError(f'{len(devices)} devices not divisible by mesh sizes {sizes}')
+    sizes[free[0]] = len(devices) // known
+  if math.prod(sizes.values()) != len(devices):
+    raise ValueError(f'mesh sizes {sizes} do not multiply to {len(devices)} devices')
+  grid = np.array(devices, dtype=object).reshape([sizes[a] for a in MESH_AXES])
+  return Mesh(grid, MESH_AXES)
+
+
+def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                    rules: dict = LOGICAL_AXIS_RULES) -> PartitionSpec:
+  """PartitionSpec for an array of `shape` whose dimensions have these logical names."""
+  if len(logical_axes) != len(shape):
+    raise ValueError(f'logical axes {logical_axes} do not match shape {shape}')
+  used, spec = set(), []
+  for name, size in zip(logical_axes, shape):
+    if name is not None and name not in rules:
+      raise ValueError(f'unknown logical axis {name!r}; valid: {sorted(rules)}')
+    target = rules.get(name) if name is not None else None
+    target = (target,) if isinstance(target, str) else tuple(target or ())
+    chosen = []
+    for axis in target:
+      if axis in used or size % (math.prod(mesh.shape[a] for a in chosen) * mesh.shape[axis]):
+        break
+      chosen.append(axis)
+    used.update(chosen)
+    spec.append(None if not chosen else chosen[0] if len(chosen) == 1 else tuple(chosen))
+  return PartitionSpec(*spec)
+
+
+def named_sharding(mesh: Mesh, logical_axes, shape) -> NamedSharding:
+  return NamedSharding(mesh, logical_to_spec(logical_axes, shape, mesh))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def param_shardings(params, mesh: Mesh):
+  """A pytree like `params` of NamedShardings (works on arrays or ShapeDtypeStructs)."""
+  axes = model_lib.param_logical_axes(params)
+  return jax.tree_util.tree_map(lambda a, x: named_sharding(mesh, a, x.shape), axes, params,
+                                is_leaf=lambda x: isinstance(x, tuple))
+
+
+def shard_params(params, mesh: Mesh):
+  return jax.device_put(params, param_shardings(params, mesh))
+
+
+def batch_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
+  """Leading dimension over ('data', 'fsdp'), the rest replicated ([B, ...] arrays)."""
+  return named_sharding(mesh, ('batch',) + (None,) * (len(shape) - 1), shape)
+
+
+def batch_shardings(tree, mesh: Mesh):
+  return jax.tree_util.tree_map(lambda x: batch_sharding(mesh, x.shape), tree)
+
+
+def shard_batch(tree, mesh: Mesh):
+  """device_put every [B, ...] leaf with the batch sharding."""
+  return jax.device_put(tree, batch_shardings(tree, mesh))
+
+
+def cache_shardings(cache: model_lib.KVCache, mesh: Mesh) -> model_lib.KVCache:
+  """Shardings for a `KVCache`: [B, S, K, H] over (batch, -, kv_heads, -)."""
+  kv = lambda x: named_sharding(mesh, model_lib.CACHE_AXES, x.shape)
+  return model_lib.KVCache(k=tuple(map(kv, cache.k)), v=tuple(map(kv, cache.v)),
+                           mask_BS=named_sharding(mesh, model_lib.CACHE_MASK_AXES,
+                                                  cache.mask_BS.shape),
+                           index=replicated(mesh))
+
+
+def sharded_jit(fn: Callable, mesh: Mesh, *, in_shardings, out_shardings,
+                static_argnames=(), donate_argnums=()) -> Callable:
+  """jax.jit with explicit input/output shardings on `mesh` (pytrees of NamedSharding)."""
+  del mesh  # carried by the NamedShardings; kept in the signature for readability.
+  return jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
+                 static_argnames=static_argnames, donate_argnums=donate_argnums)
+
+
+def initialize_distributed(coordinator_address: str | None = None,
+                           num_processes: int | None = None,
+                           process_id: int | None = None) -> None:
+  """Multi-host start-up: `jax.distributed.initialize` (call once, before any JAX work).
+
+  With no arguments the cluster is auto-detected (Cloud TPU, SLURM, Open MPI, ...). A single
+  process with nothing to detect is left alone, so scripts work unchanged on one machine.
+  """
+  if coordinator_address is None and num_processes is None and process_id is None:
+    try:
+      jax.distributed.initialize()
+    except (ValueError, RuntimeError):  # nothing to auto-detect: single process.
+      pass
+    return
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes, process_id=process_id)
+
+
+def host_local_to_global(tree, mesh: Mesh):
+  """Assemble per-process [B_local, ...] batches into global [B, ...] arrays on `mesh`."""
+  def to_global(x):
+    x = np.asarray(x)
+    global_shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
+    return jax.make_array_from_process_local_data(batch_sharding(mesh, global_shape), x,
+                                                  global_shape)
+  return jax.tree_util.tree_map(to_global, tree)

@@ -1,0 +1,253 @@
+"""Tests of jtc.diagnostics: closed forms from the paper and independent references."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jtc import diagnostics as dg
+from jtc import model
+from jtc import tokenizer as tokenizer_lib
+
+G, P, T = 4, 3, 6
+SHARED = 3  # completion positions 0..2 are shared by the whole group
+
+
+def _cfg(**kw):
+  return model.ModelConfig.tiny(vocab_size=16, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                                head_dim=16, d_ff=64, **kw)
+
+
+@pytest.fixture(scope='module')
+def setup():
+  cfg = _cfg()
+  params = model.init_params(cfg, jax.random.key(0))
+  rng = np.random.default_rng(0)
+  comp = rng.integers(3, 16, size=(G, T))
+  comp[:, :SHARED] = [7, 8, 9]
+  comp[:, SHARED] = [3, 4, 5, 6]  # the members diverge at position SHARED
+  tokens = np.concatenate([np.tile([0, 5, 6], (G, 1)), comp], 1)
+  inm = np.ones((G, P + T), np.int32)
+  inm[:, 0] = 0  # left padding
+  tokens, inm = jnp.asarray(tokens, jnp.int32), jnp.asarray(inm)
+  # Behaviour policy = a slightly different policy (an earlier step), so ratios differ from 1
+  # but stay well inside GRPO's clip range.
+  noise = jax.tree.map(lambda x: 0.01 * jax.random.normal(jax.random.key(1), x.shape), params)
+  old_params = jax.tree.map(jnp.add, params, noise)
+  old = model.sequence_logprobs(old_params, cfg, tokens, inm, completion_start=P)['logps']
+  batch = dict(tokens=tokens, input_mask=inm, mask=jnp.ones((G, T)),
+               advantages=jnp.array([1.0, -1.0, 0.5, -0.5]), old_logps=old)
+  norms = dg.exact_grad_norms(params, cfg, tokens, inm, completion_start=P)
+  return cfg, params, batch, norms
+
+
+def test_asym_matches_numpy_loop():
+  rng = np.random.default_rng(1)
+  w, a = rng.uniform(0.5, 1.5, 12), rng.normal(size=12)
+  per_group, mean = dg.asym(jnp.asarray(w, jnp.float32), jnp.asarray(a, jnp.float32),
+                            group_size=3)
+  ref = []
+  for m in range(4):
+    x = [w[3 * m + i] * a[3 * m + i] for i in range(3)]
+    mu = sum(x) / 3
+    ref.append(sum((v - mu) ** 2 for v in x) / 3)
+  np.testing.assert_allclose(per_group, ref, rtol=1e-5)
+  np.testing.assert_allclose(mean, np.mean(ref), rtol=1e-5)
+  with pytest.raises(ValueError, match='group_size=5'):
+    dg.asym(jnp.ones(12), jnp.ones(12), group_size=5)
+
+
+def test_jitter2_closed_forms():
+  assert dg.jitter2(3.0 * np.arange(10) + 1.0) == pytest.approx(0.0, abs=1e-12)
+  m = [0.0, 1.0, 0.0, 2.0, 5.0]
+  # second differences: 0-2+0=-2, 2-0+1=3, 5-4+0=1 -> (2 + 3 + 1) / 3
+  assert dg.jitter2(m) == pytest.approx(2.0)
+  assert dg.jitter2(np.arange(8) ** 2) == pytest.approx(2.0)  # constant second difference
+  with pytest.raises(ValueError, match='at least 3'):
+    dg.jitter2([1.0, 2.0])
+
+
+def test_compute_at_threshold_and_baseline():
+  curve, compute = [0.1, 0.5, 0.6, 0.8, 0.7], [10, 20, 30, 40, 50]
+  assert dg.compute_at_threshold(curve, compute, 0.7) == 40
+  assert dg.compute_at_threshold(curve, compute, 0.7, interpolate=True) == pytest.approx(35.0)
+  assert dg.compute_at_threshold(curve, compute, 0.9) == math.inf
+  # trailing mean over 2: [.1, .3, .55, .7, .75] -> first >= .7 at index 3
+  assert dg.compute_at_threshold(curve, compute, 0.7, smooth=2) == 40
+  ratios = dg.normalise_to_baseline({'gspo': 100.0, 'dfpo': 91.0}, 'gspo')
+  assert ratios == pytest.approx({'gspo': 1.0, 'dfpo': 0.91})
+  with pytest.raises(ValueError, match="'grpo'"):
+    dg.normalise_to_baseline({'gspo': 1.0}, 'grpo')
+
+
+def test_entropy_trend_recovers_line():
+  steps = np.array([0, 2, 3, 7, 10], float)
+  out = dg.entropy_trend(2.0 - 0.05 * steps, steps)
+  assert out['slope'] == pytest.approx(-0.05)
+  assert out['intercept'] == pytest.approx(2.0)
+  assert out['r2'] == pytest.approx(1.0)
+
+
+def test_kl_drift_tabular_softmax_second_order():
+  theta = jnp.array([0.3, -1.0, 0.8, 0.0, 0.5])
+  g = jnp.array([1.0, 0.5, -2.0, 0.3, 0.0])
+  fn = jax.nn.log_softmax
+  p = np.asarray(jax.nn.softmax(theta), np.float64)
+  gn = np.asarray(g, np.float64)
+  # F = diag(p) - p p^T for a softmax over free logits.
+  closed = np.sum(p * gn ** 2) - np.sum(p * gn) ** 2
+  np.testing.assert_allclose(dg.fisher_quadratic(fn, theta, g), closed, rtol=1e-5)
+  gaps = []
+  for eta in (0.3, 0.1, 0.03):
+    out = dg.kl_drift(fn, theta, g, step_size=eta)
+    gaps.append(abs(float(out['ratio']) - 1.0))
+  assert gaps[0] > gaps[1] > gaps[2]
+  assert gaps[2] < 0.03
+
+
+def test_kl_drift_at_context_tiny_transformer(setup):
+  cfg, params, batch, _ = setup
+  g = jax.tree.map(lambda x: jax.random.normal(jax.random.key(2), x.shape) / np.sqrt(x.size),
+                   params)
+  out = dg.kl_drift_at_context(params, cfg, batch['tokens'][0], batch['input_mask'][0],
+                               position=P + 1, direction=g, step_size=0.02)
+  assert float(out['kl']) > 0
+  assert float(out['ratio']) == pytest.approx(1.0, abs=0.05)
+
+
+def test_shared_context_mask(setup):
+  _, _, batch, _ = setup
+  shared = dg.shared_context_mask(batch['tokens'], batch['input_mask'], batch['mask'],
+                                  group_size=G, completion_start=P)
+  expected = np.zeros((G, T), bool)
+  expected[:, :SHARED] = True
+  np.testing.assert_array_equal(shared, expected)
+  # One member with a different first token breaks the event for the whole group.
+  tokens = batch['tokens'].at[2, P].set(11)
+  shared = dg.shared_context_mask(tokens, batch['input_mask'], batch['mask'], group_size=G,
+                                  completion_start=P)
+  assert not np.any(shared)
+
+
+@pytest.mark.parametrize('name,hparams,cancels', [
+    ('grpo', {}, True),
+    ('grpo_fix', {}, True),
+    ('dfpo_min_replace', {'eps': 0.2}, True),
+    ('dfpo_pos_orth_proj', {'eps': 0.2}, True),
+    ('gspo', {'eps': 0.2}, False),
+])
+def test_shared_token_residual(setup, name, hparams, cancels):
+  cfg, params, batch, norms = setup
+  logps = model.sequence_logprobs(params, cfg, batch['tokens'], batch['input_mask'],
+                                  completion_start=P)['logps']
+  coef, _ = dg.loss_coefficients(logps, loss_name=name, old_logps=batch['old_logps'],
+                                 advantages=batch['advantages'], mask=batch['mask'],
+                                 group_size=G, **hparams)
+  shared = dg.shared_context_mask(batch['tokens'], batch['input_mask'], batch['mask'],
+                                  group_size=G, completion_start=P)
+  res = dg.shared_token_residual(coef, norms, shared, batch['mask'], group_size=G)
+  assert float(res['shared_energy']) > 0.1
+  # Independent check with exact vectors: the net gradient of all shared positions.
+  net = dg.net_gradient(params, cfg, batch['tokens'], batch['input_mask'], coef * shared,
+                        completion_start=P)
+  net_norm = float(jnp.sqrt(sum(jnp.sum(x ** 2) for x in jax.tree_util.tree_leaves(net))))
+  gross = float(jnp.sum(jnp.abs(coef) * norms * shared))
+  if cancels:
+    assert float(res['residual']) < 1e-5
+    assert net_norm < 1e-5 * gross
+  else:
+    assert float(res['residual']) > 1e-3
+    assert net_norm > 1e-3 * gross
+
+
+def test_exact_grad_norms_match_grad_loop(setup):
+  cfg, params, batch, norms = setup
+  for b, t in [(0, 0), (1, 4), (3, 5)]:
+    def f(p, b=b, t=t):
+      return model.sequence_logprobs(p, cfg, batch['tokens'][b:b + 1],
+                                     batch['input_mask'][b:b + 1], completion_start=P)['logps'][0, t]
+    grad = jax.grad(f)(params)
+    ref = np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64)))
+                      for x in jax.tree_util.tree_leaves(grad)))
+    np.testing.assert_allclose(norms[b, t], ref, rtol=1e-4)
+
+
+def test_single_event_net_gradient_equals_coefficient_sum(setup):
+  cfg, params, batch, norms = setup
+  coef = jnp.asarray(np.random.default_rng(3).normal(size=(G, T)), jnp.float32)
+  per_pos = dg.position_net_grad_norms(params, cfg, batch['tokens'], batch['input_mask'], coef,
+                                       completion_start=P)
+  # Shared position 1: identical score vectors, so the net norm is |sum_i c_i| * ||g||.
+  np.testing.assert_allclose(per_pos[1], abs(float(jnp.sum(coef[:, 1]))) * norms[0, 1],
+                             rtol=1e-4)
+
+
+def test_lm_head_proxy_is_head_gradient_norm():
+  cfg = _cfg(tie_embeddings=False)
+  params = model.init_params(cfg, jax.random.key(4))
+  tokens = jnp.asarray(np.random.default_rng(4).integers(3, 16, size=(2, 7)), jnp.int32)
+  inm = jnp.ones_like(tokens)
+  proxy = dg.token_grad_norms(params, cfg, tokens, inm, completion_start=3, mode='proxy')
+  for b, t in [(0, 0), (1, 3)]:
+    def f(head, b=b, t=t):
+      p = {**params, 'lm_head': {'kernel': head}}
+      return model.sequence_logprobs(p, cfg, tokens, inm, completion_start=3)['logps'][b, t]
+    ref = float(jnp.linalg.norm(jax.grad(f)(params['lm_head']['kernel'])))
+    np.testing.assert_allclose(proxy[b, t], ref, rtol=1e-4)
+  with pytest.raises(ValueError, match="'fast'"):
+    dg.token_grad_norms(params, cfg, tokens, inm, completion_start=3, mode='fast')
+
+
+def test_frequency_buckets_and_energy_shares():
+  counts = jnp.array([0, 0, 0, 50, 30, 10, 5, 5, 0, 0], jnp.float32)
+  ids = jnp.array([[3, 4, 5, 6], [7, 3, 3, 9]])
+  mask = jnp.array([[1, 1, 1, 1], [1, 1, 1, 0]])
+  buckets = dg.token_frequency_buckets(ids, mask, counts, num_buckets=2)
+  # id 3 holds the first 50% of the mass -> bucket 0; the rest start at >= 50% -> bucket 1.
+  np.testing.assert_array_equal(buckets, [[0, 1, 1, 1], [1, 0, 0, 1]])
+  norms = jnp.asarray(np.random.default_rng(5).uniform(size=(2, 4)), jnp.float32)
+  shares = dg.energy_by_frequency(norms, buckets, mask, num_buckets=2)
+  n, b, m = map(np.asarray, (norms, buckets, mask))
+  ref0 = sum(n[i, j] for i in range(2) for j in range(4) if m[i, j] and b[i, j] == 0)
+  tot = sum(n[i, j] for i in range(2) for j in range(4) if m[i, j])
+  np.testing.assert_allclose(shares, [ref0 / tot, 1 - ref0 / tot], rtol=1e-5)
+  assert float(jnp.sum(shares)) == pytest.approx(1.0)
+
+
+def test_format_log_odds_matches_manual_logprobs():
+  tok = tokenizer_lib.CharTokenizer()
+  cfg = _cfg().__class__.tiny(vocab_size=tok.vocab_size, d_model=32, n_layers=1, n_heads=2,
+                              n_kv_heads=1, head_dim=16, d_ff=64)
+  params = model.init_params(cfg, jax.random.key(6))
+  sols = ['The answer is 20.', '10+10=20.']
+  lp = dg.solution_logprobs(params, cfg, tok, 'What is 10+10?', sols)
+
+  def manual(text):  # full logits, no padding, plain log-softmax loop
+    prompt = [tok.bos_id] + tok.encode(tok.apply_chat_template('What is 10+10?'))
+    ids = prompt + tok.encode(text) + [tok.eos_id]
+    x = jnp.asarray([ids], jnp.int32)
+    out = model.forward(params, cfg, x, model.positions_from_mask(jnp.ones_like(x)),
+                        jnp.ones_like(x))
+    logp = jax.nn.log_softmax(out.logits_BLV[0], axis=-1)
+    return sum(float(logp[i - 1, ids[i]]) for i in range(len(prompt), len(ids)))
+
+  np.testing.assert_allclose(dg.format_log_odds(lp[0], lp[1]), manual(sols[0]) - manual(sols[1]),
+                             rtol=1e-4, atol=1e-3)
+  assert float(dg.format_entropy(jnp.array([-1.0, -1.0]))) == pytest.approx(math.log(2))
+  assert float(dg.format_entropy(jnp.array([0.0, -80.0]))) == pytest.approx(0.0, abs=1e-6)
+  assert dg.empirical_format_entropy(['a', 'b', None, 'a', 'b']) == pytest.approx(math.log(2))
+
+
+@pytest.mark.parametrize('mode', ['proxy', 'exact'])
+def test_step_diagnostics_jits(setup, mode):
+  cfg, params, batch, _ = setup
+  fn = jax.jit(lambda p, b: dg.step_diagnostics(
+      p, cfg, b, loss_name='gspo', loss_hparams={'eps': 0.2}, group_size=G,
+      completion_start=P, mode=mode))
+  out = fn(params, batch)
+  assert all(np.isfinite(float(v)) for v in out.values())
+  energy = sum(float(out[f'diag/energy_b{k}']) for k in range(3))
+  assert energy == pytest.approx(1.0, abs=1e-5)
+  assert float(out['diag/shared_frac']) == pytest.approx(SHARED / T)
+  assert float(out['diag/shared_residual']) > 1e-3

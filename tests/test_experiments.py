@@ -1,0 +1,385 @@
+"""Tests of the experiment runner (experiments/run.py), sweeps and statistics.
+
+The runner is exercised with a fake trainer command (a few lines of Python that write a
+`metrics.jsonl`), so these tests need no model. One optional end-to-end smoke sweep with the
+real trainer is marked `slow` and skipped unless JTC_RUN_SLOW=1.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from experiments import run as run_lib
+from experiments import stats
+from experiments import sweeps as sweeps_lib
+
+# ---------------------------------------------------------------------------------------------
+# Statistics.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_bootstrap_ci_covers_true_mean_at_about_nominal_rate():
+  rng = np.random.default_rng(123)
+  true_mean, n, trials = 1.5, 20, 300
+  covered = 0
+  for i in range(trials):
+    x = rng.normal(true_mean, 2.0, size=n)
+    mean, lo, hi = stats.bootstrap_ci(x, num_resamples=1000, seed=i)
+    assert mean == pytest.approx(x.mean())
+    assert lo <= mean <= hi
+    covered += lo <= true_mean <= hi
+  # Percentile bootstrap slightly under-covers at n = 20 (about 0.93); 300 trials -> sd 0.015.
+  assert 0.87 <= covered / trials <= 0.985
+
+
+def test_bootstrap_ci_is_seeded_and_narrows_with_more_data():
+  x = np.random.default_rng(0).normal(size=50)
+  assert stats.bootstrap_ci(x, seed=7) == stats.bootstrap_ci(x, seed=7)
+  _, lo_small, hi_small = stats.bootstrap_ci(x[:10], seed=0)
+  _, lo_big, hi_big = stats.bootstrap_ci(x, seed=0)
+  assert hi_big - lo_big < hi_small - lo_small
+  # One seed: a mean, no interval.
+  mean, lo, hi = stats.bootstrap_ci([3.0])
+  assert mean == 3.0 and np.isnan(lo) and np.isnan(hi)
+
+
+def test_paired_pvalue_small_for_clear_shift_large_for_none():
+  rng = np.random.default_rng(1)
+  base = rng.normal(50.0, 5.0, size=8)                 # large between-seed spread ...
+  shifted = base + 2.0 + rng.normal(0, 0.3, size=8)    # ... but a consistent paired shift
+  assert stats.paired_bootstrap_pvalue(shifted, base) < 0.01
+  # The same shift unpaired would be buried in the spread: pairing is what detects it.
+  assert stats.bootstrap_ci(shifted)[1] < base.mean() < stats.bootstrap_ci(shifted)[2]
+  noise = base + rng.normal(0, 0.3, size=8)
+  noise = noise - (noise - base).mean()                # zero mean difference (up to rounding)
+  assert stats.paired_bootstrap_pvalue(noise, base) > 0.9
+  assert stats.paired_bootstrap_pvalue(base, base) == 1.0
+
+
+def test_paired_pvalue_is_roughly_calibrated_under_the_null():
+  rng = np.random.default_rng(2)
+  pvals = [stats.paired_bootstrap_pvalue(rng.normal(size=12), rng.normal(size=12),
+                                         num_resamples=500, seed=i) for i in range(200)]
+  pvals = np.array(pvals)
+  assert np.all((pvals > 0) & (pvals <= 1))
+  # Bootstrap tests are a bit liberal at small n; a broken test gives ~0 or ~1 here.
+  assert 0.01 <= np.mean(pvals < 0.05) <= 0.12
+  assert 0.35 <= np.median(pvals) <= 0.65
+
+
+def test_paired_pvalue_is_symmetric_and_bounded_by_resamples():
+  x, y = np.array([1.0, 2.0, 3.5, 4.0]), np.array([0.0, 0.5, 1.0, 1.5])
+  assert stats.paired_bootstrap_pvalue(x, y, seed=3) == stats.paired_bootstrap_pvalue(y, x, seed=3)
+  assert stats.paired_bootstrap_pvalue(x, y, num_resamples=99) >= 1 / 100
+
+
+def test_ratio_of_means_ci_exact_ratio_and_bad_input():
+  y = np.array([1.0, 2.0, 4.0, 3.0])
+  r, lo, hi = stats.ratio_of_means_ci(0.5 * y, y)
+  assert (r, lo, hi) == pytest.approx((0.5, 0.5, 0.5))
+  with pytest.raises(ValueError, match='equal lengths'):
+    stats.paired_bootstrap_pvalue([1.0, 2.0], [1.0])
+  with pytest.raises(ValueError, match='non-finite'):
+    stats.bootstrap_ci([1.0, float('nan')])
+  with pytest.raises(ValueError, match='level'):
+    stats.bootstrap_ci([1.0, 2.0], level=95)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweeps.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_unknown_sweep_lists_the_valid_ones(capsys):
+  with pytest.raises(ValueError, match=r"unknown sweep 'nope'.*table1"):
+    sweeps_lib.get_sweep('nope')
+  with pytest.raises(SystemExit) as e:
+    run_lib.main(['nope', '--tables-only'])
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert "'nope'" in err and all(name in err for name in sweeps_lib.SWEEPS)
+
+
+@pytest.mark.parametrize('name', sorted(sweeps_lib.SWEEPS))
+@pytest.mark.parametrize('smoke', [False, True])
+def test_sweeps_are_well_formed(name, smoke):
+  sweep = sweeps_lib.get_sweep(name, smoke=smoke)
+  assert len({r.name for r in sweep.runs}) == len(sweep.runs)
+  labels = {(r.group, r.label) for r in sweep.runs}
+  assert len(labels) == len(sweep.runs)
+  for group in {r.group for r in sweep.runs}:
+    assert (group, sweep.baseline) in labels, f'{name}: no baseline in group {group!r}'
+  for table in sweep.tables:
+    assert set(table.rows) <= {r.label for r in sweep.runs}
+    assert table.metric.partition(':')[0] in run_lib.EXTRACTORS
+  if smoke:
+    assert sweep.config_arg == 'smoke' and sweep.num_steps <= 3 and sweep.seeds <= 2
+  else:
+    hours = sweeps_lib.estimate_seconds(sweep) / 3600
+    assert 0.5 <= hours <= 1.25, f'{name}: {hours:.2f} h under the sizing assumptions'
+  if name == 'table1' and not smoke:
+    assert sweep.seeds >= 5
+
+
+def test_compute_matching_within_each_comparison():
+  """Runs compared with each other share steps and per-step rollout/update budgets."""
+  budget_keys = ('num_steps', 'prompts_per_step', 'group_size', 'max_new_tokens',
+                 'minibatch_prompts', 'ppo_epochs', 'token_budget')
+  for name in sweeps_lib.SWEEPS:
+    sweep = sweeps_lib.get_sweep(name)
+    for group in {r.group for r in sweep.runs}:
+      specs = [s for s in run_lib.make_specs(sweep, 1) if s.run.group == group]
+      budgets = {tuple((k, dict(s.overrides).get(k)) for k in budget_keys) for s in specs}
+      assert len(budgets) == 1, (name, group, budgets)
+
+
+@pytest.mark.parametrize('G', [2, 4, 8, 16])
+def test_table4_keeps_sequences_and_update_steps_per_step(G):
+  ov = dict(sweeps_lib.group_size_overrides(G, seqs_per_step=128))
+  assert ov['group_size'] * ov['prompts_per_step'] == 128
+  assert ov['prompts_per_step'] // ov['minibatch_prompts'] == 2
+  with pytest.raises(ValueError, match='G=3'):
+    sweeps_lib.group_size_overrides(3, seqs_per_step=128)
+
+
+def test_num_steps_knob_resizes_the_sweep():
+  sweep = sweeps_lib.get_sweep('table1', num_steps=7)
+  specs = run_lib.make_specs(sweep, 2)
+  assert all(dict(s.overrides)['num_steps'] == 7 for s in specs)
+  assert len({s.run_id for s in specs}) == 2 * len(sweep.runs)
+  assert specs[0].key != run_lib.make_specs(sweeps_lib.get_sweep('table1'), 1)[0].key
+
+
+def _all_runs():
+  return [(n, r.name) for n in sweeps_lib.SWEEPS for r in sweeps_lib.get_sweep(n).runs]
+
+
+@pytest.mark.parametrize('sweep_name,run_name', _all_runs())
+def test_every_sweep_run_parses_like_the_trainer(sweep_name, run_name):
+  """Each run's config + overrides is accepted by config_flags (typos, un-overridable keys)."""
+  sweep = sweeps_lib.get_sweep(sweep_name)
+  spec = next(s for s in run_lib.make_specs(sweep, 1) if s.run.name == run_name)
+  if any(k == 'loss.hparams.global_scale' for k, _ in spec.run.overrides):
+    from configs import dfpo_min_replace  # pylint: disable=import-outside-toplevel
+    if dfpo_min_replace.get_config().loss.hparams.global_scale is None:
+      pytest.xfail('config_flags cannot override a None default (configs/common.py set_loss '
+                   'should use config_dict.placeholder(float))')
+  config = run_lib.validate_spec(spec)
+  assert config.seed == 0 and config.num_steps == sweep.num_steps
+
+
+def test_validate_spec_rejects_a_typo():
+  sweep = sweeps_lib.Sweep(name='t', description='', baseline='GSPO', tables=(), num_steps=2,
+                           seeds=1, runs=(sweeps_lib.Run('x', 'gspo', 'GSPO',
+                                                         (('num_stepz', 3),)),))
+  with pytest.raises(ValueError, match='num_stepz'):
+    run_lib.validate_spec(run_lib.make_specs(sweep, 1)[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# The runner, with a fake trainer.
+# ---------------------------------------------------------------------------------------------
+
+# Writes metrics.jsonl for steps 0..N like jtc.train would, resuming after the last step found;
+# accuracy is higher for 'better' runs; a run named 'broken' fails; every launch is counted.
+_FAKE_TRAINER = r'''
+import json, os, sys
+workdir, name, seed, n, counter, stop_at = sys.argv[1:7]
+seed, n, stop_at = int(seed), int(n), int(stop_at)
+with open(counter, 'a') as f:
+  f.write(name + '\n')
+if name == 'broken':
+  sys.stderr.write('Traceback: something broke in ' + name + '\n')
+  sys.exit(3)
+path = os.path.join(workdir, 'metrics.jsonl')
+done = []
+if os.path.exists(path):
+  done = [json.loads(l) for l in open(path)]
+start = done[-1]['step'] + 1 if done else 0
+bonus = 0.1 if name == 'better' else 0.0
+with open(path, 'a') as f:
+  for step in range(start, n + 1):
+    if step > stop_at:
+      sys.exit(0)
+    r = 0.2 + 0.05 * step + bonus + 0.01 * seed
+    rec = {'step': step, 'reward_mean': r, 'accuracy': r, 'entropy': 1.0 - 0.01 * step,
+           'asym': 0.5 - bonus, 'compute/generated_tokens': 100 * step,
+           'eval/avg@4': 0.3 + bonus + 0.01 * seed}
+    f.write(json.dumps(rec) + '\n')
+'''
+
+
+def _fake_sweep(names=('base', 'better'), num_steps=4):
+  runs = tuple(sweeps_lib.Run(n, 'gspo', n.upper()) for n in names)
+  tables = (sweeps_lib.Table('acc', 'final:eval/avg@', unit='(%)', scale=100.0,
+                             expect=(('BETTER', '>'),)),
+            sweeps_lib.Table('jitter', 'jitter2:reward_mean', higher_is_better=False),
+            sweeps_lib.Table('compute', 'compute_at:reward_mean', normalize=True,
+                             threshold='auto'))
+  return sweeps_lib.Sweep(name='fake', description='a fake sweep', runs=runs, baseline='BASE',
+                          tables=tables, num_steps=num_steps, seeds=2)
+
+
+def _fake_command(tmp_path, stop_at=10**9):
+  script = tmp_path / 'fake_trainer.py'
+  script.write_text(_FAKE_TRAINER)
+  counter = tmp_path / 'launches.txt'
+
+  def make(spec, workdir):
+    return [sys.executable, str(script), workdir, spec.run.name, str(spec.seed),
+            str(spec.num_steps), str(counter), str(stop_at)]
+  return make, counter
+
+
+def _launches(counter):
+  return counter.read_text().split() if counter.exists() else []
+
+
+def _run(tmp_path, sweep, make, seeds=2):
+  return run_lib.run_sweep(sweep, seeds=seeds, jobs=2, results_dir=str(tmp_path / 'res'),
+                           workroot=str(tmp_path / 'work'), make_command=make,
+                           validate=False, log=lambda *a: None)
+
+
+def test_runner_skips_finished_runs_and_resumes_unfinished(tmp_path):
+  sweep = _fake_sweep()
+  make, counter = _fake_command(tmp_path)
+  out = _run(tmp_path, sweep, make)
+  assert sorted(out) == ['base__s0', 'base__s1', 'better__s0', 'better__s1']
+  assert {s for s, _ in out.values()} == {'ok'}
+  assert len(_launches(counter)) == 4
+  summary = json.loads((tmp_path / 'res' / 'runs' / 'better__s1.json').read_text())
+  assert summary['final']['step'] == 4 and summary['seed'] == 1
+  assert summary['curves']['reward_mean']['step'] == [0, 1, 2, 3, 4]
+  assert summary['overrides']['num_steps'] == 4 and summary['label'] == 'BETTER'
+
+  # Second invocation: every summary exists -> nothing is launched.
+  out = _run(tmp_path, sweep, make)
+  assert {s for s, _ in out.values()} == {'skipped'}
+  assert len(_launches(counter)) == 4
+
+  # A finished workdir whose summary was lost: summarised again without a launch.
+  os.remove(tmp_path / 'res' / 'runs' / 'base__s0.json')
+  out = _run(tmp_path, sweep, make)
+  assert out['base__s0'][0] == 'ok' and len(_launches(counter)) == 4
+
+  # More seeds: only the new ones run.
+  out = _run(tmp_path, sweep, make, seeds=3)
+  assert sorted(_launches(counter)[4:]) == ['base', 'better']
+
+
+def test_runner_resumes_a_killed_run_in_the_same_workdir(tmp_path):
+  sweep = _fake_sweep(names=('base',))
+  make_partial, counter = _fake_command(tmp_path, stop_at=2)
+  out = _run(tmp_path, sweep, make_partial, seeds=1)
+  assert out['base__s0'][0] == 'failed' and 'no step 4' in out['base__s0'][1]
+  assert not (tmp_path / 'res' / 'runs' / 'base__s0.json').exists()
+  make_full, _ = _fake_command(tmp_path)
+  out = _run(tmp_path, sweep, make_full, seeds=1)
+  assert out['base__s0'][0] == 'ok'
+  summary = json.loads((tmp_path / 'res' / 'runs' / 'base__s0.json').read_text())
+  assert summary['curves']['reward_mean']['step'] == [0, 1, 2, 3, 4]   # no step twice
+  assert not (tmp_path / 'res' / 'runs' / 'base__s0.failed.txt').exists()
+
+
+def test_failed_run_reports_stderr_and_others_continue(tmp_path, monkeypatch):
+  sweep = _fake_sweep(names=('base', 'broken', 'better'))
+  make, _ = _fake_command(tmp_path)
+  monkeypatch.setattr(sweeps_lib, 'get_sweep', lambda *a, **k: sweep)
+  monkeypatch.setattr(sweeps_lib, 'SWEEPS', {'fake': None})
+  rc = run_lib.main(['fake', '--seeds', '2', '--jobs', '2', '--workroot', str(tmp_path / 'w')],
+                    make_command=make, results_root=str(tmp_path / 'results'))
+  assert rc == 1
+  runs_dir = tmp_path / 'results' / 'fake' / 'runs'
+  assert sorted(p.name for p in runs_dir.glob('*.json')) == [
+      'base__s0.json', 'base__s1.json', 'better__s0.json', 'better__s1.json']
+  md = (tmp_path / 'results' / 'fake.md').read_text()
+  assert '## Failed runs' in md and 'something broke in broken' in md
+  assert 'exit status 3' in md
+
+
+def _write_fake_summaries(results_dir, sweep, acc_by_label, seeds):
+  """Summaries as the runner writes them, from synthetic metrics; returns the values."""
+  specs = run_lib.make_specs(sweep, seeds)
+  for spec in specs:
+    acc = acc_by_label[spec.run.label][spec.seed]
+    records = [{'step': s, 'reward_mean': 0.1 * s + acc, 'accuracy': acc,
+                'compute/generated_tokens': 1000 * s, 'eval/avg@4': acc}
+               for s in range(sweep.num_steps + 1)]
+    summary = run_lib.make_summary(spec, '/nowhere', records, wall_time_s=1.0, command=['x'])
+    run_lib._write_json(run_lib.summary_path(results_dir, spec), summary)  # pylint: disable=protected-access
+
+
+def test_tables_rebuild_from_summaries_alone(tmp_path):
+  sweep = sweeps_lib.get_sweep('table1')
+  rng = np.random.default_rng(0)
+  base = rng.uniform(0.3, 0.5, size=5)
+  acc = {r.label: base + (0.08 if r.label.startswith('DFPO') else 0.0) + rng.normal(0, .002, 5)
+         for r in sweep.runs}
+  acc['GSPO'] = base
+  results_dir, md_path = run_lib.result_paths('table1', smoke=False,
+                                              results_root=str(tmp_path))
+  _write_fake_summaries(results_dir, sweep, acc, seeds=5)
+  rc = run_lib.main(['table1', '--tables-only'], results_root=str(tmp_path))
+  assert rc == 0
+  md = open(md_path).read()
+  assert os.path.exists(os.path.join(results_dir, 'curves.png'))
+  assert 'python -m experiments.run table1 --tables-only' in md and 'Code revision' in md
+  rows = {line.split('|')[1].strip(): line for line in md.splitlines()
+          if line.startswith('| ') and 'avg' not in line}
+  # The first table: held-out accuracy in %, means computed here independently.
+  for label, values in acc.items():
+    key = label + (' (baseline)' if label == 'GSPO' else '')
+    assert f'{100 * np.mean(values):.1f} [' in rows[key]
+  dfpo = rows['DFPO (Min-Replace)'].split('|')
+  assert dfpo[3].strip().startswith(f'{100 * np.mean(acc["DFPO (Min-Replace)"] - base):.1f}')
+  assert dfpo[7].strip() == 'agrees'                     # +8 points with 5 seeds: p < 0.05
+  assert rows['GRPO'].split('|')[7].strip() in ('same direction, n.s.', 'opposite direction, n.s.',
+                                                 '')
+
+  # Smoke results go elsewhere and do not touch the real file.
+  smoke_dir, smoke_md = run_lib.result_paths('table1', smoke=True, results_root=str(tmp_path))
+  assert smoke_dir != results_dir and smoke_md != md_path
+
+
+def test_grouped_table_and_normalised_compute(tmp_path):
+  sweep = _fake_sweep()
+  make, _ = _fake_command(tmp_path)
+  results_dir = str(tmp_path / 'res')
+  _run(tmp_path, sweep, make, seeds=3)
+  md_path = str(tmp_path / 'fake.md')
+  run_lib.write_results(sweep, results_dir=results_dir, md_path=md_path, command='cmd',
+                        wall_time_s=0.0, revision='abc', plot=False)
+  md = open(md_path).read()
+  rows = [l for l in md.splitlines() if l.startswith('| BETTER')]
+  # acc: 30 + seed vs 40 + seed -> diff exactly +10.0 points, CI collapses to a point.
+  assert rows[0].split('|')[3].strip() == '10.0 [10.0, 10.0]'
+  # compute table: 'better' reaches the threshold earlier (reward is +0.1 everywhere).
+  ratio = float(rows[2].split('|')[3].split('[')[0])
+  assert ratio < 1.0
+
+  # Table 4 layout from the real sweep definition.
+  sweep4 = sweeps_lib.get_sweep('table4')
+  rd, md4 = run_lib.result_paths('table4', smoke=False, results_root=str(tmp_path))
+  acc = {lab: np.array([0.4, 0.5, 0.45]) + (0.05 if lab.startswith('DFPO') else 0.0)
+         for lab in ('DFPO (Min-Replace)', 'GSPO')}
+  _write_fake_summaries(rd, sweep4, acc, seeds=3)
+  run_lib.write_results(sweep4, results_dir=rd, md_path=md4, command='cmd', wall_time_s=0.0,
+                        revision='abc', plot=False)
+  text = open(md4).read()
+  for G in (2, 4, 8, 16):
+    line = next(l for l in text.splitlines() if l.startswith(f'| G={G} '))
+    assert '5.0 [5.0, 5.0]' in line
+
+
+@pytest.mark.skipif(os.environ.get('JTC_RUN_SLOW') != '1',
+                    reason='end-to-end smoke sweep with the real trainer; set JTC_RUN_SLOW=1')
+def test_smoke_sweep_end_to_end(tmp_path):
+  rc = run_lib.main(['table2', '--smoke', '--jobs', '2', '--workroot', str(tmp_path / 'w')],
+                    results_root=str(tmp_path / 'results'))
+  assert rc == 0
+  md = (tmp_path / 'results' / 'smoke' / 'table2.md').read_text()
+  assert 'GSPO (baseline)' in md and 'DFPO (Min-Replace)' in md

@@ -1,0 +1,220 @@
+"""Tests for jtc.rewards: extraction, exact equivalence, the safe parser, fuzzing."""
+import time
+from fractions import Fraction
+
+import hypothesis
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+
+from jtc import rewards
+
+FUZZ = hypothesis.settings(max_examples=150, deadline=1000, derandomize=True)
+
+
+# ----------------------------------------------------------------------------- numbers
+
+
+@FUZZ
+@hypothesis.given(st.integers(-10**6, 10**6), st.integers(1, 10**4))
+def test_fraction_forms_parse_to_the_same_value(p, q):
+    want = Fraction(p, q)
+    assert rewards.parse_number(f"{p}/{q}") == want
+    sign = "-" if p < 0 else ""
+    assert rewards.parse_number(f"{sign}\\frac{{{abs(p)}}}{{{q}}}") == want
+    assert rewards.parse_number(f"${p}/{q}$.") == want
+
+
+@FUZZ
+@hypothesis.given(st.integers(-10**9, 10**9), st.integers(0, 6))
+def test_decimal_and_comma_forms(n, places):
+    # n / 10**places written as a decimal string by hand.
+    digits = str(abs(n)).rjust(places + 1, "0")
+    text = ("-" if n < 0 else "") + (digits[:-places] + "." + digits[-places:] if places else digits)
+    assert rewards.parse_number(text) == Fraction(n, 10**places)
+    assert rewards.parse_number(f"{n:,}") == Fraction(n)
+    assert rewards.numbers_equal(f"{n}", f"{n}.000")
+
+
+@pytest.mark.parametrize("text", ["", "abc", "1/0", "1e5", "--3", "3..4", "1" * 100, "1,23", None])
+def test_parse_number_rejects(text):
+    assert rewards.parse_number(text) is None
+
+
+# ----------------------------------------------------------------------------- extraction
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("so \\boxed{\\frac{1}{2}} and more", "\\frac{1}{2}"),
+        ("\\boxed{1} then \\boxed{{2}+{3}}", "{2}+{3}"),  # last box, nested braces
+        ("\\boxed{7} \\boxed{unclosed", "7"),  # the unbalanced last box is skipped
+        ("The answer is 81.", "81"),
+        ("answer is 3 but the answer is -12.5.", "-12.5"),
+        ("The answer is forty-two.", "forty-two"),
+        ("compute 12+30\n#### 1,234", "1,234"),
+        ("23+50=73,73+8=81,so 81.", "81"),
+        ("10-3", "3"),
+        ("x=-7", "-7"),
+        ("no digits here", None),
+        ("", None),
+    ],
+)
+def test_extract_answer(text, want):
+    assert rewards.extract_answer(text) == want
+
+
+def test_rule_order_boxed_beats_answer_is_beats_last_number():
+    text = "The answer is 5. \\boxed{6} 7"
+    assert rewards.extract_answer(text) == "6"
+    assert rewards.extract_answer("The answer is 5. 7") == "5"
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def _tree(depth):
+    leaf = st.integers(0, 50)
+    if depth == 0:
+        return leaf
+    sub = _tree(depth - 1)
+    return st.one_of(leaf, st.tuples(st.sampled_from("+-*/"), sub, sub))
+
+
+def _ref_value(node):
+    if isinstance(node, int):
+        return Fraction(node)
+    op, a, b = node
+    x, y = _ref_value(a), _ref_value(b)
+    if op == "/" and y == 0:
+        raise ZeroDivisionError
+    return {"+": x + y, "-": x - y, "*": x * y, "/": x / y if op == "/" else None}[op]
+
+
+def _full_parens(node):
+    if isinstance(node, int):
+        return str(node)
+    op, a, b = node
+    return f"({_full_parens(a)} {op} {_full_parens(b)})"
+
+
+@FUZZ
+@hypothesis.given(_tree(4))
+def test_parser_matches_tree_reference(node):
+    text = _full_parens(node)
+    try:
+        want = _ref_value(node)
+    except ZeroDivisionError:
+        with pytest.raises(rewards.ExpressionError, match="division by zero"):
+            rewards.evaluate_expression(text)
+        return
+    parsed = rewards.parse_expression(text)
+    assert parsed.value == want
+    leaves = []
+
+    def collect(n):
+        if isinstance(n, int):
+            leaves.append(Fraction(n))
+        else:
+            collect(n[1])
+            collect(n[2])
+
+    collect(node)
+    assert list(parsed.numbers) == leaves
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("2+3*4", 14),
+        ("(2+3)*4", 20),
+        ("10-4-3", 3),  # left associative
+        ("48/4/2", 6),
+        ("2**3**2", 512),  # right associative power
+        ("-2**2", -4),
+        ("2^-2", Fraction(1, 4)),
+        ("6×7÷2", 21),
+        ("1.5*4", 6),
+    ],
+)
+def test_precedence_and_associativity(text, want):
+    assert rewards.evaluate_expression(text) == want
+
+
+@pytest.mark.parametrize(
+    "text, kwargs",
+    [
+        ("1+" * 200 + "1", {}),  # too long
+        ("(" * 40 + "1" + ")" * 40, {}),  # too deep
+        ("-" * 40 + "1", {}),  # unary chain too deep
+        ("9**17", {}),  # exponent too big
+        ("(9**16)**16**16", {}),  # value too big
+        ("*".join(["99999999999**16"] * 8), {}),  # ~4700 bits
+        ("2**(1/2)", {}),
+        ("1/(3-3)", {}),
+        ("0**-1", {}),
+        ("import os", {}),
+        ("__import__('os')", {}),
+        ("2+", {}),
+        ("(2+3", {}),
+        ("2 3", {}),
+        ("", {}),
+        ("-3+5", {"allow_unary": False}),
+        ("2**3", {"allow_power": False}),
+    ],
+)
+def test_parser_rejects(text, kwargs):
+    start = time.perf_counter()
+    with pytest.raises(rewards.ExpressionError):
+        rewards.parse_expression(text, **kwargs)
+    assert time.perf_counter() - start < 1.0  # a hang guard, not a benchmark
+
+
+# ----------------------------------------------------------------------------- reward fns
+
+
+def test_reward_interface_and_equal_reward_across_forms():
+    completions = ["The answer is 0.5.", "\\boxed{\\frac{1}{2}}", "1/2", "2/4", "The answer is 1/3.", "none"]
+    r = rewards.numeric_match([""] * 6, completions, ["0.5"] * 6)
+    assert r.dtype == np.float32 and r.shape == (6,)
+    np.testing.assert_array_equal(r, [1, 1, 1, 1, 0, 0])
+    exact = rewards.exact_match([""] * 6, completions, ["1/2"] * 6)
+    np.testing.assert_array_equal(exact, [0, 0, 1, 0, 0, 0])
+    fmt = rewards.format_reward([""] * 6, completions, ["0.5"] * 6)
+    np.testing.assert_array_equal(fmt, [1, 1, 0, 0, 1, 0])
+
+
+def test_expression_match_and_combine():
+    r = rewards.get_reward_fn("expression_match")(["", "", ""], ["3*(4+4)=24.", "3*4+4", "1/0"], ["24"] * 3)
+    np.testing.assert_array_equal(r, [1, 0, 0])
+    both = rewards.combine((1.0, rewards.numeric_match), (0.5, rewards.format_reward))
+    np.testing.assert_allclose(both(["", ""], ["The answer is 2.", "2"], ["2", "2"]), [1.5, 1.0])
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="equal length"):
+        rewards.numeric_match(["a"], ["b", "c"], ["1"])
+    with pytest.raises(ValueError, match="valid:.*numeric_match"):
+        rewards.get_reward_fn("nope")
+    assert rewards.get_reward_fn("numeric_match")([], [], []).shape == (0,)
+
+
+_NASTY = st.lists(
+    st.sampled_from(list("0123456789+-*/^().,=$ {}\\#x×÷") + ["\\boxed{", "\\frac", "answer is ", "**", "####"]),
+    max_size=150,
+).map("".join)
+
+
+@FUZZ
+@hypothesis.given(st.one_of(st.text(max_size=300), _NASTY), st.one_of(st.text(max_size=20), _NASTY))
+def test_fuzz_no_verifier_crashes_or_hangs(completion, answer):
+    rewards.extract_answer(completion)
+    rewards.parse_number(completion)
+    try:
+        rewards.parse_expression(completion)
+    except rewards.ExpressionError:
+        pass
+    for fn in rewards.REWARD_FNS.values():
+        r = fn(["p"], [completion], [answer])
+        assert r.shape == (1,) and r[0] in (0.0, 1.0)

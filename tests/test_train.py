@@ -1,0 +1,200 @@
+"""The RL trainer: config checks, an end-to-end smoke run, SIGKILL + resume, corrupt checkpoints.
+
+The runs start from a freshly initialised tiny policy bundle (the shipped base policy is tested
+in tests/test_base_policy.py); they check the mechanics, not learning.
+"""
+
+import glob
+import importlib
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from configs import common
+from jtc import checkpoints
+from jtc import metric_writer
+from jtc import model as model_lib
+from jtc import plot
+from jtc import tokenizer as tokenizer_lib
+from jtc import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METHODS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, 'configs', '*.py'))
+                 if os.path.basename(p) not in ('__init__.py', 'common.py', 'sft_arith.py'))
+NONDETERMINISTIC = ('time_', 'tokens_per_s')
+
+
+@pytest.fixture(scope='module')
+def tiny_policy(tmp_path_factory):
+  """A random tiny policy bundle with the character tokenizer."""
+  spec = {'kind': 'char'}
+  tok = tokenizer_lib.from_spec(spec)
+  config = model_lib.ModelConfig.tiny(vocab_size=tok.vocab_size)
+  params = model_lib.init_params(config, jax.random.key(0))
+  path = str(tmp_path_factory.mktemp('policy') / 'bundle')
+  checkpoints.save_policy_bundle(path, model_config=config, params=params, tokenizer_spec=spec)
+  return path
+
+
+def _config(method, arg='smoke'):
+  return importlib.import_module(f'configs.{method}').get_config(arg)
+
+
+def test_every_method_has_a_config():
+  expected = {'grpo', 'dapo', 'dr_grpo', 'gspo', 'dfpo_min_replace', 'dfpo_orth_proj',
+              'dfpo_pos_orth_proj', 'grpo_fix', 'delta', 'sapo', 'cispo'}
+  assert expected <= set(METHODS)
+
+
+@pytest.mark.parametrize('method', METHODS)
+@pytest.mark.parametrize('arg', [None, 'smoke', 'runlocal'])
+def test_method_configs_validate(method, arg):
+  c = _config(method, arg)
+  train.validate_config(c)
+  assert c.loss.name == method
+  doc = importlib.import_module(f'configs.{method}').__doc__
+  assert f'configs/{method}.py' in doc  # the docstring carries the run command
+
+
+@pytest.mark.parametrize('key,value,needle', [
+    ('group_size', 1, 'group_size'),
+    ('loss.hparams.eps_high', 0.0, 'eps_high'),
+    ('loss.hparams.eps_low', -0.1, 'eps_low'),
+    ('minibatch_prompts', 3, 'minibatch_prompts'),
+    ('delta.lam_min', 1.5, 'lam_min'),
+    ('loss.name', 'ppo_typo', 'loss.name'),
+    ('advantage', 'gae', 'advantage'),
+    ('task', 'chess', 'task'),
+    ('num_steps', 0, 'num_steps'),
+    ('overlong_buffer', 100, 'overlong_buffer'),
+])
+def test_invalid_settings_fail_naming_the_key(key, value, needle):
+  c = _config('dapo', None)
+  with c.unlocked():
+    node = c
+    *parents, leaf = key.split('.')
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  with pytest.raises(ValueError, match=needle):
+    train.validate_config(c)
+
+
+def test_set_loss_rejects_unknown_hparam():
+  c = common.get_config()
+  with pytest.raises(ValueError, match='not_a_knob'):
+    common.set_loss(c, 'gspo', not_a_knob=1.0)
+
+
+def test_config_arg_typo_is_rejected():
+  with pytest.raises(ValueError, match='smok'):
+    _config('grpo', 'smok')
+
+
+def test_overlong_shaping_matches_dapo_formula():
+  lengths = np.array([0, 10, 32, 33, 36, 40])
+  got = train.overlong_shaping(lengths, max_new_tokens=40, buffer=8, penalty=1.0)
+  # DAPO: 0 if L <= Lmax - Lcache; (Lmax - Lcache - L) / Lcache inside the buffer; -1 at Lmax.
+  want = [0.0 if L <= 32 else (32 - L) / 8 for L in lengths]
+  np.testing.assert_allclose(got, want)
+
+
+def test_dynamic_sampling_refill_keeps_only_informative_groups():
+  G = 2
+  rewards = np.array([1, 1, 0, 1, 0, 0], np.float32)
+  keep = train._informative_groups(rewards, G)
+  np.testing.assert_array_equal(keep, [False, True, False])
+
+
+def _run(workdir, policy, *extra, method='dfpo_min_replace', check=True):
+  cmd = [sys.executable, '-m', 'jtc.train', f'--config=configs/{method}.py:smoke',
+         f'--workdir={workdir}', f'--config.init_policy={policy}', '--config.num_steps=3',
+         *extra]
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  if check and proc.returncode != 0:
+    raise AssertionError(f'{cmd} failed:\n{proc.stderr[-4000:]}')
+  return proc
+
+
+def _comparable(records):
+  return [{k: v for k, v in r.items() if not k.startswith(NONDETERMINISTIC)} for r in records]
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tiny_policy, tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('run_a'))
+  _run(workdir, tiny_policy)
+  return workdir
+
+
+def test_smoke_run_writes_metrics_checkpoints_and_tensorboard(uninterrupted):
+  records = metric_writer.read_jsonl(os.path.join(uninterrupted, 'metrics.jsonl'))
+  assert [r['step'] for r in records] == [0, 1, 2, 3]
+  for key in ('reward_mean', 'accuracy', 'adv/frac_zero_std', 'entropy', 'asym', 'approx_kl',
+              'clip_frac_low', 'clip_frac_high', 'ratio_mean', 'grad_norm', 'param_norm',
+              'tokens_per_s', 'time_sample', 'time_score', 'time_update',
+              'compute/generated_tokens', 'compute/update_steps'):
+    assert key in records[1], key
+  assert 'eval/avg@2' in records[0] and 'eval/avg@2' in records[-1]
+  # Compute accounting is cumulative and consistent with the config (2 prompts x 4 samples).
+  assert records[-1]['compute/rollouts'] == 3 * 2 * 4
+  assert records[-1]['compute/update_steps'] == 3 * 2
+  assert glob.glob(os.path.join(uninterrupted, 'tensorboard', 'events.*'))
+  assert os.path.isdir(os.path.join(uninterrupted, 'checkpoints', '3'))
+
+
+def test_sigkill_then_resume_equals_uninterrupted(uninterrupted, tiny_policy, tmp_path):
+  workdir = str(tmp_path)
+  proc = _run(workdir, tiny_policy, '--kill_after_step=2', check=False)
+  assert proc.returncode == -9, proc.stderr[-2000:]
+  killed = metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  assert [r['step'] for r in killed] == [0, 1, 2]
+  proc = _run(workdir, tiny_policy)
+  assert 'resumed from step' in proc.stderr
+  resumed = metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  reference = metric_writer.read_jsonl(os.path.join(uninterrupted, 'metrics.jsonl'))
+  a, b = _comparable(resumed), _comparable(reference)
+  assert [r['step'] for r in a] == [r['step'] for r in b]
+  for ra, rb in zip(a, b):
+    assert ra.keys() == rb.keys()
+    for k in ra:
+      np.testing.assert_allclose(ra[k], rb[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_corrupt_latest_checkpoint_is_skipped(uninterrupted, tmp_path):
+  import shutil  # pylint: disable=import-outside-toplevel
+  ckpt_dir = str(tmp_path / 'checkpoints')
+  shutil.copytree(os.path.join(uninterrupted, 'checkpoints'), ckpt_dir)
+  steps = sorted(int(s) for s in os.listdir(ckpt_dir) if s.isdigit())
+  latest = os.path.join(ckpt_dir, str(steps[-1]))
+  for path in glob.glob(os.path.join(latest, '**', '*'), recursive=True):
+    if os.path.isfile(path):
+      with open(path, 'wb') as f:
+        f.write(b'\0garbage')
+  ckpt = checkpoints.TrainCheckpointer(ckpt_dir)
+  template = _state_template()
+  with pytest.warns(UserWarning, match=f'step {steps[-1]}'):
+    state, extra = ckpt.restore_latest(template)
+  assert extra['counters']['rl_steps'] == steps[-2]
+  assert state is not None
+
+
+def _state_template():
+  """A train state of the same structure as the smoke run's (the values are overwritten)."""
+  tok = tokenizer_lib.from_spec({'kind': 'char'})
+  mc = model_lib.ModelConfig.tiny(vocab_size=tok.vocab_size)
+  params = model_lib.init_params(mc, jax.random.key(1))
+  opt = train.make_optimizer(_config('dfpo_min_replace'))
+  return train.TrainState(step=jax.numpy.array(0, jax.numpy.int32), params=params,
+                          opt_state=opt.init(params))
+
+
+def test_plot_draws_several_runs(uninterrupted, tmp_path):
+  out = plot.plot_runs([uninterrupted, uninterrupted], str(tmp_path / 'curves.png'))
+  with open(out, 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
