@@ -58,11 +58,20 @@ def get_config(arg=None):
   # Policy: a bundle directory written by `python -m jtc.sft` ('base' = the one shipped in jtc).
   c.init_policy = 'base'
   c.model_overrides = ml_collections.ConfigDict()  # e.g. --config.model_overrides.dtype=bfloat16
+  c.checkpoint = ''                    # a Hugging Face model dir (Qwen3/Qwen2/Llama); overrides
+                                       # init_policy; tokenizer + chat template + eos/pad from it
 
   # Task and data.
   c.task = 'arithmetic'                # a name from jtc.tasks
   c.data_dir = ''                      # '' = $JTC_DATA_DIR or ~/.cache/jtc/data
   c.prompt_width = 20                  # P: prompts (with BOS) are left-padded to this width
+  c.dataset = ''                       # question/answer JSONL file or dir of <split>.jsonl;
+                                       # replaces task (GSM8K '#### x' / MATH '\boxed{x}' answers)
+  c.eval_dataset = ''                  # held-out JSONL for a dataset run ('' = dataset's test split)
+  c.reward = ''                        # '' = the task's verifier, or boxed_numeric for a dataset;
+                                       # else a name in jtc.train.REWARDS
+  c.prompt_suffix = ''                 # appended to every question before the chat template
+  c.chat_template = True               # wrap prompts with the tokenizer's chat template
 
   # Rollouts.
   c.num_steps = 60                     # RL steps (one rollout batch each)
@@ -105,6 +114,16 @@ def get_config(arg=None):
   c.minibatch_prompts = 8              # groups per update step (whole groups stay together)
   c.behaviour_logps = 'recompute'      # recompute | sampler: old log-probs for the ratios
 
+  # Memory and scale (see docs/scaling.md).
+  c.param_dtype = ''                   # master weights + optimiser state: float32 | bfloat16
+                                       # ('' = the policy's own)
+  c.compute_dtype = ''                 # activations / matmuls ('' = the policy's own); log-probs
+                                       # are float32 whatever this is
+  c.microbatch_prompts = 0             # gradient accumulation: groups per micro-batch (0 = off,
+                                       # else a divisor of minibatch_prompts); same update
+  c.remat = False                      # jax.checkpoint every Transformer block in the update
+  c.ref_param_dtype = ''               # dtype of the frozen KL reference (kept only if kl_coef > 0)
+
   # DAPO options.
   c.dynamic_sampling = False           # drop zero-variance groups and refill the batch
   c.dynamic_sampling_rounds = 3        # at most this many extra rollout rounds per step
@@ -112,7 +131,7 @@ def get_config(arg=None):
   c.overlong_buffer = 0                # soft overlong punishment over the last N tokens (0 = off)
   c.overlong_penalty = 1.0
 
-  # Reference policy for a KL term (loss.hparams.kl_coef > 0 keeps a frozen copy).
+  # Compute-matched runs.
   c.token_budget = 0                   # stop once this many tokens were generated (0 = off)
 
   # Evaluation: avg@k accuracy on held-out problems.
@@ -126,10 +145,13 @@ def get_config(arg=None):
 
   # Logging and checkpoints.
   c.log_every = 1
-  c.diagnostics_every = 10
+  c.diagnostics_every = 10             # jtc.diagnostics.step_diagnostics (0 = off)
+  c.diagnostics_mode = 'proxy'         # proxy (LM-head gradient norms) | exact (small models)
   c.ckpt_every = 20
   c.keep_checkpoints = 3
-  c.mesh_data = -1                     # devices on the data axis (-1 = all)
+  c.mesh_data = -1                     # devices on the data axis (-1 = all remaining)
+  c.mesh_fsdp = 1                      # devices sharding params + optimiser state (FSDP) and batch
+  c.mesh_tensor = 1                    # devices sharding heads / MLP / vocab (tensor parallel)
 
   if args.get('runlocal'):
     c.num_steps = 10

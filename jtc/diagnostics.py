@@ -433,10 +433,13 @@ def solution_logprobs(params, config, tokenizer, prompt, completions, *, append_
     cmask_FT[f, :len(x)] = 1
   tokens_FL = np.concatenate([np.repeat(tok_1P, F, 0), comp_FT], axis=1)
   inmask_FL = np.concatenate([np.repeat(mask_1P, F, 0), cmask_FT], axis=1)
-  logps_FT = model_lib.sequence_logprobs(params, config, jnp.asarray(tokens_FL),
-                                         jnp.asarray(inmask_FL),
-                                         completion_start=prompt_width)['logps']
+  logps_FT = _sequence_logprobs_jit(params, config, jnp.asarray(tokens_FL),
+                                    jnp.asarray(inmask_FL), completion_start=prompt_width)['logps']
   return jnp.sum(logps_FT * cmask_FT, axis=-1)
+
+
+_sequence_logprobs_jit = jax.jit(model_lib.sequence_logprobs, static_argnums=1,
+                                 static_argnames=('completion_start',))
 
 
 def format_log_odds(logp_a, logp_b):

@@ -73,6 +73,10 @@ class ModelConfig:
   param_dtype: str = 'float32'
   dtype: str = 'float32'
   max_seq_len: int = 2048
+  # Rematerialise each block's activations in the backward pass (jax.checkpoint via
+  # nn.remat): memory O(n_layers * B L D) instead of O(n_layers * B L (D + F + N S)),
+  # for about one extra forward pass. Same parameters, same values, same gradients.
+  remat: bool = False
 
   def __post_init__(self):
     for name in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'head_dim',
@@ -93,7 +97,7 @@ class ModelConfig:
       value = getattr(self, name)
       if value not in _DTYPES:
         raise ValueError(f'ModelConfig.{name}={value!r} is not one of {sorted(_DTYPES)}')
-    for name in ('qk_norm', 'attn_bias', 'tie_embeddings'):
+    for name in ('qk_norm', 'attn_bias', 'tie_embeddings', 'remat'):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f'ModelConfig.{name} must be a bool, got {getattr(self, name)!r}')
 
@@ -344,7 +348,8 @@ class Transformer(nn.Module):
   def setup(self):
     c = self.config
     self.embed = Embedder(c)
-    self.layers = [Block(c) for _ in range(c.n_layers)]  # named layers_0, layers_1, ...
+    block = nn.remat(Block) if c.remat else Block
+    self.layers = [block(c) for _ in range(c.n_layers)]  # named layers_0, layers_1, ...
     self.final_norm = RMSNorm(eps=c.norm_eps, dtype=c.jnp_dtype, param_dtype=c.jnp_param_dtype)
     if not c.tie_embeddings:
       self.lm_head = Einsum('BLD,DV->BLV', (c.d_model, c.vocab_size), c.d_model,

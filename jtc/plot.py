@@ -3,10 +3,12 @@ r"""Draws the main training curves of one or more runs on one figure.
   python -m jtc.plot W1 [W2 ...] --out curves.png [--keys reward_mean,entropy,...]
 
 Each W is a workdir of `jtc.train` (its `metrics.jsonl` is read); the legend is the workdir's
-base name. A key missing from a run is skipped for that run.
+base name. A key missing from a run is skipped for that run. For DelTA runs the token clouds
+(tokens with the highest / lowest mean lambda) go to `<out>_tokens.png`.
 """
 
 import argparse
+import json
 import os
 
 import matplotlib
@@ -63,6 +65,35 @@ def plot_runs(workdirs, out, keys=DEFAULT_KEYS):
   return out
 
 
+def plot_token_clouds(workdirs, out):
+  """Bar charts of the tokens with the highest and lowest mean DelTA lambda, one row per run.
+
+  Reads `token_cloud.json` written by the trainer for `delta` runs; returns None if no run has
+  one.
+  """
+  clouds = {}
+  for w in workdirs:
+    path = os.path.join(w, 'token_cloud.json')
+    if os.path.exists(path):
+      with open(path) as f:
+        clouds[os.path.basename(os.path.normpath(w))] = json.load(f)
+  if not clouds:
+    return None
+  fig, axes = plt.subplots(len(clouds), 2, figsize=(10, 2.8 * len(clouds)), squeeze=False)
+  for row, (name, cloud) in zip(axes, clouds.items()):
+    for ax, side, color in zip(row, ('top', 'bottom'), ('tab:green', 'tab:red')):
+      items = cloud[side]
+      ax.bar(range(len(items)), [it['mean_lambda'] for it in items], color=color)
+      ax.set_xticks(range(len(items)), [repr(it['token'])[1:-1] for it in items], fontsize=7)
+      ax.set_ylim(min([it['mean_lambda'] for it in items] + [1.0]) - 0.05,
+                  max([it['mean_lambda'] for it in items] + [1.0]) + 0.05)
+      ax.set_title(f'{name}: {side} tokens by mean lambda', fontsize=9)
+  fig.tight_layout()
+  fig.savefig(out, dpi=110)
+  plt.close(fig)
+  return out
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('workdirs', nargs='+')
@@ -70,6 +101,9 @@ def main(argv=None):
   parser.add_argument('--keys', default=','.join(DEFAULT_KEYS))
   args = parser.parse_args(argv)
   print(plot_runs(args.workdirs, args.out, [k for k in args.keys.split(',') if k]))
+  clouds = plot_token_clouds(args.workdirs, os.path.splitext(args.out)[0] + '_tokens.png')
+  if clouds:
+    print(clouds)
 
 
 if __name__ == '__main__':

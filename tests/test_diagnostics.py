@@ -35,11 +35,21 @@ def setup():
   # but stay well inside GRPO's clip range.
   noise = jax.tree.map(lambda x: 0.01 * jax.random.normal(jax.random.key(1), x.shape), params)
   old_params = jax.tree.map(jnp.add, params, noise)
-  old = model.sequence_logprobs(old_params, cfg, tokens, inm, completion_start=P)['logps']
+  old = _seq_logps(old_params, cfg, tokens, inm)
   batch = dict(tokens=tokens, input_mask=inm, mask=jnp.ones((G, T)),
                advantages=jnp.array([1.0, -1.0, 0.5, -0.5]), old_logps=old)
-  norms = dg.exact_grad_norms(params, cfg, tokens, inm, completion_start=P)
+  norms = jax.jit(dg.exact_grad_norms, static_argnums=1,
+                  static_argnames='completion_start')(params, cfg, tokens, inm, completion_start=P)
   return cfg, params, batch, norms
+
+
+def _seq_logps(params, cfg, tokens, inm, completion_start=P):
+  return _SEQ_LOGPS(params, cfg, tokens, inm, completion_start=completion_start)['logps']
+
+
+_SEQ_LOGPS = jax.jit(model.sequence_logprobs, static_argnums=1,
+                     static_argnames=('completion_start',))
+_NET_GRADIENT = jax.jit(dg.net_gradient, static_argnums=1, static_argnames=('completion_start',))
 
 
 def test_asym_matches_numpy_loop():
@@ -110,8 +120,10 @@ def test_kl_drift_at_context_tiny_transformer(setup):
   cfg, params, batch, _ = setup
   g = jax.tree.map(lambda x: jax.random.normal(jax.random.key(2), x.shape) / np.sqrt(x.size),
                    params)
-  out = dg.kl_drift_at_context(params, cfg, batch['tokens'][0], batch['input_mask'][0],
-                               position=P + 1, direction=g, step_size=0.02)
+  fn = jax.jit(lambda p, d: dg.kl_drift_at_context(
+      p, cfg, batch['tokens'][0], batch['input_mask'][0], position=P + 1, direction=d,
+      step_size=0.02))
+  out = fn(params, g)
   assert float(out['kl']) > 0
   assert float(out['ratio']) == pytest.approx(1.0, abs=0.05)
 
@@ -139,8 +151,7 @@ def test_shared_context_mask(setup):
 ])
 def test_shared_token_residual(setup, name, hparams, cancels):
   cfg, params, batch, norms = setup
-  logps = model.sequence_logprobs(params, cfg, batch['tokens'], batch['input_mask'],
-                                  completion_start=P)['logps']
+  logps = _seq_logps(params, cfg, batch['tokens'], batch['input_mask'])
   coef, _ = dg.loss_coefficients(logps, loss_name=name, old_logps=batch['old_logps'],
                                  advantages=batch['advantages'], mask=batch['mask'],
                                  group_size=G, **hparams)
@@ -149,7 +160,7 @@ def test_shared_token_residual(setup, name, hparams, cancels):
   res = dg.shared_token_residual(coef, norms, shared, batch['mask'], group_size=G)
   assert float(res['shared_energy']) > 0.1
   # Independent check with exact vectors: the net gradient of all shared positions.
-  net = dg.net_gradient(params, cfg, batch['tokens'], batch['input_mask'], coef * shared,
+  net = _NET_GRADIENT(params, cfg, batch['tokens'], batch['input_mask'], coef * shared,
                         completion_start=P)
   net_norm = float(jnp.sqrt(sum(jnp.sum(x ** 2) for x in jax.tree_util.tree_leaves(net))))
   gross = float(jnp.sum(jnp.abs(coef) * norms * shared))
@@ -163,11 +174,14 @@ def test_shared_token_residual(setup, name, hparams, cancels):
 
 def test_exact_grad_norms_match_grad_loop(setup):
   cfg, params, batch, norms = setup
+  @jax.jit
+  def grad_bt(p, b, t):
+    f = lambda q: model.sequence_logprobs(q, cfg, batch['tokens'], batch['input_mask'],
+                                          completion_start=P)['logps'][b, t]
+    return jax.grad(f)(p)
+
   for b, t in [(0, 0), (1, 4), (3, 5)]:
-    def f(p, b=b, t=t):
-      return model.sequence_logprobs(p, cfg, batch['tokens'][b:b + 1],
-                                     batch['input_mask'][b:b + 1], completion_start=P)['logps'][0, t]
-    grad = jax.grad(f)(params)
+    grad = grad_bt(params, b, t)
     ref = np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64)))
                       for x in jax.tree_util.tree_leaves(grad)))
     np.testing.assert_allclose(norms[b, t], ref, rtol=1e-4)
@@ -176,7 +190,8 @@ def test_exact_grad_norms_match_grad_loop(setup):
 def test_single_event_net_gradient_equals_coefficient_sum(setup):
   cfg, params, batch, norms = setup
   coef = jnp.asarray(np.random.default_rng(3).normal(size=(G, T)), jnp.float32)
-  per_pos = dg.position_net_grad_norms(params, cfg, batch['tokens'], batch['input_mask'], coef,
+  per_pos = jax.jit(dg.position_net_grad_norms, static_argnums=1,
+                    static_argnames='completion_start')(params, cfg, batch['tokens'], batch['input_mask'], coef,
                                        completion_start=P)
   # Shared position 1: identical score vectors, so the net norm is |sum_i c_i| * ||g||.
   np.testing.assert_allclose(per_pos[1], abs(float(jnp.sum(coef[:, 1]))) * norms[0, 1],
@@ -188,12 +203,18 @@ def test_lm_head_proxy_is_head_gradient_norm():
   params = model.init_params(cfg, jax.random.key(4))
   tokens = jnp.asarray(np.random.default_rng(4).integers(3, 16, size=(2, 7)), jnp.int32)
   inm = jnp.ones_like(tokens)
-  proxy = dg.token_grad_norms(params, cfg, tokens, inm, completion_start=3, mode='proxy')
-  for b, t in [(0, 0), (1, 3)]:
-    def f(head, b=b, t=t):
-      p = {**params, 'lm_head': {'kernel': head}}
+  proxy = jax.jit(lambda p: dg.token_grad_norms(p, cfg, tokens, inm, completion_start=3,
+                                                 mode='proxy'))(params)
+
+  @jax.jit
+  def head_grad_norm(head, b, t):
+    def f(h):
+      p = {**params, 'lm_head': {'kernel': h}}
       return model.sequence_logprobs(p, cfg, tokens, inm, completion_start=3)['logps'][b, t]
-    ref = float(jnp.linalg.norm(jax.grad(f)(params['lm_head']['kernel'])))
+    return jnp.linalg.norm(jax.grad(f)(head))
+
+  for b, t in [(0, 0), (1, 3)]:
+    ref = float(head_grad_norm(params['lm_head']['kernel'], b, t))
     np.testing.assert_allclose(proxy[b, t], ref, rtol=1e-4)
   with pytest.raises(ValueError, match="'fast'"):
     dg.token_grad_norms(params, cfg, tokens, inm, completion_start=3, mode='fast')
@@ -221,15 +242,16 @@ def test_format_log_odds_matches_manual_logprobs():
                               n_kv_heads=1, head_dim=16, d_ff=64)
   params = model.init_params(cfg, jax.random.key(6))
   sols = ['The answer is 20.', '10+10=20.']
+  forward_fn = jax.jit(lambda p, x: model.forward(p, cfg, x, model.positions_from_mask(
+      jnp.ones_like(x)), jnp.ones_like(x)).logits_BLV)
   lp = dg.solution_logprobs(params, cfg, tok, 'What is 10+10?', sols)
 
   def manual(text):  # full logits, no padding, plain log-softmax loop
     prompt = [tok.bos_id] + tok.encode(tok.apply_chat_template('What is 10+10?'))
     ids = prompt + tok.encode(text) + [tok.eos_id]
     x = jnp.asarray([ids], jnp.int32)
-    out = model.forward(params, cfg, x, model.positions_from_mask(jnp.ones_like(x)),
-                        jnp.ones_like(x))
-    logp = jax.nn.log_softmax(out.logits_BLV[0], axis=-1)
+    logits = forward_fn(params, x)
+    logp = jax.nn.log_softmax(logits[0], axis=-1)
     return sum(float(logp[i - 1, ids[i]]) for i in range(len(prompt), len(ids)))
 
   np.testing.assert_allclose(dg.format_log_odds(lp[0], lp[1]), manual(sols[0]) - manual(sols[1]),

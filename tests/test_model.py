@@ -23,19 +23,24 @@ CONFIGS = {
 
 
 def random_params(config, seed=0):
-  """init_params, then every leaf (biases, norm scales too) replaced by random values."""
-  params = model_lib.init_params(config, jax.random.key(seed))
-  leaves, treedef = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-  new = []
-  for key, leaf in zip(keys, leaves):
-    noise = jax.random.normal(key, leaf.shape, jnp.float32)
-    if leaf.ndim == 1 or (leaf.ndim == 2 and leaf.shape[-1] == config.head_dim
-                          and leaf.shape[0] in (config.n_heads, config.n_kv_heads)):
-      new.append(1.0 + 0.3 * noise if leaf.ndim == 1 else 0.3 * noise)  # scales / biases
+  """Random values (biases and norm scales too) in the layout of `init_params`.
+
+  Filled with numpy from `jax.eval_shape` (tracing only, nothing compiled)."""
+  shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
+  rng = np.random.default_rng(seed)
+
+  def fill(path, leaf):
+    name, shape = path[-1].key, leaf.shape
+    if name == 'scale':
+      value = 1.0 + 0.3 * rng.standard_normal(shape)
+    elif name == 'bias':
+      value = 0.3 * rng.standard_normal(shape)
     else:
-      new.append(leaf + 0.3 * jnp.std(leaf) * noise)
-  return jax.tree_util.tree_unflatten(treedef, new)
+      fan_in = {'embedding': shape[-1]}.get(name, int(np.prod(shape[:-1])) if path[-2].key == 'o'
+                                                   else shape[0])
+      value = rng.standard_normal(shape) / np.sqrt(fan_in)
+    return jnp.asarray(value, leaf.dtype)
+  return jax.tree_util.tree_map_with_path(fill, shapes)
 
 
 # ----------------------------------------------------------------------------------------
@@ -132,7 +137,8 @@ def test_forward_matches_numpy_reference(name):
 @pytest.mark.parametrize('name', sorted(CONFIGS))
 def test_param_layout(name):
   c = CONFIGS[name]
-  shapes = jax.tree_util.tree_map(lambda a: a.shape, model_lib.init_params(c, jax.random.key(0)))
+  params = model_lib.init_params(c, jax.random.key(0))
+  shapes = jax.tree_util.tree_map(lambda a: a.shape, params)
   D, N, K, H, F, V = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff, c.vocab_size
   attn = {'q': {'kernel': (D, N, H)}, 'k': {'kernel': (D, K, H)}, 'v': {'kernel': (D, K, H)},
           'o': {'kernel': (N, H, D)}}
@@ -150,8 +156,14 @@ def test_param_layout(name):
   if not c.tie_embeddings:
     want['lm_head'] = {'kernel': (D, V)}
   assert shapes == want
+  # init: kernels ~ N(0, 1/fan_in), norm scales 1, biases 0.
+  np.testing.assert_array_equal(params['final_norm']['scale'], 1.0)
+  if c.attn_bias:
+    np.testing.assert_array_equal(params['layers_0']['attn']['q']['bias'], 0.0)
+  std = float(jnp.std(params['layers_0']['mlp']['down']['kernel']))
+  assert abs(std * np.sqrt(F) - 1) < 0.1, std
   # Every parameter has logical axes of the right rank (raises otherwise).
-  model_lib.param_logical_axes(model_lib.init_params(c, jax.random.key(0)))
+  model_lib.param_logical_axes(params)
 
 
 @pytest.mark.parametrize('name', ['gqa_tied', 'qwen3_like_untied'])
@@ -257,7 +269,7 @@ def test_sequence_logprobs_matches_full_logits_and_grads():
 def test_bfloat16_forward_close_to_float32():
   c32 = CONFIGS['qwen3_like_untied']
   c16 = dataclasses.replace(c32, param_dtype='bfloat16', dtype='bfloat16')
-  params = model_lib.init_params(c32, jax.random.key(0))
+  params = random_params(c32)
   tokens, mask = padded_batch(ROWS, 8)
   out32 = _forward_jit(c32)(params, tokens, mask)
   params16 = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), params)

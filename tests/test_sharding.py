@@ -28,8 +28,11 @@ CHILD = textwrap.dedent('''
     config = model_lib.ModelConfig.tiny(vocab_size=64, n_layers=1, d_model=32, n_heads=4,
                                         n_kv_heads=2, head_dim=8, d_ff=64, qk_norm=True,
                                         tie_embeddings=False)
-    params = model_lib.init_params(config, jax.random.key(0))
-    params['lm_head']['kernel'] = 4.0 * params['lm_head']['kernel']
+    shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
+    rng = np.random.default_rng(0)
+    params = jax.tree_util.tree_map(
+        lambda x: jnp.asarray(rng.standard_normal(x.shape) / np.sqrt(x.shape[0]), jnp.float32),
+        shapes)
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
     p_sh = sharding.param_shardings(params, mesh)
     sharded_params = sharding.shard_params(params, mesh)

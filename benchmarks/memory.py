@@ -1,0 +1,121 @@
+"""Peak memory and time per phase of one full RL step (sample -> score -> update), per model size.
+
+  python benchmarks/memory.py                       # tiny default model and Qwen3-0.6B shape
+  python benchmarks/memory.py --models tiny         # a quick check
+  python benchmarks/memory.py --models qwen3_0_6b --prompts 2 --group 2 --new_tokens 32
+
+Each model runs in its own subprocess (so its peak resident set size, `ru_maxrss`, is its own)
+through `jtc.train.Trainer.step` with random weights: the KV-cache sampler draws G completions
+for each prompt, the rewards and the behaviour log-probs are computed ("score"), and one
+optimiser step (AdamW on float32 master weights, bf16 compute, per-block remat for the large
+model) updates the policy. Step 1 includes compilation; step 2 is the steady state. The
+tokenizer is a character tokenizer (the random model's completions are gibberish; that is
+fine for memory and time).
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name -> (ModelConfig preset, trainer overrides).
+MODELS = {
+    'tiny': ('tiny', dict(param_dtype='float32', compute_dtype='float32', remat=False)),
+    'qwen3_0_6b': ('qwen3_0_6b', dict(param_dtype='float32', compute_dtype='bfloat16',
+                                      remat=True)),
+    'qwen3_1_7b': ('qwen3_1_7b', dict(param_dtype='float32', compute_dtype='bfloat16',
+                                      remat=True)),
+}
+
+
+def _child(args):
+  sys.path.insert(0, REPO)
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  from configs import dfpo_min_replace  # pylint: disable=import-outside-toplevel
+  from jtc import model as model_lib  # pylint: disable=import-outside-toplevel
+  from jtc import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
+  from jtc import train  # pylint: disable=import-outside-toplevel
+
+  class WideCharTokenizer(tokenizer_lib.CharTokenizer):
+    """Characters for the prompts; ids beyond the alphabet decode to nothing."""
+
+    def decode(self, ids):
+      return super().decode(i for i in ids if int(i) < len(self.alphabet) + self.NUM_SPECIAL)
+
+  preset, overrides = MODELS[args.child]
+  tok = WideCharTokenizer()
+  if preset == 'tiny':
+    mc = model_lib.ModelConfig.tiny(vocab_size=tok.vocab_size)
+  else:
+    mc = getattr(model_lib.ModelConfig, preset)(max_seq_len=4096)
+  c = dfpo_min_replace.get_config('smoke')
+  with c.unlocked():
+    c.prompts_per_step = args.prompts
+    c.minibatch_prompts = args.prompts
+    c.group_size = args.group
+    c.max_new_tokens = args.new_tokens
+    c.prompt_width = 20
+    c.eval_every = 0
+    c.diagnostics_every = 0
+    c.num_steps = 2
+    for k, v in overrides.items():
+      c[k] = v
+  mc = dataclasses.replace(mc, param_dtype=c.param_dtype, dtype=c.compute_dtype, remat=c.remat)
+  t0 = time.perf_counter()
+  params = model_lib.init_params(mc, jax.random.key(0))
+  jax.block_until_ready(params)
+  t_init = time.perf_counter() - t0
+  n_params = model_lib.num_params(params)
+  with tempfile.TemporaryDirectory() as workdir:
+    trainer = train.Trainer(c, workdir, policy=(mc, params, tok))
+    del params
+    steps = []
+    for step in (1, 2):
+      m = trainer.step(step)
+      steps.append({k: round(m[k], 3) for k in ('time_sample', 'time_score', 'time_update')})
+      steps[-1]['tokens'] = int(m['compute/generated_tokens'])
+  peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+  print(json.dumps(dict(model=args.child, params=n_params, param_dtype=c.param_dtype,
+                        compute_dtype=c.compute_dtype, remat=c.remat, prompts=args.prompts,
+                        group=args.group, new_tokens=args.new_tokens, init_s=round(t_init, 2),
+                        step1_with_compile=steps[0], step2=steps[1],
+                        peak_rss_gib=round(peak_gib, 2))))
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--models', default='tiny,qwen3_0_6b',
+                 help=f'comma-separated subset of {sorted(MODELS)}')
+  p.add_argument('--prompts', type=int, default=2)
+  p.add_argument('--group', type=int, default=2)
+  p.add_argument('--new_tokens', type=int, default=32)
+  p.add_argument('--child', default=None, help=argparse.SUPPRESS)
+  args = p.parse_args()
+  if args.child:
+    _child(args)
+    return
+  names = [m for m in args.models.split(',') if m]
+  bad = [m for m in names if m not in MODELS]
+  if bad:
+    raise ValueError(f'unknown model(s) {bad}; valid: {sorted(MODELS)}')
+  env = dict(os.environ, JAX_PLATFORMS=os.environ.get('JAX_PLATFORMS', 'cpu'))
+  for name in names:
+    cmd = [sys.executable, os.path.abspath(__file__), '--child', name,
+           f'--prompts={args.prompts}', f'--group={args.group}',
+           f'--new_tokens={args.new_tokens}']
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode:
+      print(f'{name}: failed (exit {proc.returncode})\n{proc.stderr[-3000:]}', file=sys.stderr)
+      continue
+    print(proc.stdout.strip().splitlines()[-1], flush=True)
+
+
+if __name__ == '__main__':
+  main()

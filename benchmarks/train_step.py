@@ -1,0 +1,285 @@
+"""RL trainer throughput: the jitted update step against a matmul peak, and one RL step's phases.
+
+Run (default config `configs/dfpo_min_replace.py`, default tiny policy):
+  python -m benchmarks.train_step
+The update step on the ~26M-parameter benchmark model instead:
+  python -m benchmarks.train_step --model small_25m
+Quick check (smoke config, fewer repeats):
+  python -m benchmarks.train_step --small
+
+Reports, measured in one run:
+1. The matmul peak of this machine (`benchmarks.sampler.matmul_flops_per_s`: best FLOP/s of a
+   jitted f32 [n, n] @ [n, n], best of 10; on a shared machine other jobs only slow a run down).
+2. The jitted, buffer-donating `jtc.train.update_step` (loss, optimiser and mini-batch shape of
+   the config: minibatch_prompts * group_size sequences of L = prompt_width + max_new_tokens
+   tokens): seconds per step (median of `--repeats` after a compile call), tokens/s (all B * L
+   tokens that go through forward + backward, and the B * T completion tokens), and FLOP/s as
+   a fraction of the peak, with the FLOPs counted two ways:
+     - XLA: `jax.jit(update).lower(...).compile().cost_analysis()['flops']`, what the compiled
+       program executes (includes the optimiser, the rematerialised LM-head chunk, ...);
+     - model: 6 * N_trunk * B * L + 6 * D * V * B * T (LM head on the completion only)
+       + 12 * n_layers * N * H * B * L^2 (QK^T and PV over the full [L, L] score matrix,
+       forward + backward), the usual MFU count.
+   XLA counts a loop body once, so with micro-batches (config.microbatch_prompts) or
+   V > vocab_chunk the XLA count is too low; read the model count then.
+3. One RL step of the config through `jtc.train.Trainer` (the shipped base policy
+   `jtc/assets/base_policy`, or a random tiny policy bundle when it is not there yet): mean
+   seconds of the trainer's own phase timers over `--rl_steps` steps after one warm-up step
+   (so compiles are excluded) and each phase's share. The phases are the trainer's:
+     sample = prompt batch + KV-cache sampling of G completions + host-side rewards;
+     score  = advantages + behaviour log-prob forward pass (+ DelTA / KL extras);
+     update = ppo_epochs x (prompts_per_step / minibatch_prompts) update steps.
+   The periodic diagnostics pass (`diagnostics_every`) and evaluation are switched off here;
+   they are not part of a plain RL step.
+"""
+
+import argparse
+import dataclasses
+import functools
+import os
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.sampler import matmul_flops_per_s
+from configs import dfpo_min_replace
+from jtc import checkpoints
+from jtc import model as model_lib
+from jtc import tokenizer as tokenizer_lib
+from jtc import train
+
+CHAR_SPEC = {'kind': 'char'}
+
+
+def tiny_for_task(vocab_size):
+  return model_lib.ModelConfig.tiny(vocab_size=vocab_size)
+
+
+def small_25m_for_task(vocab_size):
+  return model_lib.ModelConfig.small_25m(vocab_size=vocab_size)
+
+
+# --model: the policy architecture, given the task tokenizer's vocabulary (see `policies`).
+MODELS = {'tiny': tiny_for_task, 'small_25m': small_25m_for_task}
+
+
+def get_config(small):
+  """The default RL config (`configs/dfpo_min_replace.py`), or its smoke variant."""
+  c = dfpo_min_replace.get_config('smoke' if small else None)
+  c.diagnostics_every = 0
+  c.eval_every = 0
+  return c
+
+
+def has_base_policy():
+  return os.path.exists(os.path.join(checkpoints.BASE_POLICY_DIR, 'params.msgpack'))
+
+
+def random_policy(model_config, workdir, name):
+  """Writes a randomly initialised policy bundle (char tokenizer) and returns its path."""
+  path = os.path.join(workdir, name)
+  checkpoints.save_policy_bundle(
+      path, model_config=model_config,
+      params=model_lib.init_params(model_config, jax.random.key(0)), tokenizer_spec=CHAR_SPEC,
+      meta={'made_by': 'benchmarks/train_step.py', 'kind': 'random init'})
+  return path
+
+
+def policies(model_name, workdir):
+  """{'update': (path, label), 'rl': (path, label)}: the policies the two sections start from.
+
+  tiny: the shipped base policy for both (a random tiny bundle while it does not exist).
+  small_25m: its benchmark preset (V = 8192) for the update step; for the RL step, which
+  samples and decodes text, the same architecture with the task tokenizer's vocabulary.
+  """
+  vocab_size = tokenizer_lib.from_spec(CHAR_SPEC).vocab_size
+  if model_name == 'tiny':
+    if has_base_policy():
+      rl = ('base', 'shipped base policy')
+    else:
+      rl = (random_policy(tiny_for_task(vocab_size), workdir, 'tiny'),
+            'random tiny policy (no jtc/assets/base_policy yet)')
+    return {'update': rl, 'rl': rl}
+  return {'update': (random_policy(model_lib.ModelConfig.small_25m(), workdir, 'small_25m'),
+                     'random small_25m preset'),
+          'rl': (random_policy(MODELS[model_name](vocab_size), workdir, f'{model_name}_char'),
+                 f'random {model_name} policy, char vocabulary')}
+
+
+# ---------------------------------------------------------------------------------------------
+# The update step on its own.
+# ---------------------------------------------------------------------------------------------
+
+def update_batch(params, model_config, *, B, P, T, G, n_micro, seed=0):
+  """A mini-batch shaped like the trainer's: B rows of whole groups of G, L = P + T columns.
+
+  Every leaf is [n, B / n, ...] (n micro-batches of whole groups, `train.update_step`'s
+  layout). Tokens are random, every position is real (no padding) and every completion is
+  full length, so each timed step does the most work the shape allows.
+  """
+  rng = np.random.default_rng(seed)
+  tokens_BL = jnp.asarray(rng.integers(1, model_config.vocab_size, (B, P + T)), jnp.int32)
+  input_mask_BL = jnp.ones_like(tokens_BL)
+  old = train.behaviour_pass(params, tokens_BL, input_mask_BL, model_config=model_config,
+                             completion_start=P, return_hidden=False)
+  rewards_G = rng.normal(size=(B // G, G))
+  adv_B = (rewards_G - rewards_G.mean(-1, keepdims=True)) / rewards_G.std(-1, keepdims=True)
+  batch = dict(tokens=tokens_BL, input_mask=input_mask_BL,
+               mask=jnp.ones((B, T), jnp.float32),
+               advantages=jnp.asarray(adv_B.reshape(B), jnp.float32),
+               old_logps=old['logps'])
+  return jax.tree.map(lambda x: x.reshape((n_micro, B // n_micro) + x.shape[1:]), batch)
+
+
+def model_flops(model_config, n_params, *, B, P, T):
+  """Forward + backward FLOPs by the usual count (see the module docstring)."""
+  L = P + T
+  c = model_config
+  head = c.d_model * c.vocab_size
+  n_trunk = n_params - head  # the (tied) embedding matrix is a lookup on the way in
+  attention = 12 * c.n_layers * c.n_heads * c.head_dim * B * L * L
+  return 6 * n_trunk * B * L + 6 * head * B * T + attention
+
+
+def xla_flops(compiled):
+  """`cost_analysis()['flops']` of a compiled function (older jax returns a list of dicts)."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  return float((cost or {}).get('flops', float('nan')))
+
+
+def time_update_step(c, *, repeats):
+  """Median seconds per jitted `train.update_step` plus its FLOP counts; returns a dict.
+
+  The policy is `c.init_policy` loaded as the trainer loads it (`train.load_policy`, so the
+  config's param/compute dtype, remat and model overrides apply), on one device.
+  """
+  G, P, T = c.group_size, c.prompt_width, c.max_new_tokens
+  B = c.minibatch_prompts * G
+  model_config, params, _ = train.load_policy(c)
+  params = jax.tree.map(jnp.asarray, params)
+  optimizer = train.make_optimizer(c)
+  n_micro = train.num_microbatches(c)
+  infer_config = dataclasses.replace(model_config, remat=False)
+  batch = update_batch(params, infer_config, B=B, P=P, T=T, G=G, n_micro=n_micro)
+  update = jax.jit(functools.partial(
+      train.update_step, model_config=model_config, optimizer=optimizer,
+      loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(), completion_start=P,
+      group_size=G), donate_argnums=(0,))
+  state = train.TrainState(step=jnp.array(0, jnp.int32), params=params,
+                           opt_state=optimizer.init(params))
+  n_params = model_lib.num_params(params)
+
+  start = time.perf_counter()
+  compiled = update.lower(state, batch).compile()
+  compile_s = time.perf_counter() - start
+  state, metrics = compiled(state, batch)
+  jax.block_until_ready((state, metrics))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    state, metrics = compiled(state, batch)
+    jax.block_until_ready((state, metrics))
+    times.append(time.perf_counter() - start)
+  return dict(B=B, L=P + T, T=T, n_micro=n_micro, model_config=model_config, n_params=n_params,
+              seconds=statistics.median(times), compile_s=compile_s, xla_flops=xla_flops(compiled),
+              model_flops=model_flops(model_config, n_params, B=B, P=P, T=T),
+              loss=float(metrics['loss']))
+
+
+# ---------------------------------------------------------------------------------------------
+# One RL step, phase by phase.
+# ---------------------------------------------------------------------------------------------
+
+PHASES = ('sample', 'score', 'update')
+
+
+def time_rl_steps(c, *, n_steps):
+  """Runs 1 warm-up + `n_steps` trainer steps; returns (per-step metrics, wall seconds)."""
+  with tempfile.TemporaryDirectory(prefix='jtc_bench_') as workdir:
+    trainer = train.Trainer(c, os.path.join(workdir, 'run'))
+    trainer.step(1)  # compiles the sampler, the behaviour pass and the update step
+    steps, walls = [], []
+    for step in range(2, n_steps + 2):
+      start = time.perf_counter()
+      steps.append(trainer.step(step))
+      walls.append(time.perf_counter() - start)
+    trainer.ckpt.close()
+  return steps, walls
+
+
+def _rate(x):
+  return f'{x / 1e3:9.1f}k' if x < 1e6 else f'{x / 1e6:9.2f}M'
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--small', action='store_true',
+                      help='smoke config, smaller matmul probe, fewer repeats (quick check)')
+  parser.add_argument('--model', default='tiny', choices=sorted(MODELS),
+                      help='policy architecture (tiny = the default policy)')
+  parser.add_argument('--repeats', type=int, default=None, help='timed update steps')
+  parser.add_argument('--rl_steps', type=int, default=None,
+                      help='timed RL steps after the warm-up step')
+  parser.add_argument('--skip_rl', action='store_true', help='only the update step')
+  args = parser.parse_args()
+  repeats = args.repeats or (3 if args.small else 10)
+  rl_steps = args.rl_steps or (2 if args.small else 4)
+  c = get_config(args.small)
+
+  print(f'# jtc train-step benchmark: configs/dfpo_min_replace.py{":smoke" if args.small else ""}'
+        f' (loss {c.loss.name}), --model {args.model}, devices={jax.devices()}')
+  n = 1024 if args.small else 2048
+  peak = matmul_flops_per_s(n=n)
+  print(f'matmul peak            {peak / 1e9:8.2f} GFLOP/s ({n}^3 f32 matmul, best of 10)')
+
+  with tempfile.TemporaryDirectory(prefix='jtc_policy_') as policy_dir:
+    policy = policies(args.model, policy_dir)
+
+    # --- The update step.
+    c.init_policy, label = policy['update']
+    u = time_update_step(c, repeats=repeats)
+    mc = u['model_config']
+    print()
+    print(f'update step ({label}: {u["n_params"] / 1e6:.2f}M params, V={mc.vocab_size}, '
+          f'{mc.dtype}; mini-batch B={u["B"]} x L={u["L"]} (T={u["T"]}) in {u["n_micro"]} '
+          f'micro-batch(es); median of {repeats}, compile {u["compile_s"]:.1f}s)')
+    s = u['seconds']
+    print(f'  time                 {s * 1e3:8.1f} ms/step')
+    print(f'  tokens/s             {_rate(u["B"] * u["L"] / s)} (B*L tokens, forward+backward)'
+          f'   {_rate(u["B"] * u["T"] / s).strip()} completion tokens/s')
+    for name, key in (('XLA cost_analysis', 'xla_flops'), ('model 6N + attn', 'model_flops')):
+      flops = u[key]
+      print(f'  {name:20s} {flops / 1e9:8.2f} GFLOP/step -> {flops / s / 1e9:7.2f} GFLOP/s = '
+            f'{flops / s / peak:6.1%} of matmul peak')
+    if args.skip_rl:
+      return
+
+    # --- One RL step of the config.
+    c.init_policy, label = policy['rl']
+    steps, walls = time_rl_steps(c, n_steps=rl_steps)
+
+  mean = {p: statistics.mean(m[f'time_{p}'] for m in steps) for p in PHASES}
+  total = sum(mean.values())
+  n_updates = c.ppo_epochs * (c.prompts_per_step // c.minibatch_prompts)
+  print()
+  print(f'RL step ({label}; {c.prompts_per_step} prompts x G={c.group_size}, '
+        f'T<={c.max_new_tokens}, {n_updates} update steps of {c.minibatch_prompts * c.group_size}'
+        f' rows; mean of {rl_steps} steps after 1 warm-up step)')
+  for p in PHASES:
+    print(f'  {p:8s} {mean[p]:8.3f} s  {mean[p] / total:6.1%}')
+  print(f'  {"total":8s} {total:8.3f} s  (wall per step {statistics.mean(walls):.3f} s; '
+        f'{statistics.mean(m["tokens_per_s"] for m in steps):.0f} generated tokens/s; mean '
+        f'completion length {statistics.mean(m["response_length"] for m in steps):.1f})')
+  if policy['rl'] == policy['update']:
+    print(f'  (isolated update step x {n_updates} = {n_updates * s:.3f} s with full-length '
+          'completions, for comparison with the update phase)')
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,33 @@
+"""Llama-3.2-1B-Instruct on GSM8K with GRPO (the paper's Appendix I/J settings).
+
+Note: jtc's RoPE does not model Llama 3's "llama3" frequency scaling, which only changes
+positions beyond the original 8k context; GSM8K prompts + 1k completions stay well below it.
+
+Run:
+  python -m jtc.train --config configs/real/llama3_1b_gsm8k_grpo.py \
+    --config.checkpoint=/path/to/Llama-3.2-1B-Instruct --config.dataset=/path/to/gsm8k/train.jsonl \
+    --config.eval_dataset=/path/to/gsm8k/test.jsonl --workdir /tmp/jtc/llama3_1b_gsm8k_grpo
+Smoke test (CPU, tiny checkpoint):
+  python -m jtc.train --config configs/real/llama3_1b_gsm8k_grpo.py:smoke \
+    --config.checkpoint=TINY_HF_DIR --config.dataset=TINY.jsonl --workdir /tmp/jtc/real_smoke
+"""
+
+from configs import common
+from configs.real import base
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg)
+  c = base.get_config(None)
+  common.set_loss(c, 'grpo')
+  c.advantage = 'grpo'
+  c.num_steps = 200
+  c.prompts_per_step = 64
+  c.microbatch_prompts = 4
+  c.prompt_width = 256
+  c.max_new_tokens = 1024
+  c.mesh_data = -1
+  c.mesh_fsdp = 1
+  if args.get('smoke'):
+    base.smoke(c)
+  return c

@@ -1,0 +1,35 @@
+"""Qwen3-8B on a MATH-style dataset with DAPO (clip-higher, token-mean, dynamic sampling,
+overlong shaping), the paper's Appendix I/J optimisation and decoding settings.
+
+Run (8 GPUs or a TPU pod slice; see docs/scaling.md for multi-host launch):
+  python -m jtc.train --config configs/real/qwen3_8b_math_dapo.py \
+    --config.checkpoint=/path/to/Qwen3-8B-Base --config.dataset=/path/to/math/train.jsonl \
+    --config.eval_dataset=/path/to/math/test.jsonl --workdir /tmp/jtc/qwen3_8b_math_dapo
+Smoke test (CPU, tiny checkpoint):
+  python -m jtc.train --config configs/real/qwen3_8b_math_dapo.py:smoke \
+    --config.checkpoint=TINY_HF_DIR --config.dataset=TINY.jsonl --workdir /tmp/jtc/real_smoke
+"""
+
+from configs import common
+from configs.real import base
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg)
+  c = base.get_config(None)
+  common.set_loss(c, 'dapo', eps_low=0.2, eps_high=0.28, aggregation='token_mean')
+  c.advantage = 'grpo'
+  c.num_steps = 300
+  c.prompts_per_step = 128             # 128 x 32 = 4096 rollouts; 4 optimiser steps per RL step
+  c.microbatch_prompts = 1             # 32 sequences of <= 9216 tokens per backward pass
+  c.prompt_width = 1024
+  c.max_new_tokens = 8192
+  c.dynamic_sampling = True
+  c.dynamic_sampling_rounds = 3
+  c.overlong_buffer = 2048             # DAPO soft overlong punishment over the last 2k tokens
+  c.overlong_penalty = 1.0
+  c.mesh_data = 1
+  c.mesh_fsdp = -1                     # 8B: FSDP over every device (params + AdamW sharded)
+  if args.get('smoke'):
+    base.smoke(c)
+  return c

@@ -1,0 +1,53 @@
+"""Executes every notebook headless (their own `assert` cells check the claimed properties) and
+checks they are committed with outputs stripped."""
+import json
+import os
+import sys
+
+import nbformat
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOKS = ['per_token_gradients.ipynb', 'toy_appendix_a.ipynb', 'delta_tokens.ipynb']
+
+
+@pytest.fixture(scope='module')
+def kernel_env(tmp_path_factory):
+  """A 'python3' kernelspec that runs *this* interpreter, found first via JUPYTER_PATH."""
+  root = tmp_path_factory.mktemp('jupyter')
+  spec_dir = root / 'kernels' / 'python3'
+  spec_dir.mkdir(parents=True)
+  (spec_dir / 'kernel.json').write_text(json.dumps({
+      'argv': [sys.executable, '-m', 'ipykernel_launcher', '-f', '{connection_file}'],
+      'display_name': 'jtc python3', 'language': 'python'}))
+  old = {k: os.environ.get(k) for k in ('JUPYTER_PATH', 'MPLBACKEND', 'JAX_PLATFORMS')}
+  os.environ['JUPYTER_PATH'] = str(root)
+  os.environ['MPLBACKEND'] = 'Agg'
+  os.environ['JAX_PLATFORMS'] = 'cpu'
+  yield
+  for k, v in old.items():
+    if v is None:
+      os.environ.pop(k, None)
+    else:
+      os.environ[k] = v
+
+
+@pytest.mark.parametrize('name', NOTEBOOKS)
+def test_committed_without_outputs(name):
+  nb = nbformat.read(os.path.join(REPO, 'notebooks', name), as_version=4)
+  for cell in nb.cells:
+    if cell.cell_type == 'code':
+      assert cell.outputs == [] and cell.execution_count is None, name
+
+
+@pytest.mark.parametrize('name', NOTEBOOKS)
+def test_notebook_runs(name, kernel_env):
+  del kernel_env
+  from nbclient import NotebookClient  # pylint: disable=import-outside-toplevel
+  nb = nbformat.read(os.path.join(REPO, 'notebooks', name), as_version=4)
+  client = NotebookClient(nb, kernel_name='python3', timeout=300,
+                          resources={'metadata': {'path': REPO}})
+  client.execute()  # raises CellExecutionError (with the traceback) if any assert fails
+  text = '\n'.join(o.get('text', '') for c in nb.cells if c.cell_type == 'code'
+                   for o in c.outputs)
+  assert 'Error' not in text

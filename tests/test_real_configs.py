@@ -1,0 +1,224 @@
+"""The real-model path: configs/real/* in smoke mode against a tiny random Hugging Face checkpoint.
+
+One tiny checkpoint is written per session in the Hugging Face layout (`config.json`,
+`model.safetensors` via `hf_import.export_hf_checkpoint`, a byte-level `tokenizers`
+`tokenizer.json` and a `tokenizer_config.json` with a chat template and eos/pad tokens), plus a
+tiny GSM8K-style JSONL. Each real config then runs end to end in-process (load, sample, score,
+update, checkpoint) and a second Trainer on the same workdir resumes from the checkpoint.
+Also: the boxed reward, the chat template reaching the prompts, and gradient accumulation
+giving the same update as the un-split mini-batch.
+"""
+
+import dataclasses
+import functools
+import tempfile
+import glob
+import importlib
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jtc import data as data_lib
+from jtc import hf_import
+from jtc import metric_writer
+from jtc import model as model_lib
+from jtc import objectives
+from jtc import tokenizer as tokenizer_lib
+from jtc import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REAL = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, 'configs', 'real',
+                                                                      '*.py'))
+              if os.path.basename(p) not in ('__init__.py', 'base.py'))
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                 "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                 "{% endif %}")
+SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>']
+
+
+def write_tiny_hf_checkpoint(path, *, arch='qwen3'):
+  """A random tiny Qwen3 (or Llama) checkpoint + byte-level tokenizer in the HF layout."""
+  import tokenizers  # pylint: disable=import-outside-toplevel
+  from tokenizers import decoders, models, pre_tokenizers  # pylint: disable=import-outside-toplevel
+  alphabet = pre_tokenizers.ByteLevel.alphabet()
+  vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+  tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens(SPECIALS)
+  os.makedirs(path, exist_ok=True)
+  tok.save(os.path.join(path, 'tokenizer.json'))
+  with open(os.path.join(path, 'tokenizer_config.json'), 'w') as f:
+    json.dump({'eos_token': '<|im_end|>', 'pad_token': '<|endoftext|>',
+               'chat_template': CHAT_TEMPLATE}, f)
+  extra = dict(qk_norm=True) if arch == 'qwen3' else dict(qk_norm=False)
+  config = model_lib.ModelConfig.tiny(vocab_size=272, n_layers=2, d_ff=256, **extra)
+  params = model_lib.init_params(config, jax.random.key(0))
+  hf_import.export_hf_checkpoint(config, params, path, torch_dtype='bfloat16')
+  return config
+
+
+@pytest.fixture(scope='session')
+def tiny_hf(tmp_path_factory):
+  root = tmp_path_factory.mktemp('real')
+  ckpt = str(root / 'tiny_qwen3')
+  write_tiny_hf_checkpoint(ckpt)
+  data = root / 'gsm'
+  data.mkdir()
+  rows = [(f'What is {a} plus {b}?', f'{a} + {b} = {a + b}\n#### {a + b}')
+          for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (2, 2), (9, 1)]]
+  for split, part in (('train', rows), ('test', rows[:2])):
+    with open(data / f'{split}.jsonl', 'w') as f:
+      for q, a in part:
+        f.write(json.dumps({'question': q, 'answer': a}) + '\n')
+  return dict(checkpoint=ckpt, dataset=str(data), data_dir=str(root / 'cache'))
+
+
+def _real_config(name, tiny_hf, **overrides):
+  c = importlib.import_module(f'configs.real.{name}').get_config('smoke')
+  with c.unlocked():
+    c.checkpoint = tiny_hf['checkpoint']
+    c.dataset = tiny_hf['dataset']
+    c.data_dir = tiny_hf['data_dir']
+    for k, v in overrides.items():
+      c[k] = v
+  return c
+
+
+@pytest.mark.parametrize('name', REAL)
+def test_real_config_validates_and_documents_its_run(name):
+  module = importlib.import_module(f'configs.real.{name}')
+  c = module.get_config(None)
+  assert f'configs/real/{name}.py' in module.__doc__
+  assert c.learning_rate == 8e-7 and c.min_lr_ratio == 0.2 and c.warmup_frac == 0.03
+  assert c.group_size == 32 and c.minibatch_prompts == 32
+  assert (c.eval_temperature, c.eval_top_p, c.eval_top_k, c.eval_min_p) == (0.6, 0.95, 20, 0.0)
+  # Without a checkpoint and a dataset the config refuses to run, naming the keys.
+  with pytest.raises(ValueError, match='config.checkpoint'):
+    train.validate_config(c)
+  with c.unlocked():
+    c.checkpoint = REPO  # not an HF directory
+  with pytest.raises(ValueError, match='config.dataset'):
+    train.validate_config(c)
+
+
+@pytest.mark.parametrize('name', REAL)
+def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tmp_path):
+  workdir = str(tmp_path)
+  c = _real_config(name, tiny_hf)
+  trainer = train.Trainer(c, workdir)
+  # The HF model, tokenizer (eos/pad from tokenizer_config.json) and chat template are in use.
+  assert trainer.model_config.vocab_size == 272 and trainer.model_config.qk_norm
+  assert trainer.model_config.param_dtype == 'float32'     # master weights
+  assert trainer.model_config.dtype == 'bfloat16'          # compute
+  assert trainer.model_config.remat
+  assert trainer.tokenizer.eos_id == trainer.tokenizer._tok.token_to_id('<|im_end|>')
+  assert trainer.tokenizer.pad_id == trainer.tokenizer._tok.token_to_id('<|endoftext|>')
+  with c.unlocked():
+    c.num_steps = 1
+  trainer.c = c
+  trainer.run()
+  with c.unlocked():
+    c.num_steps = 2
+  resumed = train.Trainer(c, workdir)
+  assert resumed.counters['rl_steps'] == 1
+  resumed.run()
+  records = metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  assert [r['step'] for r in records] == [0, 1, 2]
+  assert 'eval/avg@2' in records[0] and 'eval/avg@2' in records[-1]
+  assert records[-1]['compute/update_steps'] == 2
+  for r in records[1:]:
+    assert np.isfinite(r['loss']) and np.isfinite(r['grad_norm']), r
+  assert os.path.isdir(os.path.join(workdir, 'checkpoints', '2'))
+
+
+def test_prompts_carry_the_chat_template_and_suffix(tiny_hf):
+  tok = tokenizer_lib.HFTokenizer.from_dir(tiny_hf['checkpoint'])
+  c = _real_config('qwen3_0_6b_gsm8k_dfpo', tiny_hf)
+  tokens, mask = data_lib.encode_prompts(tok, ['What is 1 plus 2?' + c.prompt_suffix],
+                                         width=c.prompt_width)
+  text = tok._tok.decode(tokens[0][mask[0] > 0].tolist(), skip_special_tokens=False)
+  assert text == ('<|im_start|>user\nWhat is 1 plus 2?\nPlease reason step by step, and put '
+                  'your final answer within \\boxed{}.<|im_end|>\n<|im_start|>assistant\n')
+
+
+def test_boxed_numeric_reward():
+  completions = ['so \\boxed{3}', '\\boxed{1/2} hmm \\boxed{0.5}', 'the answer is 3',
+                 '\\boxed{\\frac{1}{2}}', '\\boxed{x+1}', '\\boxed{3.0}']
+  answers = ['3', '0.5', '3', 'x', 'x+1', '3']
+  got = train.boxed_numeric([''] * 6, completions, answers)
+  # The last box counts; an unboxed answer scores 0; non-numeric answers compare as strings.
+  np.testing.assert_array_equal(got, [1, 1, 0, 0, 1, 1])
+  with pytest.raises(ValueError, match='equal length'):
+    train.boxed_numeric([''], ['a', 'b'], ['1', '2'])
+
+
+@pytest.mark.parametrize('loss_name', ['grpo', 'dapo', 'delta', 'dfpo_min_replace'])
+def test_gradient_accumulation_equals_one_minibatch(loss_name):
+  """n micro-batches with `microbatch_weights` == the un-split mini-batch (loss, params)."""
+  G, M, P, T = 2, 4, 3, 5
+  B = G * M
+  mc = model_lib.ModelConfig.tiny(vocab_size=32, n_layers=1, d_ff=64)
+  params = model_lib.init_params(mc, jax.random.key(0))
+  keys = jax.random.split(jax.random.key(1), 5)
+  tokens = jax.random.randint(keys[0], (B, P + T), 3, 32)
+  lengths = jax.random.randint(keys[1], (B,), 1, T + 1)  # unequal lengths matter for token_mean
+  mask = (jnp.arange(T)[None] < lengths[:, None]).astype(jnp.float32)
+  batch = dict(tokens=tokens, input_mask=jnp.concatenate([jnp.ones((B, P), jnp.int32),
+                                                          mask.astype(jnp.int32)], 1),
+               mask=mask, advantages=jax.random.normal(keys[2], (B,)),
+               old_logps=-1.0 - jax.random.uniform(keys[3], (B, T)))
+  hparams = dict(objectives.default_hparams(loss_name))
+  if loss_name == 'delta':
+    batch['token_weights'] = 0.8 + 0.4 * jax.random.uniform(keys[4], (B, T))
+  import optax  # pylint: disable=import-outside-toplevel
+  opt = optax.sgd(1.0)
+  step = functools.partial(train.update_step, model_config=mc, optimizer=opt,
+                           loss_name=loss_name, loss_hparams=hparams, completion_start=P,
+                           group_size=G)
+
+  def run(n):
+    state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                             opt_state=opt.init(params))
+    split = jax.tree.map(lambda x: x.reshape((n, -1) + x.shape[1:]), batch)
+    return jax.jit(step)(state, split)
+
+  (s1, m1), (s4, m4) = run(1), run(4)
+  np.testing.assert_allclose(m4['loss'], m1['loss'], rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(m4['grad_norm'], m1['grad_norm'], rtol=1e-4, atol=1e-7)
+  for a, b in zip(jax.tree.leaves(s4.params), jax.tree.leaves(s1.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  assert m1['grad_norm'] > 0
+
+
+def test_microbatch_weights_closed_form():
+  mask = jnp.array([[[1, 1, 0]], [[1, 0, 0]], [[1, 1, 1]]], jnp.float32)  # n=3, B=1, T=3
+  np.testing.assert_allclose(train.microbatch_weights(mask, aggregation='token_mean'),
+                             [2 / 6, 1 / 6, 3 / 6])
+  np.testing.assert_allclose(train.microbatch_weights(mask, aggregation='seq_mean_token_mean'),
+                             [1 / 3] * 3)
+  lam = jnp.array([[[2, 2, 9]], [[1, 9, 9]], [[1, 1, 1]]], jnp.float32)
+  np.testing.assert_allclose(train.microbatch_weights(mask, lam, aggregation='token_mean'),
+                             [4 / 8, 1 / 8, 3 / 8])
+
+
+def test_hf_checkpoint_loads_as_master_f32_with_bf16_compute(tiny_hf):
+  c = _real_config('qwen3_8b_math_dapo', tiny_hf)
+  mc, params, tok = train.load_policy(c)
+  assert mc.param_dtype == 'float32' and mc.dtype == 'bfloat16' and mc.remat
+  assert all(x.dtype == np.float32 for x in jax.tree.leaves(params))
+  ref_mc, ref_params = hf_import.load_hf_checkpoint(tiny_hf['checkpoint'], param_dtype='float32')
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
+    np.testing.assert_array_equal(a, b)
+  out = model_lib.sequence_logprobs(params, mc, jnp.ones((1, 6), jnp.int32),
+                                    jnp.ones((1, 6), jnp.int32), completion_start=2)
+  assert out['logps'].dtype == jnp.float32  # log-probs stay f32 under bf16 compute
+  ref = model_lib.sequence_logprobs(params, dataclasses.replace(mc, dtype='float32'),
+                                    jnp.ones((1, 6), jnp.int32), jnp.ones((1, 6), jnp.int32),
+                                    completion_start=2)
+  np.testing.assert_allclose(out['logps'], ref['logps'], atol=0.1)
+  assert tok.eos_id is not None
