@@ -122,6 +122,8 @@ def get_config(arg=None):
   c.microbatch_prompts = 0             # gradient accumulation: groups per micro-batch (0 = off,
                                        # else a divisor of minibatch_prompts); same update
   c.remat = False                      # jax.checkpoint every Transformer block in the update
+  c.rollout_chunk_prompts = 0          # sample / score this many prompts at a time (0 = all):
+                                       # bounds the KV cache and the behaviour-pass activations
   c.ref_param_dtype = ''               # dtype of the frozen KL reference (kept only if kl_coef > 0)
 
   # DAPO options.

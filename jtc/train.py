@@ -188,6 +188,10 @@ def validate_config(c):
   if c.prompts_per_step % c.minibatch_prompts:
     raise ValueError(f'config.prompts_per_step={c.prompts_per_step} is not divisible by '
                      f'config.minibatch_prompts={c.minibatch_prompts}')
+  if c.rollout_chunk_prompts < 0 or (c.rollout_chunk_prompts and
+                                     c.prompts_per_step % c.rollout_chunk_prompts):
+    raise ValueError(f'config.rollout_chunk_prompts={c.rollout_chunk_prompts} must be 0 (off) '
+                     f'or a divisor of config.prompts_per_step={c.prompts_per_step}')
   if c.microbatch_prompts < 0 or (c.microbatch_prompts and
                                   c.minibatch_prompts % c.microbatch_prompts):
     raise ValueError(f'config.microbatch_prompts={c.microbatch_prompts} must be 0 (off) or a '
@@ -435,6 +439,8 @@ class Trainer:
 
     # Mesh, shardings, and the (sharded) train state.
     self.mesh = sharding_lib.make_mesh(**mesh_sizes(c))
+    print(f'mesh {dict(self.mesh.shape)} over {jax.device_count()} devices '
+          f'({jax.process_count()} processes)', file=sys.stderr)
     self.param_sh = sharding_lib.param_shardings(params, self.mesh)
     self.replicated = sharding_lib.replicated(self.mesh)
     params = jax.tree.map(_put, params, self.param_sh)
@@ -575,16 +581,32 @@ class Trainer:
   def _put_batch(self, x):
     return _put(x, sharding_lib.batch_sharding(self.mesh, np.shape(x)))
 
+  def _score(self, params, out):
+    """The behaviour pass over the rollouts, `rollout_chunk_prompts` groups at a time."""
+    rows = (self.c.rollout_chunk_prompts * self.G) or out.tokens.shape[0]
+    parts = []
+    for s in range(0, out.tokens.shape[0], rows):
+      parts.append(self._behaviour(params, self._put_batch(out.tokens[s:s + rows]),
+                                   self._put_batch(out.input_mask[s:s + rows])))
+    if len(parts) == 1:
+      return parts[0]
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *parts)
+
   def _rollout(self, examples, key):
     """Samples G completions per prompt and scores them (host-side rewards).
 
     `examples` is a batch from the prompt iterator: {'prompt': [str], 'answer': [str], ...}.
     """
     prompts, answers = examples['prompt'], examples['answer']
-    tokens_BP, mask_BP = self._encode(prompts)
-    out = self._sample(self.state.params, prompt_tokens_BP=tokens_BP, prompt_mask_BP=mask_BP,
-                       rng=key)
-    out = _to_host(out)
+    chunk = self.c.rollout_chunk_prompts or len(prompts)
+    outs = []
+    for i, s in enumerate(range(0, len(prompts), chunk)):
+      tokens_BP, mask_BP = self._encode(prompts[s:s + chunk])
+      # One chunk (the default) keeps the key unchanged.
+      sub = key if chunk == len(prompts) else jax.random.fold_in(key, i)
+      outs.append(_to_host(self._sample(self.state.params, prompt_tokens_BP=tokens_BP,
+                                        prompt_mask_BP=mask_BP, rng=sub)))
+    out = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *outs)
     completions = [self.tokenizer.decode(row[m > 0].tolist())
                    for row, m in zip(out.completion, out.completion_mask)]
     rep_prompts = [p for p in prompts for _ in range(self.G)]
@@ -631,11 +653,11 @@ class Trainer:
     tokens_BL, input_mask_BL = self._put_batch(out.tokens), self._put_batch(out.input_mask)
     batch = dict(tokens=tokens_BL, input_mask=input_mask_BL, mask=self._put_batch(mask_BT),
                  advantages=self._put_batch(np.asarray(adv_B)))
-    beh = self._behaviour(self.state.params, tokens_BL, input_mask_BL)
+    beh = self._score(self.state.params, out)
     batch['old_logps'] = (beh['logps'] if c.behaviour_logps == 'recompute'
                           else self._put_batch(out.logps))
     if self.ref_params is not None:
-      batch['ref_logps'] = self._behaviour(self.ref_params, tokens_BL, input_mask_BL)['logps']
+      batch['ref_logps'] = self._score(self.ref_params, out)['logps']
     metrics = {}
     if c.loss.name == 'delta':
       batch['token_weights'], delta_metrics = self._delta_weights(beh, out, adv_B, mask_BT,
@@ -708,7 +730,7 @@ class Trainer:
     key = jax.random.fold_in(jax.random.key(c.seed + 1), step)
     correct = []
     completions_all = []
-    batch = c.prompts_per_step
+    batch = c.rollout_chunk_prompts or c.prompts_per_step
     for s in range(0, len(self.eval_examples), batch):
       chunk = self.eval_examples[s:s + batch]
       n_real = len(chunk)

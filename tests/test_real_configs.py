@@ -40,6 +40,22 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>']
 
 
+@pytest.fixture(scope='module', autouse=True)
+def compilation_cache():
+  """A persistent compilation cache for this module, so that a resumed Trainer (which builds
+  the same computations again) loads them instead of recompiling; restored afterwards."""
+  keys = ('jax_compilation_cache_dir', 'jax_persistent_cache_min_compile_time_secs',
+          'jax_persistent_cache_min_entry_size_bytes')
+  old = {k: getattr(jax.config, k) for k in keys}
+  with tempfile.TemporaryDirectory() as cache_dir:
+    jax.config.update('jax_compilation_cache_dir', cache_dir)
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+    jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+    yield
+    for k, v in old.items():
+      jax.config.update(k, v)
+
+
 def write_tiny_hf_checkpoint(path, *, arch='qwen3'):
   """A random tiny Qwen3 (or Llama) checkpoint + byte-level tokenizer in the HF layout."""
   import tokenizers  # pylint: disable=import-outside-toplevel

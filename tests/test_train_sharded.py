@@ -47,10 +47,16 @@ def _run(workdir, policy, n_devices, *mesh):
   env['XLA_FLAGS'] = ' '.join(flags + [f'--xla_force_host_platform_device_count={n_devices}'])
   cmd = [sys.executable, '-m', 'jtc.train', '--config=configs/gspo.py:smoke',
          f'--workdir={workdir}', f'--config.init_policy={policy}', '--config.num_steps=2',
-         '--config.minibatch_prompts=2', '--config.diagnostics_every=0', *mesh]
+         '--config.minibatch_prompts=2', '--config.diagnostics_every=0',
+         # A random policy earns no reward: the entropy bonus and a KL term (with its frozen,
+         # sharded reference policy) make the compared updates non-trivial.
+         '--config.loss.hparams.entropy_coef=0.01', '--config.loss.hparams.kl_coef=0.01',
+         *mesh]
   proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   if proc.returncode:
     raise AssertionError(f'{cmd} failed:\n{proc.stderr[-4000:]}')
+  want = "'data': 2, 'fsdp': 2, 'tensor': 2" if mesh else "'data': 1, 'fsdp': 1, 'tensor': 1"
+  assert want in proc.stderr, proc.stderr[-2000:]
   return metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
 
 
@@ -64,7 +70,7 @@ def test_eight_devices_match_one_device(tiny_policy, tmp_path):
     assert keys == {k for k in b if not k.startswith(NONDETERMINISTIC)}
     for k in sorted(keys):
       np.testing.assert_allclose(b[k], a[k], rtol=2e-4, atol=1e-5, err_msg=f'step {a["step"]} {k}')
-  assert one[-1]['grad_norm'] > 0  # the compared updates are not trivial
+  assert one[-1]['grad_norm'] > 0 and one[-1]['kl'] > 0  # the compared updates are not trivial
 
 
 def test_mesh_sizes_resolve_and_reject():

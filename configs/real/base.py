@@ -64,6 +64,7 @@ def smoke(c):
   c.group_size = 4
   c.minibatch_prompts = 2
   c.microbatch_prompts = 1             # exercises gradient accumulation
+  c.rollout_chunk_prompts = 1          # ... and chunked sampling / scoring
   c.prompt_width = 160
   c.max_new_tokens = 12
   c.overlong_buffer = min(c.overlong_buffer, 4)

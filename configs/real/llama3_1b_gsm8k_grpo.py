@@ -24,6 +24,7 @@ def get_config(arg=None):
   c.num_steps = 200
   c.prompts_per_step = 64
   c.microbatch_prompts = 4
+  c.rollout_chunk_prompts = 32         # 32 x 32 rows per sampler call
   c.prompt_width = 256
   c.max_new_tokens = 1024
   c.mesh_data = -1

@@ -21,6 +21,7 @@ def get_config(arg=None):
   c.num_steps = 200
   c.prompts_per_step = 64              # 64 prompts x 32 rollouts = 2048 sequences per step
   c.microbatch_prompts = 4             # 128 sequences of <= 1280 tokens per backward pass
+  c.rollout_chunk_prompts = 32         # 32 x 32 rows of <= 1280 tokens per sampler call
   c.prompt_width = 256                 # GSM8K question + chat template + suffix
   c.max_new_tokens = 1024
   c.mesh_data = -1                     # 0.6B fits on every device: pure data parallelism

@@ -22,6 +22,7 @@ def get_config(arg=None):
   c.num_steps = 300
   c.prompts_per_step = 128             # 128 x 32 = 4096 rollouts; 4 optimiser steps per RL step
   c.microbatch_prompts = 1             # 32 sequences of <= 9216 tokens per backward pass
+  c.rollout_chunk_prompts = 8          # 8 x 32 rows: ~43 GB of bf16 KV cache per 8-way shard
   c.prompt_width = 1024
   c.max_new_tokens = 8192
   c.dynamic_sampling = True

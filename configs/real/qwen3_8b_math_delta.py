@@ -26,6 +26,7 @@ def get_config(arg=None):
   c.num_steps = 300
   c.prompts_per_step = 128
   c.microbatch_prompts = 1
+  c.rollout_chunk_prompts = 8          # 8 x 32 rows per sampler call
   c.prompt_width = 1024
   c.max_new_tokens = 8192
   c.dynamic_sampling = False
