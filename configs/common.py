@@ -74,7 +74,7 @@ def get_config(arg=None):
   c.chat_template = True               # wrap prompts with the tokenizer's chat template
 
   # Rollouts.
-  c.num_steps = 60                     # RL steps (one rollout batch each)
+  c.num_steps = 200                    # RL steps (one rollout batch each)
   c.prompts_per_step = 16              # groups per step
   c.group_size = 8                     # G: completions per prompt
   c.max_new_tokens = 32                # T
@@ -137,8 +137,8 @@ def get_config(arg=None):
   c.token_budget = 0                   # stop once this many tokens were generated (0 = off)
 
   # Evaluation: avg@k accuracy on held-out problems.
-  c.eval_every = 20
-  c.eval_problems = 128
+  c.eval_every = 50
+  c.eval_problems = 256
   c.eval_k = 4
   c.eval_temperature = 1.0
   c.eval_top_k = 0
@@ -149,7 +149,7 @@ def get_config(arg=None):
   c.log_every = 1
   c.diagnostics_every = 10             # jtc.diagnostics.step_diagnostics (0 = off)
   c.diagnostics_mode = 'proxy'         # proxy (LM-head gradient norms) | exact (small models)
-  c.ckpt_every = 20
+  c.ckpt_every = 25
   c.keep_checkpoints = 3
   c.mesh_data = -1                     # devices on the data axis (-1 = all remaining)
   c.mesh_fsdp = 1                      # devices sharding params + optimiser state (FSDP) and batch

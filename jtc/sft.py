@@ -19,6 +19,7 @@ import time
 
 from absl import app
 from absl import flags
+from absl import logging
 import jax
 import jax.numpy as jnp
 from ml_collections import config_flags
@@ -154,6 +155,7 @@ def train_sft(c, workdir):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
+  logging.set_verbosity(logging.WARNING)  # orbax and tfds are chatty at INFO
   os.makedirs(_WORKDIR.value, exist_ok=True)
   print(json.dumps(train_sft(_CONFIG.value, _WORKDIR.value)))
 

@@ -46,6 +46,7 @@ import time
 
 from absl import app
 from absl import flags
+from absl import logging
 import chex
 import flax
 import jax
@@ -835,6 +836,7 @@ def format_metrics(task, completions, correct_B):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
+  logging.set_verbosity(logging.WARNING)  # orbax and tfds are chatty at INFO
   if _WORKDIR.value is None:
     raise app.UsageError('--workdir is required')
   sharding_lib.initialize_distributed()  # multi-host: before any other JAX work
