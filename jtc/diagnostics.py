@@ -327,20 +327,19 @@ def net_gradient(params, config, tokens_BL, input_mask_BL, weights_BT, *, comple
 def position_net_grad_norms(params, config, tokens_BL, input_mask_BL, coef_BT, *,
                             completion_start):
   """[T] exact || sum_b c_{b,t} grad log pi_{b,t} ||: the net gradient of each completion
-  position over the given rows (pass one group). One forward, T VJPs (vmapped)."""
+  position over the given rows (pass one group). One `net_gradient` (a backward pass) per
+  position, in sequence (`jax.lax.map`)."""
   chex.assert_rank([tokens_BL, input_mask_BL, coef_BT], 2)
-
-  def fn(p):
-    return model_lib.sequence_logprobs(p, config, tokens_BL, input_mask_BL,
-                                       completion_start=completion_start)['logps']
-
-  _, vjp_fn = jax.vjp(fn, params)
   T = coef_BT.shape[1]
-  cot_TBT = coef_BT[None] * jnp.eye(T, dtype=coef_BT.dtype)[:, None, :]
-  grads = jax.vmap(vjp_fn)(cot_TBT)[0]
-  sq_T = sum(jnp.sum(jnp.square(x).reshape(T, -1), axis=-1)
-             for x in jax.tree_util.tree_leaves(grads))
-  return jnp.sqrt(sq_T)
+
+  def one(t):
+    weights_BT = coef_BT * (jnp.arange(T) == t)[None, :]
+    grads = net_gradient(params, config, tokens_BL, input_mask_BL, weights_BT,
+                         completion_start=completion_start)
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32)))
+                        for x in jax.tree_util.tree_leaves(grads)))
+
+  return jax.lax.map(one, jnp.arange(T))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,8 +33,13 @@ from jtc import sampler as sampler_lib
 from jtc import tasks as tasks_lib
 from jtc import tokenizer as tokenizer_lib
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'SFT config file.', lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Where the policy bundle and metrics go.')
+
+
+def define_flags():
+  """Command-line flags, defined only when run as a program (so `jtc.train` can coexist)."""
+  config_flags.DEFINE_config_file('config', None, 'SFT config file.', lock_config=True)
+  flags.DEFINE_string('workdir', None, 'Where the policy bundle and metrics go.')
+  flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def encode_pairs(tokenizer, prompts, completions, *, prompt_width, completion_width):
@@ -156,10 +161,10 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   logging.set_verbosity(logging.WARNING)  # orbax and tfds are chatty at INFO
-  os.makedirs(_WORKDIR.value, exist_ok=True)
-  print(json.dumps(train_sft(_CONFIG.value, _WORKDIR.value)))
+  os.makedirs(flags.FLAGS.workdir, exist_ok=True)
+  print(json.dumps(train_sft(flags.FLAGS.config, flags.FLAGS.workdir)))
 
 
 if __name__ == '__main__':
-  flags.mark_flags_as_required(['config', 'workdir'])
+  define_flags()
   app.run(main)

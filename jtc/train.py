@@ -70,12 +70,16 @@ from jtc import sharding as sharding_lib
 from jtc import tasks as tasks_lib
 from jtc import tokenizer as tokenizer_lib
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.',
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints and metrics go.')
-_KILL_AFTER = flags.DEFINE_integer(
-    'kill_after_step', -1, 'Testing aid: SIGKILL this process right after the checkpoint of '
-    'this step is written (-1 = never).')
+
+
+def define_flags():
+  """Command-line flags, defined only when run as a program (so `jtc.sft` can coexist)."""
+  config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
+  flags.DEFINE_string('workdir', None, 'Where checkpoints and metrics go.')
+  flags.DEFINE_integer(
+      'kill_after_step', -1, 'Testing aid: SIGKILL this process right after the checkpoint of '
+      'this step is written (-1 = never).')
+  flags.mark_flags_as_required(['config', 'workdir'])
 
 
 @flax.struct.dataclass
@@ -837,15 +841,13 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   logging.set_verbosity(logging.WARNING)  # orbax and tfds are chatty at INFO
-  if _WORKDIR.value is None:
-    raise app.UsageError('--workdir is required')
   sharding_lib.initialize_distributed()  # multi-host: before any other JAX work
-  trainer = Trainer(_CONFIG.value, _WORKDIR.value)
-  last = trainer.run(kill_after_step=_KILL_AFTER.value)
+  trainer = Trainer(flags.FLAGS.config, flags.FLAGS.workdir)
+  last = trainer.run(kill_after_step=flags.FLAGS.kill_after_step)
   print(json.dumps({k: v for k, v in last.items() if 'eval' in k or k in (
       'step', 'reward_mean', 'accuracy')}))
 
 
 if __name__ == '__main__':
-  flags.mark_flags_as_required(['config'])
+  define_flags()
   app.run(main)

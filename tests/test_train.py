@@ -198,3 +198,13 @@ def test_plot_draws_several_runs(uninterrupted, tmp_path):
   out = plot.plot_runs([uninterrupted, uninterrupted], str(tmp_path / 'curves.png'))
   with open(out, 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+def test_unknown_config_key_on_the_command_line_fails_before_compute(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, '-m', 'jtc.train', '--config=configs/grpo.py:smoke',
+       f'--workdir={tmp_path}', '--config.not_a_key=1'],
+      cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0
+  assert 'not_a_key' in proc.stderr
+  assert not os.path.exists(os.path.join(tmp_path, 'metrics.jsonl'))
