@@ -36,6 +36,7 @@ import numpy as np
 
 from experiments import stats
 from experiments import sweeps as sweeps_lib
+from jtc import metric_writer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.path.join(ROOT, 'experiments', 'results')
@@ -141,17 +142,7 @@ def validate_spec(spec):
 
 def read_metrics(workdir):
   """Records of `<workdir>/metrics.jsonl` (a torn last line is ignored)."""
-  records = []
-  path = os.path.join(workdir, 'metrics.jsonl')
-  if not os.path.exists(path):
-    return records
-  with open(path) as f:
-    for line in f:
-      try:
-        records.append(json.loads(line))
-      except json.JSONDecodeError:
-        break
-  return records
+  return metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
 
 
 def _is_number(v):

@@ -336,8 +336,8 @@ def update_step(state, batch, *, model_config, optimizer, loss_name, loss_hparam
     metrics = _combine_metrics(metrics_n, w_n)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics.update(loss=loss, grad_norm=optax.global_norm(grads),
-                 update_norm=optax.global_norm(updates), param_norm=optax.global_norm(params))
+  metrics.update(loss=loss, grad_norm=optax.tree.norm(grads),
+                 update_norm=optax.tree.norm(updates), param_norm=optax.tree.norm(params))
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 

@@ -162,11 +162,6 @@ def test_every_sweep_run_parses_like_the_trainer(sweep_name, run_name):
   """Each run's config + overrides is accepted by config_flags (typos, un-overridable keys)."""
   sweep = sweeps_lib.get_sweep(sweep_name)
   spec = next(s for s in run_lib.make_specs(sweep, 1) if s.run.name == run_name)
-  if any(k == 'loss.hparams.global_scale' for k, _ in spec.run.overrides):
-    from configs import dfpo_min_replace  # pylint: disable=import-outside-toplevel
-    if dfpo_min_replace.get_config().loss.hparams.global_scale is None:
-      pytest.xfail('config_flags cannot override a None default (configs/common.py set_loss '
-                   'should use config_dict.placeholder(float))')
   config = run_lib.validate_spec(spec)
   assert config.seed == 0 and config.num_steps == sweep.num_steps
 

@@ -11,7 +11,6 @@ giving the same update as the un-split mini-batch.
 
 import dataclasses
 import functools
-import tempfile
 import glob
 import importlib
 import json
@@ -41,19 +40,20 @@ SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>']
 
 
 @pytest.fixture(scope='module', autouse=True)
-def compilation_cache():
+def compilation_cache(tmp_path_factory):
   """A persistent compilation cache for this module, so that a resumed Trainer (which builds
-  the same computations again) loads them instead of recompiling; restored afterwards."""
+  the same computations again) loads them instead of recompiling; settings restored afterwards.
+  The directory outlives the module (pytest keeps it for the session) because JAX keeps the
+  cache it initialised and later modules may still write to it."""
   keys = ('jax_compilation_cache_dir', 'jax_persistent_cache_min_compile_time_secs',
           'jax_persistent_cache_min_entry_size_bytes')
   old = {k: getattr(jax.config, k) for k in keys}
-  with tempfile.TemporaryDirectory() as cache_dir:
-    jax.config.update('jax_compilation_cache_dir', cache_dir)
-    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
-    jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
-    yield
-    for k, v in old.items():
-      jax.config.update(k, v)
+  jax.config.update('jax_compilation_cache_dir', str(tmp_path_factory.mktemp('jax_cache')))
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+  yield
+  for k, v in old.items():
+    jax.config.update(k, v)
 
 
 def write_tiny_hf_checkpoint(path, *, arch='qwen3'):

@@ -103,7 +103,7 @@ def test_overlong_shaping_matches_dapo_formula():
   np.testing.assert_allclose(got, want)
 
 
-def test_dynamic_sampling_refill_keeps_only_informative_groups():
+def test_informative_groups_are_those_with_unequal_rewards():
   G = 2
   rewards = np.array([1, 1, 0, 1, 0, 0], np.float32)
   keep = train._informative_groups(rewards, G)
@@ -208,3 +208,29 @@ def test_unknown_config_key_on_the_command_line_fails_before_compute(tmp_path):
   assert proc.returncode != 0
   assert 'not_a_key' in proc.stderr
   assert not os.path.exists(os.path.join(tmp_path, 'metrics.jsonl'))
+
+
+def test_dynamic_sampling_refill_replaces_only_zero_variance_groups():
+  from jtc import sampler as sampler_lib  # pylint: disable=import-outside-toplevel
+  G, T = 2, 3
+
+  def rollout(rewards, tag):
+    B = len(rewards)
+    out = sampler_lib.SampleOutput(
+        tokens=np.full((B, T + 1), tag), input_mask=np.ones((B, T + 1), np.int32),
+        completion=np.arange(B * T).reshape(B, T) + 100 * tag,
+        completion_mask=np.ones((B, T), np.int32), logps=np.zeros((B, T), np.float32),
+        truncated=np.zeros(B, bool))
+    return dict(out=out, rewards=np.asarray(rewards, np.float32),
+                completions=[f'{tag}-{i}' for i in range(B)])
+
+  ro = rollout([1, 1, 0, 1, 0, 0], tag=1)      # groups: flat, informative, flat
+  extra = rollout([0, 0, 1, 0, 0, 1], tag=2)   # groups: flat, informative, informative
+  keep = train._informative_groups(ro['rewards'], G)
+  new = train._refill(ro, extra, keep, G)
+  # Group 1 (informative) untouched; groups 0 and 2 get the extra batch's groups 1 and 2.
+  np.testing.assert_array_equal(new['rewards'], [1, 0, 0, 1, 0, 1])
+  assert new['completions'] == ['2-2', '2-3', '1-2', '1-3', '2-4', '2-5']
+  np.testing.assert_array_equal(new['out'].completion[0], extra['out'].completion[2])
+  np.testing.assert_array_equal(new['out'].completion[2], ro['out'].completion[2])
+  assert train._informative_groups(new['rewards'], G).all()
