@@ -69,7 +69,7 @@ def get_config(arg=None):
                                        # replaces task (GSM8K '#### x' / MATH '\boxed{x}' answers)
   c.eval_dataset = ''                  # held-out JSONL for a dataset run ('' = dataset's test split)
   c.reward = ''                        # '' = the task's verifier, or boxed_numeric for a dataset;
-                                       # else a name in jtc.train.REWARDS
+                                       # else a name in jtc.rewards.REWARD_FNS
   c.prompt_suffix = ''                 # appended to every question before the chat template
   c.chat_template = True               # wrap prompts with the tokenizer's chat template
 

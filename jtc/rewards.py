@@ -389,6 +389,20 @@ def _numeric_match(prompt: str, completion: str, answer: str) -> float:
     return _exact_match(prompt, completion, answer)
 
 
+def _boxed_numeric(prompt: str, completion: str, answer: str) -> float:
+    """1.0 iff the completion's last balanced ``\\boxed{...}`` equals the reference: as numbers
+    when the reference is one (``\\boxed{0.5}`` == ``1/2``), else as normalised strings. No
+    ``\\boxed{}`` scores 0 (the strict verifier of the papers' math runs, unlike
+    `numeric_match`, which also accepts "the answer is 42")."""
+    del prompt
+    boxed = extract_boxed(completion or "")
+    if boxed is None:
+        return 0.0
+    if parse_number(answer) is not None:
+        return float(numbers_equal(boxed, answer))
+    return float(normalize_answer(boxed) == normalize_answer(answer))
+
+
 def _format(prompt: str, completion: str, answer: str) -> float:
     """1.0 when the completion marks its answer explicitly (``\\boxed{}``, ``answer is``, ``####``)."""
     del prompt, answer
@@ -410,12 +424,14 @@ def _expression_match(prompt: str, completion: str, answer: str) -> float:
 
 exact_match = _per_example(_exact_match)
 numeric_match = _per_example(_numeric_match)
+boxed_numeric = _per_example(_boxed_numeric)
 format_reward = _per_example(_format)
 expression_match = _per_example(_expression_match)
 
 REWARD_FNS: dict[str, RewardFn] = {
     "exact_match": exact_match,
     "numeric_match": numeric_match,
+    "boxed_numeric": boxed_numeric,
     "format": format_reward,
     "expression_match": expression_match,
 }

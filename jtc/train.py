@@ -101,33 +101,6 @@ def _choice(key, value, valid):
 _DTYPE_CHOICES = ('', 'float32', 'bfloat16')  # '' = keep the policy's own
 
 
-def boxed_numeric(prompts, completions, answers):
-  """1.0 iff the completion's last balanced ``\\boxed{...}`` equals the reference answer.
-
-  Numbers compare exactly as numbers (``\\boxed{0.5}`` == ``1/2``), anything else as normalised
-  strings; a completion without ``\\boxed{}`` scores 0 (the strict verifier of the papers' math
-  runs, unlike `numeric_match`, which also accepts "the answer is 42").
-  """
-  if not len(prompts) == len(completions) == len(answers):
-    raise ValueError(f'prompts, completions and answers must have equal length, got '
-                     f'{len(prompts)}, {len(completions)}, {len(answers)}')
-  out = []
-  for completion, answer in zip(completions, answers):
-    boxed = rewards_lib.extract_boxed(completion or '')
-    if boxed is None:
-      out.append(0.0)
-    elif rewards_lib.parse_number(answer) is not None:
-      out.append(float(rewards_lib.numbers_equal(boxed, answer)))
-    else:
-      out.append(float(rewards_lib.normalize_answer(boxed) ==
-                       rewards_lib.normalize_answer(answer)))
-  return np.asarray(out, np.float32)
-
-
-# Rewards for `config.dataset` runs ('' = boxed_numeric); synthetic tasks use their own verifier.
-REWARDS = {'boxed_numeric': boxed_numeric, **rewards_lib.REWARD_FNS}
-
-
 def mesh_sizes(c, n_devices=None):
   """{'data', 'fsdp', 'tensor'} sizes of the config's mesh with a -1 resolved."""
   n = jax.device_count() if n_devices is None else n_devices
@@ -167,7 +140,7 @@ def validate_config(c):
     raise ValueError(f'config.dataset={c.dataset!r} is neither a JSONL file nor a directory '
                      'of <split>.jsonl files')
   if c.reward:
-    _choice('reward', c.reward, REWARDS)
+    _choice('reward', c.reward, rewards_lib.REWARD_FNS)
   if c.checkpoint and not os.path.isfile(os.path.join(c.checkpoint, 'config.json')):
     raise ValueError(f'config.checkpoint={c.checkpoint!r} is not a Hugging Face model directory '
                      '(no config.json)')
@@ -431,10 +404,10 @@ class Trainer:
     self.infer_config = dataclasses.replace(self.model_config, remat=False)
     if c.dataset:
       self.task = None
-      self.reward_fn = REWARDS[c.reward or 'boxed_numeric']
+      self.reward_fn = rewards_lib.REWARD_FNS[c.reward or 'boxed_numeric']
     else:
       self.task = tasks_lib.get_task(c.task)
-      self.reward_fn = REWARDS[c.reward] if c.reward else self.task.reward_fn
+      self.reward_fn = rewards_lib.REWARD_FNS[c.reward] if c.reward else self.task.reward_fn
     self.optimizer = make_optimizer(c)
     self.G = c.group_size
     self.P = c.prompt_width

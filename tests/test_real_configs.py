@@ -162,17 +162,6 @@ def test_prompts_carry_the_chat_template_and_suffix(tiny_hf):
                   'your final answer within \\boxed{}.<|im_end|>\n<|im_start|>assistant\n')
 
 
-def test_boxed_numeric_reward():
-  completions = ['so \\boxed{3}', '\\boxed{1/2} hmm \\boxed{0.5}', 'the answer is 3',
-                 '\\boxed{\\frac{1}{2}}', '\\boxed{x+1}', '\\boxed{3.0}']
-  answers = ['3', '0.5', '3', 'x', 'x+1', '3']
-  got = train.boxed_numeric([''] * 6, completions, answers)
-  # The last box counts; an unboxed answer scores 0; non-numeric answers compare as strings.
-  np.testing.assert_array_equal(got, [1, 1, 0, 0, 1, 1])
-  with pytest.raises(ValueError, match='equal length'):
-    train.boxed_numeric([''], ['a', 'b'], ['1', '2'])
-
-
 @pytest.mark.parametrize('loss_name', ['grpo', 'dapo', 'delta', 'dfpo_min_replace'])
 def test_gradient_accumulation_equals_one_minibatch(loss_name):
   """n micro-batches with `microbatch_weights` == the un-split mini-batch (loss, params)."""

@@ -218,3 +218,14 @@ def test_fuzz_no_verifier_crashes_or_hangs(completion, answer):
     for fn in rewards.REWARD_FNS.values():
         r = fn(["p"], [completion], [answer])
         assert r.shape == (1,) and r[0] in (0.0, 1.0)
+
+
+def test_boxed_numeric_reward():
+    completions = ['so \\boxed{3}', '\\boxed{1/2} hmm \\boxed{0.5}', 'the answer is 3',
+                   '\\boxed{\\frac{1}{2}}', '\\boxed{x+1}', '\\boxed{3.0}']
+    answers = ['3', '0.5', '3', 'x', 'x+1', '3']
+    got = rewards.boxed_numeric([''] * 6, completions, answers)
+    # The last box counts; an unboxed answer scores 0; non-numeric answers compare as strings.
+    np.testing.assert_array_equal(got, [1, 1, 0, 0, 1, 1])
+    with pytest.raises(ValueError, match='equal length'):
+        rewards.boxed_numeric([''], ['a', 'b'], ['1', '2'])
