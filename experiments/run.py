@@ -704,6 +704,8 @@ def main(argv=None, *, make_command=trainer_command, results_root=RESULTS_DIR):
     failures = {k: d for k, (s, d) in results.items() if s == 'failed'}
   else:
     failures = failures_on_disk(results_dir)
+    command += ' (tables rebuilt from the per-run summaries; each run\'s trainer command and ' \
+               'wall time are in its summary JSON)'
   path = write_results(sweep, results_dir=results_dir, md_path=md_path, command=command,
                        wall_time_s=time.time() - t0, failures=failures)
   print(f'wrote {path}' + (f'; {len(failures)} run(s) FAILED: {sorted(failures)}'
