@@ -16,7 +16,6 @@ import argparse
 import functools
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,15 +27,7 @@ import optax  # noqa: E402
 from jtc import diagnostics  # noqa: E402
 from jtc import model as model_lib  # noqa: E402
 from jtc import train  # noqa: E402
-
-
-def _median_time(fn, repeats):
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
+from benchmarks.sampler import _median_time  # noqa: E402  (one timer for all benchmarks)
 
 
 def main():
@@ -82,9 +73,10 @@ def main():
       group_size=G, completion_start=P, mode=a.mode))
   state = train.TrainState(step=jnp.array(0, jnp.int32), params=params,
                            opt_state=optimizer.init(params))
-  jax.block_until_ready(update(state, batch))
+  update_batch = jax.tree.map(lambda x: x[None], batch)  # one micro-batch: [n=1, B, ...]
+  jax.block_until_ready(update(state, update_batch))
   jax.block_until_ready(diag(params, batch=batch))
-  t_update = _median_time(lambda: update(state, batch)[1], a.repeats)
+  t_update = _median_time(lambda: update(state, update_batch)[1], a.repeats)
   t_diag = _median_time(lambda: diag(params, batch=batch), a.repeats)
   ratio = (a.every * t_update + t_diag) / (a.every * t_update)
   print(f'model={a.model} params={model_lib.num_params(params):,} B={B} (G={G}) P={P} T={T} '
