@@ -6,6 +6,9 @@ r"""Runs a sweep of `experiments/sweeps.py` (configs x seeds) and writes its res
 * Every run x seed is one `python -m jtc.train` subprocess, at most `--jobs` at a time
   (default: the number of cores). Its workdir is `<workroot>/<sweep>/<run>__s<seed>__<hash>`
   (hash of the command's settings, so a re-sized sweep never resumes a different run).
+* Runs are identified by their settings: a run with exactly the settings (and seed) of a run
+  already summarised by another sweep (e.g. table2's GSPO and DFPO rows = table1's) is copied
+  from there, not re-run, and the results file says so.
 * Resumable: a run whose summary `experiments/results/<sweep>/runs/<run>__s<seed>.json` exists
   (with the same settings) is skipped; a workdir without a summary is resumed by the trainer
   from its last checkpoint.
@@ -206,6 +209,30 @@ def load_summaries(results_dir):
   return out
 
 
+def find_same_run(results_dir, spec):
+  """A finished summary of `spec`'s exact settings (same key) in a sibling sweep, or None.
+
+  Runs are identified by their settings, not their sweep: table2 and table3 compare DFPO and
+  GSPO runs that table1 already made, with the same config, overrides and seeds.
+  """
+  own = os.path.abspath(results_dir)
+  root = os.path.dirname(own)
+  for name in sorted(os.listdir(root)) if os.path.isdir(root) else ():
+    other = os.path.join(root, name)
+    if other == own or not os.path.isdir(os.path.join(other, 'runs')):
+      continue
+    for s in load_summaries(other):
+      if s.get('key') == spec.key and s.get('seed') == spec.seed:
+        return s
+  return None
+
+
+def reuse_summary(summary, spec):
+  """`summary` relabelled as `spec`'s run of `spec.sweep`, remembering where it was made."""
+  return dict(summary, sweep=spec.sweep, run=spec.run.name, label=spec.run.label,
+              group=spec.run.group, reused_from=summary.get('reused_from', summary['sweep']))
+
+
 def _write_json(path, obj):
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = path + '.tmp'
@@ -218,6 +245,10 @@ def _write_json(path, obj):
 # Launching.
 # ---------------------------------------------------------------------------------------------
 
+def _say(*args):
+  print(*args, flush=True)
+
+
 def _tail(path, n=STDERR_TAIL_LINES):
   if not os.path.exists(path):
     return ''
@@ -225,14 +256,18 @@ def _tail(path, n=STDERR_TAIL_LINES):
     return ''.join(f.readlines()[-n:])
 
 
-def execute(spec, *, results_dir, workroot, make_command=trainer_command, log=print):
-  """Runs (or resumes, or skips) one spec. Returns ('skipped'|'ok'|'failed', detail)."""
+def execute(spec, *, results_dir, workroot, make_command=trainer_command, log=_say):
+  """Runs (or resumes, skips, reuses) one spec: ('skipped'|'reused'|'ok'|'failed', detail)."""
   spath = summary_path(results_dir, spec)
   if os.path.exists(spath):
     with open(spath) as f:
       if json.load(f).get('key') == spec.key:
         return 'skipped', spath
     log(f'[{spec.run_id}] settings changed since its summary was written: re-running')
+  same = find_same_run(results_dir, spec)
+  if same is not None:
+    _write_json(spath, reuse_summary(same, spec))
+    return 'reused', f'from {same["sweep"]}'
   workdir = os.path.join(workroot, spec.sweep, f'{spec.run_id}__{spec.key}')
   os.makedirs(workdir, exist_ok=True)
   command = make_command(spec, workdir)
@@ -265,7 +300,7 @@ def execute(spec, *, results_dir, workroot, make_command=trainer_command, log=pr
 
 
 def run_sweep(sweep, *, seeds, jobs, results_dir, workroot, make_command=trainer_command,
-              validate=True, log=print):
+              validate=True, log=_say):
   """Runs every spec (bounded parallelism); returns {run_id: (status, detail)}."""
   specs = make_specs(sweep, seeds)
   total = len(specs)
@@ -282,12 +317,16 @@ def run_sweep(sweep, *, seeds, jobs, results_dir, workroot, make_command=trainer
     if spec.run.name in invalid:
       results[spec.run_id] = ('failed', invalid[spec.run.name])
   specs = [s for s in specs if s.run.name not in invalid]
-  lock = threading.Lock()
+  lock = threading.RLock()
+
+  def locked_log(*args):                           # one line at a time from parallel runs
+    with lock:
+      log(*args)
 
   def one(spec):
     try:
       status, detail = execute(spec, results_dir=results_dir, workroot=workroot,
-                               make_command=make_command, log=log)
+                               make_command=make_command, log=locked_log)
     except Exception as e:  # pylint: disable=broad-except
       status, detail = 'failed', f'{type(e).__name__}: {e}'
     with lock:
@@ -417,6 +456,8 @@ def _p_str(p):
 def _verdict(diff, p, expect, alpha=0.05):
   if not expect or not np.isfinite(diff):
     return ''
+  if diff == 0:
+    return 'no difference'
   same = diff > 0 if expect == '>' else diff < 0
   if same:
     return 'agrees' if np.isfinite(p) and p < alpha else 'same direction, n.s.'
@@ -604,8 +645,12 @@ def code_revision():
 
 
 def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures=None,
-                  revision=None, plot=True):
-  """Builds the markdown (+ plots) from the summaries in `results_dir`; returns md_path."""
+                  revision=None, plot=True, rebuilt_by=None):
+  """Builds the markdown (+ plots) from the summaries in `results_dir`; returns md_path.
+
+  `command`, `wall_time_s`, `revision`: of the invocation that ran the sweep; `rebuilt_by`: the
+  `--tables-only` command that rebuilt the file, if any.
+  """
   names = {r.name for r in sweep.runs}
   summaries = [s for s in load_summaries(results_dir)
                if s['run'] in names and s['num_steps'] == sweep.num_steps]
@@ -615,7 +660,9 @@ def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures
   lines = [f'# {sweep.name}{" (smoke)" if sweep.smoke else ""}', '', sweep.description, '',
            f'- Command: `{command}`',
            f'- Code revision: `{revision or code_revision()}`',
-           f'- Wall time of this invocation: {wall_time_s / 60:.1f} min; summed wall time of '
+           *([f'- Tables rebuilt from the per-run summaries by `{rebuilt_by}` at revision '
+              f'`{code_revision()}`'] if rebuilt_by else []),
+           f'- Wall time of the sweep: {wall_time_s / 60:.1f} min; summed wall time of '
            f'the runs: {run_wall / 60:.1f} min',
            f'- Runs: {len(summaries)} summaries ({len(sweep.runs)} configs x seeds {seeds}), '
            f'{sweep.num_steps} RL steps each; shared overrides: '
@@ -628,6 +675,11 @@ def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures
     tok.setdefault(f'{s["label"]} {s.get("group", "")}'.strip(), []).append(
         s['compute'].get('compute/generated_tokens', float('nan')))
   lines += [f'  {k}: {np.mean(v):.0f}' for k, v in tok.items()]
+  reused = sorted({s['reused_from'] for s in summaries if s.get('reused_from')})
+  if reused:
+    n = sum(1 for s in summaries if s.get('reused_from'))
+    lines += [f'- {n} of these runs have exactly the settings of runs in {", ".join(reused)} '
+              'and were reused from there, not re-run (their summaries say `reused_from`).']
   if stale:
     lines += [f'- {stale} summaries with other settings (e.g. another num_steps) were ignored.']
   lines += ['', '## Tables', '']
@@ -650,7 +702,8 @@ def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures
   notes = md_path[:-len('.md')] + '.notes.md'
   if os.path.exists(notes):
     with open(notes) as f:
-      lines += ['## Discussion', '', f.read().strip(), '']
+      lines += [f'## Discussion (written by hand in {os.path.basename(notes)}; kept when the '
+                'tables are rebuilt)', '', f.read().strip(), '']
   with open(md_path, 'w') as f:
     f.write('\n'.join(lines) + '\n')
   return md_path
@@ -695,6 +748,7 @@ def main(argv=None, *, make_command=trainer_command, results_root=RESULTS_DIR):
   command = 'python -m experiments.run ' + shlex.join(sys.argv[1:] if argv is None else argv)
   t0 = time.time()
   failures = {}
+  invocation_path = os.path.join(results_dir, 'invocation.json')
   if not args.tables_only:
     est = sweeps_lib.estimate_seconds(sweep, seeds=seeds)
     print(f'{sweep.name}: {len(sweep.runs)} configs x {seeds} seeds, {sweep.num_steps} steps; '
@@ -702,12 +756,19 @@ def main(argv=None, *, make_command=trainer_command, results_root=RESULTS_DIR):
     results = run_sweep(sweep, seeds=seeds, jobs=args.jobs, results_dir=results_dir,
                         workroot=args.workroot, make_command=make_command)
     failures = {k: d for k, (s, d) in results.items() if s == 'failed'}
+    invocation = {'command': command, 'wall_time_s': time.time() - t0,
+                  'revision': code_revision()}
+    _write_json(invocation_path, invocation)
   else:
     failures = failures_on_disk(results_dir)
-    command += ' (tables rebuilt from the per-run summaries; each run\'s trainer command and ' \
-               'wall time are in its summary JSON)'
-  path = write_results(sweep, results_dir=results_dir, md_path=md_path, command=command,
-                       wall_time_s=time.time() - t0, failures=failures)
+    invocation = {'command': command, 'wall_time_s': 0.0, 'revision': None}
+    if os.path.exists(invocation_path):              # the sweep's own command and wall time
+      with open(invocation_path) as f:
+        invocation = json.load(f)
+  path = write_results(sweep, results_dir=results_dir, md_path=md_path,
+                       command=invocation['command'], wall_time_s=invocation['wall_time_s'],
+                       revision=invocation['revision'], failures=failures,
+                       rebuilt_by=command if args.tables_only else None)
   print(f'wrote {path}' + (f'; {len(failures)} run(s) FAILED: {sorted(failures)}'
                            if failures else ''))
   return 1 if failures else 0

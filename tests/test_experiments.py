@@ -5,6 +5,7 @@ The runner is exercised with a fake trainer command (a few lines of Python that 
 real trainer is marked `slow` and skipped unless JTC_RUN_SLOW=1.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -266,6 +267,31 @@ def test_runner_skips_finished_runs_and_resumes_unfinished(tmp_path):
   assert sorted(_launches(counter)[4:]) == ['base', 'better']
 
 
+def test_run_with_the_same_settings_is_reused_from_another_sweep(tmp_path):
+  make, counter = _fake_command(tmp_path)
+  first = dataclasses.replace(_fake_sweep(), name='first', runs=(
+      sweeps_lib.Run('base', 'gspo', 'BASE'), sweeps_lib.Run('better', 'dapo', 'BETTER')))
+  second = dataclasses.replace(_fake_sweep(), name='second', runs=(
+      sweeps_lib.Run('gspo_again', 'gspo', 'GSPO'), sweeps_lib.Run('new', 'grpo', 'NEW')),
+                               baseline='GSPO')
+  kw = dict(seeds=2, jobs=2, workroot=str(tmp_path / 'work'), make_command=make,
+            validate=False, log=lambda *a: None)
+  run_lib.run_sweep(first, results_dir=str(tmp_path / 'res' / 'first'), **kw)
+  out = run_lib.run_sweep(second, results_dir=str(tmp_path / 'res' / 'second'), **kw)
+  assert out['gspo_again__s1'] == ('reused', 'from first') and out['new__s0'][0] == 'ok'
+  assert sorted(_launches(counter)) == ['base', 'base', 'better', 'better', 'new', 'new']
+  runs = tmp_path / 'res'
+  original = json.loads((runs / 'first' / 'runs' / 'base__s1.json').read_text())
+  reused = json.loads((runs / 'second' / 'runs' / 'gspo_again__s1.json').read_text())
+  assert reused['curves'] == original['curves'] and reused['seed'] == 1
+  assert (reused['sweep'], reused['run'], reused['label'], reused['reused_from']) == (
+      'second', 'gspo_again', 'GSPO', 'first')
+  md = run_lib.write_results(second, results_dir=str(runs / 'second'),
+                             md_path=str(runs / 'second.md'), command='x', wall_time_s=0.0,
+                             revision='r', plot=False)
+  assert '2 of these runs have exactly the settings of runs in first' in open(md).read()
+
+
 def test_runner_resumes_a_killed_run_in_the_same_workdir(tmp_path):
   sweep = _fake_sweep(names=('base',))
   make_partial, counter = _fake_command(tmp_path, stop_at=2)
@@ -294,6 +320,14 @@ def test_failed_run_reports_stderr_and_others_continue(tmp_path, monkeypatch):
   md = (tmp_path / 'results' / 'fake.md').read_text()
   assert '## Failed runs' in md and 'something broke in broken' in md
   assert 'exit status 3' in md
+
+  # Rebuilding the tables keeps the sweep's own command (and the failures found on disk).
+  run_lib.main(['fake', '--tables-only'], make_command=make,
+               results_root=str(tmp_path / 'results'))
+  md = (tmp_path / 'results' / 'fake.md').read_text()
+  assert "- Command: `python -m experiments.run fake --seeds 2 --jobs 2 --workroot" in md
+  assert 'rebuilt from the per-run summaries by `python -m experiments.run fake --tables-only`' in md
+  assert 'something broke in broken' in md
 
 
 def _write_fake_summaries(results_dir, sweep, acc_by_label, seeds):
