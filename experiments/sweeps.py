@@ -125,7 +125,8 @@ def table1(smoke=False):
       config_arg='smoke' if smoke else '', shared=_common(n, smoke),
       description=('Paper Table 1: held-out avg@k accuracy after compute-matched RL from the '
                    'same base policy. The paper reports AIME25 avg@32 on Qwen3-32B.'),
-      runs=TABLE1_RUNS, baseline='GSPO',
+      runs=_pick(TABLE1_RUNS, ('gspo', 'dfpo_min_replace', 'dfpo_orth_proj'), smoke),
+      baseline='GSPO',
       tables=(Table('Held-out accuracy (Table 1)', FINAL_AVG, unit='(%)', scale=100.0,
                     paper=(('DFPO (Min-Replace)', '82.5'), ('DFPO (Orth-Proj)', '82.6'),
                            ('GSPO', '76.9'), ('GRPO', '76.9'), ('GRPO-fix', '80.6')),
@@ -280,7 +281,7 @@ def delta(smoke=False):
               for a, lab in DELTA_TABLE4 + DELTA_FIGURE3)
   runs = (dapo, full) + abl
   if smoke:
-    runs = _pick(runs, ('dapo', 'delta_full', 'delta_random_lambda', 'delta_select_top'), True)
+    runs = _pick(runs, ('dapo', 'delta_full', 'delta_select_top'), True)
   labels = {r.label for r in runs}
   t4_rows = tuple(l for l in ['DAPO', 'DelTA'] + [lab for _, lab in DELTA_TABLE4] if l in labels)
   f3_rows = tuple(l for l in ['DAPO', 'DelTA'] + [lab for _, lab in DELTA_FIGURE3] if l in labels)

@@ -1,8 +1,8 @@
 """Tests of the experiment runner (experiments/run.py), sweeps and statistics.
 
 The runner is exercised with a fake trainer command (a few lines of Python that write a
-`metrics.jsonl`), so these tests need no model. One optional end-to-end smoke sweep with the
-real trainer is marked `slow` and skipped unless JTC_RUN_SLOW=1.
+`metrics.jsonl`), so these tests need no model; the last test runs the `--smoke` form of every
+sweep with the real trainer.
 """
 
 import dataclasses
@@ -404,11 +404,27 @@ def test_grouped_table_and_normalised_compute(tmp_path):
     assert '5.0 [5.0, 5.0]' in line
 
 
-@pytest.mark.skipif(os.environ.get('JTC_RUN_SLOW') != '1',
-                    reason='end-to-end smoke sweep with the real trainer; set JTC_RUN_SLOW=1')
-def test_smoke_sweep_end_to_end(tmp_path):
-  rc = run_lib.main(['table2', '--smoke', '--jobs', '2', '--workroot', str(tmp_path / 'w')],
-                    results_root=str(tmp_path / 'results'))
-  assert rc == 0
-  md = (tmp_path / 'results' / 'smoke' / 'table2.md').read_text()
-  assert 'GSPO (baseline)' in md and 'DFPO (Min-Replace)' in md
+def test_every_smoke_sweep_end_to_end(tmp_path):
+  """The `--smoke` form of every sweep with the real trainer, in the order of the issue; runs
+  with identical settings are shared between sweeps, as in the full sweeps."""
+  root = tmp_path / 'results'
+  launched = []
+  for name in sweeps_lib.SWEEPS:
+    def command(spec, workdir, name=name):
+      launched.append((name, spec.run_id))
+      return run_lib.trainer_command(spec, workdir)
+    rc = run_lib.main([name, '--smoke', '--jobs', '2', '--workroot', str(tmp_path / 'w')],
+                      make_command=command, results_root=str(root))
+    assert rc == 0, name
+    sweep = sweeps_lib.get_sweep(name, smoke=True)
+    md = (root / 'smoke' / f'{name}.md').read_text()
+    assert 'Could not build' not in md and 'Failed runs' not in md, name
+    for table in sweep.tables:
+      assert f'### {table.title}' in md
+    for run in sweep.runs:
+      assert run.label in md, (name, run.label)
+    summaries = run_lib.load_summaries(str(root / 'smoke' / name))
+    assert sorted(s['run'] for s in summaries) == sorted(r.name for r in sweep.runs)
+    assert all(s['final']['step'] == sweep.num_steps for s in summaries)
+  # table2's rows are table1's runs: none of them was launched again.
+  assert not [r for n, r in launched if n == 'table2']
