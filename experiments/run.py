@@ -562,8 +562,10 @@ STATS_NOTE = (
     'paired bootstrap p-value of "no difference" (centred resampling of the per-seed '
     'differences, see experiments/stats.py). `seeds` k/n: k of n runs had a finite value (for '
     'compute-to-threshold: reached the threshold). `vs paper`: whether the difference has the '
-    'paper\'s sign relative to the baseline, and is significant at p < 0.05. With 3-5 seeds the '
-    'smallest attainable p-values are coarse; read the CIs.')
+    'paper\'s sign relative to the baseline, and is significant at p < 0.05. Caution: with '
+    'n = 3-5 seeds the bootstrap is anti-conservative (all n differences of one sign give p near '
+    '0), whereas an exact paired sign-flip test cannot go below 2/2^n (0.25 for 3 seeds, 0.0625 '
+    'for 5); read a small p at n = 3 as "the same sign on every seed", and read the CIs.')
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,10 +15,11 @@ per step (hence the token slots) fixed by setting prompts_per_step = SEQS_PER_ST
 update steps fixed by minibatch_prompts = prompts_per_step / 2. DAPO's dynamic sampling is off
 in the `delta` sweep (as in the DelTA paper), so every method sees one rollout batch per step.
 
-Sizing. `num_steps` is the single knob of a sweep (`--num-steps` overrides it). The defaults
-assume ~3 s per RL step of the default config with the whole 2-core machine, ~40 s of start-up
-and compilation per run, and 2 evaluations per run (step 0 and the last step, `eval_every =
-num_steps`), see `estimate_seconds`. Measure one run and re-size.
+Sizing. `num_steps` is the single knob of a sweep (`--num-steps` overrides it); every full sweep
+uses FULL_STEPS = 80, the size of the committed results. `estimate_seconds` uses the per-run cost
+measured with `--jobs 2` on the 2-core machine (table1: 30 runs in 35.0 min, table4: 24 runs in
+23.3 min, mechanism with diagnostics every 5 steps: 18 runs in 22.1 min), i.e. about 60-75
+machine-seconds per 80-step run including start-up, compilation and two evaluations.
 """
 
 import dataclasses
@@ -28,10 +29,12 @@ SEQS_PER_STEP = 128
 SMOKE_SEQS_PER_STEP = 16
 SMOKE_STEPS = 3
 
-# Assumptions of `estimate_seconds` (machine-seconds, both cores busy).
-STEP_SECONDS = 3.0
-STARTUP_SECONDS = 40.0
-EVAL_SECONDS = 4.0
+FULL_STEPS = 80
+
+# `estimate_seconds`: machine-seconds (wall time with both cores busy), measured (see above).
+STEP_SECONDS = 0.7
+STARTUP_SECONDS = 8.0
+EVAL_SECONDS = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +121,7 @@ def _pick(runs, names, smoke):
 
 
 def table1(smoke=False):
-  n = SMOKE_STEPS if smoke else 25
+  n = SMOKE_STEPS if smoke else FULL_STEPS
   exp = tuple((r.label, BETTER) for r in (DFPO_MIN, DFPO_ORTH, DFPO_POS, GRPO_FIX))
   return Sweep(
       name='table1', smoke=smoke, num_steps=n, seeds=1 if smoke else 5,
@@ -137,7 +140,7 @@ def table1(smoke=False):
 
 
 def table2(smoke=False):
-  n = SMOKE_STEPS if smoke else 65
+  n = SMOKE_STEPS if smoke else FULL_STEPS
   return Sweep(
       name='table2', smoke=smoke, num_steps=n, seeds=1 if smoke else 5,
       config_arg='smoke' if smoke else '', shared=_common(n, smoke),
@@ -168,7 +171,7 @@ def table2(smoke=False):
 
 
 def table3(smoke=False):
-  n = SMOKE_STEPS if smoke else 40
+  n = SMOKE_STEPS if smoke else FULL_STEPS
   no_sg = Run('dfpo_no_stopgrad', 'dfpo_min_replace', 'DFPO (no stop-grad)',
               (('loss.hparams.stop_gradient', False),))
   scaled = Run('dfpo_scale_0.5', 'dfpo_min_replace', 'DFPO (scale by 0.5)',
@@ -198,7 +201,7 @@ def group_size_overrides(G, *, seqs_per_step):
 
 
 def table4(smoke=False):
-  n = SMOKE_STEPS if smoke else 30
+  n = SMOKE_STEPS if smoke else FULL_STEPS
   seqs = SMOKE_SEQS_PER_STEP if smoke else SEQS_PER_STEP
   groups = (2, 16) if smoke else (2, 4, 8, 16)
   runs = []
@@ -223,7 +226,7 @@ def table4(smoke=False):
 
 
 def mechanism(smoke=False):
-  n = SMOKE_STEPS if smoke else 45
+  n = SMOKE_STEPS if smoke else FULL_STEPS
   runs = _pick(TABLE1_RUNS, ('gspo', 'dfpo_min_replace'), smoke)
   lower = tuple((r.label, '<') for r in runs if r.name.startswith('dfpo') or r.name == 'grpo_fix')
   return Sweep(
@@ -274,7 +277,7 @@ DELTA_PAPER = (('DAPO', '19.05'), ('DelTA', '23.27'), ('Within-side only', '17.9
 
 
 def delta(smoke=False):
-  n = SMOKE_STEPS if smoke else 15
+  n = SMOKE_STEPS if smoke else FULL_STEPS
   dapo = Run('dapo', 'dapo', 'DAPO')
   full = Run('delta_full', 'delta', 'DelTA', (('delta.ablation', 'full'),))
   abl = tuple(Run(f'delta_{a}', 'delta', lab, (('delta.ablation', a),))
