@@ -317,7 +317,7 @@ def run_sweep(sweep, *, seeds, jobs, results_dir, workroot, make_command=trainer
     if spec.run.name in invalid:
       results[spec.run_id] = ('failed', invalid[spec.run.name])
   specs = [s for s in specs if s.run.name not in invalid]
-  lock = threading.RLock()
+  lock = threading.Lock()
 
   def locked_log(*args):                           # one line at a time from parallel runs
     with lock:
@@ -506,6 +506,7 @@ def build_table(sweep, table, summaries):
     base_key = table.metric.partition(':')[2]
     threshold = auto_threshold(summaries, base_key)
   values = _values_by_seed(summaries, table, threshold)
+  baseline = table.baseline or sweep.baseline
   labels = list(dict.fromkeys(r.label for r in sweep.runs))
   if table.rows:
     labels = [l for l in labels if l in table.rows]
@@ -518,12 +519,12 @@ def build_table(sweep, table, summaries):
               f'({"auto" if table.threshold == "auto" else "fixed"}).', '']
   unit = f' {table.unit}' if table.unit else ''
   if table.by_group:
-    others = [l for l in labels if l != sweep.baseline]
+    others = [l for l in labels if l != baseline]
     head = ['G'] + [f'{l}{unit}' for l in labels]
-    head += [f'{o} - {sweep.baseline}' for o in others] + ['p', 'seeds', 'paper', 'vs paper']
+    head += [f'{o} - {baseline}' for o in others] + ['p', 'seeds', 'paper', 'vs paper']
     lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for g in groups:
-      base = values.get((g, sweep.baseline), {})
+      base = values.get((g, baseline), {})
       cells = [g or '-']
       rows = {l: compare(values.get((g, l), {}), base) for l in labels}
       cells += [_ci_str(*rows[l]['value'], table.scale, digits) for l in labels]
@@ -533,14 +534,14 @@ def build_table(sweep, table, summaries):
         cells += [paper.get(g, ''), _verdict(rows[o]['diff'][0], rows[o]['p'], expect.get(g))]
       lines.append('| ' + ' | '.join(cells) + ' |')
   else:
-    base = values.get(('', sweep.baseline), {})
-    diff_head = (f'ratio to {sweep.baseline}' if table.normalize
-                 else f'diff vs {sweep.baseline}')
+    base = values.get(('', baseline), {})
+    diff_head = (f'ratio to {baseline}' if table.normalize
+                 else f'diff vs {baseline}')
     head = ['Method', f'value{unit}', diff_head, 'p', 'seeds', 'paper', 'vs paper']
     lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for l in labels:
       vals = values.get(('', l), {})
-      is_base = l == sweep.baseline
+      is_base = l == baseline
       row = compare(vals, vals if is_base else base, normalize=table.normalize)
       diff = row['diff'] if not is_base else (np.nan,) * 3
       effect = diff[0] - 1.0 if table.normalize else diff[0]

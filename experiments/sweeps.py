@@ -62,6 +62,7 @@ class Table:
   paper: tuple = ()              # ((label or group, value string), ...) the paper's numbers
   expect: tuple = ()             # ((label or group, '>' | '<'), ...) the paper's direction vs
                                  # the baseline ('>' = larger than the baseline)
+  baseline: str = ''             # label compared against; '' = the sweep's baseline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,8 +289,8 @@ def delta(smoke=False):
   labels = {r.label for r in runs}
   t4_rows = tuple(l for l in ['DAPO', 'DelTA'] + [lab for _, lab in DELTA_TABLE4] if l in labels)
   f3_rows = tuple(l for l in ['DAPO', 'DelTA'] + [lab for _, lab in DELTA_FIGURE3] if l in labels)
-  worse = ('Within-side only', 'Random lambda', 'w/o adaptive gamma', 'w/o h(alpha)',
-           'w/o lambda-norm', 'w/o range map', 'w/o refinement')
+  components = ('w/o adaptive gamma', 'w/o h(alpha)', 'w/o lambda-norm', 'w/o range map',
+                'w/o refinement')
   return Sweep(
       name='delta', smoke=smoke, num_steps=n, seeds=1 if smoke else 3,
       config_arg='smoke' if smoke else '',
@@ -297,16 +298,20 @@ def delta(smoke=False):
       shared=_common(n, smoke) + (('dynamic_sampling', False), ('overlong_buffer', 8)),
       description=('DelTA paper: DAPO vs DelTA, the Table 4 diagnostics (each a '
                    '`delta.ablation`), and Figure 3 hard token selection with the DelTA '
-                   'coefficients (top-lambda, bottom-lambda, random 50%). Baseline: DAPO. The '
-                   'paper\'s numbers are the Qwen3-8B-Base averages over four benchmarks.'),
+                   'coefficients (top-lambda, bottom-lambda, random 50%). Baseline: DAPO, and '
+                   'full DelTA for the component table. The paper\'s numbers are the '
+                   'Qwen3-8B-Base averages over four benchmarks.'),
       runs=runs, baseline='DAPO',
       tables=(Table('DAPO vs DelTA and the DelTA ablations (DelTA Table 4)', FINAL_AVG,
                     unit='(%)', scale=100.0, rows=t4_rows, paper=DELTA_PAPER,
                     expect=(('DelTA', '>'), ('Top-K hidden-gradient proxy', '>'))
+                    + tuple((c, '>') for c in components)
                     + tuple((w, '<') for w in ('Within-side only', 'Random lambda'))),
-              Table('Component ablations vs full DelTA: training reward, last quarter',
-                    'late_mean:reward_mean', rows=t4_rows,
-                    expect=tuple((w, '<') for w in worse)),
+              Table('The same runs against full DelTA (does each component matter?)',
+                    FINAL_AVG, unit='(%)', scale=100.0, rows=t4_rows, baseline='DelTA',
+                    expect=(('Top-K hidden-gradient proxy', '>'),)
+                    + tuple((w, '<') for w in ('DAPO', 'Within-side only', 'Random lambda')
+                            + components)),
               Table('Token selection (DelTA Figure 3): training reward, last quarter',
                     'late_mean:reward_mean', rows=f3_rows,
                     expect=(('Top-lambda tokens', '>'), ('Bottom-lambda tokens', '<'))),

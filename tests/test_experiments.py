@@ -116,6 +116,7 @@ def test_sweeps_are_well_formed(name, smoke):
   for table in sweep.tables:
     assert set(table.rows) <= {r.label for r in sweep.runs}
     assert table.metric.partition(':')[0] in run_lib.EXTRACTORS
+    assert not table.baseline or table.baseline in {r.label for r in sweep.runs}
   if smoke:
     assert sweep.config_arg == 'smoke' and sweep.num_steps <= 3 and sweep.seeds <= 2
   else:
@@ -372,6 +373,18 @@ def test_tables_rebuild_from_summaries_alone(tmp_path):
   # Smoke results go elsewhere and do not touch the real file.
   smoke_dir, smoke_md = run_lib.result_paths('table1', smoke=True, results_root=str(tmp_path))
   assert smoke_dir != results_dir and smoke_md != md_path
+
+
+def test_a_table_can_compare_against_another_baseline(tmp_path):
+  sweep = _fake_sweep()
+  acc = {'BASE': [0.30, 0.40], 'BETTER': [0.50, 0.55]}
+  _write_fake_summaries(str(tmp_path), sweep, acc, seeds=2)
+  table = sweeps_lib.Table('acc', 'final:eval/avg@', scale=100.0, baseline='BETTER',
+                           expect=(('BASE', '<'),))
+  lines = run_lib.build_table(sweep, table, run_lib.load_summaries(str(tmp_path)))
+  rows = {l.split('|')[1].strip(): l.split('|') for l in lines if l.startswith('| ')}
+  assert 'diff vs BETTER' in lines[2] and 'BETTER (baseline)' in rows
+  assert rows['BASE'][3].strip().startswith(f'{100 * (0.35 - 0.525):.1f}')
 
 
 def test_grouped_table_and_normalised_compute(tmp_path):
