@@ -583,9 +583,11 @@ def plot_curves(sweep, summaries, out_path):
   n_rows = (len(keys) + n_cols - 1) // n_cols
   fig, axes = plt.subplots(n_rows, n_cols, figsize=(4.4 * n_cols, 3.0 * n_rows), squeeze=False)
   runs = list(dict.fromkeys((r.group, r.label) for r in sweep.runs))
+  # One distinct (colour, line style) per curve: tab10 colours, then dashed, then dotted.
+  styles = [(plt.cm.tab10(i % 10), ('-', '--', ':')[i // 10 % 3]) for i in range(len(runs))]
   for ax, key in zip(axes.flat, keys):
     shown = key
-    for group, label in runs:
+    for (group, label), (color, ls) in zip(runs, styles):
       xs, ys = [], []
       for s in summaries:
         if s['label'] != label or s.get('group', '') != group:
@@ -610,8 +612,8 @@ def plot_curves(sweep, summaries, out_path):
       mean = y.mean(0)
       se = y.std(0, ddof=1) / np.sqrt(len(y)) if len(y) > 1 else np.zeros_like(mean)
       name = f'{label} {group}'.strip()
-      line, = ax.plot(x, mean, lw=1.2, label=name)
-      ax.fill_between(x, mean - se, mean + se, color=line.get_color(), alpha=0.2, lw=0)
+      ax.plot(x, mean, lw=1.2, color=color, ls=ls, label=name)
+      ax.fill_between(x, mean - se, mean + se, color=color, alpha=0.2, lw=0)
     ax.set_title(shown, fontsize=9)
     ax.set_xlabel(sweep.plot_x, fontsize=8)
     ax.tick_params(labelsize=7)
