@@ -520,7 +520,7 @@ def build_table(sweep, table, summaries):
   unit = f' {table.unit}' if table.unit else ''
   if table.by_group:
     others = [l for l in labels if l != baseline]
-    head = ['G'] + [f'{l}{unit}' for l in labels]
+    head = ['Group'] + [f'{l}{unit}' for l in labels]
     head += [f'{o} - {baseline}' for o in others] + ['p', 'seeds', 'paper', 'vs paper']
     lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for g in groups:
@@ -656,9 +656,10 @@ def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures
   `command`, `wall_time_s`, `revision`: of the invocation that ran the sweep; `rebuilt_by`: the
   `--tables-only` command that rebuilt the file, if any.
   """
-  names = {r.name for r in sweep.runs}
-  summaries = [s for s in load_summaries(results_dir)
-               if s['run'] in names and s['num_steps'] == sweep.num_steps]
+  by_name = {r.name: r for r in sweep.runs}       # labels and groups: as the sweep says now
+  summaries = [dict(s, label=by_name[s['run']].label, group=by_name[s['run']].group)
+               for s in load_summaries(results_dir)
+               if s['run'] in by_name and s['num_steps'] == sweep.num_steps]
   stale = len(load_summaries(results_dir)) - len(summaries)
   seeds = sorted({s['seed'] for s in summaries})
   run_wall = sum(s.get('wall_time_s') or 0.0 for s in summaries)

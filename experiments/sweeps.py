@@ -255,6 +255,40 @@ def mechanism(smoke=False):
   )
 
 
+STEPSIZE_LRS = (('1e-4', 1e-4), ('1.4e-4', 1.4e-4), ('2e-4', None), ('2.8e-4', 2.8e-4))
+
+
+def stepsize(smoke=False):
+  """A control beyond the paper, testing the explanation given for table1 (not tuning it)."""
+  n = SMOKE_STEPS if smoke else FULL_STEPS
+  runs = []
+  for name, lr in STEPSIZE_LRS:            # lr None: the shared default 2e-4 (= the table1 runs)
+    for base in (GSPO, DFPO_MIN):
+      if lr is None:
+        runs.append(dataclasses.replace(base, group=f'lr={name}'))
+      else:
+        runs.append(Run(f'{base.name}_lr{name}', base.config, base.label,
+                        (('learning_rate', lr),), group=f'lr={name}'))
+  if smoke:
+    runs = [r for r in runs if r.group in ('lr=1e-4', 'lr=2e-4')]
+  return Sweep(
+      name='stepsize', smoke=smoke, num_steps=n, seeds=1 if smoke else 5,
+      config_arg='smoke' if smoke else '', shared=_common(n, smoke),
+      description=('Control for the explanation of table1 (not a paper table): at the shared '
+                   'learning rate 2e-4 DFPO moves the policy further per update than GSPO '
+                   '(approx_kl) and ends below it. If that step-size difference, rather than '
+                   'token cancellation, is what separates them, the sign of DFPO - GSPO should '
+                   'depend on the learning rate. Both methods at peak learning rates 1e-4, '
+                   '1.4e-4, 2e-4 (the table1 runs) and 2.8e-4, everything else equal.'),
+      runs=tuple(runs), baseline='GSPO',
+      tables=(Table('DFPO - GSPO held-out accuracy at each learning rate', FINAL_AVG,
+                    unit='(%)', scale=100.0, by_group=True),
+              Table('Policy change per update: k3 KL(behaviour || updated), mean over training',
+                    'mean:approx_kl', unit='(x 1e-5)', scale=1e5, by_group=True),
+              Table('Token entropy, last quarter', 'late_mean:entropy', by_group=True)),
+  )
+
+
 DELTA_TABLE4 = (
     ('within_side_only', 'Within-side only'),
     ('no_adaptive_gamma', 'w/o adaptive gamma'),
@@ -327,6 +361,7 @@ SWEEPS = {
     'table3': table3,
     'table4': table4,
     'mechanism': mechanism,
+    'stepsize': stepsize,
     'delta': delta,
 }
 
