@@ -27,7 +27,7 @@ import optax  # noqa: E402
 from jtc import diagnostics  # noqa: E402
 from jtc import model as model_lib  # noqa: E402
 from jtc import train  # noqa: E402
-from benchmarks.sampler import _median_time  # noqa: E402  (one timer for all benchmarks)
+from benchmarks.sampler import median_time  # noqa: E402  (the shared timer)
 
 
 def main():
@@ -76,8 +76,8 @@ def main():
   update_batch = jax.tree.map(lambda x: x[None], batch)  # one micro-batch: [n=1, B, ...]
   jax.block_until_ready(update(state, update_batch))
   jax.block_until_ready(diag(params, batch=batch))
-  t_update = _median_time(lambda: update(state, update_batch)[1], a.repeats)
-  t_diag = _median_time(lambda: diag(params, batch=batch), a.repeats)
+  t_update = median_time(lambda: update(state, update_batch)[1], a.repeats)
+  t_diag = median_time(lambda: diag(params, batch=batch), a.repeats)
   ratio = (a.every * t_update + t_diag) / (a.every * t_update)
   print(f'model={a.model} params={model_lib.num_params(params):,} B={B} (G={G}) P={P} T={T} '
         f'loss={a.loss} mode={a.mode}')

@@ -47,7 +47,7 @@ def _times(fn, repeats):
   return times
 
 
-def _median_time(fn, repeats):
+def median_time(fn, repeats):
   return statistics.median(_times(fn, repeats))
 
 
@@ -158,7 +158,7 @@ def main():
   out = jax.block_until_ready(run())
   compile_s = time.perf_counter() - start
   assert int(out.completion_mask.sum()) == B * T, 'a row stopped early; timing is off'
-  sample_s = _median_time(run, args.repeats)
+  sample_s = median_time(run, args.repeats)
   kv_tps = B * T / sample_s
 
   # Prefill alone (same computation as the sampler's first phase).
@@ -169,7 +169,7 @@ def main():
                                             model_lib.positions_from_mask(mask), mask, cache)
     return hidden[:, -1], cache
   jax.block_until_ready(prefill(params, prompt_BP, mask_BP))
-  prefill_s = _median_time(lambda: prefill(params, prompt_BP, mask_BP), args.repeats)
+  prefill_s = median_time(lambda: prefill(params, prompt_BP, mask_BP), args.repeats)
   decode_step_s = (sample_s - prefill_s) / (T - 1)
 
   # --- Naive full recompute.

@@ -559,15 +559,15 @@ class Trainer:
   def _put_batch(self, x):
     return _put(x, sharding_lib.batch_sharding(self.mesh, np.shape(x)))
 
-  def _score(self, params, out):
-    """The behaviour pass over the rollouts, `rollout_chunk_prompts` groups at a time."""
-    rows = (self.c.rollout_chunk_prompts * self.G) or out.tokens.shape[0]
-    parts = []
-    for s in range(0, out.tokens.shape[0], rows):
-      parts.append(self._behaviour(params, self._put_batch(out.tokens[s:s + rows]),
-                                   self._put_batch(out.input_mask[s:s + rows])))
-    if len(parts) == 1:
-      return parts[0]
+  def _score(self, params, out, tokens_BL, input_mask_BL):
+    """The behaviour pass over the rollouts (`tokens_BL`, `input_mask_BL`: `out`'s, on device),
+    `rollout_chunk_prompts` groups at a time (chunks are put from the host copy in `out`)."""
+    rows = self.c.rollout_chunk_prompts * self.G
+    if not rows or rows >= out.tokens.shape[0]:
+      return self._behaviour(params, tokens_BL, input_mask_BL)
+    parts = [self._behaviour(params, self._put_batch(out.tokens[s:s + rows]),
+                             self._put_batch(out.input_mask[s:s + rows]))
+             for s in range(0, out.tokens.shape[0], rows)]
     return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *parts)
 
   def _rollout(self, examples, key):
@@ -631,11 +631,11 @@ class Trainer:
     tokens_BL, input_mask_BL = self._put_batch(out.tokens), self._put_batch(out.input_mask)
     batch = dict(tokens=tokens_BL, input_mask=input_mask_BL, mask=self._put_batch(mask_BT),
                  advantages=self._put_batch(np.asarray(adv_B)))
-    beh = self._score(self.state.params, out)
+    beh = self._score(self.state.params, out, tokens_BL, input_mask_BL)
     batch['old_logps'] = (beh['logps'] if c.behaviour_logps == 'recompute'
                           else self._put_batch(out.logps))
     if self.ref_params is not None:
-      batch['ref_logps'] = self._score(self.ref_params, out)['logps']
+      batch['ref_logps'] = self._score(self.ref_params, out, tokens_BL, input_mask_BL)['logps']
     metrics = {}
     if c.loss.name == 'delta':
       batch['token_weights'], delta_metrics = self._delta_weights(beh, out, adv_B, mask_BT,
