@@ -66,7 +66,7 @@ def relative_time(args):
   out = fwd(params)
   hidden_BTD, probs_BT = out['hidden'], jnp.exp(out['logps'])
   coeffs = jax.jit(lambda h, p, a, m: delta.token_coefficients(
-      h, p, a, m, chunk_size=args.chunk_size))
+      h, p, a, m, delta.DeltaOptions(chunk_size=args.chunk_size)))
   fns = {'loss+grad step': (step, (params,)),
          'delta lambda': (coeffs, (hidden_BTD, probs_BT, adv_B, mask_BT))}
   for fn, fargs in fns.values():  # compile
@@ -86,7 +86,8 @@ def _compiled_memory(n_tokens, dim, length, chunk, dtype):
             jax.ShapeDtypeStruct((b, length), jnp.float32),
             jax.ShapeDtypeStruct((b,), jnp.float32),
             jax.ShapeDtypeStruct((b, length), jnp.float32))
-  fn = jax.jit(lambda h, p, a, m: delta.token_coefficients(h, p, a, m, chunk_size=chunk))
+  fn = jax.jit(lambda h, p, a, m: delta.token_coefficients(
+      h, p, a, m, delta.DeltaOptions(chunk_size=chunk)))
   mem = fn.lower(*shapes).compile().memory_analysis()
   return mem.argument_size_in_bytes, mem.temp_size_in_bytes, mem.output_size_in_bytes
 
@@ -115,7 +116,8 @@ def run_full(args):
   probs = jax.random.uniform(jax.random.fold_in(key, 1), (b, length))
   adv = jax.random.normal(jax.random.fold_in(key, 2), (b,))
   mask = jnp.ones((b, length), jnp.float32)
-  fn = jax.jit(lambda h, p, a, m: delta.token_coefficients(h, p, a, m, chunk_size=args.chunk_size))
+  fn = jax.jit(lambda h, p, a, m: delta.token_coefficients(
+      h, p, a, m, delta.DeltaOptions(chunk_size=args.chunk_size)))
   fn = fn.lower(hidden, probs, adv, mask).compile()
   jax.block_until_ready(hidden)
   rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20

@@ -1,4 +1,9 @@
-"""DAPO: clip-higher, token-mean aggregation, dynamic sampling, overlong shaping (Yu et al., 2025).
+"""DAPO: clip-higher (eps_high = 0.28) with token-mean aggregation (Yu et al., 2025).
+
+A method config changes the method and nothing else, so this one differs from the others only in
+`loss` (as in the DelTA paper, which turns dynamic sampling off for every method). DAPO's two
+data-side options are switches of every config (configs/common.py); the full DAPO recipe is
+  --config.dynamic_sampling=True --config.overlong_buffer=8
 
 Run:
   python -m jtc.train --config configs/dapo.py --workdir /tmp/jtc/dapo
@@ -10,10 +15,7 @@ from configs import common
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg)
   c = common.get_config(arg)
   c.advantage = 'grpo'
   common.set_loss(c, 'dapo', eps_low=0.2, eps_high=0.28, aggregation='token_mean')
-  c.dynamic_sampling = not args.get('smoke')
-  c.overlong_buffer = 8
   return c

@@ -15,7 +15,9 @@ centroid than to the opposite one (eq:DelTA-alpha),
 refines the centroids K times as alpha-weighted within-side averages, maps the final
 scores to ``lam = lam_min + (lam_max - lam_min) * alpha*`` and self-normalises them
 (eq:DelTA-weighted-objective), ``lam_bar = lam * N / sum(lam)``, so a DAPO token-mean
-with the weights ``lam_bar`` is the paper's self-normalised objective.
+with the weights ``lam_bar`` is the paper's self-normalised objective. This is the ONLY
+place lambda is normalised: `objectives.delta` uses the coefficients as given, so the
+"w/o lambda-norm" ablation trains on sum(lam * ppo) / N.
 
 The token-gradient proxy is the LM-head output-row gradient (Implementation):
 ``grad_{W_y} log p(y) = (1 - p(y)) h``, with ``h`` the final-normed hidden state that
@@ -34,7 +36,10 @@ Dimension key:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
+import os
 from typing import Any, Callable, Optional
 
 import chex
@@ -47,7 +52,8 @@ Array = jax.Array
 POS, NEG = 0, 1
 _SCOPES = ("batch", "group")
 _PROXIES = ("lm_head", "topk_hidden")
-_SELECTIONS = (None, "top", "bottom", "random")
+_SELECTIONS = (None, "top", "bottom", "random", "top_pooled", "bottom_pooled",
+               "random_pooled")
 _GAMMA_FLOOR = 1e-12
 
 # Named configurations reproducing DelTA Table 4 (component, within-side and proxy
@@ -56,9 +62,12 @@ _GAMMA_FLOOR = 1e-12
 DELTA_ABLATIONS: dict[str, dict[str, Any]] = {
     # Full DelTA: adaptive gamma, soft assignment, K = 1, range map, normalisation.
     "full": {},
-    # Table 4 "w/o adaptive gamma": one fixed temperature for both sides. The digest
-    # does not state the paper's fixed value; 1.0 is our choice (margins are in units
-    # of squared hidden-state norm, so this is sharp for typical LMs).
+    # Table 4 "w/o adaptive gamma": one fixed temperature for both sides and every
+    # refinement step. The digest does not state the paper's value. Margins are
+    # differences of squared distances, so gamma is stated in units of the mean squared
+    # proxy norm E||v||^2 of the scored tokens (the scale margins are measured in): the
+    # ablation means the same on any model, whatever its hidden-state norms. 1.0 is our
+    # choice; the trainer logs the resulting gamma next to the adaptive one.
     "no_adaptive_gamma": {"gamma": 1.0},
     # Table 4 "w/o h(alpha)": no entropy regulariser in the assignment objective, so
     # its maximiser is the hard assignment alpha = 1[margin > 0].
@@ -75,10 +84,18 @@ DELTA_ABLATIONS: dict[str, dict[str, Any]] = {
     "random_lambda": {"random_lambda": True},
     # Table 4 "top-K hidden-gradient proxy" (see `topk_hidden_proxy`).
     "topk_proxy": {"proxy": "topk_hidden"},
-    # Figure 3: hard masks keeping the top-lambda, bottom-lambda or a random 50%.
+    # Figure 3: hard masks keeping the top-lambda, bottom-lambda or a random half of
+    # the tokens of EACH advantage side (the same share kept on both sides), so the
+    # comparison is about which tokens, not about positive- vs negative-only training.
     "select_top": {"selection": "top"},
     "select_bottom": {"selection": "bottom"},
     "select_random": {"selection": "random"},
+    # The same masks ranked over all valid tokens of the batch pooled (the rule of the
+    # first jtc runs): lam differs mostly by side, so top keeps mostly positive-side and
+    # bottom mostly negative-side (and zero-advantage) tokens.
+    "select_top_pooled": {"selection": "top_pooled"},
+    "select_bottom_pooled": {"selection": "bottom_pooled"},
+    "select_random_pooled": {"selection": "random_pooled"},
 }
 
 
@@ -247,18 +264,20 @@ def _margins(proj_NZ: Array, sq_N: Array, mu_SZD: Array, seg_N: Array, side_N: A
 
 
 def _assign(margin_N: Array, scored_N: Array, seg2_N: Array, *, num_seg: int,
-            gamma: Optional[float], soft_assignment: bool):
+            gamma: Optional[float], unit_S: Optional[Array], soft_assignment: bool):
     """alpha = sigmoid(m / gamma_side) (eq:DelTA-alpha) or hard 1[m > 0] (w/o h(alpha)).
 
     Adaptive gamma (gamma=None): the spread of the margins, i.e. the population std of
     m over the scored tokens of the same side and scope segment (floored at 1e-12).
+    Fixed gamma: gamma * unit_S, the same for both sides (unit_S: E||v||^2 per segment).
     Returns (alpha_N, gamma_SZ).
     """
     if gamma is None:
         _, std_SZ = _seg_mean_std(margin_N, scored_N, seg2_N, num_seg)
         gamma_SZ = jnp.maximum(std_SZ, _GAMMA_FLOOR)
     else:
-        gamma_SZ = jnp.full((num_seg, 2), gamma, jnp.float32)
+        gamma_SZ = jnp.broadcast_to(jnp.maximum(gamma * unit_S, _GAMMA_FLOOR)[:, None],
+                                    (num_seg, 2))
     if soft_assignment:
         alpha_N = jax.nn.sigmoid(margin_N / gamma_SZ.reshape(-1)[seg2_N])
     else:
@@ -268,17 +287,17 @@ def _assign(margin_N: Array, scored_N: Array, seg2_N: Array, *, num_seg: int,
 
 def _select(score_N: Array, valid_N: Array, seg_N: Array, *, num_seg: int,
             descending: bool) -> Array:
-    """Hard mask keeping ceil(n/2) valid tokens per scope segment by score (Figure 3).
-
-    Ties are broken by token index (stable sort).
+    """Hard mask keeping ceil(n/2) of the n valid tokens of every segment by score
+    (Figure 3). Segments are any labels in [0, num_seg); ties broken by token index.
     """
     num_tokens = score_N.shape[0]
     key_N = -score_N if descending else score_N
     order_N = jnp.lexsort((key_N, ~valid_N, seg_N))
     pos_N = jnp.zeros((num_tokens,), jnp.int32).at[order_N].set(
         jnp.arange(num_tokens, dtype=jnp.int32))
-    seg_len = num_tokens // num_seg
-    rank_N = pos_N - seg_N * seg_len
+    size_S = jax.ops.segment_sum(jnp.ones_like(seg_N), seg_N, num_segments=num_seg)
+    start_S = jnp.cumsum(size_S) - size_S
+    rank_N = pos_N - start_S[seg_N]
     n_valid_S = jax.ops.segment_sum(valid_N.astype(jnp.int32), seg_N, num_segments=num_seg)
     n_keep_S = (n_valid_S + 1) // 2
     return valid_N & (rank_N < n_keep_S[seg_N])
@@ -289,36 +308,94 @@ def _select(score_N: Array, valid_N: Array, seg_N: Array, *, num_seg: int,
 # ----------------------------------------------------------------------------------
 
 
-def _validate(hidden_BTD, token_probs_BT, advantages_B, mask_BT, *, group_size,
-              lam_min, lam_max, num_refine, gamma, scope, proxy, topk, selection,
-              random_lambda, rng, chunk_size, unembed_VD, token_ids_BT):
-    if scope not in _SCOPES:
-        raise ValueError(f"Unknown scope {scope!r}; valid: {list(_SCOPES)}")
-    if proxy not in _PROXIES:
-        raise ValueError(f"Unknown proxy {proxy!r}; valid: {list(_PROXIES)}")
-    if selection not in _SELECTIONS:
-        raise ValueError(f"Unknown selection {selection!r}; valid: {list(_SELECTIONS)}")
-    if not lam_min <= lam_max:
-        raise ValueError(f"Need lam_min <= lam_max, got lam_min={lam_min}, lam_max={lam_max}")
-    if not (isinstance(num_refine, int) and num_refine >= 0):
-        raise ValueError(f"num_refine must be an int >= 0, got {num_refine!r}")
-    if gamma is not None and not gamma > 0:
-        raise ValueError(f"gamma must be None (adaptive) or > 0, got {gamma!r}")
-    if not (isinstance(chunk_size, int) and chunk_size >= 1):
-        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+@dataclasses.dataclass(frozen=True)
+class DeltaOptions:
+    """Every option of the DelTA estimator (hashable: static under jit).
+
+    lam_min, lam_max: range map bounds (paper: [0.8, 1.2]).
+    num_refine: K refinement iterations (paper: 1; Table 4 "w/o refinement" = 0).
+    gamma: None = adaptive per side (std of the margins); a float = fixed temperature for
+      both sides and every refinement step, in units of E||v||^2 (the mean squared proxy
+      norm of the scored tokens of the scope segment; Table 4 "w/o adaptive gamma").
+    scope: 'batch' (centroids over the rollout batch, as the paper computes once per
+      rollout batch) or 'group' (centroids per prompt group). Normalisation and selection
+      use the same scope.
+    soft_assignment: False = hard alpha = 1[m > 0] (Table 4 "w/o h(alpha)").
+    normalize: False = skip lam * N / sum(lam) (Table 4 "w/o lambda-norm"): the loss is
+      then sum(lam * ppo) / N (`objectives.delta` does not renormalise).
+    range_map: False = raw scores lam = alpha* (Table 4 "w/o range map").
+    within_side_only: own-side centrality m = mean(d_own) - d_own instead of the
+      opposite-side margin (Table 4 "within-side only").
+    random_lambda: alpha ~ U(0, 1) i.i.d. for scored tokens (Table 4 "random lambda").
+    proxy: 'lm_head' (paper default) or 'topk_hidden' (Table 4, `topk_hidden_proxy`).
+    topk: K of the top-K proxy.
+    selection: None, or Figure 3 hard masks 'top' / 'bottom' (the ceil(n/2) tokens of
+      highest / lowest lam among the A != 0 tokens of each advantage side of a scope
+      segment) / 'random' (a random half of each side); '*_pooled' rank all valid
+      tokens of the segment together. lam becomes 1 for kept and 0 for dropped tokens
+      (zero-advantage tokens are dropped by the per-side rules: they carry no gradient),
+      then normalised.
+    chunk_size: tokens per chunk of v.
+    """
+    lam_min: float = 0.8
+    lam_max: float = 1.2
+    num_refine: int = 1
+    gamma: Optional[float] = None
+    scope: str = "batch"
+    soft_assignment: bool = True
+    normalize: bool = True
+    range_map: bool = True
+    within_side_only: bool = False
+    random_lambda: bool = False
+    proxy: str = "lm_head"
+    topk: int = 16
+    selection: Optional[str] = None
+    chunk_size: int = 4096
+
+    def __post_init__(self):
+        if self.scope not in _SCOPES:
+            raise ValueError(f"Unknown scope {self.scope!r}; valid: {list(_SCOPES)}")
+        if self.proxy not in _PROXIES:
+            raise ValueError(f"Unknown proxy {self.proxy!r}; valid: {list(_PROXIES)}")
+        if self.selection not in _SELECTIONS:
+            raise ValueError(
+                f"Unknown selection {self.selection!r}; valid: {list(_SELECTIONS)}")
+        if not self.lam_min <= self.lam_max:
+            raise ValueError(f"Need lam_min <= lam_max, got lam_min={self.lam_min}, "
+                             f"lam_max={self.lam_max}")
+        if not (isinstance(self.num_refine, int) and self.num_refine >= 0):
+            raise ValueError(f"num_refine must be an int >= 0, got {self.num_refine!r}")
+        if self.gamma is not None and not self.gamma > 0:
+            raise ValueError(f"gamma must be None (adaptive) or > 0, got {self.gamma!r}")
+        if not (isinstance(self.chunk_size, int) and self.chunk_size >= 1):
+            raise ValueError(f"chunk_size must be an int >= 1, got {self.chunk_size!r}")
+        if not (isinstance(self.topk, int) and self.topk >= 1):
+            raise ValueError(f"topk must be an int >= 1, got {self.topk!r}")
+
+    @property
+    def uses_rng(self) -> bool:
+        return self.random_lambda or self.selection in ("random", "random_pooled")
+
+
+def options_for(ablation: str, **settings: Any) -> DeltaOptions:
+    """`DeltaOptions` of the named ablation on top of ``settings`` (the ablation wins)."""
+    return DeltaOptions(**{**settings, **ablation_options(ablation)})
+
+
+def _validate(hidden_BTD, options, *, group_size, rng, unembed_VD, token_ids_BT):
     batch = hidden_BTD.shape[0]
-    if scope == "group":
+    if options.scope == "group":
         if group_size is None or group_size < 1 or batch % group_size:
             raise ValueError(
                 f"scope='group' needs a group_size dividing the batch {batch}, "
                 f"got group_size={group_size!r}")
-    if (random_lambda or selection == "random") and rng is None:
-        raise ValueError("random_lambda=True or selection='random' needs rng (a PRNG key)")
-    if proxy == "topk_hidden":
+    if options.uses_rng and rng is None:
+        raise ValueError("random_lambda=True and the random selections need rng (a PRNG key)")
+    if options.proxy == "topk_hidden":
         if unembed_VD is None or token_ids_BT is None:
             raise ValueError("proxy='topk_hidden' needs unembed_VD and token_ids_BT")
-        if not 1 <= topk <= unembed_VD.shape[0]:
-            raise ValueError(f"topk must be in [1, V={unembed_VD.shape[0]}], got {topk}")
+        if not options.topk <= unembed_VD.shape[0]:
+            raise ValueError(f"topk must be in [1, V={unembed_VD.shape[0]}], got {options.topk}")
 
 
 def token_coefficients(
@@ -326,25 +403,12 @@ def token_coefficients(
     token_probs_BT: Array,
     advantages_B: Array,
     mask_BT: Array,
+    options: DeltaOptions = DeltaOptions(),
     *,
     group_size: Optional[int] = None,
-    lam_min: float = 0.8,
-    lam_max: float = 1.2,
-    num_refine: int = 1,
-    gamma: Optional[float] = None,
-    scope: str = "batch",
-    soft_assignment: bool = True,
-    normalize: bool = True,
-    range_map: bool = True,
-    within_side_only: bool = False,
-    random_lambda: bool = False,
     rng: Optional[Array] = None,
-    proxy: str = "lm_head",
-    topk: int = 16,
     unembed_VD: Optional[Array] = None,
     token_ids_BT: Optional[Array] = None,
-    selection: Optional[str] = None,
-    chunk_size: int = 4096,
 ) -> tuple[Array, dict[str, Array]]:
     """DelTA token coefficients ``lam_BT`` (constants) and scalar diagnostics.
 
@@ -373,41 +437,25 @@ def token_coefficients(
       token_probs_BT: [B, T] p(y_t) = exp(log-prob of the sampled token).
       advantages_B: [B] sequence advantages A_i (only sign and |A| are used).
       mask_BT: [B, T] valid completion tokens (bool or 0/1).
-      group_size: G, trajectories per prompt (consecutive rows); needed for 'group'.
-      lam_min, lam_max: range map bounds (paper: [0.8, 1.2]).
-      num_refine: K refinement iterations (paper: 1; Table 4 "w/o refinement" = 0).
-      gamma: None = adaptive per side (std of the margins); a float = fixed temperature
-        for both sides (Table 4 "w/o adaptive gamma").
-      scope: 'batch' (centroids over the rollout batch, as the paper computes once per
-        rollout batch) or 'group' (centroids per prompt group). Normalisation and
-        selection use the same scope.
-      soft_assignment: False = hard alpha = 1[m > 0] (Table 4 "w/o h(alpha)").
-      normalize: False = skip lam * N / sum(lam) (Table 4 "w/o lambda-norm").
-      range_map: False = raw scores lam = alpha* (Table 4 "w/o range map").
-      within_side_only: own-side centrality m = mean(d_own) - d_own instead of the
-        opposite-side margin (Table 4 "within-side only").
-      random_lambda: alpha ~ U(0, 1) i.i.d. for scored tokens (Table 4 "random lambda").
-      rng: PRNG key, needed by random_lambda and selection='random'.
-      proxy: 'lm_head' (paper default) or 'topk_hidden' (Table 4, see
-        `topk_hidden_proxy`; token_probs_BT is then unused).
-      topk, unembed_VD [V, D], token_ids_BT [B, T]: for proxy='topk_hidden' only.
-      selection: None, or Figure 3 hard masks 'top' / 'bottom' (the ceil(n/2) valid
-        tokens of highest / lowest lam per scope segment) / 'random' (a random half):
-        lam becomes 1 for kept and 0 for dropped tokens, then normalised (kept ~ 2).
-      chunk_size: tokens per chunk of v (static).
+      options: `DeltaOptions` (static).
+      group_size: G, trajectories per prompt (consecutive rows); needed for scope 'group'.
+      rng: PRNG key, needed by random_lambda and the random selections.
+      unembed_VD [V, D], token_ids_BT [B, T]: for proxy='topk_hidden' only.
 
     Returns:
       lam_BT: [B, T] float32, stop-gradient constants.
       metrics: dict of float32 scalars: per-side ('pos'/'neg') mean/std/min/max of the
         range-mapped lam before normalisation and of the final margins, gamma per side,
         'frac_one_sided', 'frac_scored', 'norm_factor', 'centroid_cos' (mean cosine of
-        final mu+ and mu- over two-sided segments), 'frac_selected'.
+        final mu+ and mu- over two-sided segments), 'frac_selected' and
+        'selected_pos_share' (the share of kept tokens with A > 0).
     """
-    _validate(hidden_BTD, token_probs_BT, advantages_B, mask_BT, group_size=group_size,
-              lam_min=lam_min, lam_max=lam_max, num_refine=num_refine, gamma=gamma,
-              scope=scope, proxy=proxy, topk=topk, selection=selection,
-              random_lambda=random_lambda, rng=rng, chunk_size=chunk_size,
-              unembed_VD=unembed_VD, token_ids_BT=token_ids_BT)
+    _validate(hidden_BTD, options, group_size=group_size, rng=rng, unembed_VD=unembed_VD,
+              token_ids_BT=token_ids_BT)
+    o = options
+    lam_min, lam_max, num_refine, gamma, scope = (o.lam_min, o.lam_max, o.num_refine, o.gamma,
+                                                  o.scope)
+    selection, random_lambda, within_side_only = o.selection, o.random_lambda, o.within_side_only
     chex.assert_rank([hidden_BTD, token_probs_BT, advantages_B, mask_BT], [3, 2, 1, 2])
     chex.assert_equal_shape([token_probs_BT, mask_BT])
     chex.assert_equal_shape_prefix([hidden_BTD, token_probs_BT], 2)
@@ -416,7 +464,7 @@ def token_coefficients(
 
     batch, length, dim = hidden_BTD.shape
     num_tokens = batch * length
-    chunk = min(chunk_size, num_tokens)
+    chunk = min(o.chunk_size, num_tokens)
     num_seg = batch // group_size if scope == "group" else 1
 
     # ---- per-token bookkeeping (all [N] scalars) ----
@@ -438,13 +486,13 @@ def token_coefficients(
         # (a float32 copy of all hidden states); pass float32 hidden states on CPU.
         return jax.lax.dynamic_slice_in_dim(hidden_ND, start, chunk, axis=0)
 
-    if proxy == "lm_head":
+    if o.proxy == "lm_head":
         probs_N = token_probs_BT.reshape(-1)
         v_fn = lambda start: lm_head_proxy(hidden_chunk(start), _slice(probs_N, start, chunk))
     else:
         ids_N = token_ids_BT.reshape(-1)
         v_fn = lambda start: topk_hidden_proxy(
-            hidden_chunk(start), _slice(ids_N, start, chunk), unembed_VD, topk=topk)
+            hidden_chunk(start), _slice(ids_N, start, chunk), unembed_VD, topk=o.topk)
     run = functools.partial(_proxy_pass, v_fn, seg_N, side_N, num_tokens=num_tokens,
                             chunk=chunk, num_seg=num_seg, dim=dim)
 
@@ -456,15 +504,23 @@ def token_coefficients(
         gamma_SZ = jnp.zeros((num_seg, 2), jnp.float32)
         centroid_cos = jnp.float32(0.0)
     else:
-        first = run(weight_N=weight_N, want_sq=within_side_only)
+        first = run(weight_N=weight_N, want_sq=within_side_only or gamma is not None)
         sq_N = first.get("sq_N")
+        unit_S = None
+        if gamma is not None:
+            n_scored_S = jax.ops.segment_sum(scored_N.astype(jnp.float32), seg_N,
+                                             num_segments=num_seg)
+            unit_S = (jax.ops.segment_sum(jnp.where(scored_N, sq_N, 0.0), seg_N,
+                                          num_segments=num_seg)
+                      / jnp.maximum(n_scored_S, 1.0))
         mu_SZD = first["sums_SZD"] / jnp.maximum(mass_SZ, 1e-30)[..., None]
         for k in range(num_refine + 1):
             proj_NZ = run(mu_SZD=mu_SZD)["proj_NZ"]
             margin_N = _margins(proj_NZ, sq_N, mu_SZD, seg_N, side_N, scored_N,
                                 within_side_only=within_side_only, num_seg=num_seg)
             alpha_N, gamma_SZ = _assign(margin_N, scored_N, seg2_N, num_seg=num_seg,
-                                        gamma=gamma, soft_assignment=soft_assignment)
+                                        gamma=gamma, unit_S=unit_S,
+                                        soft_assignment=o.soft_assignment)
             if k < num_refine:
                 w_alpha_N = weight_N * alpha_N
                 den_SZ = _seg_sum(w_alpha_N, seg2_N, num_seg)
@@ -481,23 +537,30 @@ def token_coefficients(
                         / jnp.maximum(jnp.sum(two_sided_S), 1))
 
     # ---- coefficients ----
-    lam_mapped_N = lam_min + (lam_max - lam_min) * alpha_N if range_map else alpha_N
+    lam_mapped_N = lam_min + (lam_max - lam_min) * alpha_N if o.range_map else alpha_N
     lam_N = jnp.where(scored_N, lam_mapped_N, 1.0)
     lam_N = jnp.where(valid_N, lam_N, 0.0)
 
     if selection is not None:
-        if selection == "random":
+        rule, _, pooled = selection.partition("_")
+        if rule == "random":
             score_N = jax.random.uniform(jax.random.fold_in(rng, 1), (num_tokens,))
         else:
             score_N = lam_N
-        keep_N = _select(score_N, valid_N, seg_N, num_seg=num_seg,
-                         descending=selection != "bottom")
+        if pooled:
+            keep_N = _select(score_N, valid_N, seg_N, num_seg=num_seg,
+                             descending=rule != "bottom")
+        else:
+            keep_N = _select(score_N, on_side_N, seg2_N, num_seg=2 * num_seg,
+                             descending=rule != "bottom")
         final_N = keep_N.astype(jnp.float32)
         metrics["frac_selected"] = jnp.sum(keep_N) / jnp.maximum(jnp.sum(valid_N), 1)
+        metrics["selected_pos_share"] = (jnp.sum(keep_N & (adv_N > 0))
+                                         / jnp.maximum(jnp.sum(keep_N), 1))
     else:
         final_N = lam_N
 
-    if normalize:
+    if o.normalize:
         n_S = jax.ops.segment_sum(valid_N.astype(jnp.float32), seg_N, num_segments=num_seg)
         z_S = jax.ops.segment_sum(final_N, seg_N, num_segments=num_seg)
         factor_S = jnp.where(z_S > 0, n_S / jnp.maximum(z_S, 1e-30), 1.0)
@@ -597,3 +660,62 @@ def top_bottom_tokens(state: TokenCloudState, k: int, *, min_count: float = 1.0)
             "top_count": state.count_V[top_ids],
             "bottom_ids": bottom_ids, "bottom_mean": -neg_bottom,
             "bottom_count": state.count_V[bottom_ids]}
+
+
+# ----------------------------------------------------------------------------------
+# The trainer plug-in: token weights from the behaviour pass, and the token cloud.
+# ----------------------------------------------------------------------------------
+
+
+class Weighter:
+    """DelTA as a token-weight plug-in of the trainer.
+
+    ``weights(state, params, behaviour, completion_BT, adv_B, mask_BT, rng)`` returns
+    (lam_BT, metrics, state): the coefficients `objectives.delta` takes as token_weights,
+    computed from the hidden states of the behaviour log-prob pass (``behaviour``: the dict of
+    `model.sequence_logprobs` with return_hidden=True, so no extra forward pass), and the
+    running token cloud (DelTA Figure 4) over the tokens DelTA scores (real, A != 0). The cloud
+    is the plug-in's ``state`` (arrays, checkpointed with the run).
+    """
+
+    needs_hidden = True
+
+    def __init__(self, options: DeltaOptions, *, group_size: int, model_config: Any):
+        self.options = options
+        self.model_config = model_config
+        self._coefficients = jax.jit(functools.partial(
+            token_coefficients, options=options, group_size=group_size))
+
+    @classmethod
+    def from_config(cls, section: Any, *, group_size: int, model_config: Any) -> "Weighter":
+        """From a config's `delta` section: ablation name plus the range / refinement / scope."""
+        options = options_for(section.ablation, lam_min=section.lam_min,
+                              lam_max=section.lam_max, num_refine=section.num_refine,
+                              scope=section.scope)
+        return cls(options, group_size=group_size, model_config=model_config)
+
+    def init_state(self) -> TokenCloudState:
+        return init_token_cloud(self.model_config.vocab_size)
+
+    def weights(self, state, params, behaviour, completion_BT, adv_B, mask_BT, rng):
+        extra = {}
+        if self.options.proxy == "topk_hidden":
+            from jtc import model as model_lib  # pylint: disable=import-outside-toplevel
+            extra = dict(unembed_VD=model_lib.lm_head_DV(params, self.model_config).T,
+                         token_ids_BT=completion_BT)
+        lam_BT, metrics = self._coefficients(behaviour["hidden"], jnp.exp(behaviour["logps"]),
+                                             adv_B, mask_BT, rng=rng, **extra)
+        scored_BT = mask_BT * (adv_B[:, None] != 0)
+        state = update_token_cloud(state, completion_BT, lam_BT, scored_BT)
+        return lam_BT, metrics, state
+
+    def write(self, state, workdir: str, tokenizer: Any, k: int = 20) -> None:
+        """`token_cloud.json`: the tokens with the highest and lowest mean lambda so far."""
+        tb = jax.device_get(top_bottom_tokens(state, k, min_count=5))
+        rows = {side: [dict(token=tokenizer.decode([int(i)]) or repr(int(i)), id=int(i),
+                            mean_lambda=float(m), count=int(n))
+                       for i, m, n in zip(tb[f"{side}_ids"], tb[f"{side}_mean"],
+                                          tb[f"{side}_count"])]
+                for side in ("top", "bottom")}
+        with open(os.path.join(workdir, "token_cloud.json"), "w") as f:
+            json.dump(rows, f, indent=1)

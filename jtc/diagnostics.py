@@ -2,7 +2,7 @@
 
 Pure functions that measure the mechanisms the paper's claims are about (cited "Eq. N"):
 
-  asym                     Var_i(w_i A_i) per group (Eq. 23) and its mean.
+  asym                     Var_i(w_i A_i) per group (Eq. 23) and its mean (`objectives.asym`).
   loss_coefficients        c_{b,t} = d loss / d log pi(y_{b,t} | h_{b,t}) by `jax.grad` of
                            `objectives.compute_loss` w.r.t. the log-probs. Because a loss
                            depends on theta only through the log-probs, its gradient is exactly
@@ -37,32 +37,8 @@ import numpy as np
 from jtc import model as model_lib
 from jtc import objectives
 
-# ---------------------------------------------------------------------------------------------
-# Asym (Eq. 23).
-# ---------------------------------------------------------------------------------------------
-
-
-def asym(w_B, adv_B, *, group_size):
-  """Asym = Var_{i in group}(w_i A_i) (paper Eq. 23), per group and averaged over groups.
-
-  w_i A_i is the trajectory-level modulation coefficient; the variance is the population
-  variance over the G members. It is 0 when every member carries the same w (then
-  sum_i w A_i = w sum_i A_i = 0 and shared tokens cancel) or when all advantages are 0.
-
-  Args:
-    w_B: [B] trajectory-level weights w_i (e.g. the sequence ratio s_i for GSPO).
-    adv_B: [B] advantages A_i.
-    group_size: G, groups are contiguous rows.
-
-  Returns:
-    (asym_M [M], mean over groups []).
-  """
-  chex.assert_rank([w_B, adv_B], 1)
-  chex.assert_equal_shape([w_B, adv_B])
-  _check_group_size(w_B.shape[0], group_size)
-  wa_MG = (w_B * adv_B).astype(jnp.float32).reshape(-1, group_size)
-  asym_M = jnp.var(wa_MG, axis=-1)
-  return asym_M, jnp.mean(asym_M)
+# Asym (Eq. 23) has one home: `objectives.asym` (the loss logs it every update).
+asym = objectives.asym
 
 
 def _check_group_size(batch, group_size):
@@ -574,9 +550,15 @@ def step_diagnostics(params, model_config, batch, *, loss_name, loss_hparams, gr
       gradient norms; small models only).
     num_buckets: K frequency buckets; bucket 0 is the high-frequency one.
 
-  Returns dict of float32 scalars: 'diag/asym' (Eq. 23, from the loss), 'diag/energy_b{k}'
-  (Eq. 24 share of bucket k; b0 = high frequency), 'diag/shared_residual',
-  'diag/shared_net_share', 'diag/shared_energy', 'diag/shared_frac'
+  Where to call it: with the parameters about to be updated on ``batch`` (the trainer measures
+  every mini-batch after the first of a step). On the rollout batch before any update the
+  parameters ARE the behaviour policy: every ratio is 1, every DFPO transform the identity,
+  GRPO-fix equals GRPO, and all methods give identical diagnostics.
+
+  Returns dict of float32 scalars: 'diag/asym', 'diag/asym_gated', 'diag/coef_mass_vs_gspo',
+  'diag/frac_traj_gated', 'diag/approx_kl' (from the loss's metrics at this point: how far
+  off-policy it is), 'diag/energy_b{k}' (Eq. 24 share of bucket k; b0 = high frequency),
+  'diag/shared_residual', 'diag/shared_net_share', 'diag/shared_energy', 'diag/shared_frac'
   (`shared_token_residual`), 'diag/coef_abs_mean'.
 
   Cost: mode='proxy' is one forward pass of the batch (no backward pass) plus one extra
@@ -614,7 +596,10 @@ def step_diagnostics(params, model_config, batch, *, loss_name, loss_hparams, gr
                                   completion_start=completion_start)
   res = shared_token_residual(coef_BT, norms_BT, shared_BT, mask_BT, group_size=group_size)
   real_BT = jnp.asarray(mask_BT) > 0
-  diag = {'diag/asym': metrics['asym'],
+  diag = {'diag/asym': metrics['asym'], 'diag/asym_gated': metrics['asym_gated'],
+          'diag/coef_mass_vs_gspo': metrics['coef_mass_vs_gspo'],
+          'diag/frac_traj_gated': metrics['frac_traj_gated'],
+          'diag/approx_kl': metrics['approx_kl'],
           'diag/coef_abs_mean': jnp.sum(jnp.abs(coef_BT)) / jnp.maximum(jnp.sum(real_BT), 1)}
   diag.update({f'diag/energy_b{k}': energy_K[k] for k in range(num_buckets)})
   diag.update({f'diag/shared_{k}' if not k.startswith('shared') else f'diag/{k}': v

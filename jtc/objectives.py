@@ -26,15 +26,18 @@ Losses (``LOSSES``; hyper-parameters and defaults via ``default_hparams(name)``)
   dfpo_orth_proj         ... with Eq. 18.
   dfpo_pos_orth_proj     ... with Eq. 51 (solver='qp') or Eq. 52-55 (solver='truncate_rebalance').
   grpo_fix               symmetric clip A * clip(r, 0, 1 + eps_high) (Eq. 79-80).
-  delta                  DAPO surrogate weighted by per-token coefficients lambda (DelTA),
-                         self-normalised: sum lambda * ppo / sum lambda.
+  delta                  DAPO surrogate weighted by per-token coefficients lambda_bar (DelTA),
+                         normalised by `jtc.delta` (the only place): sum lambda_bar ppo / N.
 
 DFPO semantics (Eq. 68/85). s_tilde = T(s_bar, A) per group. With ``stop_gradient=True`` (default)
-s_tilde is a constant and the objective is A_i * sg(s_tilde_i) * exp(l_i - sg(l_i)),
-l_i = mean_t log r_{i,t}: its value is A_i s_tilde_i and every token t of completion i carries
-the gradient coefficient s_tilde_i A_i alpha_{i,t} on grad log pi, alpha_{i,t} set by the
-aggregation (1/(B |y_i|) for seq_mean_token_mean, the paper's 1/G * 1/|y_i|). Note that the
-clip only shapes the *values* s_bar; unlike GSPO no trajectory's gradient is switched off.
+s_tilde is a constant; ``clip_gating`` picks one of the paper's two readings of GSPO's clip
+(`_dfpo` quotes both): 'none' (default, Eq. 68/85 as written) gives every token of completion i
+the coefficient s_tilde_i A_i alpha_{i,t} on grad log pi, alpha_{i,t} set by the aggregation
+(1/(B |y_i|) for seq_mean_token_mean, the paper's 1/G * 1/|y_i|), so the clip only shapes the
+values s_bar and no trajectory is switched off; 'gspo' keeps GSPO's gating (a trajectory GSPO
+clips gets no gradient), the reading under which Theorem C.1 / App. K call Min-Replace "a smaller
+effective learning rate" than GSPO. The metrics ``coef_mass_vs_gspo`` and ``frac_traj_gated``
+show which step a run actually takes.
 With ``stop_gradient=False`` the objective is A_i * s_tilde_i(theta) and the gradient flows
 through the transform and the clip. Mathematically, with sum_i A_i = 0 in each group and equal
 aggregation weight per completion (seq_mean_token_mean, or equal lengths):
@@ -44,7 +47,8 @@ aggregation weight per completion (seq_mean_token_mean, or equal lengths):
     is identically zero.
 With unequal per-completion weights (token_mean and unequal lengths) these are weighted sums
 sum_i c_i A_i s_tilde_i, generally non-zero. ``global_scale=c`` replaces the transform by
-c * s_bar (paper Table 3 "scale by c").
+c * s_bar (paper Table 3 "scale by c"); under clip_gating='gspo' its gradient is exactly c times
+GSPO's, the "smaller updates" control the paper means.
 
 Aggregations (``AGGREGATIONS``; x_BT masked by mask_BT, |y_b| = sum_t mask_bt):
   token_mean               sum_bt x / sum_bt mask                 (DAPO)
@@ -58,10 +62,14 @@ Fully masked completions contribute 0 (and still count in B for the seq_* modes)
 Metrics (flat dict of float32 scalars): pg_loss, clip_frac_low, clip_frac_high (fraction of
 real tokens whose gradient or weight is clipped from below / above), ratio_mean/min/max (token
 ratio r over real tokens), seq_ratio_mean/min/max (s_i), approx_kl (k3 estimate of
-KL(pi_old || pi_theta) per token), asym (Eq. 23: Var_i(w_i A_i) averaged over groups, w_i the
-trajectory-level gradient weight: the token-mean of d obj / d log pi / A for token losses, the
-coefficient of A_i for sequence losses), frac_degenerate_groups (groups whose advantages are all
-equal); plus kl (when ref_logps is given) and entropy (when entropy is given).
+KL(pi_old || pi_theta) per token), asym (Eq. 23 with Eq. 14's weights w_i: s_i for GSPO,
+s_tilde_i for DFPO, the token-mean ratio for token losses; see `asym`: on-policy it is the mean
+Var(A) whatever the method), asym_gated (the same with w_i = 0 where the clip switches the
+gradient off), coef_mass / coef_mass_vs_gspo / frac_traj_gated (the effective step: total
+|d pg_loss / d log pi| and its ratio to GSPO's on the same inputs, and the fraction of live
+trajectories whose gradient is switched off), frac_degenerate_groups (groups whose advantages
+are all equal); plus kl (when ref_logps is given) and entropy (when entropy is given: the
+per-token mean policy entropy over real tokens, whatever the aggregation).
 """
 
 import functools
@@ -95,12 +103,16 @@ class Surrogate:
 
   obj_BT: per-token objective, aggregated then negated into the loss.
   clip_low_BT / clip_high_BT: 1.0 where the token is clipped from below / above.
-  w_B: trajectory-level gradient weight w_i of Eq. 23 (the ``asym`` metric).
+  w_B: the trajectory weight w_i of Eq. 14 that Eq. 23's ``asym`` uses: s_i for GSPO (clipped
+    or not), s_tilde_i for DFPO, the token-mean ratio for the token-level losses.
+  w_grad_B: the weight the gradient actually carries: w_B with 0 wherever the clip switches
+    the trajectory's (or, token-averaged, the tokens') gradient off (``asym_gated``).
   """
   obj_BT: jax.Array
   clip_low_BT: jax.Array
   clip_high_BT: jax.Array
   w_B: jax.Array
+  w_grad_B: jax.Array
 
 
 def _masked_mean_t(x_BT, mask_BT):
@@ -138,7 +150,8 @@ def _ppo_clip(inp, *, eps_low, eps_high, dual_clip_c):
   free_BT = 1.0 - (clip_low_BT | clip_high_BT).astype(jnp.float32)
   return Surrogate(obj_BT=obj_BT, clip_low_BT=clip_low_BT.astype(jnp.float32),
                    clip_high_BT=clip_high_BT.astype(jnp.float32),
-                   w_B=_masked_mean_t(ratio_BT * free_BT, inp.mask_BT))
+                   w_B=_masked_mean_t(ratio_BT, inp.mask_BT),
+                   w_grad_B=_masked_mean_t(ratio_BT * free_BT, inp.mask_BT))
 
 
 def grpo(inp, *, eps_low=0.2, eps_high=0.2, dual_clip_c=None):
@@ -167,7 +180,8 @@ def grpo_fix(inp, *, eps_high=0.2):
   obj_BT = jnp.clip(ratio_BT, 0.0, 1.0 + eps_high) * inp.adv_B[:, None]
   clip_high_BT = (ratio_BT > 1.0 + eps_high).astype(jnp.float32)
   return Surrogate(obj_BT=obj_BT, clip_low_BT=jnp.zeros_like(obj_BT), clip_high_BT=clip_high_BT,
-                   w_B=_masked_mean_t(ratio_BT * (1.0 - clip_high_BT), inp.mask_BT))
+                   w_B=_masked_mean_t(ratio_BT, inp.mask_BT),
+                   w_grad_B=_masked_mean_t(ratio_BT * (1.0 - clip_high_BT), inp.mask_BT))
 
 
 def cispo(inp, *, eps_low=1.0, eps_high=0.28):
@@ -188,7 +202,8 @@ def cispo(inp, *, eps_low=1.0, eps_high=0.28):
   return Surrogate(obj_BT=obj_BT,
                    clip_low_BT=(ratio_BT < 1.0 - eps_low).astype(jnp.float32),
                    clip_high_BT=(ratio_BT > 1.0 + eps_high).astype(jnp.float32),
-                   w_B=_masked_mean_t(weight_BT, inp.mask_BT))
+                   w_B=_masked_mean_t(weight_BT, inp.mask_BT),
+                   w_grad_B=_masked_mean_t(weight_BT, inp.mask_BT))
 
 
 def sapo(inp, *, tau_pos=1.0, tau_neg=1.05):
@@ -205,31 +220,33 @@ def sapo(inp, *, tau_pos=1.0, tau_neg=1.05):
   grad_weight_BT = 4.0 * sig_BT * (1.0 - sig_BT) * ratio_BT
   zeros_BT = jnp.zeros_like(obj_BT)
   return Surrogate(obj_BT=obj_BT, clip_low_BT=zeros_BT, clip_high_BT=zeros_BT,
-                   w_B=_masked_mean_t(grad_weight_BT, inp.mask_BT))
+                   w_B=_masked_mean_t(grad_weight_BT, inp.mask_BT),
+                   w_grad_B=_masked_mean_t(grad_weight_BT, inp.mask_BT))
 
 
 def delta(inp, *, eps_low=0.2, eps_high=0.28, dual_clip_c=None):
-  """DelTA (2605.21467): DAPO surrogate with per-token coefficients lambda, self-normalised.
+  """DelTA (2605.21467): the DAPO surrogate with per-token coefficients, lambda_bar * ppo.
 
-    J = sum_{i,t} lambda_{i,t} min(r A, clip(r) A) / sum_{i,t} lambda_{i,t}   (real tokens)
+    obj_{i,t} = lambda_bar_{i,t} min(r A, clip(r, 1-eps_low, 1+eps_high) A)
 
-  implemented as lambda_bar = lambda * N / Z (N real tokens, Z = sum lambda, over the batch)
-  times the DAPO per-token objective; with token_mean aggregation this is exactly J.
+  ``token_weights`` are the coefficients as `jtc.delta.token_coefficients` returns them, already
+  normalised there (lambda_bar = lambda N / Z over the rollout batch, eq:DelTA-weighted-objective);
+  with DAPO's token_mean this loss is sum lambda_bar ppo / N = sum lambda ppo / Z, the paper's
+  self-normalised objective with the standard token-count normaliser. Nothing is normalised
+  here: the normalisation has exactly one home, so the "w/o lambda-norm" ablation (lambda in
+  [lam_min, lam_max] used as is) gives sum lambda ppo / N, as it should.
   """
   chex.assert_rank(inp.token_weights_BT, 2)
   chex.assert_equal_shape([inp.token_weights_BT, inp.log_ratio_BT])
   # DelTA's coefficients are estimated once per rollout batch and held fixed (constants).
-  lam_BT = jax.lax.stop_gradient(inp.token_weights_BT.astype(jnp.float32))
-  lam_BT = lam_BT * inp.mask_BT
-  n_tokens = jnp.sum(inp.mask_BT)
-  z = jnp.sum(lam_BT)
-  lam_bar_BT = lam_BT * n_tokens / jnp.where(z > 0, z, 1.0)
+  lam_BT = jax.lax.stop_gradient(inp.token_weights_BT.astype(jnp.float32)) * inp.mask_BT
   base = _ppo_clip(inp, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c)
   ratio_BT = jnp.exp(inp.log_ratio_BT)
   free_BT = 1.0 - jnp.maximum(base.clip_low_BT, base.clip_high_BT)
-  return Surrogate(obj_BT=lam_bar_BT * base.obj_BT, clip_low_BT=base.clip_low_BT,
+  return Surrogate(obj_BT=lam_BT * base.obj_BT, clip_low_BT=base.clip_low_BT,
                    clip_high_BT=base.clip_high_BT,
-                   w_B=_masked_mean_t(lam_bar_BT * ratio_BT * free_BT, inp.mask_BT))
+                   w_B=_masked_mean_t(lam_BT * ratio_BT, inp.mask_BT),
+                   w_grad_B=_masked_mean_t(lam_BT * ratio_BT * free_BT, inp.mask_BT))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,7 +277,7 @@ def gspo(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None):
   s_bar_B = group_transforms.post_clip_weight(s_B, inp.adv_B, eps_low=lo, eps_high=hi)
   low_BT, high_BT, clipped_B = _seq_clip_flags(s_B, inp.adv_B, inp.mask_BT, lo, hi)
   return Surrogate(obj_BT=_broadcast_seq(inp.adv_B * s_bar_B, inp.mask_BT), clip_low_BT=low_BT,
-                   clip_high_BT=high_BT, w_B=jnp.where(clipped_B, 0.0, s_B))
+                   clip_high_BT=high_BT, w_B=s_B, w_grad_B=jnp.where(clipped_B, 0.0, s_B))
 
 
 def gspo_token(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None):
@@ -282,12 +299,35 @@ def gspo_token(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None):
   s_B = jnp.exp(l_sg_B)
   low_BT, high_BT, clipped_B = _seq_clip_flags(s_B, inp.adv_B, inp.mask_BT, lo, hi)
   return Surrogate(obj_BT=obj_BT, clip_low_BT=low_BT, clip_high_BT=high_BT,
-                   w_B=jnp.where(clipped_B, 0.0, s_B))
+                   w_B=s_B, w_grad_B=jnp.where(clipped_B, 0.0, s_B))
+
+
+CLIP_GATINGS = ('none', 'gspo')
 
 
 def _dfpo(inp, *, transform, transform_kwargs, eps_low, eps_high, eps, stop_gradient,
-          global_scale):
-  """GSPO with an in-group transform of the post-clip weights (paper App. B, Eq. 68/85)."""
+          global_scale, clip_gating):
+  """GSPO with an in-group transform of the post-clip weights (paper App. B, Eq. 68/85).
+
+  s_bar = post_clip_weight(s) (Eq. 47), s_tilde = transform(s_bar, A) per group (or c * s_bar
+  with ``global_scale``). With ``stop_gradient`` (the paper's convention, App. D) s_tilde is a
+  constant and the paper leaves open how GSPO's clip acts on the gradient; both readings:
+
+  * clip_gating='none' (default; Eq. 68/85 as written, "the linear segment, ignoring subgradient
+    details at the breakpoints"): obj_i = A_i sg(s_tilde_i) exp(l_i - sg(l_i)). Every
+    completion carries s_tilde_i A_i on its score term; the clip only shapes the values s_bar and
+    never switches a trajectory off, so shared tokens cancel exactly whatever the clip does.
+  * clip_gating='gspo' (App. B: DFPO keeps GSPO's "sequence-level clipping framework";
+    Theorem C.1 / App. K: Min-Replace "only shrinks the update magnitudes ... a smaller
+    effective learning rate" than GSPO): obj_i = A_i sg(s_tilde_i / s_bar_i) s_bar_i(theta).
+    Same value A_i s_tilde_i; gradient s_tilde_i A_i grad l_i where GSPO's clip is inactive and
+    exactly 0 where it is active (s_bar is then a constant), so every per-trajectory coefficient
+    is phi_i in [0, 1] times GSPO's (Eq. 62, with phi_i = 0 on the trajectories GSPO drops).
+    Cancellation on shared tokens then holds among the trajectories the clip keeps.
+
+  Without stop-gradient the objective A_i s_tilde_i(theta) is differentiated through the
+  transform and the clip, which is already GSPO's gating: ``clip_gating`` must stay 'none'.
+  """
   chex.assert_rank([inp.log_ratio_BT, inp.adv_B], [2, 1])
   lo, hi = _seq_clip_bounds(eps_low, eps_high, eps)
   l_B = _seq_log_ratio(inp)
@@ -299,47 +339,57 @@ def _dfpo(inp, *, transform, transform_kwargs, eps_low, eps_high, eps, stop_grad
   else:
     s_tilde_B = group_transforms.transform_batch(
         transform, s_bar_B, inp.adv_B, group_size=inp.group_size, **transform_kwargs)
-  if stop_gradient:
-    # Eq. 68/85: s_tilde is a per-group control variable, not differentiated (App. D convention).
-    s_tilde_B = jax.lax.stop_gradient(s_tilde_B)
+  low_BT, high_BT, clipped_B = _seq_clip_flags(s_B, inp.adv_B, inp.mask_BT, lo, hi)
+  if not stop_gradient:
+    return Surrogate(obj_BT=_broadcast_seq(inp.adv_B * s_tilde_B, inp.mask_BT),
+                     clip_low_BT=low_BT, clip_high_BT=high_BT, w_B=s_tilde_B,
+                     w_grad_B=s_tilde_B)
+  # Eq. 68/85: s_tilde is a per-group control variable, not differentiated (App. D convention).
+  s_tilde_B = jax.lax.stop_gradient(s_tilde_B)
+  if clip_gating == 'gspo':
+    # The factor phi_i = s_tilde_i / s_bar_i is the constant of Eq. 59 (Theorem C.1); only
+    # s_bar_i(theta) is differentiated, so GSPO's clip switches the gradient off where active.
+    phi_B = jax.lax.stop_gradient(
+        jnp.where(s_bar_B > 0, s_tilde_B / jnp.where(s_bar_B > 0, s_bar_B, 1.0), 0.0))
+    obj_B = inp.adv_B * phi_B * s_bar_B
+    w_grad_B = jnp.where(clipped_B, 0.0, s_tilde_B)
+  else:
     # Constant copy of l_i: exp(l_i - const) has value 1 and gradient mean_t grad log pi_{i,t},
     # the score term of Eq. 85 with alpha_{i,t} = 1/|y_i|.
     l_const_B = jax.lax.stop_gradient(l_B)
     obj_B = inp.adv_B * s_tilde_B * jnp.exp(l_B - l_const_B)
-  else:
-    obj_B = inp.adv_B * s_tilde_B
-  low_BT, high_BT, _ = _seq_clip_flags(s_B, inp.adv_B, inp.mask_BT, lo, hi)
+    w_grad_B = s_tilde_B
   return Surrogate(obj_BT=_broadcast_seq(obj_B, inp.mask_BT), clip_low_BT=low_BT,
-                   clip_high_BT=high_BT, w_B=s_tilde_B)
+                   clip_high_BT=high_BT, w_B=s_tilde_B, w_grad_B=w_grad_B)
 
 
 def dfpo_min_replace(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None, stop_gradient=True,
-                     global_scale=None):
+                     global_scale=None, clip_gating='none'):
   """DFPO (Min-Replace): s_tilde_i = min_j s_bar_j (Eq. 50) in the GSPO objective."""
   return _dfpo(inp, transform='min_replace', transform_kwargs={}, eps_low=eps_low,
                eps_high=eps_high, eps=eps, stop_gradient=stop_gradient,
-               global_scale=global_scale)
+               global_scale=global_scale, clip_gating=clip_gating)
 
 
 def dfpo_orth_proj(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None, stop_gradient=True,
-                   global_scale=None):
+                   global_scale=None, clip_gating='none'):
   """DFPO (Orth-Proj): s_tilde = s_bar - (A.s_bar / |A|^2) A (Eq. 18); may be negative."""
   return _dfpo(inp, transform='orth_proj', transform_kwargs={}, eps_low=eps_low,
                eps_high=eps_high, eps=eps, stop_gradient=stop_gradient,
-               global_scale=global_scale)
+               global_scale=global_scale, clip_gating=clip_gating)
 
 
 _SOLVERS = {'qp': 'pos_orth_proj_qp', 'truncate_rebalance': 'pos_orth_proj_truncate_rebalance'}
 
 
 def dfpo_pos_orth_proj(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None, stop_gradient=True,
-                       global_scale=None, solver='qp', trunc_eps=1e-3):
+                       global_scale=None, clip_gating='none', solver='qp', trunc_eps=1e-3):
   """DFPO (Positive Orth-Proj): the non-negative QP of Eq. 51 (solver='qp', exact) or its
   truncate-and-rebalance approximation Eq. 52-55 (solver='truncate_rebalance', trunc_eps)."""
   kwargs = {'trunc_eps': trunc_eps} if solver == 'truncate_rebalance' else {}
   return _dfpo(inp, transform=_SOLVERS[solver], transform_kwargs=kwargs, eps_low=eps_low,
                eps_high=eps_high, eps=eps, stop_gradient=stop_gradient,
-               global_scale=global_scale)
+               global_scale=global_scale, clip_gating=clip_gating)
 
 
 LOSSES = {
@@ -462,6 +512,11 @@ def _check_hparams(name, hp):
   _choice('kl_estimator', hp['kl_estimator'], KL_ESTIMATORS)
   if 'solver' in hp:
     _choice('solver', hp['solver'], _SOLVERS)
+  if 'clip_gating' in hp:
+    _choice('clip_gating', hp['clip_gating'], CLIP_GATINGS)
+    if hp['clip_gating'] != 'none' and not hp['stop_gradient']:
+      raise ValueError(f"clip_gating={hp['clip_gating']!r} needs stop_gradient=True: without the "
+                       "stop-gradient the clip already gates the gradient (use 'none')")
   for key in ('eps_low', 'eps_high', 'eps', 'trunc_eps', 'tau_pos', 'tau_neg'):
     if hp.get(key) is not None and not hp[key] >= 0:
       raise ValueError(f'{key}={hp[key]!r} for loss {name!r} must be >= 0')
@@ -493,13 +548,77 @@ def _check_arrays(name, logps, old_logps, advantages, mask, group_size, ref_logp
     raise ValueError(f"token_weights are only used by loss 'delta', not {name!r}")
 
 
+def asym(w_B, adv_B, *, group_size):
+  """Asym = Var_{i in group}(w_i A_i) (paper Eq. 23): per group [M] and the mean over groups.
+
+  w_i is the trajectory weight of Eq. 14 (s_i for GSPO, s_tilde_i for DFPO, per-token ratios for
+  GRPO) and w_i A_i the trajectory-level modulation coefficient; the variance is the population
+  variance over the G members. It is NOT zero for equal weights: w_i = w gives w^2 Var(A), and
+  on-policy (every w = 1) Asym is the mean Var(A) over groups, about 1 - frac_degenerate_groups
+  for std-normalised advantages, whatever the method. What cancels shared tokens is
+  sum_i w_i A_i = 0 (Eq. 63); Asym measures the spread of the coefficients that cancellation has
+  to absorb, and the methods can differ only where the weights differ, i.e. off-policy.
+
+  Args:
+    w_B: [B] trajectory weights.
+    adv_B: [B] advantages.
+    group_size: G, groups are contiguous rows.
+  Returns:
+    (asym_M [M], mean over groups []).
+  """
+  chex.assert_rank([w_B, adv_B], 1)
+  chex.assert_equal_shape([w_B, adv_B])
+  if not isinstance(group_size, int) or group_size < 1 or w_B.shape[0] % group_size:
+    raise ValueError(f'group_size={group_size!r} must be a positive int dividing B={w_B.shape[0]}')
+  wa_MG = (w_B * adv_B).astype(jnp.float32).reshape(-1, group_size)
+  asym_M = jnp.var(wa_MG, axis=-1)
+  return asym_M, jnp.mean(asym_M)
+
+
+def _pg_coefficients(surrogate_fn, inp, aggregate):
+  """c_BT = d pg_loss / d log pi(y_{b,t}): the coefficient of grad log pi of each real token."""
+
+  def pg_loss(log_ratio_BT):
+    return -aggregate(surrogate_fn(inp.replace(log_ratio_BT=log_ratio_BT)).obj_BT, inp.mask_BT)
+
+  return jax.grad(pg_loss)(inp.log_ratio_BT) * inp.mask_BT
+
+
+def _gspo_hparams(name, hp):
+  """GSPO's clip for the coefficient-mass reference: the loss's own sequence clip if it has
+  one (gspo, gspo_token, dfpo_*), else GSPO's defaults."""
+  gspo_keys = _loss_defaults('gspo')
+  if 'eps' in hp:
+    return {k: hp[k] for k in gspo_keys}
+  return dict(gspo_keys)
+
+
+def _effective_step(name, hp, inp, aggregate):
+  """coef_mass: sum |c_bt| over the batch; coef_mass_vs_gspo: that over GSPO's mass on the same
+  inputs with the same aggregation (and the loss's own sequence clip, if it has one), i.e. the
+  step a method takes relative to GSPO's from its weights and clipping alone (1 for GSPO);
+  frac_traj_gated: the fraction of trajectories with A != 0 and real tokens whose every
+  coefficient is 0 (switched off)."""
+  coef_BT = _pg_coefficients(functools.partial(LOSSES[name], **hp), inp, aggregate)
+  gspo_BT = _pg_coefficients(functools.partial(gspo, **_gspo_hparams(name, hp)), inp, aggregate)
+  mass = jnp.sum(jnp.abs(coef_BT))
+  gspo_mass = jnp.sum(jnp.abs(gspo_BT))
+  live_B = (inp.adv_B != 0) & jnp.any(inp.mask_BT > 0, axis=-1)
+  gated_B = live_B & jnp.all(coef_BT == 0, axis=-1)
+  return {
+      'coef_mass': mass,
+      'coef_mass_vs_gspo': jnp.where(gspo_mass > 0, mass / jnp.where(gspo_mass > 0, gspo_mass, 1.0),
+                                     1.0),
+      'frac_traj_gated': jnp.sum(gated_B) / jnp.maximum(jnp.sum(live_B), 1),
+  }
+
+
 def _metrics(sur, inp, ratio_BT, s_B):
   mask_BT = inp.mask_BT
   n = jnp.maximum(jnp.sum(mask_BT), 1.0)
   real_BT = mask_BT > 0
   any_real = jnp.any(real_BT)
   adv_MG = inp.adv_B.reshape(-1, inp.group_size)
-  wa_MG = (sur.w_B * inp.adv_B).reshape(-1, inp.group_size)
   real_B = jnp.any(real_BT, axis=-1)
   return {
       'clip_frac_low': jnp.sum(sur.clip_low_BT * mask_BT) / n,
@@ -512,7 +631,8 @@ def _metrics(sur, inp, ratio_BT, s_B):
       'seq_ratio_max': jnp.where(jnp.any(real_B), jnp.max(jnp.where(real_B, s_B, -jnp.inf)),
                                  1.0),
       'approx_kl': jnp.sum((ratio_BT - 1.0 - inp.log_ratio_BT) * mask_BT) / n,
-      'asym': jnp.mean(jnp.var(wa_MG, axis=-1)),
+      'asym': asym(sur.w_B, inp.adv_B, group_size=inp.group_size)[1],
+      'asym_gated': asym(sur.w_grad_B, inp.adv_B, group_size=inp.group_size)[1],
       'frac_degenerate_groups': jnp.mean(
           (jnp.max(adv_MG, axis=-1) == jnp.min(adv_MG, axis=-1)).astype(jnp.float32)),
   }
@@ -581,6 +701,7 @@ def compute_loss(name, *, logps, old_logps, advantages, mask, group_size, ref_lo
   inp_sg = jax.tree.map(jax.lax.stop_gradient, inp)
   metrics = _metrics(sur_sg, inp_sg, jnp.exp(inp_sg.log_ratio_BT),
                      jnp.exp(_seq_log_ratio(inp_sg)))
+  metrics.update(_effective_step(name, hp, inp_sg, aggregate))
   metrics['pg_loss'] = pg_loss
   if ref_logps is not None:
     # The reference policy is frozen.
@@ -593,10 +714,12 @@ def compute_loss(name, *, logps, old_logps, advantages, mask, group_size, ref_lo
     if kl_coef != 0:
       loss = loss + kl_coef * kl
   if entropy is not None:
-    ent = aggregate(jnp.where(mask_BT > 0, jnp.asarray(entropy, jnp.float32), 0.0), mask_BT)
-    metrics['entropy'] = ent
+    entropy_BT = jnp.where(mask_BT > 0, jnp.asarray(entropy, jnp.float32), 0.0)
+    # The logged entropy is the per-token mean for every loss (comparable across methods); the
+    # bonus uses the loss's own aggregation.
+    metrics['entropy'] = token_mean(entropy_BT, mask_BT)
     if entropy_coef != 0:
-      loss = loss - entropy_coef * ent
+      loss = loss - entropy_coef * aggregate(entropy_BT, mask_BT)
   # pg_loss / kl / entropy are reported values, not extra gradient paths.
   metrics = jax.tree.map(jax.lax.stop_gradient, metrics)
   return loss, {k: v.astype(jnp.float32) for k, v in metrics.items()}

@@ -221,20 +221,18 @@ def make_optimizer(c):
 # Jitted pieces.
 # ---------------------------------------------------------------------------------------------
 
-def microbatch_weights(mask_nBT, token_weights_nBT=None, *, aggregation):
+def microbatch_weights(mask_nBT, *, aggregation):
   """w_n: how much micro-batch k's loss counts in the loss of the whole mini-batch.
 
   The mini-batch loss is sum_k w_k loss_k exactly when
-    token_mean:  w_k = N_k / N   (N_k real tokens of micro-batch k; DelTA: Z_k / Z, its
-                                  lambda-mass, because DelTA normalises by sum lambda);
+    token_mean:  w_k = N_k / N   (N_k real tokens of micro-batch k; DelTA too, since its
+                                  coefficients arrive normalised and the loss is a token mean);
     seq_mean_* / seq_mean_token_sum_norm:  w_k = 1 / n   (equal-size micro-batches).
   Sequence-level transforms (GSPO, DFPO) act within a group and groups never straddle
-  micro-batches, so they are unaffected. (DelTA with a KL or entropy term is the one
-  approximate case: those terms are token means, weighted by Z_k / Z here.)
+  micro-batches, so they are unaffected.
 
   Args:
     mask_nBT: [n, B, T] real-token mask of each micro-batch.
-    token_weights_nBT: [n, B, T] DelTA coefficients, or None.
     aggregation: the loss's aggregation (`objectives.AGGREGATIONS`).
 
   Returns:
@@ -244,10 +242,7 @@ def microbatch_weights(mask_nBT, token_weights_nBT=None, *, aggregation):
   n = mask_nBT.shape[0]
   if aggregation != 'token_mean':
     return jnp.full((n,), 1.0 / n, jnp.float32)
-  mass_nBT = (mask_nBT > 0).astype(jnp.float32)
-  if token_weights_nBT is not None:
-    mass_nBT = mass_nBT * token_weights_nBT.astype(jnp.float32)
-  z_n = jnp.sum(mass_nBT, axis=(1, 2))
+  z_n = jnp.sum((mask_nBT > 0).astype(jnp.float32), axis=(1, 2))
   total = jnp.sum(z_n)
   return jnp.where(total > 0, z_n / jnp.where(total > 0, total, 1.0), 1.0 / n)
 
@@ -293,8 +288,7 @@ def update_step(state, batch, *, model_config, optimizer, loss_name, loss_hparam
   else:
     aggregation = loss_hparams.get('aggregation',
                                    objectives.default_hparams(loss_name)['aggregation'])
-    w_n = microbatch_weights(batch['mask'], batch.get('token_weights'),
-                             aggregation=aggregation)
+    w_n = microbatch_weights(batch['mask'], aggregation=aggregation)
 
     def accumulate(acc, xs):
       mb, w = xs
@@ -533,16 +527,12 @@ class Trainer:
         loss_hparams=self.loss_hparams, group_size=self.G, completion_start=self.P,
         mode=c.diagnostics_mode))
     if c.loss.name == 'delta':
-      options = delta_lib.ablation_options(c.delta.ablation)
-      options.setdefault('lam_min', c.delta.lam_min)
-      options.setdefault('lam_max', c.delta.lam_max)
-      options.setdefault('num_refine', c.delta.num_refine)
-      options.setdefault('scope', c.delta.scope)
-      self._delta = jax.jit(functools.partial(delta_lib.token_coefficients,
-                                              group_size=self.G, **options))
-      self._delta_topk = options.get('proxy') == 'topk_hidden'
-      self._delta_random = bool(options.get('random_lambda') or
-                                options.get('selection') == 'random')
+      options = delta_lib.options_for(c.delta.ablation, lam_min=c.delta.lam_min,
+                                      lam_max=c.delta.lam_max, num_refine=c.delta.num_refine,
+                                      scope=c.delta.scope)
+      self._delta = jax.jit(functools.partial(delta_lib.token_coefficients, options=options,
+                                              group_size=self.G))
+      self._delta_topk = options.proxy == 'topk_hidden'
 
   # -- one RL step -----------------------------------------------------------------------------
 
@@ -643,10 +633,6 @@ class Trainer:
       metrics.update({f'delta/{k}': v for k, v in delta_metrics.items()})
     self.token_counts = diagnostics.update_token_counts(
         self.token_counts, jnp.asarray(out.completion), jnp.asarray(mask_BT))
-    if c.diagnostics_every and step % c.diagnostics_every == 0:
-      # On the rollout batch before this step's updates (the policy that produced it).
-      metrics.update(self._diagnostics(self.state.params, batch=batch,
-                                       token_counts=self.token_counts))
     jax.block_until_ready(batch['old_logps'])
     t2 = time.perf_counter()
 
@@ -654,6 +640,9 @@ class Trainer:
     per_mb = c.minibatch_prompts
     host_batch = _to_host(batch)
     update_metrics = []
+    diags = []
+    n_updates = c.ppo_epochs * (n_groups // per_mb)
+    diag_step = c.diagnostics_every and step % c.diagnostics_every == 0
     for epoch in range(c.ppo_epochs):
       order = np.asarray(jax.random.permutation(jax.random.fold_in(k_perm, epoch), n_groups))
       for s in range(0, n_groups, per_mb):
@@ -663,9 +652,21 @@ class Trainer:
         mb = jax.tree.map(
             lambda x, rows=rows: _put(x[rows].reshape((self.n_micro, -1) + x.shape[1:]),
                                       self.minibatch_sh), host_batch)
+        # Diagnostics where the update is taken off-policy: every mini-batch after the first,
+        # with the parameters about to be updated (at the first one, params == behaviour
+        # policy: every ratio is 1 and all methods coincide). A step with a single update is
+        # on-policy by construction; it is measured there and flagged.
+        if diag_step and (len(update_metrics) > 0 or n_updates == 1):
+          flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), mb)
+          diags.append(self._diagnostics(self.state.params, batch=flat,
+                                         token_counts=self.token_counts))
         self.state, m = self._update(self.state, mb)
         update_metrics.append(m)
     update_metrics = jax.device_get(update_metrics)
+    if diags:
+      diags = jax.device_get(diags)
+      metrics.update({k: float(np.mean([d[k] for d in diags])) for k in diags[0]})
+      metrics['diag/off_policy_points'] = len(diags) if n_updates > 1 else 0
     t3 = time.perf_counter()
 
     n_tokens = int(out.completion_mask.sum())
@@ -694,12 +695,12 @@ class Trainer:
     if self._delta_topk:
       extra = dict(unembed_VD=model_lib.lm_head_DV(self.state.params, self.model_config).T,
                    token_ids_BT=jnp.asarray(out.completion))
-    if self._delta_random:
-      extra['rng'] = key
     lam_BT, metrics = self._delta(beh['hidden'], jnp.exp(beh['logps']), adv_B,
-                                  jnp.asarray(mask_BT), **extra)
+                                  jnp.asarray(mask_BT), rng=key, **extra)
+    # The cloud averages lambda over the tokens DelTA scores (real tokens with A != 0).
+    scored_BT = jnp.asarray(mask_BT) * (jnp.asarray(adv_B)[:, None] != 0)
     self.token_cloud = delta_lib.update_token_cloud(
-        self.token_cloud, jnp.asarray(out.completion), lam_BT, jnp.asarray(mask_BT))
+        self.token_cloud, jnp.asarray(out.completion), lam_BT, scored_BT)
     return lam_BT, metrics
 
   def evaluate(self, step):

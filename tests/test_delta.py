@@ -15,12 +15,20 @@ B, T, D = 6, 5, 4
 # ------------------------------------------------------------------ helpers
 
 
+def split_options(opts):
+    """kwargs -> (DeltaOptions, the call's own keyword arguments)."""
+    opts = dict(opts)
+    call = {k: opts.pop(k) for k in ("group_size", "rng", "unembed_VD", "token_ids_BT")
+            if k in opts}
+    return delta.DeltaOptions(**opts), call
+
+
 @functools.lru_cache(maxsize=None)
 def _jitted(opts: tuple):
     """One compiled estimator per option set (options are static)."""
-    kwargs = dict(opts)
+    options, call = split_options(opts)
     return jax.jit(lambda h, p, a, m, rng: delta.token_coefficients(
-        h, p, a, m, rng=rng, **kwargs))
+        h, p, a, m, options, rng=rng, **call))
 
 
 def run(h, p, a, m, rng=None, **opts):
@@ -80,7 +88,10 @@ def ref_delta(h, p, a, m, *, group_size=None, scope="batch", lam_min=0.8, lam_ma
                     if within_side_only:
                         avg = np.mean(list(marg.values()))
                         marg = {tok: avg - d for tok, d in marg.items()}
-                    g = gamma if gamma is not None else max(np.std(list(marg.values())), 1e-12)
+                    if gamma is None:
+                        g = max(np.std(list(marg.values())), 1e-12)
+                    else:  # fixed, in units of E||v||^2 over the scored tokens
+                        g = gamma * np.mean([np.sum(v[x] ** 2) for x in pos + neg])
                     for tok in side:
                         alpha[tok] = sigmoid(marg[tok] / g) if soft_assignment else float(marg[tok] > 0)
                 if k < num_refine:
@@ -234,19 +245,21 @@ def test_range_and_self_normalisation():
         np.testing.assert_allclose(lam_g[rows][m[rows] > 0].mean(), 1.0, rtol=1e-6)
 
 
-def test_adaptive_gamma_is_scale_invariant_fixed_gamma_is_not():
+def test_gamma_adaptive_and_fixed_are_both_scale_invariant_and_differ():
+    """Adaptive gamma is the margin spread; the fixed gamma of "w/o adaptive gamma" is stated
+    in units of E||v||^2, so the ablation means the same whatever the hidden-state scale, and
+    it is a different temperature (it changes lambda)."""
     h, p, a, m = random_batch(9)
-    lam1, _ = run(h, p, a, m)
+    lam1, met1 = run(h, p, a, m)
     lam5, _ = run(5.0 * h, p, a, m)
     np.testing.assert_allclose(lam5, lam1, rtol=1e-5, atol=1e-6)
-    fix1, _ = run(h, p, a, m, **delta.ablation_options("no_adaptive_gamma"))
-    fix5, _ = run(5.0 * h, p, a, m, **delta.ablation_options("no_adaptive_gamma"))
-    scored = (m > 0) & (a[:, None] != 0)
-    # A larger scale sharpens sigmoid(m / gamma): unnormalised lam moves to the bounds.
-    raw1, _ = run(h, p, a, m, gamma=1.0, normalize=False)
-    raw5, _ = run(5.0 * h, p, a, m, gamma=1.0, normalize=False)
-    assert np.all(np.abs(raw5 - 1.0)[scored] >= np.abs(raw1 - 1.0)[scored] - 1e-6)
-    assert not np.allclose(fix1, fix5, atol=1e-3)
+    opts = delta.ablation_options("no_adaptive_gamma")
+    fix1, fmet = run(h, p, a, m, **opts)
+    fix5, _ = run(5.0 * h, p, a, m, **opts)
+    np.testing.assert_allclose(fix5, fix1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fix1, ref_delta(h, p, a, m, gamma=opts["gamma"]), rtol=2e-5)
+    assert not np.allclose(fix1, lam1, atol=1e-3)
+    assert fmet["gamma_pos"] == pytest.approx(fmet["gamma_neg"])
 
 
 # ------------------------------------------------------------------ geometry
@@ -345,7 +358,8 @@ def test_lambda_is_a_constant_for_autodiff():
 def test_ablation_table_is_complete_and_runs():
     expected = {"full", "no_adaptive_gamma", "no_soft_assignment", "no_normalization",
                 "no_range_map", "no_refinement", "within_side_only", "random_lambda",
-                "topk_proxy", "select_top", "select_bottom", "select_random"}
+                "topk_proxy", "select_top", "select_bottom", "select_random",
+                "select_top_pooled", "select_bottom_pooled", "select_random_pooled"}
     assert expected <= set(delta.DELTA_ABLATIONS)
     with pytest.raises(ValueError, match="no_such.*valid"):
         delta.ablation_options("no_such")
@@ -357,8 +371,9 @@ def test_ablation_table_is_complete_and_runs():
     for name in delta.DELTA_ABLATIONS:
         opts = delta.ablation_options(name)
         if opts.get("proxy") == "topk_hidden":
+            options, _ = split_options(dict(opts, topk=4))
             lam, met = jax.jit(lambda *x: delta.token_coefficients(
-                *x, unembed_VD=unembed, token_ids_BT=ids, topk=4, **opts))(
+                *x, options, unembed_VD=unembed, token_ids_BT=ids))(
                     *(jnp.asarray(x, jnp.float32) for x in (h, p, a, m)))
             lam, met = np.asarray(lam), {k: float(v) for k, v in met.items()}
         else:
@@ -367,6 +382,40 @@ def test_ablation_table_is_complete_and_runs():
         assert all(np.isfinite(v) for v in met.values()), name
         if name != "full":
             assert not np.allclose(lam, full, atol=1e-4), name
+
+
+def _ablation_lambda(name, h, p, a, m):
+    opts = delta.ablation_options(name)
+    if opts.get("proxy") == "topk_hidden":
+        r = np.random.default_rng(0)
+        opts.update(unembed_VD=jnp.asarray(r.normal(size=(9, D)), jnp.float32),
+                    token_ids_BT=jnp.asarray(r.integers(0, 9, h.shape[:2])), topk=4)
+    options, call = split_options(opts)
+    lam, _ = delta.token_coefficients(*(jnp.asarray(x, jnp.float32) for x in (h, p, a, m)),
+                                      options, rng=jax.random.PRNGKey(1), **call)
+    return lam
+
+
+@pytest.mark.parametrize("name", sorted(set(delta.DELTA_ABLATIONS) - {"full"}))
+def test_every_ablation_changes_the_loss_gradient(name):
+    """An ablation must change what the update does, not only the numbers lambda shows:
+    the gradient of the DelTA loss (objectives.delta, token_mean) w.r.t. the log-probs differs
+    from full DelTA's. ('no_normalization' used to be a no-op: the loss renormalised.)"""
+    from jtc import objectives
+    h, p, a, m = random_batch(13)
+    r = np.random.default_rng(4)
+    logps = jnp.asarray(r.normal(-1.0, 0.3, (B, T)), jnp.float32)
+    old = logps + jnp.asarray(r.normal(0.0, 0.1, (B, T)), jnp.float32)
+
+    def grad_of(lam):
+        f = lambda lp: objectives.compute_loss(
+            "delta", logps=lp, old_logps=old, advantages=jnp.asarray(a, jnp.float32),
+            mask=jnp.asarray(m, jnp.float32), group_size=2, token_weights=lam)[0]
+        return np.asarray(jax.grad(f)(logps))
+
+    g_full = grad_of(_ablation_lambda("full", h, p, a, m))
+    g_abl = grad_of(_ablation_lambda(name, h, p, a, m))
+    assert np.abs(g_abl - g_full).max() > 1e-3 * np.abs(g_full).max(), name
 
 
 def test_no_refinement_uses_unweighted_centroids():
@@ -422,9 +471,9 @@ def test_topk_proxy_matches_reference_on_exact_hidden_gradient():
     w = r.normal(size=(8, D))
     ids = r.integers(0, 8, size=(B, T))
     lam, _ = delta.token_coefficients(
-        *(jnp.asarray(x, jnp.float32) for x in (h, p, a, m)), proxy="topk_hidden",
-        topk=8, unembed_VD=jnp.asarray(w, jnp.float32), token_ids_BT=jnp.asarray(ids),
-        chunk_size=7)
+        *(jnp.asarray(x, jnp.float32) for x in (h, p, a, m)),
+        delta.DeltaOptions(proxy="topk_hidden", topk=8, chunk_size=7),
+        unembed_VD=jnp.asarray(w, jnp.float32), token_ids_BT=jnp.asarray(ids))
     # Reference with v = grad_h log p(y): feed it as hidden with p = 0.
     logits = h @ w.T
     probs = np.exp(logits - logits.max(-1, keepdims=True))
@@ -434,8 +483,8 @@ def test_topk_proxy_matches_reference_on_exact_hidden_gradient():
                                rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("selection", ["top", "bottom", "random"])
-def test_selection_keeps_half_of_the_valid_tokens(selection):
+@pytest.mark.parametrize("selection", ["top_pooled", "bottom_pooled", "random_pooled"])
+def test_pooled_selection_keeps_half_of_the_valid_tokens(selection):
     h, p, a, m = random_batch(20)
     lam, _ = run(h, p, a, m, normalize=False)
     sel, met = run(h, p, a, m, selection=selection, normalize=False)
@@ -445,21 +494,66 @@ def test_selection_keeps_half_of_the_valid_tokens(selection):
     assert kept.sum() == n_keep and not np.any(kept & ~valid)
     assert set(np.unique(sel)) <= {0.0, 1.0}
     np.testing.assert_allclose(met["frac_selected"], n_keep / valid.sum())
-    if selection == "top":
+    if selection == "top_pooled":
         assert lam[kept].min() >= lam[valid & ~kept].max()
-    elif selection == "bottom":
+    elif selection == "bottom_pooled":
         assert lam[kept].max() <= lam[valid & ~kept].min()
     normed, _ = run(h, p, a, m, selection=selection)
     np.testing.assert_allclose(normed[valid].mean(), 1.0, rtol=1e-6)
     np.testing.assert_allclose(normed[kept], valid.sum() / n_keep, rtol=1e-6)
 
 
+@pytest.mark.parametrize("selection", ["top", "bottom", "random"])
+def test_selection_keeps_half_of_each_advantage_side(selection):
+    """Figure 3 masks rank within each side: ceil(n/2) of the A > 0 and of the A < 0 tokens
+    are kept (the same share on both sides), zero-advantage tokens are dropped, and inside a
+    side top / bottom follow lambda."""
+    h, p, a, m = random_batch(20)
+    lam, _ = run(h, p, a, m, normalize=False)
+    sel, met = run(h, p, a, m, selection=selection, normalize=False)
+    kept = sel > 0
+    for side in (a > 0, a < 0):
+        on = (m > 0) & side[:, None]
+        assert kept[on].sum() == (on.sum() + 1) // 2
+        if selection == "top":
+            assert lam[on & kept].min() >= lam[on & ~kept].max()
+        elif selection == "bottom":
+            assert lam[on & kept].max() <= lam[on & ~kept].min()
+    assert not np.any(kept[a == 0]) and not np.any(kept & (m == 0))
+    n_pos = ((m > 0) & (a > 0)[:, None]).sum()
+    assert met["selected_pos_share"] == pytest.approx(((n_pos + 1) // 2) / kept.sum())
+
+
+def test_pooled_top_selection_is_mostly_one_side_per_side_selection_is_not():
+    """The failure the per-side rule fixes: when lambda differs mostly by side (positive
+    tokens near 1.04, negative near 0.97, as on a confident policy), pooled top keeps almost
+    only positive-side tokens while the per-side rule keeps both sides in proportion."""
+    r = np.random.default_rng(3)
+    b_, t_ = 8, 12
+    h = r.normal(size=(b_, t_, D))
+    h[4:] *= 3.0                        # the negative side's centroid has the larger norm
+    p = np.where(r.uniform(size=(b_, t_)) < 0.8, 0.999, 0.2)  # most tokens: v ~ 0
+    a = np.array([1.0] * 4 + [-1.0] * 4)
+    m = np.ones((b_, t_))
+    _, pooled = run(h, p, a, m, selection="top_pooled")
+    _, side = run(h, p, a, m, selection="top")
+    assert pooled["selected_pos_share"] > 0.9
+    assert side["selected_pos_share"] == pytest.approx(0.5)
+
+
 def test_selection_per_group_in_group_scope():
     h, p, a, m = random_batch(21)
-    sel, _ = run(h, p, a, m, selection="top", normalize=False, scope="group", group_size=3)
+    sel, _ = run(h, p, a, m, selection="top_pooled", normalize=False, scope="group",
+                 group_size=3)
     for g in range(2):
         rows = slice(3 * g, 3 * g + 3)
         assert sel[rows].sum() == (m[rows].sum() + 1) // 2
+    sel, _ = run(h, p, a, m, selection="top", normalize=False, scope="group", group_size=3)
+    for g in range(2):
+        rows = slice(3 * g, 3 * g + 3)
+        for side in (a[rows] > 0, a[rows] < 0):
+            on = (m[rows] > 0) & side[:, None]
+            assert (sel[rows] > 0)[on].sum() == (on.sum() + 1) // 2
 
 
 # ------------------------------------------------------------------ validation
@@ -473,6 +567,7 @@ def test_selection_per_group_in_group_scope():
     ({"scope": "group"}, "group_size=None"),
     ({"random_lambda": True}, "rng"),
     ({"selection": "random"}, "rng"),
+    ({"selection": "random_pooled"}, "rng"),
     ({"proxy": "topk_hidden"}, "unembed_VD"),
     ({"lam_min": 1.3}, "lam_min"),
     ({"num_refine": -1}, "num_refine"),
@@ -482,7 +577,8 @@ def test_selection_per_group_in_group_scope():
 def test_bad_options_raise(bad, match):
     h, p, a, m = (jnp.asarray(x, jnp.float32) for x in random_batch(0))
     with pytest.raises(ValueError, match=match):
-        delta.token_coefficients(h, p, a, m, **bad)
+        options, call = split_options(bad)
+        delta.token_coefficients(h, p, a, m, options, **call)
 
 
 # ------------------------------------------------------------------ token clouds

@@ -273,3 +273,41 @@ def test_step_diagnostics_jits(setup, mode):
   assert energy == pytest.approx(1.0, abs=1e-5)
   assert float(out['diag/shared_frac']) == pytest.approx(SHARED / T)
   assert float(out['diag/shared_residual']) > 1e-3
+
+
+_STEP_DIAG = {}
+
+
+def _step_diag(params, cfg, batch, name, hparams=()):
+  key = (name, hparams)
+  if key not in _STEP_DIAG:
+    _STEP_DIAG[key] = jax.jit(lambda p, b: dg.step_diagnostics(
+        p, cfg, b, loss_name=name, loss_hparams=dict(hparams), group_size=G,
+        completion_start=P))
+  return {k: float(v) for k, v in _STEP_DIAG[key](params, batch).items()}
+
+
+def test_step_diagnostics_tell_the_methods_apart_only_off_policy(setup):
+  """Known-positive control of the trainer's instrument. On-policy (old = current log-probs,
+  where the trainer used to measure) every ratio is 1 and GSPO, DFPO, GRPO and GRPO-fix give
+  identical diagnostics. Off-policy (the behaviour policy is an earlier one) GSPO leaves a
+  shared-token residual and DFPO (Min-Replace, literal reading) cancels it; with ratios outside
+  GRPO's clip on the shared tokens GRPO leaves a residual and GRPO-fix (symmetric clip) cancels."""
+  cfg, params, batch, _ = setup
+  logps = _seq_logps(params, cfg, batch['tokens'], batch['input_mask'])
+  on_policy = dict(batch, old_logps=logps)
+  names = ('gspo', 'dfpo_min_replace', 'grpo', 'grpo_fix')
+  on = [_step_diag(params, cfg, on_policy, n) for n in names]
+  for other in on[1:]:
+    for k in on[0]:
+      assert other[k] == pytest.approx(on[0][k], rel=1e-6, abs=1e-9), k
+  gspo = _step_diag(params, cfg, batch, 'gspo')
+  dfpo = _step_diag(params, cfg, batch, 'dfpo_min_replace')
+  assert gspo['diag/coef_mass_vs_gspo'] == pytest.approx(1.0)
+  assert gspo['diag/shared_residual'] > 1e-2 and dfpo['diag/shared_residual'] < 1e-5
+  # Shared tokens at ratio 0.6 (< 1 - eps): GRPO clips the A < 0 members only.
+  old = batch['old_logps'].at[:, :SHARED].set(logps[:, :SHARED] + 0.51)
+  clipped = dict(batch, old_logps=old)
+  grpo = _step_diag(params, cfg, clipped, 'grpo')
+  fix = _step_diag(params, cfg, clipped, 'grpo_fix')
+  assert grpo['diag/shared_residual'] > 1e-2 and fix['diag/shared_residual'] < 1e-5

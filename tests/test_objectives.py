@@ -115,14 +115,15 @@ def np_reference(name, logps, old, adv, mask, hp, tw=None, ref=None, ent=None):
   dobj = np.zeros((b, t))  # d obj[i,t] / d logp[i,t] for token losses
   low = np.zeros((b, t))
   high = np.zeros((b, t))
-  w_traj = np.zeros(b)
+  w_traj = np.zeros(b)       # Eq. 14 weight (asym)
+  w_grad = np.zeros(b)       # the weight the gradient carries (asym_gated)
   grad = np.zeros((b, t))
   lengths = np.maximum(mask.sum(1), 1.0)
   if name not in SEQ_LOSSES:
     lam_bar = np.ones((b, t))
     if name == 'delta':
-      lam = tw * mask
-      lam_bar = lam * mask.sum() / lam.sum()
+      lam_bar = tw * mask  # arrives normalised from jtc.delta; the loss does not renormalise
+    w14 = np.zeros((b, t))  # Eq. 14: the token ratio (times lambda for DelTA, clip for CISPO)
     for i in range(b):
       a = adv[i]
       for j in range(t):
@@ -140,20 +141,25 @@ def np_reference(name, logps, old, adv, mask, hp, tw=None, ref=None, ent=None):
               val, g = hp['dual_clip_c'] * a, 0.0
               high[i, j] = 1.0
           val, g = val * lam_bar[i, j], g * lam_bar[i, j]
+          w14[i, j] = x * lam_bar[i, j]
         elif name == 'grpo_fix':
           hi = 1 + hp['eps_high']
           val, g = a * min(x, hi), (x if x < hi else 0.0)
           high[i, j] = float(x > hi)
+          w14[i, j] = x
         elif name == 'cispo':
           c = min(max(x, 1 - hp['eps_low']), 1 + hp['eps_high'])
           val, g = a * c, c
           low[i, j], high[i, j] = float(x < 1 - hp['eps_low']), float(x > 1 + hp['eps_high'])
+          w14[i, j] = c
         elif name == 'sapo':
           tau = hp['tau_pos'] if a > 0 else hp['tau_neg']
           sig = 1 / (1 + math.exp(-tau * (x - 1)))
           val, g = 4 / tau * sig * a, 4 * sig * (1 - sig) * x
+          w14[i, j] = g
         obj[i, j], dobj[i, j] = val, g
-      w_traj[i] = np.sum(dobj[i] * mask[i]) / lengths[i]
+      w_grad[i] = np.sum(dobj[i] * mask[i]) / lengths[i]
+      w_traj[i] = np.sum(w14[i] * mask[i]) / lengths[i]
     grad = -kappa * adv[:, None] * dobj
   else:
     if hp['eps'] is not None:
@@ -172,12 +178,14 @@ def np_reference(name, logps, old, adv, mask, hp, tw=None, ref=None, ent=None):
     if name in ('gspo', 'gspo_token'):
       coef = s * free
       seq_obj = adv * s_bar
+      w_traj = s
     else:
       s_tilde = np.concatenate([np_transform(name, s_bar[m:m + G_], adv[m:m + G_], hp)
                                 for m in range(0, b, G_)])
-      coef = s_tilde
+      coef = s_tilde * (free if hp.get('clip_gating') == 'gspo' else 1.0)
       seq_obj = adv * s_tilde
-    w_traj = coef
+      w_traj = s_tilde
+    w_grad = coef
     obj = seq_obj[:, None] * np.ones((b, t))
     big_k = kappa.sum(1)
     grad = -(big_k * adv * coef)[:, None] * mask / lengths[:, None]
@@ -193,13 +201,16 @@ def np_reference(name, logps, old, adv, mask, hp, tw=None, ref=None, ent=None):
     loss -= hp['entropy_coef'] * np.sum(kappa * ent)
   n = max(mask.sum(), 1.0)
   wa = (w_traj * adv).reshape(-1, G_)
+  wa_grad = (w_grad * adv).reshape(-1, G_)
   metrics = {
       'clip_frac_low': np.sum(low * mask) / n, 'clip_frac_high': np.sum(high * mask) / n,
       'ratio_mean': np.sum(r * mask) / n, 'ratio_min': r[mask > 0].min(),
       'ratio_max': r[mask > 0].max(), 'approx_kl': np.sum((r - 1 - np.log(r)) * mask) / n,
-      'asym': np.mean(wa.var(axis=1)),
+      'asym': np.mean(wa.var(axis=1)), 'asym_gated': np.mean(wa_grad.var(axis=1)),
       'frac_degenerate_groups': np.mean([len(set(g_)) == 1 for g_ in adv.reshape(-1, G_)]),
   }
+  if ent is not None:  # logged as the per-token mean whatever the aggregation
+    metrics['entropy'] = np.sum(ent * mask) / n
   return loss, grad, metrics
 
 
@@ -395,6 +406,141 @@ def test_gspo_token_equals_gspo():
                   run_all_aggregations('gspo_token', logps, old, adv, mask, eps=0.05)):
     np.testing.assert_allclose(a[0], b[0], rtol=1e-6)
     np.testing.assert_allclose(a[2], b[2], rtol=1e-5, atol=1e-8)
+
+
+# ---------------------------------------------------------------------------------------------
+# DFPO's two readings of GSPO's clip (clip_gating), the effective step, Eq. 23 Asym.
+# ---------------------------------------------------------------------------------------------
+
+DFPO_LOSSES = ('dfpo_min_replace', 'dfpo_orth_proj', 'dfpo_pos_orth_proj')
+
+
+def _off_policy(seed=11, noise=0.02):
+  """Inputs at the paper's eps (3e-4 / 4e-4) where GSPO clips some trajectories, not all."""
+  logps, old, adv, mask, _, _, _ = _inputs(seed, noise=noise)
+  s = np.exp(np.array([np.sum((logps[i] - old[i]) * mask[i]) / max(mask[i].sum(), 1)
+                       for i in range(B)]))
+  clipped = ((adv > 0) & (s > 1 + 4e-4)) | ((adv < 0) & (s < 1 - 3e-4))
+  return logps, old, adv, mask, clipped
+
+
+def test_off_policy_inputs_clip_some_trajectories():
+  *_, clipped = _off_policy()
+  assert 0 < clipped.sum() < B - 1
+
+
+@pytest.mark.parametrize('name', DFPO_LOSSES)
+def test_clip_gating_closed_forms(name):
+  """Both readings have the value A_i s_tilde_i; literal: every trajectory's tokens carry
+  s_tilde_i A_i alpha_{i,t}; gated: the same where GSPO's clip is inactive and exactly 0 where
+  it is active (numpy reference with the gate)."""
+  logps, old, adv, mask, clipped = _off_policy()
+  for gating in objectives.CLIP_GATINGS:
+    hp = {'clip_gating': gating, 'aggregation': 'seq_mean_token_mean'}
+    loss, metrics, grad = run(name, logps, old, adv, mask, **hp)
+    ref_loss, ref_grad, ref_metrics = np_reference(name, logps, old, adv, mask, hp)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grad, ref_grad, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(metrics['asym_gated'], ref_metrics['asym_gated'], rtol=1e-4)
+    if gating == 'gspo':
+      assert np.all(grad[clipped] == 0.0)
+      assert metrics['frac_traj_gated'] == pytest.approx(clipped.sum() / (mask.sum(1) > 0).sum())
+    else:
+      assert np.all(np.abs(grad[clipped & (mask.sum(1) > 0)]).sum(1) > 0)
+      assert metrics['frac_traj_gated'] == 0.0
+
+
+def test_gated_min_replace_coefficients_never_exceed_gspo_theorem_c1():
+  """Thm C.1 under GSPO's gating: |coefficient| <= GSPO's per token, same sign where non-zero,
+  and exactly 0 on the trajectories GSPO drops. The literal reading exceeds GSPO there."""
+  logps, old, adv, mask, clipped = _off_policy()
+  _, _, g_gspo = run('gspo', logps, old, adv, mask)
+  _, _, g_gated = run('dfpo_min_replace', logps, old, adv, mask, clip_gating='gspo')
+  _, _, g_literal = run('dfpo_min_replace', logps, old, adv, mask)
+  assert np.all(np.abs(g_gated) <= np.abs(g_gspo) * (1 + 1e-6) + 1e-9)
+  nz = g_gated != 0
+  np.testing.assert_array_equal(np.sign(g_gated[nz]), np.sign(g_gspo[nz]))
+  assert np.abs(g_literal[clipped]).sum() > 0 and np.all(g_gspo[clipped] == 0)
+
+
+def test_shared_tokens_cancel_without_gating_and_not_with_it():
+  """Literal DFPO cancels exactly on shared tokens whatever the clip does; the gated reading
+  cancels only among kept trajectories, so it cancels when the clip is inactive."""
+  logps, old, adv, mask = _shared_group(2, shared_log_ratio=[0.5, -0.3], noise=0.3)
+  _, _, g_literal = run('dfpo_min_replace', logps, old, adv, mask, group_size=4)
+  np.testing.assert_allclose(g_literal.sum(axis=0)[:2], 0.0, atol=1e-7)
+  _, m, g_gated = run('dfpo_min_replace', logps, old, adv, mask, group_size=4,
+                      clip_gating='gspo')
+  assert 0 < m['frac_traj_gated'] < 1
+  assert np.abs(g_gated.sum(axis=0)[:2]).max() > 1e-4
+  _, m, g_wide = run('dfpo_min_replace', logps, old, adv, mask, group_size=4,
+                     clip_gating='gspo', eps=10.0)
+  assert m['frac_traj_gated'] == 0.0
+  np.testing.assert_allclose(g_wide.sum(axis=0)[:2], 0.0, atol=1e-7)
+
+
+def test_gated_global_scale_is_exactly_c_times_gspo():
+  """Table 3 "scale by c" under the gated reading is c x GSPO's gradient (a smaller step);
+  the literal reading carries more than c x GSPO's mass (it keeps the clipped trajectories)."""
+  logps, old, adv, mask, _ = _off_policy()
+  _, m_g, g_gspo = run('gspo', logps, old, adv, mask)
+  _, m_s, g_s = run('dfpo_min_replace', logps, old, adv, mask, global_scale=0.5,
+                    clip_gating='gspo')
+  np.testing.assert_allclose(g_s, 0.5 * g_gspo, rtol=1e-5, atol=1e-9)
+  assert m_s['coef_mass_vs_gspo'] == pytest.approx(0.5, rel=1e-5)
+  _, m_lit, _ = run('dfpo_min_replace', logps, old, adv, mask, global_scale=0.5)
+  assert m_lit['coef_mass_vs_gspo'] > 0.5 + 1e-3
+  assert m_g['coef_mass_vs_gspo'] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize('name', sorted(objectives.LOSSES))
+def test_effective_step_metrics_match_the_gradient(name):
+  """coef_mass = sum |d pg_loss / d log pi| (jax.grad of the loss itself, no KL / entropy),
+  coef_mass_vs_gspo = that over GSPO's on the same inputs, frac_traj_gated counts the live
+  trajectories with an all-zero gradient."""
+  logps, old, adv, mask, _ = _off_policy(noise=0.3)
+  tw = np.random.default_rng(0).uniform(0.8, 1.2, (B, T)) if name == 'delta' else None
+  _, m, grad = run(name, logps, old, adv, mask, tw=tw)
+  gspo_hp = ({k: objectives.default_hparams(name)[k] for k in ('eps_low', 'eps_high', 'eps')}
+             if name in SEQ_LOSSES else {})
+  agg = objectives.default_hparams(name)['aggregation']
+  _, _, g_gspo = run('gspo', logps, old, adv, mask, aggregation=agg, **gspo_hp)
+  np.testing.assert_allclose(m['coef_mass'], np.abs(grad).sum(), rtol=1e-5)
+  np.testing.assert_allclose(m['coef_mass_vs_gspo'], np.abs(grad).sum() / np.abs(g_gspo).sum(),
+                             rtol=1e-5)
+  live = (adv != 0) & (mask.sum(1) > 0)
+  gated = live & np.all(grad == 0, axis=1)
+  assert m['frac_traj_gated'] == pytest.approx(gated.sum() / live.sum())
+
+
+def test_asym_is_eq23_on_policy_it_is_var_a_for_every_method():
+  """With Eq. 14's weights GSPO's Asym uses s_i clipped or not (the gated variant drops them);
+  on-policy every weight is 1, so Asym = mean Var(A) for every method (it cannot tell methods
+  apart there)."""
+  logps, old, adv, mask, clipped = _off_policy()
+  _, m, _ = run('gspo', logps, old, adv, mask)
+  s = np.exp(np.array([np.sum((logps[i] - old[i]) * mask[i]) / max(mask[i].sum(), 1)
+                       for i in range(B)]))
+  np.testing.assert_allclose(m['asym'], np.mean((s * adv).reshape(-1, G).var(1)), rtol=1e-5)
+  np.testing.assert_allclose(m['asym_gated'],
+                             np.mean((np.where(clipped, 0, s) * adv).reshape(-1, G).var(1)),
+                             rtol=1e-5)
+  var_a = np.mean(adv.reshape(-1, G).var(1))
+  mask[3, :2] = 1.0  # a fully masked row has token-mean weight 0, not 1
+  for name in sorted(objectives.LOSSES):
+    if name in ('sapo', 'delta'):
+      continue  # their Eq. 14 weight is not 1 at r = 1 (gate derivative, lambda)
+    _, m, _ = run(name, logps, logps, adv, mask)
+    np.testing.assert_allclose(m['asym'], var_a, rtol=1e-5, err_msg=name)
+
+
+def test_clip_gating_validation():
+  with pytest.raises(ValueError, match=r"clip_gating='ppo'.*\['gspo', 'none'\]"):
+    _call('dfpo_min_replace', clip_gating='ppo')
+  with pytest.raises(ValueError, match='stop_gradient=True'):
+    _call('dfpo_min_replace', clip_gating='gspo', stop_gradient=False)
+  with pytest.raises(ValueError, match='clip_gating'):
+    _call('gspo', clip_gating='gspo')  # GSPO gates by definition; not a GSPO hyper-parameter
 
 
 # ---------------------------------------------------------------------------------------------

@@ -206,9 +206,6 @@ def test_microbatch_weights_closed_form():
                              [2 / 6, 1 / 6, 3 / 6])
   np.testing.assert_allclose(train.microbatch_weights(mask, aggregation='seq_mean_token_mean'),
                              [1 / 3] * 3)
-  lam = jnp.array([[[2, 2, 9]], [[1, 9, 9]], [[1, 1, 1]]], jnp.float32)
-  np.testing.assert_allclose(train.microbatch_weights(mask, lam, aggregation='token_mean'),
-                             [4 / 8, 1 / 8, 3 / 8])
 
 
 def test_hf_checkpoint_loads_as_master_f32_with_bf16_compute(tiny_hf):

@@ -84,6 +84,38 @@ def test_invalid_settings_fail_naming_the_key(key, value, needle):
     train.validate_config(c)
 
 
+def _flat(d, prefix=''):
+  out = {}
+  for k, v in d.items():
+    out.update(_flat(v, f'{prefix}{k}.') if isinstance(v, dict) else {f'{prefix}{k}': v})
+  return out
+
+
+_METHOD_KEYS = ('loss.', 'delta.', 'advantage')  # what a method may set (Dr. GRPO: advantage)
+
+
+@pytest.mark.parametrize('family', ['configs', 'configs.real'])
+def test_method_configs_differ_only_in_the_method(family):
+  """A comparison between two method configs compares methods: every other key is equal."""
+  folder = os.path.join(REPO, *family.split('.'))
+  names = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(folder, '*.py'))
+                 if os.path.basename(p) not in ('__init__.py', 'common.py', 'base.py',
+                                                'sft_arith.py'))
+  if family == 'configs.real':  # one model and dataset per family of real configs
+    names = [n for n in names if n.startswith('qwen3_8b_math')]
+  flat = {n: _flat(importlib.import_module(f'{family}.{n}').get_config(None).to_dict())
+          for n in names}
+  differing = {}
+  for i, a in enumerate(names):
+    for b in names[i + 1:]:
+      keys = sorted(k for k in set(flat[a]) | set(flat[b])
+                    if flat[a].get(k) != flat[b].get(k) and not k.startswith(_METHOD_KEYS))
+      if keys:
+        differing[f'{a} vs {b}'] = keys
+  assert len(names) >= 2
+  assert not differing, differing
+
+
 def test_set_loss_rejects_unknown_hparam():
   c = common.get_config()
   with pytest.raises(ValueError, match='not_a_knob'):
@@ -198,6 +230,31 @@ def test_plot_draws_several_runs(uninterrupted, tmp_path):
   out = plot.plot_runs([uninterrupted, uninterrupted], str(tmp_path / 'curves.png'))
   with open(out, 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+def test_diagnostics_are_measured_off_policy_and_tell_gspo_from_dfpo(tmp_path):
+  """Known-positive control of the trainer's diagnostics: same seed, same rollouts, step 1 of
+  GSPO and of DFPO (Min-Replace) with 2 updates per step. The diagnostics come from the second
+  mini-batch (off-policy), so they differ between the methods (they used to be measured before
+  the update, where they are bit-identical); GSPO leaves a shared-token residual, DFPO does not.
+  The per-token weight is 1/(B T) (seq_mean_token_sum_norm) so that cancellation is exact: with
+  the default 1/|y_i| it holds only for equal lengths (paper Eq. 72)."""
+  out = {}
+  for method in ('gspo', 'dfpo_min_replace'):
+    workdir = str(tmp_path / method)
+    _run(workdir, 'base', '--config.num_steps=1', '--config.prompts_per_step=8',
+         '--config.minibatch_prompts=4', '--config.diagnostics_every=1',
+         '--config.max_new_tokens=16', '--config.eval_every=100',
+         '--config.loss.hparams.aggregation=seq_mean_token_sum_norm', method=method)
+    out[method] = metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))[-1]
+  gspo, dfpo = out['gspo'], out['dfpo_min_replace']
+  assert gspo['diag/off_policy_points'] == dfpo['diag/off_policy_points'] == 1
+  assert gspo['reward_mean'] == dfpo['reward_mean']  # the same rollouts
+  assert gspo['diag/shared_frac'] == dfpo['diag/shared_frac'] > 0
+  assert gspo['diag/shared_residual'] > 1e-3
+  assert dfpo['diag/shared_residual'] < 1e-5
+  assert gspo['diag/coef_mass_vs_gspo'] == pytest.approx(1.0)
+  assert dfpo['diag/coef_mass_vs_gspo'] != pytest.approx(1.0, abs=1e-4)
 
 
 def test_unknown_config_key_on_the_command_line_fails_before_compute(tmp_path):

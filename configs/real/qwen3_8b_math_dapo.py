@@ -1,5 +1,7 @@
-"""Qwen3-8B on a MATH-style dataset with DAPO (clip-higher, token-mean, dynamic sampling,
-overlong shaping), the paper's Appendix I/J optimisation and decoding settings.
+"""Qwen3-8B on a MATH-style dataset with DAPO (clip-higher, token-mean), the paper's Appendix
+I/J optimisation and decoding settings. It differs from qwen3_8b_math_delta.py only in the method:
+dynamic sampling is off for both, as in the DelTA paper's main runs (DAPO's full recipe turns it
+on: --config.dynamic_sampling=True); both use the soft overlong punishment over 2k tokens.
 
 Run (8 GPUs or a TPU pod slice; see docs/scaling.md for multi-host launch):
   python -m jtc.train --config configs/real/qwen3_8b_math_dapo.py \
@@ -25,8 +27,7 @@ def get_config(arg=None):
   c.rollout_chunk_prompts = 8          # 8 x 32 rows: ~43 GB of bf16 KV cache per 8-way shard
   c.prompt_width = 1024
   c.max_new_tokens = 8192
-  c.dynamic_sampling = True
-  c.dynamic_sampling_rounds = 3
+  c.dynamic_sampling = False
   c.overlong_buffer = 2048             # DAPO soft overlong punishment over the last 2k tokens
   c.overlong_penalty = 1.0
   c.mesh_data = 1
