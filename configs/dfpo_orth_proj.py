@@ -11,7 +11,7 @@ from configs import common
 
 def get_config(arg=None):
   c = common.get_config(arg)
-  c.advantage = 'grpo'
+  c.advantage.name = 'grpo'
   common.set_loss(c, 'dfpo_orth_proj', eps_low=3e-4, eps_high=4e-4)
   # Paper Table 3 ablations: --config.loss.hparams.stop_gradient=False, or
   # --config.loss.hparams.global_scale=0.5 (replace the transform by 0.5 * s_bar).

@@ -11,6 +11,6 @@ from configs import common
 
 def get_config(arg=None):
   c = common.get_config(arg)
-  c.advantage = 'dr_grpo'
+  c.advantage.name = 'dr_grpo'
   common.set_loss(c, 'dr_grpo', eps_low=0.2, eps_high=0.2, aggregation='seq_mean_token_sum_norm')
   return c

@@ -11,6 +11,6 @@ from configs import common
 
 def get_config(arg=None):
   c = common.get_config(arg)
-  c.advantage = 'grpo'
+  c.advantage.name = 'grpo'
   common.set_loss(c, 'sapo')
   return c

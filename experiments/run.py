@@ -39,6 +39,7 @@ import numpy as np
 
 from experiments import stats
 from experiments import sweeps as sweeps_lib
+from jtc import curves
 from jtc import metric_writer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +49,8 @@ MAX_CURVE_POINTS = 1000
 STDERR_TAIL_LINES = 25
 SMOOTH_STEPS = 5                  # trailing mean of the reward before compute_at_threshold
 CURVE_KEYS = ('reward_mean', 'reward_std', 'accuracy', 'entropy', 'asym', 'format/entropy',
-              'response_length', 'approx_kl', 'clip_frac', 'clip_frac_high', 'clip_frac_low',
+              'response_length', 'approx_kl', 'clip_frac_high', 'clip_frac_low', 'asym_gated',
+              'coef_mass_vs_gspo', 'frac_traj_gated',
               'compute/generated_tokens', 'compute/update_steps', 'compute/rollouts',
               'compute/prompts', 'time_sample', 'time_update')
 CURVE_PATTERNS = ('eval/', 'energy', 'diag/', 'delta/')
@@ -375,23 +377,21 @@ def _late_mean(summary, key, **_):
 
 
 def _jitter2(summary, key, **_):
-  from jtc import diagnostics  # pylint: disable=import-outside-toplevel
   _, v = _curve(summary, key)
   if v is None or len(v) < 3:
     return float('nan')
-  return float(diagnostics.jitter2(v))
+  return float(curves.jitter2(v))
 
 
 def _compute_at(summary, key, *, threshold=None):
   """Generated tokens when `key` first reaches `threshold` (NaN if never)."""
-  from jtc import diagnostics  # pylint: disable=import-outside-toplevel
   steps, v = _curve(summary, key)
   cs, cv = _curve(summary, 'compute/generated_tokens')
   if v is None or cv is None:
     return float('nan')
   compute = np.interp(steps, cs, cv)
-  out = float(diagnostics.compute_at_threshold(v, compute, threshold, smooth=SMOOTH_STEPS,
-                                                interpolate=True))
+  out = float(curves.compute_at_threshold(v, compute, threshold, smooth=SMOOTH_STEPS,
+                                           interpolate=True))
   return out if np.isfinite(out) else float('nan')
 
 
@@ -412,12 +412,6 @@ def metric_value(summary, metric, **kwargs):
   return EXTRACTORS[name](summary, key, **kwargs)
 
 
-def _trailing_mean(v, window):
-  csum = np.cumsum(np.insert(v, 0, 0.0))
-  lo = np.maximum(np.arange(1, len(v) + 1) - window, 0)
-  return (csum[1:] - csum[lo]) / (np.arange(1, len(v) + 1) - lo)
-
-
 def auto_threshold(summaries, key, *, window=SMOOTH_STEPS):
   """0.9 x the smallest per-label seed-mean of the final `window`-step trailing mean of `key`.
 
@@ -429,7 +423,7 @@ def auto_threshold(summaries, key, *, window=SMOOTH_STEPS):
     _, v = _curve(s, key)
     if v is not None:
       by_label.setdefault((s.get('group', ''), s['label']), []).append(
-          _trailing_mean(v, window)[-1])
+          curves.trailing_mean(v, window)[-1])
   if not by_label:
     return float('nan')
   return 0.9 * min(float(np.mean(v)) for v in by_label.values())

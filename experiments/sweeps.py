@@ -114,7 +114,7 @@ BETTER = '>'
 
 def _common(num_steps, smoke):
   """Shared overrides: evaluate at step 0 and at the end only."""
-  return (('eval_every', num_steps),)
+  return (('eval.every', num_steps),)
 
 
 def _pick(runs, names, smoke):
@@ -197,8 +197,8 @@ def group_size_overrides(G, *, seqs_per_step):
   if seqs_per_step % G:
     raise ValueError(f'G={G} does not divide the {seqs_per_step} sequences per step')
   prompts = seqs_per_step // G
-  return (('group_size', G), ('prompts_per_step', prompts),
-          ('minibatch_prompts', max(prompts // 2, 1)))
+  return (('rollout.sampling.num_samples', G), ('rollout.prompts_per_step', prompts),
+          ('optim.minibatch_prompts', max(prompts // 2, 1)))
 
 
 def table4(smoke=False):
@@ -233,7 +233,7 @@ def mechanism(smoke=False):
   return Sweep(
       name='mechanism', smoke=smoke, num_steps=n, seeds=1 if smoke else 3,
       config_arg='smoke' if smoke else '',
-      shared=_common(n, smoke) + (('diagnostics_every', 1 if smoke else 5),),
+      shared=_common(n, smoke) + (('log.diagnostics_every', 1 if smoke else 5),),
       description=('Paper Sec. 6.1: Asym (Eq. 23, Var_i(w_i A_i) per group) and the gradient '
                    'Energy on high-frequency tokens (Eq. 24; `diag/energy_b0`, the most frequent '
                    'third of the token mass, logged every `diagnostics_every` steps) over '
@@ -268,7 +268,7 @@ def stepsize(smoke=False):
         runs.append(dataclasses.replace(base, group=f'lr={name}'))
       else:
         runs.append(Run(f'{base.name}_lr{name}', base.config, base.label,
-                        (('learning_rate', lr),), group=f'lr={name}'))
+                        (('optim.learning_rate', lr),), group=f'lr={name}'))
   if smoke:
     runs = [r for r in runs if r.group in ('lr=1e-4', 'lr=2e-4')]
   return Sweep(
@@ -329,7 +329,7 @@ def delta(smoke=False):
       name='delta', smoke=smoke, num_steps=n, seeds=1 if smoke else 3,
       config_arg='smoke' if smoke else '',
       # DelTA paper: dynamic sampling off for all methods; both use DAPO's overlong shaping.
-      shared=_common(n, smoke) + (('dynamic_sampling', False), ('overlong_buffer', 8)),
+      shared=_common(n, smoke) + (('dapo.dynamic_sampling', False), ('dapo.overlong_buffer', 8)),
       description=('DelTA paper: DAPO vs DelTA, the Table 4 diagnostics (each a '
                    '`delta.ablation`), and Figure 3 hard token selection with the DelTA '
                    'coefficients (top-lambda, bottom-lambda, random 50%). Baseline: DAPO, and '
@@ -374,6 +374,6 @@ def get_sweep(name, *, smoke=False, num_steps=None):
   if num_steps is not None:
     if num_steps < 1:
       raise ValueError(f'num_steps={num_steps!r} must be >= 1')
-    shared = tuple((k, num_steps if k == 'eval_every' else v) for k, v in sweep.shared)
+    shared = tuple((k, num_steps if k == 'eval.every' else v) for k, v in sweep.shared)
     sweep = dataclasses.replace(sweep, num_steps=num_steps, shared=shared)
   return sweep

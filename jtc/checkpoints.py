@@ -9,10 +9,11 @@ Two kinds of artefact, one place for both:
   Bundles are written to a temporary directory and renamed into place, so a reader never sees
   half a bundle.
 * A *training checkpoint* is an orbax `CheckpointManager` step under `<workdir>/checkpoints`
-  with the train state (params, optimiser state, step), the PRNG key and a JSON item with the
-  data-iterator state and the compute counters. Orbax finalises a step by an atomic rename; a
-  step whose restore fails (partial or corrupt files) is skipped with a warning in favour of
-  the previous one.
+  with the train state (params, optimiser state, step), the run state (counters, token counts,
+  the token-weight plug-in's state; arrays) and a JSON item with the data-iterator state and
+  the config. Orbax finalises a step by an atomic rename; a step whose restore fails (partial or
+  corrupt files) is moved aside, never deleted, in favour of the previous one; a step written by
+  another model (other shapes) is refused (`CheckpointMismatch`).
 """
 
 import dataclasses
@@ -20,10 +21,12 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import warnings
 
 import flax.serialization
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from jtc import model as model_lib
@@ -94,8 +97,70 @@ def load_policy_bundle(name_or_path):
                       tokenizer_spec=tokenizer_spec, meta=meta)
 
 
+def check_policy_config(policy):
+  """A config's `policy` section, before any compute."""
+  if not policy.checkpoint and not policy.init:
+    raise ValueError('config.policy.checkpoint (a Hugging Face model directory) or '
+                     'config.policy.init (a jtc policy bundle) is required')
+  if policy.checkpoint and not os.path.isfile(os.path.join(policy.checkpoint, 'config.json')):
+    raise ValueError(f'config.policy.checkpoint={policy.checkpoint!r} is not a Hugging Face '
+                     'model directory (no config.json)')
+  for key in ('param_dtype', 'compute_dtype', 'ref_param_dtype'):
+    if policy[key] not in ('', 'float32', 'bfloat16'):
+      raise ValueError(f"config.policy.{key}={policy[key]!r} is not valid; valid: '' (the "
+                       "policy's own), 'bfloat16', 'float32'")
+
+
+def cast_floats(tree, dtype):
+  """Every floating leaf of ``tree`` as ``dtype`` (integer leaves unchanged)."""
+  return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                      tree)
+
+
+def load_policy(policy):
+  """(model_config, params on host, tokenizer) from a config's `policy` section: a Hugging Face
+  directory (`hf_import`) or a policy bundle, then the section's dtypes / remat / overrides (the
+  params are cast to the master `param_dtype`)."""
+  from jtc import hf_import  # pylint: disable=import-outside-toplevel
+  if policy.checkpoint:
+    model_config, params = hf_import.load_hf_checkpoint(
+        policy.checkpoint, param_dtype=policy.param_dtype or None,
+        dtype=policy.compute_dtype or None, as_numpy=True)
+    tokenizer = tokenizer_lib.HFTokenizer.from_dir(policy.checkpoint)
+  else:
+    bundle = load_policy_bundle(policy.init)
+    model_config, params, tokenizer = bundle.model_config, bundle.params, bundle.tokenizer
+  overrides = {k: v for k, v in (('param_dtype', policy.param_dtype),
+                                 ('dtype', policy.compute_dtype), ('remat', policy.remat)) if v}
+  model_config = dataclasses.replace(model_config, **overrides, **dict(policy.overrides))
+  params = cast_floats(jax.device_get(params), model_config.jnp_param_dtype)
+  for name in ('eos_id', 'pad_id'):
+    tid = getattr(tokenizer, name)
+    if tid is None or not 0 <= tid < model_config.vocab_size:
+      raise ValueError(f'tokenizer {name}={tid!r} is not a token of the model (vocab_size='
+                       f'{model_config.vocab_size})')
+  return model_config, params, tokenizer
+
+
+class CheckpointMismatch(ValueError):
+  """A checkpoint that is readable but belongs to another model or optimiser (other shapes or
+  structure): incompatible, not unreadable. Nothing is moved or deleted."""
+
+
+def _shapes(tree):
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return treedef, [tuple(getattr(x, 'shape', ())) for x in leaves]
+
+
 class TrainCheckpointer:
-  """Orbax `CheckpointManager` for the train state, PRNG key and a JSON `extra` item."""
+  """Orbax `CheckpointManager` of a run: the train state and the run state (both pytrees of
+  arrays) and a JSON `extra` item (the data-iterator state and the config).
+
+  `restore_latest` never deletes anything: a step that cannot be read (partial or corrupt
+  files) is moved aside to `<directory>/unreadable/<step>` with a one-line warning and the
+  previous step is tried; a step that reads but does not fit the run (another model's shapes)
+  raises `CheckpointMismatch`.
+  """
 
   def __init__(self, directory, *, max_to_keep=3):
     self.directory = os.path.abspath(directory)
@@ -104,23 +169,57 @@ class TrainCheckpointer:
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                              enable_async_checkpointing=False))
 
-  def save(self, step, *, state, extra):
+  def save(self, step, *, state, run_state, extra):
     self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), extra=ocp.args.JsonSave(extra)), force=True)
+        state=ocp.args.StandardSave(state), run=ocp.args.StandardSave(run_state),
+        extra=ocp.args.JsonSave(extra)), force=True)
     self.manager.wait_until_finished()
 
-  def restore_latest(self, state_template):
-    """Returns (state, extra) of the newest readable step, or (None, None) if there is none."""
+  def _check_fits(self, step, name, template):
+    """Raises CheckpointMismatch when the stored item's structure or shapes differ from
+    ``template``'s; returns quietly when they match or the metadata cannot be read."""
+    try:
+      stored = self.manager.item_metadata(step)[name]
+    except Exception:  # pylint: disable=broad-except
+      return  # unreadable metadata: let the restore decide
+    if stored is None:
+      return
+    want_def, want = _shapes(template)
+    got_def, got = _shapes(stored)
+    if got_def != want_def or got != want:
+      diff = next((f'{g} != {w}' for g, w in zip(got, want) if g != w),
+                  f'{len(got)} arrays != {len(want)}')
+      raise CheckpointMismatch(
+          f'checkpoint step {step} in {self.directory} does not fit this run ({name}: stored '
+          f'shapes differ from the model / optimiser of the config, first difference {diff}). '
+          'It was written by a run of another model or config; use another --workdir. '
+          'Nothing was changed.')
+
+  def _move_aside(self, step, error):
+    src = os.path.join(self.directory, str(step))
+    dst_dir = os.path.join(self.directory, 'unreadable')
+    os.makedirs(dst_dir, exist_ok=True)
+    dst = os.path.join(dst_dir, f'{step}-{int(time.time())}')
+    os.rename(src, dst)
+    self.manager.reload()
+    reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else ''
+    warnings.warn(f'checkpoint step {step} is unreadable ({type(error).__name__}: {reason}); '
+                  f'moved to {dst}, resuming from the previous step')
+
+  def restore_latest(self, state_template, run_template):
+    """(state, run_state, extra) of the newest readable step, or None if there is none."""
     for step in sorted(self.manager.all_steps(), reverse=True):
+      self._check_fits(step, 'state', state_template)
+      self._check_fits(step, 'run', run_template)
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(state_template), extra=ocp.args.JsonRestore()))
+            state=ocp.args.StandardRestore(state_template),
+            run=ocp.args.StandardRestore(run_template), extra=ocp.args.JsonRestore()))
       except Exception as e:  # pylint: disable=broad-except
-        warnings.warn(f'checkpoint step {step} in {self.directory} is unreadable '
-                      f'({type(e).__name__}: {e}); falling back to an earlier step')
+        self._move_aside(step, e)
         continue
-      return restored.state, restored.extra
-    return None, None
+      return restored.state, restored.run, restored.extra
+    return None
 
   def close(self):
     self.manager.close()

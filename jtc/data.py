@@ -468,3 +468,31 @@ def encode_prompts(
             tokens_BP[b, width - len(ids):] = ids
             mask_BP[b, width - len(ids):] = 1
     return tokens_BP, mask_BP
+
+
+def held_out_examples(data: Any, *, data_dir: str | None, limit: int) -> list[dict[str, Any]]:
+    """The held-out problems of a config's `data` section: the task's test split, the
+    `eval_dataset` file or directory, or the dataset directory's test split; [] when there is
+    none (evaluation is then skipped)."""
+    if not data.dataset:
+        return load_examples(data.task, split="test", data_dir=data_dir, limit=limit)
+    if data.eval_dataset:  # a file is its own 'train' split; a directory should have 'test'
+        split = "test" if os.path.isdir(data.eval_dataset) else "train"
+        return load_examples(data.eval_dataset, split=split, data_dir=data_dir, limit=limit)
+    if os.path.isfile(os.path.join(data.dataset, "test.jsonl")):
+        return load_examples(data.dataset, split="test", data_dir=data_dir, limit=limit)
+    return []
+
+
+def check_config(data: Any, *, tasks: Any, reward_fns: Any) -> None:
+    """A config's `data` section, before any compute (``tasks``, ``reward_fns``: the valid
+    task and verifier names)."""
+    if data.dataset and not (os.path.isfile(data.dataset) or os.path.isdir(data.dataset)):
+        raise ValueError(f"config.data.dataset={data.dataset!r} is neither a JSONL file nor a "
+                         "directory of <split>.jsonl files")
+    if not data.dataset and data.task not in tasks:
+        raise ValueError(f"config.data.task={data.task!r} is not valid; valid: {sorted(tasks)} "
+                         "(or set config.data.dataset)")
+    if data.reward and data.reward not in reward_fns:
+        raise ValueError(f"config.data.reward={data.reward!r} is not valid; valid: "
+                         f"{sorted(reward_fns)}")

@@ -686,13 +686,24 @@ class Weighter:
         self._coefficients = jax.jit(functools.partial(
             token_coefficients, options=options, group_size=group_size))
 
+    @staticmethod
+    def check_config(section: Any) -> DeltaOptions:
+        """The `DeltaOptions` of a config's `delta` section (ablation name, range, refinement,
+        scope); a ValueError naming the bad key otherwise."""
+        if section.ablation not in DELTA_ABLATIONS:
+            raise ValueError(f"config.delta.ablation={section.ablation!r} is not valid; valid: "
+                             f"{sorted(DELTA_ABLATIONS)}")
+        try:
+            return options_for(section.ablation, lam_min=section.lam_min,
+                               lam_max=section.lam_max, num_refine=section.num_refine,
+                               scope=section.scope)
+        except ValueError as e:
+            raise ValueError(f"config.delta: {e}") from None
+
     @classmethod
     def from_config(cls, section: Any, *, group_size: int, model_config: Any) -> "Weighter":
-        """From a config's `delta` section: ablation name plus the range / refinement / scope."""
-        options = options_for(section.ablation, lam_min=section.lam_min,
-                              lam_max=section.lam_max, num_refine=section.num_refine,
-                              scope=section.scope)
-        return cls(options, group_size=group_size, model_config=model_config)
+        """From a config's `delta` section."""
+        return cls(cls.check_config(section), group_size=group_size, model_config=model_config)
 
     def init_state(self) -> TokenCloudState:
         return init_token_cloud(self.model_config.vocab_size)

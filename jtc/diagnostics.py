@@ -1,6 +1,9 @@
-"""Diagnostics of intra-group cancellation, drift and learning tax (paper 2604.13088).
+"""Per-step diagnostics of intra-group cancellation and learning tax (paper 2604.13088).
 
-Pure functions that measure the mechanisms the paper's claims are about (cited "Eq. N"):
+Pure, jit-able functions that measure the mechanisms the paper's claims are about (cited
+"Eq. N"); the trainer logs `step_diagnostics` every `log.diagnostics_every` steps. Offline
+analysis of a policy (KL drift, drift between equivalent solutions) is in `jtc.analysis`;
+statistics of logged curves (Jitter2, Compute@threshold) in `jtc.curves`.
 
   asym                     Var_i(w_i A_i) per group (Eq. 23) and its mean (`objectives.asym`).
   loss_coefficients        c_{b,t} = d loss / d log pi(y_{b,t} | h_{b,t}) by `jax.grad` of
@@ -16,23 +19,17 @@ Pure functions that measure the mechanisms the paper's claims are about (cited "
                            prefix (prompt and completion up to t) and the same token at t.
   shared_token_residual    how much of the gradient on such positions survives cancellation.
   net_gradient / position_net_grad_norms   exact net gradient vectors (one VJP) for notebooks.
-  fisher_quadratic / kl_drift / kl_drift_at_context   Prop. 3.1, Eq. 3.
-  solution_logprobs / format_log_odds / format_entropy   Cor. 3.2 (Eq. 5) and App. A (Eq. 41).
-  jitter2 (Eq. 20), compute_at_threshold + normalise_to_baseline (Table 2), entropy_trend.
-  step_diagnostics         the scalars the trainer logs every `diagnostics_every` steps.
+  step_diagnostics         the scalars the trainer logs, measured at an off-policy mini-batch.
 
 Dimension key:
   B batch of completions (B = M * G, groups contiguous), M groups, G group size,
   T completion length, L = P + T full sequence length, P prompt width, D model dim,
-  V vocab, K frequency buckets, F solution formats, n number of logged points.
+  V vocab, K frequency buckets.
 """
-
-import math
 
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jtc import model as model_lib
 from jtc import objectives
@@ -319,215 +316,6 @@ def position_net_grad_norms(params, config, tokens_BL, input_mask_BL, coef_BT, *
 
 
 # ---------------------------------------------------------------------------------------------
-# KL drift at a context (Prop. 3.1, Eq. 3).
-# ---------------------------------------------------------------------------------------------
-
-
-def fisher_quadratic(logp_fn, params, direction):
-  """g^T F(h) g with F(h) = E_{y ~ pi(.|h)}[grad log pi(y|h) grad log pi(y|h)^T] (Prop. 3.1).
-
-  Written as E_y[(grad log pi(y|h) . g)^2] = sum_y pi(y|h) (J g)_y^2, J g from one JVP of the
-  [V] log-prob vector, so F is never formed.
-
-  Args:
-    logp_fn: params -> [V] log pi_theta(. | h) at the context.
-    params, direction: pytrees of the same structure (g).
-  """
-  logp_V, dlogp_V = jax.jvp(logp_fn, (params,), (direction,))
-  return jnp.sum(jnp.exp(logp_V) * jnp.square(dlogp_V))
-
-
-def _kl(logp_a_V, logp_b_V):
-  return jnp.sum(jnp.exp(logp_a_V) * (logp_a_V - logp_b_V))
-
-
-def kl_drift(logp_fn, params, direction, *, step_size):
-  """Measured KL(pi_{theta + eta g} || pi_theta) at a context vs 1/2 eta^2 g^T F g (Eq. 3).
-
-  Returns dict(kl, predicted, gFg, ratio = kl / predicted); ratio -> 1 as eta -> 0, the gap is
-  O(eta^3 ||g||^3).
-  """
-  logp_V = logp_fn(params)
-  moved = jax.tree.map(lambda p, g: p + step_size * g, params, direction)
-  kl = _kl(logp_fn(moved), logp_V)
-  gfg = fisher_quadratic(logp_fn, params, direction)
-  predicted = 0.5 * step_size ** 2 * gfg
-  return {'kl': kl, 'predicted': predicted, 'gFg': gfg,
-          'ratio': kl / jnp.where(predicted > 0, predicted, 1.0)}
-
-
-def context_logprobs_fn(config, tokens_L, input_mask_L, *, position):
-  """params -> [V] log pi(. | tokens[:position]): the next-token distribution at the context
-  made of the (left-padded) first ``position`` columns."""
-  L = tokens_L.shape[0]
-  if not 1 <= position < L + 1:
-    raise ValueError(f'position={position!r} must be in [1, {L}]')
-
-  def fn(params):
-    toks = tokens_L[None, :position]
-    m = jnp.asarray(input_mask_L)[None, :position]
-    out = model_lib.forward(params, config, toks, model_lib.positions_from_mask(m), m)
-    return jax.nn.log_softmax(out.logits_BLV[0, -1].astype(jnp.float32))
-
-  return fn
-
-
-def kl_drift_at_context(params, config, tokens_L, input_mask_L, *, position, direction,
-                        step_size):
-  """`kl_drift` for the model's next-token distribution after ``tokens_L[:position]``."""
-  fn = context_logprobs_fn(config, tokens_L, input_mask_L, position=position)
-  return kl_drift(fn, params, direction, step_size=step_size)
-
-
-# ---------------------------------------------------------------------------------------------
-# Drift between equivalent solutions (Cor. 3.2, Eq. 5; App. A Eq. 41).
-# ---------------------------------------------------------------------------------------------
-
-
-def solution_logprobs(params, config, tokenizer, prompt, completions, *, append_eos=True,
-                      prompt_width=None):
-  """log pi(y | x) = sum_t log pi(y_t | x, y_<t) of each completion text of one prompt. [F].
-
-  The prompt goes through `data.encode_prompts` (chat template, bos, left padding) exactly as
-  in training; completions are right-padded, with EOS appended when ``append_eos``.
-  """
-  from jtc import data as data_lib  # pylint: disable=import-outside-toplevel
-  completions = list(completions)
-  if not completions:
-    raise ValueError('completions must not be empty')
-  ids = [tokenizer.encode(c) + ([tokenizer.eos_id] if append_eos else []) for c in completions]
-  if prompt_width is None:
-    prompt_width = len(data_lib.encode_prompts(tokenizer, [prompt], width=4096)[1][0].nonzero()[0])
-  tok_1P, mask_1P = data_lib.encode_prompts(tokenizer, [prompt], width=prompt_width)
-  T = max(len(x) for x in ids)
-  F = len(ids)
-  comp_FT = np.full((F, T), tokenizer.pad_id, np.int32)
-  cmask_FT = np.zeros((F, T), np.int32)
-  for f, x in enumerate(ids):
-    comp_FT[f, :len(x)] = x
-    cmask_FT[f, :len(x)] = 1
-  tokens_FL = np.concatenate([np.repeat(tok_1P, F, 0), comp_FT], axis=1)
-  inmask_FL = np.concatenate([np.repeat(mask_1P, F, 0), cmask_FT], axis=1)
-  logps_FT = _sequence_logprobs_jit(params, config, jnp.asarray(tokens_FL),
-                                    jnp.asarray(inmask_FL), completion_start=prompt_width)['logps']
-  return jnp.sum(logps_FT * cmask_FT, axis=-1)
-
-
-_sequence_logprobs_jit = jax.jit(model_lib.sequence_logprobs, static_argnums=1,
-                                 static_argnames=('completion_start',))
-
-
-def format_log_odds(logp_a, logp_b):
-  """log pi(y_a | x) - log pi(y_b | x) for two equal-reward surface forms (Eq. 5 / Eq. 41)."""
-  return jnp.asarray(logp_a, jnp.float32) - jnp.asarray(logp_b, jnp.float32)
-
-
-def format_distribution(logps_F):
-  """q_f = pi(y_f | x) / sum_f' pi(y_f' | x): the policy restricted to the equivalent set."""
-  chex.assert_rank(logps_F, 1)
-  return jax.nn.softmax(jnp.asarray(logps_F, jnp.float32))
-
-
-def format_entropy(logps_F):
-  """Entropy (nats) of `format_distribution`: log F when the forms are equally likely, -> 0 under
-  the entropy-collapse trend of Cor. 3.2 (the binary entropy h(p_k) for F = 2)."""
-  q_F = format_distribution(logps_F)
-  return -jnp.sum(jnp.where(q_F > 0, q_F * jnp.log(jnp.where(q_F > 0, q_F, 1.0)), 0.0))
-
-
-def empirical_format_entropy(formats):
-  """Entropy (nats) of the empirical distribution of sampled formats (None entries dropped)."""
-  names = [f for f in formats if f is not None]
-  if not names:
-    return float('nan')
-  _, counts = np.unique(np.asarray(names), return_counts=True)
-  q = counts / counts.sum()
-  return float(-np.sum(q * np.log(q)))
-
-
-# ---------------------------------------------------------------------------------------------
-# Curves: Jitter2 (Eq. 20), Compute@threshold (Table 2), entropy trend.
-# ---------------------------------------------------------------------------------------------
-
-
-def _curve(curve, name='curve', min_len=1):
-  m = np.asarray(curve, np.float64).reshape(-1)
-  if m.size < min_len:
-    raise ValueError(f'{name} has {m.size} points; needs at least {min_len}')
-  if not np.all(np.isfinite(m)):
-    raise ValueError(f'{name} has non-finite values at indices {np.nonzero(~np.isfinite(m))[0]}')
-  return m
-
-
-def jitter2(curve):
-  """Jitter2(m) = 1/(n-2) sum_{t=1}^{n-2} |m_{t+2} - 2 m_{t+1} + m_t| (paper Eq. 20)."""
-  m = _curve(curve, min_len=3)
-  return float(np.mean(np.abs(m[2:] - 2.0 * m[1:-1] + m[:-2])))
-
-
-def compute_at_threshold(curve, compute, threshold, *, smooth=1, interpolate=False):
-  """Compute spent when ``curve`` first reaches ``threshold`` (paper Table 2, Prediction 1).
-
-  Args:
-    curve: [n] logged metric (e.g. training reward), in logging order.
-    compute: [n] cumulative compute at each point (steps, generated tokens, FLOPs...).
-    threshold: the level to reach (curve >= threshold).
-    smooth: trailing moving-average window applied to the curve first (1 = raw).
-    interpolate: linearly interpolate the compute between the last point below and the first
-      point at or above the threshold (else: the compute of that first point).
-  Returns:
-    float compute, or math.inf if the threshold is never reached.
-  """
-  m, c = _curve(curve), _curve(compute, 'compute')
-  if m.shape != c.shape:
-    raise ValueError(f'curve and compute lengths differ: {m.size} != {c.size}')
-  if not isinstance(smooth, int) or smooth < 1:
-    raise ValueError(f'smooth={smooth!r} must be a positive int')
-  if smooth > 1:
-    csum = np.cumsum(np.insert(m, 0, 0.0))
-    lo = np.maximum(np.arange(1, m.size + 1) - smooth, 0)
-    m = (csum[1:] - csum[lo]) / (np.arange(1, m.size + 1) - lo)
-  hit = np.nonzero(m >= threshold)[0]
-  if hit.size == 0:
-    return math.inf
-  i = int(hit[0])
-  if not interpolate or i == 0:
-    return float(c[i])
-  frac = (threshold - m[i - 1]) / (m[i] - m[i - 1])
-  return float(c[i - 1] + frac * (c[i] - c[i - 1]))
-
-
-def normalise_to_baseline(values, baseline):
-  """{run: value / values[baseline]} (Table 2 reports Compute@Reward relative to GSPO)."""
-  if baseline not in values:
-    raise ValueError(f'baseline {baseline!r} is not one of the runs {sorted(values)}')
-  base = values[baseline]
-  if not base or not math.isfinite(base):
-    raise ValueError(f'baseline {baseline!r} value {base!r} must be finite and non-zero')
-  return {k: v / base for k, v in values.items()}
-
-
-def entropy_trend(curve, steps=None):
-  """Entropy-collapse trend: the least-squares line through (step, entropy).
-
-  Returns dict(slope per step, intercept, rel_slope = slope / mean entropy (fraction of the
-  level lost per step; negative = collapsing), r2). steps defaults to 0..n-1.
-  """
-  m = _curve(curve, min_len=2)
-  x = np.arange(m.size, dtype=np.float64) if steps is None else _curve(steps, 'steps')
-  if x.shape != m.shape:
-    raise ValueError(f'steps and curve lengths differ: {x.size} != {m.size}')
-  if np.ptp(x) == 0:
-    raise ValueError('steps must not all be equal')
-  slope, intercept = np.polyfit(x, m, 1)
-  resid = m - (slope * x + intercept)
-  ss = np.sum((m - m.mean()) ** 2)
-  return {'slope': float(slope), 'intercept': float(intercept),
-          'rel_slope': float(slope / m.mean()) if m.mean() != 0 else float('nan'),
-          'r2': float(1.0 - np.sum(resid ** 2) / ss) if ss > 0 else 1.0}
-
-
-# ---------------------------------------------------------------------------------------------
 # What the trainer logs.
 # ---------------------------------------------------------------------------------------------
 
@@ -539,8 +327,8 @@ def step_diagnostics(params, model_config, batch, *, loss_name, loss_hparams, gr
 
   Args:
     params, model_config: the current policy.
-    batch: dict with 'tokens' [B, L], 'input_mask' [B, L], 'mask' [B, T], 'advantages' [B],
-      'old_logps' [B, T], optional 'ref_logps' and 'token_weights' [B, T].
+    batch: an `update.Batch` (tokens [B, L], input_mask [B, L], mask [B, T], advantages [B],
+      old_logps [B, T], optional ref_logps and token_weights [B, T]).
     loss_name, loss_hparams: as for `objectives.compute_loss` (entropy_coef is ignored: the
       diagnostics are about the policy-gradient (+ KL) term).
     group_size, completion_start: G and P.
@@ -569,15 +357,14 @@ def step_diagnostics(params, model_config, batch, *, loss_name, loss_hparams, gr
   _check_mode(mode)
   hp = dict(loss_hparams)
   hp['entropy_coef'] = 0.0
-  tokens_BL, input_mask_BL = batch['tokens'], batch['input_mask']
-  mask_BT = batch['mask']
+  tokens_BL, input_mask_BL, mask_BT = batch.tokens, batch.input_mask, batch.mask
   out = model_lib.sequence_logprobs(params, model_config, tokens_BL, input_mask_BL,
                                     completion_start=completion_start,
                                     return_hidden=mode == 'proxy')
   coef_BT, metrics = loss_coefficients(
-      out['logps'], loss_name=loss_name, old_logps=batch['old_logps'],
-      advantages=batch['advantages'], mask=mask_BT, group_size=group_size,
-      ref_logps=batch.get('ref_logps'), token_weights=batch.get('token_weights'), **hp)
+      out['logps'], loss_name=loss_name, old_logps=batch.old_logps,
+      advantages=batch.advantages, mask=mask_BT, group_size=group_size,
+      ref_logps=batch.ref_logps, token_weights=batch.token_weights, **hp)
   targets_BT = tokens_BL[:, completion_start:]
   if mode == 'proxy':
     norms_BT = lm_head_grad_norms(out['hidden'], model_lib.lm_head_DV(params, model_config),

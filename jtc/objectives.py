@@ -517,7 +517,8 @@ def _check_hparams(name, hp):
     if hp['clip_gating'] != 'none' and not hp['stop_gradient']:
       raise ValueError(f"clip_gating={hp['clip_gating']!r} needs stop_gradient=True: without the "
                        "stop-gradient the clip already gates the gradient (use 'none')")
-  for key in ('eps_low', 'eps_high', 'eps', 'trunc_eps', 'tau_pos', 'tau_neg'):
+  for key in ('eps_low', 'eps_high', 'eps', 'trunc_eps', 'tau_pos', 'tau_neg', 'kl_coef',
+              'entropy_coef'):
     if hp.get(key) is not None and not hp[key] >= 0:
       raise ValueError(f'{key}={hp[key]!r} for loss {name!r} must be >= 0')
   if hp.get('dual_clip_c') is not None and not hp['dual_clip_c'] > 1:
@@ -525,6 +526,20 @@ def _check_hparams(name, hp):
   for key in ('tau_pos', 'tau_neg'):
     if key in hp and not hp[key] > 0:
       raise ValueError(f'{key}={hp[key]!r} must be > 0')
+
+
+def check_hparams(name, hparams):
+  """Raises ValueError for an unknown loss, unknown hyper-parameter keys or invalid values
+  (before any compute: the trainer calls it on its config)."""
+  _check_name(name)
+  valid = default_hparams(name)
+  unknown = set(hparams) - set(valid)
+  if unknown:
+    raise ValueError(f'unknown hyper-parameter(s) {sorted(unknown)} for loss {name!r}; '
+                     f'valid: {sorted(valid)}')
+  hp = {**valid, **hparams}
+  _check_hparams(name, hp)
+  return hp
 
 
 def _check_arrays(name, logps, old_logps, advantages, mask, group_size, ref_logps,
@@ -662,14 +677,7 @@ def compute_loss(name, *, logps, old_logps, advantages, mask, group_size, ref_lo
     ValueError: unknown name / hyper-parameter / aggregation / kl_estimator / solver, bad
       shapes, B not divisible by group_size, missing inputs the hyper-parameters need.
   """
-  _check_name(name)
-  valid = default_hparams(name)
-  unknown = set(hparams) - set(valid)
-  if unknown:
-    raise ValueError(f'unknown hyper-parameter(s) {sorted(unknown)} for loss {name!r}; '
-                     f'valid: {sorted(valid)}')
-  hp = {**valid, **hparams}
-  _check_hparams(name, hp)
+  hp = check_hparams(name, hparams)
   _check_arrays(name, logps, old_logps, advantages, mask, group_size, ref_logps, token_weights,
                 entropy)
   if hp['kl_coef'] != 0 and ref_logps is None:

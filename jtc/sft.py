@@ -29,7 +29,7 @@ import optax
 from jtc import checkpoints
 from jtc import data as data_lib
 from jtc import model as model_lib
-from jtc import sampler as sampler_lib
+from jtc import rollout as rollout_lib
 from jtc import tasks as tasks_lib
 from jtc import tokenizer as tokenizer_lib
 
@@ -77,34 +77,10 @@ def sft_step(params, opt_state, tokens_BL, input_mask_BL, mask_BT, *, model_conf
   return optax.apply_updates(params, updates), opt_state, loss
 
 
-def evaluate(params, model_config, tokenizer, task, examples, *, k, prompt_width,
-             max_new_tokens, temperature, seed, batch_prompts=32):
-  """avg@k accuracy and the share of each solution format among correct samples."""
-  sample = functools.partial(
-      sampler_lib.sample, config=model_config, num_samples=k, max_new_tokens=max_new_tokens,
-      eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, temperature=temperature)
-  correct, formats = [], []
-  for s in range(0, len(examples), batch_prompts):
-    chunk = examples[s:s + batch_prompts]
-    n_real = len(chunk)
-    chunk = chunk + [chunk[-1]] * (batch_prompts - n_real)
-    tokens_BP, mask_BP = data_lib.encode_prompts(tokenizer, [e['prompt'] for e in chunk],
-                                                 width=prompt_width)
-    out = jax.device_get(sample(params, prompt_tokens_BP=tokens_BP, prompt_mask_BP=mask_BP,
-                                rng=jax.random.fold_in(jax.random.key(seed), s)))
-    n = n_real * k
-    comps = [tokenizer.decode(r[m > 0].tolist())
-             for r, m in zip(out.completion[:n], out.completion_mask[:n])]
-    rep = [e for e in chunk[:n_real] for _ in range(k)]
-    rewards = np.asarray(task.reward_fn([e['prompt'] for e in rep], comps,
-                                        [e['answer'] for e in rep]))
-    correct.append(rewards > 0.5)
-    formats += [task.format_of(c) for c, ok in zip(comps, rewards > 0.5) if ok]
-  correct = np.concatenate(correct)
-  result = {f'avg@{k}': float(correct.mean())}
-  for f in task.formats:
-    result[f'format/{f}'] = formats.count(f) / max(len(formats), 1)
-  return result
+def eval_sampling(k, max_new_tokens):
+  """The sampling settings of the base policy's evaluation: k samples at temperature 1."""
+  return dict(num_samples=k, max_new_tokens=max_new_tokens, temperature=1.0, top_k=0,
+              top_p=1.0, min_p=0.0)
 
 
 def train_sft(c, workdir):
@@ -143,9 +119,11 @@ def train_sft(c, workdir):
       log.write(json.dumps(rec) + '\n')
       log.flush()
       print(rec, file=sys.stderr)
-  result = evaluate(params, model_config, tokenizer, task, test, k=c.eval_k,
-                    prompt_width=c.prompt_width, max_new_tokens=c.max_new_tokens,
-                    temperature=1.0, seed=c.seed + 1)
+  gen = rollout_lib.Generator(model_config=model_config, tokenizer=tokenizer,
+                              reward_fn=task.reward_fn, prompt_width=c.prompt_width)
+  result = rollout_lib.evaluate(gen, params, test, jax.random.key(c.seed + 1),
+                                sampling=eval_sampling(c.eval_k, c.max_new_tokens),
+                                batch_prompts=32, task=task)
   result['train_seconds'] = time.time() - t0
   log.write(json.dumps(dict(step=c.num_steps, **result)) + '\n')
   log.close()

@@ -170,3 +170,37 @@ def host_local_to_global(tree, mesh: Mesh):
     return jax.make_array_from_process_local_data(batch_sharding(mesh, global_shape), x,
                                                   global_shape)
   return jax.tree_util.tree_map(to_global, tree)
+
+
+def to_device(x, sharding: NamedSharding) -> jax.Array:
+  """A host array -> a global jax.Array with ``sharding`` (multi-host safe: each process fills
+  its addressable shards from the same full host value)."""
+  x = np.asarray(x)
+  return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def to_host(tree):
+  """Global arrays -> numpy on every process (an all-gather when the mesh spans hosts)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    return multihost_utils.process_allgather(tree, tiled=True)
+  return jax.device_get(tree)
+
+
+def mesh_sizes(data: int, fsdp: int, tensor: int, n_devices: int | None = None) -> dict:
+  """{'data', 'fsdp', 'tensor'} sizes with a -1 resolved to the remaining devices; a
+  ValueError naming `config.mesh` when they do not fit the devices."""
+  n = jax.device_count() if n_devices is None else n_devices
+  sizes = {'data': data, 'fsdp': fsdp, 'tensor': tensor}
+  free = [k for k, v in sizes.items() if v == -1]
+  if len(free) > 1 or any(v == 0 or v < -1 for v in sizes.values()):
+    raise ValueError(f'config.mesh.data/fsdp/tensor = {list(sizes.values())} are invalid: '
+                     'positive ints, at most one -1 (= the remaining devices)')
+  known = math.prod(v for v in sizes.values() if v != -1)
+  if free:
+    if n % known:
+      raise ValueError(f'{n} devices do not split over config.mesh = {sizes}')
+    sizes[free[0]] = n // known
+  if math.prod(sizes.values()) != n:
+    raise ValueError(f'config.mesh = {sizes} does not multiply to the {n} devices')
+  return sizes

@@ -6,12 +6,14 @@ group of G samples holds both correct and incorrect answers, with every solution
 
 import os
 
+import jax
 import pytest
 
 from configs import sft_arith
 from jtc import checkpoints
 from jtc import data as data_lib
 from jtc import model as model_lib
+from jtc import rollout
 from jtc import sft
 from jtc import tasks as tasks_lib
 
@@ -29,9 +31,11 @@ def base_eval(tmp_path_factory):
   task = tasks_lib.get_task(c.task)
   test = data_lib.load_examples(c.task, split='test',
                                 data_dir=str(tmp_path_factory.mktemp('data')), limit=96)
-  result = sft.evaluate(bundle.params, bundle.model_config, bundle.tokenizer, task, test, k=4,
-                        prompt_width=c.prompt_width, max_new_tokens=c.max_new_tokens,
-                        temperature=1.0, seed=123)
+  gen = rollout.Generator(model_config=bundle.model_config, tokenizer=bundle.tokenizer,
+                          reward_fn=task.reward_fn, prompt_width=c.prompt_width)
+  result = rollout.evaluate(gen, bundle.params, test, jax.random.key(123),
+                            sampling=sft.eval_sampling(4, c.max_new_tokens), batch_prompts=32,
+                            task=task)
   return bundle, task, result
 
 

@@ -128,8 +128,9 @@ def test_sweeps_are_well_formed(name, smoke):
 
 def test_compute_matching_within_each_comparison():
   """Runs compared with each other share steps and per-step rollout/update budgets."""
-  budget_keys = ('num_steps', 'prompts_per_step', 'group_size', 'max_new_tokens',
-                 'minibatch_prompts', 'ppo_epochs', 'token_budget')
+  budget_keys = ('num_steps', 'rollout.prompts_per_step', 'rollout.sampling.num_samples',
+                 'rollout.sampling.max_new_tokens', 'optim.minibatch_prompts', 'optim.ppo_epochs',
+                 'token_budget')
   for name in sweeps_lib.SWEEPS:
     sweep = sweeps_lib.get_sweep(name)
     for group in {r.group for r in sweep.runs}:
@@ -141,8 +142,8 @@ def test_compute_matching_within_each_comparison():
 @pytest.mark.parametrize('G', [2, 4, 8, 16])
 def test_table4_keeps_sequences_and_update_steps_per_step(G):
   ov = dict(sweeps_lib.group_size_overrides(G, seqs_per_step=128))
-  assert ov['group_size'] * ov['prompts_per_step'] == 128
-  assert ov['prompts_per_step'] // ov['minibatch_prompts'] == 2
+  assert ov['rollout.sampling.num_samples'] * ov['rollout.prompts_per_step'] == 128
+  assert ov['rollout.prompts_per_step'] // ov['optim.minibatch_prompts'] == 2
   with pytest.raises(ValueError, match='G=3'):
     sweeps_lib.group_size_overrides(3, seqs_per_step=128)
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jtc import checkpoints
 from jtc import data as data_lib
 from jtc import hf_import
 from jtc import metric_writer
@@ -97,9 +98,9 @@ def tiny_hf(tmp_path_factory):
 def _real_config(name, tiny_hf, **overrides):
   c = importlib.import_module(f'configs.real.{name}').get_config('smoke')
   with c.unlocked():
-    c.checkpoint = tiny_hf['checkpoint']
-    c.dataset = tiny_hf['dataset']
-    c.data_dir = tiny_hf['data_dir']
+    c.policy.checkpoint = tiny_hf['checkpoint']
+    c.data.dataset = tiny_hf['dataset']
+    c.data.data_dir = tiny_hf['data_dir']
     for k, v in overrides.items():
       c[k] = v
   return c
@@ -110,15 +111,21 @@ def test_real_config_validates_and_documents_its_run(name):
   module = importlib.import_module(f'configs.real.{name}')
   c = module.get_config(None)
   assert f'configs/real/{name}.py' in module.__doc__
-  assert c.learning_rate == 8e-7 and c.min_lr_ratio == 0.2 and c.warmup_frac == 0.03
-  assert c.group_size == 32 and c.minibatch_prompts == 32
-  assert (c.eval_temperature, c.eval_top_p, c.eval_top_k, c.eval_min_p) == (0.6, 0.95, 20, 0.0)
+  o, e = c.optim, c.eval.sampling
+  assert o.learning_rate == 8e-7 and o.min_lr_ratio == 0.2 and o.warmup_frac == 0.03
+  assert c.rollout.sampling.num_samples == 32 and o.minibatch_prompts == 32
+  assert (e.temperature, e.top_p, e.top_k, e.min_p) == (0.6, 0.95, 20, 0.0)
+  assert e.max_new_tokens == c.rollout.sampling.max_new_tokens
   # Without a checkpoint and a dataset the config refuses to run, naming the keys.
-  with pytest.raises(ValueError, match='config.checkpoint'):
+  with pytest.raises(ValueError, match='config.policy.checkpoint'):
     train.validate_config(c)
   with c.unlocked():
-    c.checkpoint = REPO  # not an HF directory
-  with pytest.raises(ValueError, match='config.dataset'):
+    c.policy.checkpoint = REPO  # not an HF directory
+  with pytest.raises(ValueError, match='config.policy.checkpoint.*no config.json'):
+    train.validate_config(c)
+  with c.unlocked():
+    c.policy.checkpoint, c.policy.init = '', 'base'
+  with pytest.raises(ValueError, match='config.data.dataset'):
     train.validate_config(c)
 
 
@@ -141,7 +148,7 @@ def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tmp_path)
   with c.unlocked():
     c.num_steps = 2
   resumed = train.Trainer(c, workdir)
-  assert resumed.counters['rl_steps'] == 1
+  assert resumed.run_state.count('rl_steps') == 1
   resumed.run()
   records = metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
   assert [r['step'] for r in records] == [0, 1, 2]
@@ -155,62 +162,16 @@ def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tmp_path)
 def test_prompts_carry_the_chat_template_and_suffix(tiny_hf):
   tok = tokenizer_lib.HFTokenizer.from_dir(tiny_hf['checkpoint'])
   c = _real_config('qwen3_0_6b_gsm8k_dfpo', tiny_hf)
-  tokens, mask = data_lib.encode_prompts(tok, ['What is 1 plus 2?' + c.prompt_suffix],
-                                         width=c.prompt_width)
+  tokens, mask = data_lib.encode_prompts(tok, ['What is 1 plus 2?' + c.data.prompt_suffix],
+                                         width=c.data.prompt_width)
   text = tok._tok.decode(tokens[0][mask[0] > 0].tolist(), skip_special_tokens=False)
   assert text == ('<|im_start|>user\nWhat is 1 plus 2?\nPlease reason step by step, and put '
                   'your final answer within \\boxed{}.<|im_end|>\n<|im_start|>assistant\n')
 
 
-@pytest.mark.parametrize('loss_name', ['grpo', 'dapo', 'delta', 'dfpo_min_replace'])
-def test_gradient_accumulation_equals_one_minibatch(loss_name):
-  """n micro-batches with `microbatch_weights` == the un-split mini-batch (loss, params)."""
-  G, M, P, T = 2, 4, 3, 5
-  B = G * M
-  mc = model_lib.ModelConfig.tiny(vocab_size=32, n_layers=1, d_ff=64)
-  params = model_lib.init_params(mc, jax.random.key(0))
-  keys = jax.random.split(jax.random.key(1), 5)
-  tokens = jax.random.randint(keys[0], (B, P + T), 3, 32)
-  lengths = jax.random.randint(keys[1], (B,), 1, T + 1)  # unequal lengths matter for token_mean
-  mask = (jnp.arange(T)[None] < lengths[:, None]).astype(jnp.float32)
-  batch = dict(tokens=tokens, input_mask=jnp.concatenate([jnp.ones((B, P), jnp.int32),
-                                                          mask.astype(jnp.int32)], 1),
-               mask=mask, advantages=jax.random.normal(keys[2], (B,)),
-               old_logps=-1.0 - jax.random.uniform(keys[3], (B, T)))
-  hparams = dict(objectives.default_hparams(loss_name))
-  if loss_name == 'delta':
-    batch['token_weights'] = 0.8 + 0.4 * jax.random.uniform(keys[4], (B, T))
-  import optax  # pylint: disable=import-outside-toplevel
-  opt = optax.sgd(1.0)
-  step = functools.partial(train.update_step, model_config=mc, optimizer=opt,
-                           loss_name=loss_name, loss_hparams=hparams, completion_start=P,
-                           group_size=G)
-
-  def run(n):
-    state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                             opt_state=opt.init(params))
-    split = jax.tree.map(lambda x: x.reshape((n, -1) + x.shape[1:]), batch)
-    return jax.jit(step)(state, split)
-
-  (s1, m1), (s4, m4) = run(1), run(4)
-  np.testing.assert_allclose(m4['loss'], m1['loss'], rtol=1e-5, atol=1e-7)
-  np.testing.assert_allclose(m4['grad_norm'], m1['grad_norm'], rtol=1e-4, atol=1e-7)
-  for a, b in zip(jax.tree.leaves(s4.params), jax.tree.leaves(s1.params)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-  assert m1['grad_norm'] > 0
-
-
-def test_microbatch_weights_closed_form():
-  mask = jnp.array([[[1, 1, 0]], [[1, 0, 0]], [[1, 1, 1]]], jnp.float32)  # n=3, B=1, T=3
-  np.testing.assert_allclose(train.microbatch_weights(mask, aggregation='token_mean'),
-                             [2 / 6, 1 / 6, 3 / 6])
-  np.testing.assert_allclose(train.microbatch_weights(mask, aggregation='seq_mean_token_mean'),
-                             [1 / 3] * 3)
-
-
 def test_hf_checkpoint_loads_as_master_f32_with_bf16_compute(tiny_hf):
   c = _real_config('qwen3_8b_math_dapo', tiny_hf)
-  mc, params, tok = train.load_policy(c)
+  mc, params, tok = checkpoints.load_policy(c.policy)
   assert mc.param_dtype == 'float32' and mc.dtype == 'bfloat16' and mc.remat
   assert all(x.dtype == np.float32 for x in jax.tree.leaves(params))
   ref_mc, ref_params = hf_import.load_hf_checkpoint(tiny_hf['checkpoint'], param_dtype='float32')

@@ -21,6 +21,7 @@ from jtc import model as model_lib
 from jtc import plot
 from jtc import tokenizer as tokenizer_lib
 from jtc import train
+from jtc import update
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, 'configs', '*.py'))
@@ -61,16 +62,25 @@ def test_method_configs_validate(method, arg):
 
 
 @pytest.mark.parametrize('key,value,needle', [
-    ('group_size', 1, 'group_size'),
+    ('rollout.sampling.num_samples', 1, 'num_samples'),
     ('loss.hparams.eps_high', 0.0, 'eps_high'),
     ('loss.hparams.eps_low', -0.1, 'eps_low'),
-    ('minibatch_prompts', 3, 'minibatch_prompts'),
+    ('optim.minibatch_prompts', 3, 'minibatch_prompts'),
     ('delta.lam_min', 1.5, 'lam_min'),
     ('loss.name', 'ppo_typo', 'loss.name'),
-    ('advantage', 'gae', 'advantage'),
-    ('task', 'chess', 'task'),
+    ('advantage.name', 'gae', 'advantage'),
+    ('data.task', 'chess', 'task'),
     ('num_steps', 0, 'num_steps'),
-    ('overlong_buffer', 100, 'overlong_buffer'),
+    ('dapo.overlong_buffer', 100, 'overlong_buffer'),
+    ('eval.every', -5, 'eval.every'),
+    ('optim.grad_clip', -1.0, 'grad_clip'),
+    ('optim.weight_decay', -1.0, 'weight_decay'),
+    ('optim.adam_b2', 1.5, 'adam_b2'),
+    ('loss.hparams.kl_coef', -1.0, 'kl_coef'),
+    ('log.keep_checkpoints', 0, 'keep_checkpoints'),
+    ('rollout.sampling.top_p', 0.0, 'top_p'),
+    ('rollout.sampling.top_k', -1, 'top_k'),
+    ('eval.sampling.min_p', 1.5, 'min_p'),
 ])
 def test_invalid_settings_fail_naming_the_key(key, value, needle):
   c = _config('dapo', None)
@@ -91,7 +101,7 @@ def _flat(d, prefix=''):
   return out
 
 
-_METHOD_KEYS = ('loss.', 'delta.', 'advantage')  # what a method may set (Dr. GRPO: advantage)
+_METHOD_KEYS = ('loss.', 'delta.', 'token_weights', 'advantage.')  # Dr. GRPO: advantage
 
 
 @pytest.mark.parametrize('family', ['configs', 'configs.real'])
@@ -127,24 +137,9 @@ def test_config_arg_typo_is_rejected():
     _config('grpo', 'smok')
 
 
-def test_overlong_shaping_matches_dapo_formula():
-  lengths = np.array([0, 10, 32, 33, 36, 40])
-  got = train.overlong_shaping(lengths, max_new_tokens=40, buffer=8, penalty=1.0)
-  # DAPO: 0 if L <= Lmax - Lcache; (Lmax - Lcache - L) / Lcache inside the buffer; -1 at Lmax.
-  want = [0.0 if L <= 32 else (32 - L) / 8 for L in lengths]
-  np.testing.assert_allclose(got, want)
-
-
-def test_informative_groups_are_those_with_unequal_rewards():
-  G = 2
-  rewards = np.array([1, 1, 0, 1, 0, 0], np.float32)
-  keep = train._informative_groups(rewards, G)
-  np.testing.assert_array_equal(keep, [False, True, False])
-
-
 def _run(workdir, policy, *extra, method='dfpo_min_replace', check=True):
   cmd = [sys.executable, '-m', 'jtc.train', f'--config=configs/{method}.py:smoke',
-         f'--workdir={workdir}', f'--config.init_policy={policy}', '--config.num_steps=3',
+         f'--workdir={workdir}', f'--config.policy.init={policy}', '--config.num_steps=3',
          *extra]
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -221,9 +216,9 @@ def _state_template():
   tok = tokenizer_lib.from_spec({'kind': 'char'})
   mc = model_lib.ModelConfig.tiny(vocab_size=tok.vocab_size)
   params = model_lib.init_params(mc, jax.random.key(1))
-  opt = train.make_optimizer(_config('dfpo_min_replace'))
-  return train.TrainState(step=jax.numpy.array(0, jax.numpy.int32), params=params,
-                          opt_state=opt.init(params))
+  opt = update.make_optimizer(_config('dfpo_min_replace').optim, total_updates=6)
+  return update.TrainState(step=jax.numpy.array(0, jax.numpy.int32), params=params,
+                           opt_state=opt.init(params))
 
 
 def test_plot_draws_several_runs(uninterrupted, tmp_path):
@@ -242,9 +237,9 @@ def test_diagnostics_are_measured_off_policy_and_tell_gspo_from_dfpo(tmp_path):
   out = {}
   for method in ('gspo', 'dfpo_min_replace'):
     workdir = str(tmp_path / method)
-    _run(workdir, 'base', '--config.num_steps=1', '--config.prompts_per_step=8',
-         '--config.minibatch_prompts=4', '--config.diagnostics_every=1',
-         '--config.max_new_tokens=16', '--config.eval_every=100',
+    _run(workdir, 'base', '--config.num_steps=1', '--config.rollout.prompts_per_step=8',
+         '--config.optim.minibatch_prompts=4', '--config.log.diagnostics_every=1',
+         '--config.rollout.sampling.max_new_tokens=16', '--config.eval.every=100',
          '--config.loss.hparams.aggregation=seq_mean_token_sum_norm', method=method)
     out[method] = metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))[-1]
   gspo, dfpo = out['gspo'], out['dfpo_min_replace']
@@ -265,29 +260,3 @@ def test_unknown_config_key_on_the_command_line_fails_before_compute(tmp_path):
   assert proc.returncode != 0
   assert 'not_a_key' in proc.stderr
   assert not os.path.exists(os.path.join(tmp_path, 'metrics.jsonl'))
-
-
-def test_dynamic_sampling_refill_replaces_only_zero_variance_groups():
-  from jtc import sampler as sampler_lib  # pylint: disable=import-outside-toplevel
-  G, T = 2, 3
-
-  def rollout(rewards, tag):
-    B = len(rewards)
-    out = sampler_lib.SampleOutput(
-        tokens=np.full((B, T + 1), tag), input_mask=np.ones((B, T + 1), np.int32),
-        completion=np.arange(B * T).reshape(B, T) + 100 * tag,
-        completion_mask=np.ones((B, T), np.int32), logps=np.zeros((B, T), np.float32),
-        truncated=np.zeros(B, bool))
-    return dict(out=out, rewards=np.asarray(rewards, np.float32),
-                completions=[f'{tag}-{i}' for i in range(B)])
-
-  ro = rollout([1, 1, 0, 1, 0, 0], tag=1)      # groups: flat, informative, flat
-  extra = rollout([0, 0, 1, 0, 0, 1], tag=2)   # groups: flat, informative, informative
-  keep = train._informative_groups(ro['rewards'], G)
-  new = train._refill(ro, extra, keep, G)
-  # Group 1 (informative) untouched; groups 0 and 2 get the extra batch's groups 1 and 2.
-  np.testing.assert_array_equal(new['rewards'], [1, 0, 0, 1, 0, 1])
-  assert new['completions'] == ['2-2', '2-3', '1-2', '1-3', '2-4', '2-5']
-  np.testing.assert_array_equal(new['out'].completion[0], extra['out'].completion[2])
-  np.testing.assert_array_equal(new['out'].completion[2], ro['out'].completion[2])
-  assert train._informative_groups(new['rewards'], G).all()

@@ -24,9 +24,9 @@ from jtc import tokenizer as tokenizer_lib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NONDETERMINISTIC = ('time_', 'tokens_per_s')
 
-_PROBE = ('import jax, json; from jtc import train; from configs import gspo; '
+_PROBE = ('import jax, json; from jtc import sharding; from configs import gspo; '
           'c = gspo.get_config("smoke"); '
-          'print(json.dumps(dict(n=jax.device_count(), mesh=train.mesh_sizes(c))))')
+          'print(json.dumps(dict(n=jax.device_count(), mesh=sharding.mesh_sizes(**c.mesh))))')
 
 
 @pytest.fixture(scope='module')
@@ -46,8 +46,8 @@ def _run(workdir, policy, n_devices, *mesh):
            if not f.startswith('--xla_force_host_platform_device_count')]
   env['XLA_FLAGS'] = ' '.join(flags + [f'--xla_force_host_platform_device_count={n_devices}'])
   cmd = [sys.executable, '-m', 'jtc.train', '--config=configs/gspo.py:smoke',
-         f'--workdir={workdir}', f'--config.init_policy={policy}', '--config.num_steps=2',
-         '--config.minibatch_prompts=2', '--config.diagnostics_every=0',
+         f'--workdir={workdir}', f'--config.policy.init={policy}', '--config.num_steps=2',
+         '--config.optim.minibatch_prompts=1', '--config.log.diagnostics_every=1',
          # A random policy earns no reward: the entropy bonus and a KL term (with its frozen,
          # sharded reference policy) make the compared updates non-trivial.
          '--config.loss.hparams.entropy_coef=0.01', '--config.loss.hparams.kl_coef=0.01',
@@ -62,8 +62,8 @@ def _run(workdir, policy, n_devices, *mesh):
 
 def test_eight_devices_match_one_device(tiny_policy, tmp_path):
   one = _run(str(tmp_path / 'one'), tiny_policy, 1)
-  eight = _run(str(tmp_path / 'eight'), tiny_policy, 8, '--config.mesh_data=2',
-               '--config.mesh_fsdp=2', '--config.mesh_tensor=2')
+  eight = _run(str(tmp_path / 'eight'), tiny_policy, 8, '--config.mesh.data=2',
+               '--config.mesh.fsdp=2', '--config.mesh.tensor=2')
   assert [r['step'] for r in one] == [r['step'] for r in eight] == [0, 1, 2]
   for a, b in zip(one, eight):
     keys = {k for k in a if not k.startswith(NONDETERMINISTIC)}
@@ -74,17 +74,9 @@ def test_eight_devices_match_one_device(tiny_policy, tmp_path):
 
 
 def test_mesh_sizes_resolve_and_reject():
-  from configs import gspo  # pylint: disable=import-outside-toplevel
-  from jtc import train  # pylint: disable=import-outside-toplevel
-  c = gspo.get_config('smoke')
-  with c.unlocked():
-    c.mesh_data, c.mesh_fsdp, c.mesh_tensor = -1, 2, 2
-  assert train.mesh_sizes(c, n_devices=8) == {'data': 2, 'fsdp': 2, 'tensor': 2}
-  with c.unlocked():
-    c.mesh_data = 3
+  from jtc import sharding  # pylint: disable=import-outside-toplevel
+  assert sharding.mesh_sizes(-1, 2, 2, n_devices=8) == {'data': 2, 'fsdp': 2, 'tensor': 2}
   with pytest.raises(ValueError, match='mesh'):
-    train.mesh_sizes(c, n_devices=8)
-  with c.unlocked():
-    c.mesh_data, c.mesh_fsdp = -1, -1
+    sharding.mesh_sizes(3, 2, 2, n_devices=8)
   with pytest.raises(ValueError, match='at most one -1'):
-    train.mesh_sizes(c, n_devices=8)
+    sharding.mesh_sizes(-1, -1, 2, n_devices=8)

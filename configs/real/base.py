@@ -7,8 +7,9 @@ min-p 0. Rewards: the last `\\boxed{}` of a completion must equal the reference 
 Memory: float32 master weights and AdamW state, bfloat16 compute, per-block rematerialisation,
 gradient accumulation over micro-batches.
 
-Every real config needs `--config.checkpoint=DIR` (a Hugging Face directory with config.json,
-*.safetensors, tokenizer.json and tokenizer_config.json) and `--config.dataset=FILE.jsonl`
+Every real config needs `--config.policy.checkpoint=DIR` (a Hugging Face directory with
+config.json, *.safetensors, tokenizer.json and tokenizer_config.json) and
+`--config.data.dataset=FILE.jsonl`
 (question/answer records; GSM8K "#### 42" and MATH "\\boxed{x}" answers are understood).
 
 `smoke` shrinks a config to a seconds-long CPU run against a tiny checkpoint (tests).
@@ -22,36 +23,36 @@ MATH_SUFFIX = '\nPlease reason step by step, and put your final answer within \\
 def get_config(arg=None):
   args = common.parse_arg(arg)
   c = common.get_config(None)
-  c.init_policy = ''                   # a real run starts from --config.checkpoint
-  c.task = ''                          # ... and reads --config.dataset
-  c.reward = 'boxed_numeric'
-  c.prompt_suffix = MATH_SUFFIX
-  c.chat_template = True
+  c.policy.init = ''                   # a real run starts from --config.policy.checkpoint
+  c.policy.param_dtype = 'float32'
+  c.policy.compute_dtype = 'bfloat16'
+  c.policy.remat = True
+  c.data.task = ''                     # ... and reads --config.data.dataset
+  c.data.reward = 'boxed_numeric'
+  c.data.prompt_suffix = MATH_SUFFIX
+  c.data.chat_template = True
 
-  c.learning_rate = 8e-7
-  c.warmup_frac = 0.03
-  c.min_lr_ratio = 0.2
-  c.weight_decay = 0.0
-  c.grad_clip = 1.0
-  c.group_size = 32                    # rollouts per prompt
-  c.minibatch_prompts = 32             # mini-batch (prompts per optimiser step)
-  c.ppo_epochs = 1
-  c.temperature = 1.0                  # rollouts sample the full distribution
+  c.optim.learning_rate = 8e-7
+  c.optim.warmup_frac = 0.03
+  c.optim.min_lr_ratio = 0.2
+  c.optim.weight_decay = 0.0
+  c.optim.grad_clip = 1.0
+  c.optim.minibatch_prompts = 32       # mini-batch (prompts per optimiser step)
+  c.optim.ppo_epochs = 1
+  c.rollout.sampling.num_samples = 32  # rollouts per prompt, sampling the full distribution
+  c.rollout.sampling.temperature = 1.0
 
-  c.eval_temperature = 0.6
-  c.eval_top_p = 0.95
-  c.eval_top_k = 20
-  c.eval_min_p = 0.0
-  c.eval_k = 4
-  c.eval_every = 20
-  c.eval_problems = 256
+  c.eval.sampling.temperature = 0.6    # Appendix J (Qwen3)
+  c.eval.sampling.top_p = 0.95
+  c.eval.sampling.top_k = 20
+  c.eval.sampling.min_p = 0.0
+  c.eval.sampling.num_samples = 4
+  c.eval.every = 20
+  c.eval.problems = 256
 
-  c.param_dtype = 'float32'
-  c.compute_dtype = 'bfloat16'
-  c.remat = True
-  c.diagnostics_every = 0              # the proxy diagnostics cost ~1/3 of an update
-  c.ckpt_every = 20
-  c.keep_checkpoints = 2
+  c.log.diagnostics_every = 0          # the proxy diagnostics cost ~1/3 of an update
+  c.log.ckpt_every = 20
+  c.log.keep_checkpoints = 2
   if args.get('smoke'):
     smoke(c)
   return c
@@ -60,20 +61,21 @@ def get_config(arg=None):
 def smoke(c):
   """A seconds-long CPU run of the same code paths (tiny checkpoint, tiny JSONL)."""
   c.num_steps = 2
-  c.prompts_per_step = 2
-  c.group_size = 4
-  c.minibatch_prompts = 2
-  c.microbatch_prompts = 1             # exercises gradient accumulation
-  c.rollout_chunk_prompts = 1          # ... and chunked sampling / scoring
-  c.prompt_width = 160
-  c.max_new_tokens = 12
-  c.overlong_buffer = min(c.overlong_buffer, 4)
-  c.dynamic_sampling_rounds = 1
-  c.eval_every = 2
-  c.eval_problems = 2
-  c.eval_k = 2
-  c.ckpt_every = 1
-  c.diagnostics_every = 1
-  c.learning_rate = 1e-3               # so that two steps visibly move the tiny model
-  c.mesh_data = -1
-  c.mesh_fsdp = 1
+  c.rollout.prompts_per_step = 2
+  c.rollout.sampling.num_samples = 4
+  c.optim.minibatch_prompts = 2
+  c.optim.microbatch_prompts = 1       # exercises gradient accumulation
+  c.rollout.chunk_prompts = 1          # ... and chunked sampling / scoring
+  c.data.prompt_width = 160
+  c.rollout.sampling.max_new_tokens = 12
+  c.eval.sampling.max_new_tokens = 12
+  c.dapo.overlong_buffer = min(c.dapo.overlong_buffer, 4)
+  c.dapo.dynamic_sampling_rounds = 1
+  c.eval.every = 2
+  c.eval.problems = 2
+  c.eval.sampling.num_samples = 2
+  c.log.ckpt_every = 1
+  c.log.diagnostics_every = 1
+  c.optim.learning_rate = 1e-3         # so that two steps visibly move the tiny model
+  c.mesh.data = -1
+  c.mesh.fsdp = 1

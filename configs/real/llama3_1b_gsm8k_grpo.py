@@ -5,11 +5,11 @@ positions beyond the original 8k context; GSM8K prompts + 1k completions stay we
 
 Run:
   python -m jtc.train --config configs/real/llama3_1b_gsm8k_grpo.py \
-    --config.checkpoint=/path/to/Llama-3.2-1B-Instruct --config.dataset=/path/to/gsm8k/train.jsonl \
-    --config.eval_dataset=/path/to/gsm8k/test.jsonl --workdir /tmp/jtc/llama3_1b_gsm8k_grpo
+    --config.policy.checkpoint=/path/to/Llama-3.2-1B-Instruct --config.data.dataset=/path/to/gsm8k/train.jsonl \
+    --config.data.eval_dataset=/path/to/gsm8k/test.jsonl --workdir /tmp/jtc/llama3_1b_gsm8k_grpo
 Smoke test (CPU, tiny checkpoint):
   python -m jtc.train --config configs/real/llama3_1b_gsm8k_grpo.py:smoke \
-    --config.checkpoint=TINY_HF_DIR --config.dataset=TINY.jsonl --workdir /tmp/jtc/real_smoke
+    --config.policy.checkpoint=TINY_HF_DIR --config.data.dataset=TINY.jsonl --workdir /tmp/jtc/real_smoke
 """
 
 from configs import common
@@ -20,15 +20,16 @@ def get_config(arg=None):
   args = common.parse_arg(arg)
   c = base.get_config(None)
   common.set_loss(c, 'grpo')
-  c.advantage = 'grpo'
+  c.advantage.name = 'grpo'
   c.num_steps = 200
-  c.prompts_per_step = 64
-  c.microbatch_prompts = 4
-  c.rollout_chunk_prompts = 32         # 32 x 32 rows per sampler call
-  c.prompt_width = 256
-  c.max_new_tokens = 1024
-  c.mesh_data = -1
-  c.mesh_fsdp = 1
+  c.rollout.prompts_per_step = 64
+  c.optim.microbatch_prompts = 4
+  c.rollout.chunk_prompts = 32         # 32 x 32 rows per sampler call
+  c.data.prompt_width = 256
+  c.rollout.sampling.max_new_tokens = 1024
+  c.eval.sampling.max_new_tokens = 1024
+  c.mesh.data = -1
+  c.mesh.fsdp = 1
   if args.get('smoke'):
     base.smoke(c)
   return c

@@ -2,11 +2,11 @@
 
 Run (one GPU/TPU host; GSM8K as JSONL with "question"/"answer" fields):
   python -m jtc.train --config configs/real/qwen3_0_6b_gsm8k_dfpo.py \
-    --config.checkpoint=/path/to/Qwen3-0.6B --config.dataset=/path/to/gsm8k/train.jsonl \
-    --config.eval_dataset=/path/to/gsm8k/test.jsonl --workdir /tmp/jtc/qwen3_0_6b_gsm8k_dfpo
+    --config.policy.checkpoint=/path/to/Qwen3-0.6B --config.data.dataset=/path/to/gsm8k/train.jsonl \
+    --config.data.eval_dataset=/path/to/gsm8k/test.jsonl --workdir /tmp/jtc/qwen3_0_6b_gsm8k_dfpo
 Smoke test (CPU, tiny checkpoint):
   python -m jtc.train --config configs/real/qwen3_0_6b_gsm8k_dfpo.py:smoke \
-    --config.checkpoint=TINY_HF_DIR --config.dataset=TINY.jsonl --workdir /tmp/jtc/real_smoke
+    --config.policy.checkpoint=TINY_HF_DIR --config.data.dataset=TINY.jsonl --workdir /tmp/jtc/real_smoke
 """
 
 from configs import common
@@ -17,15 +17,16 @@ def get_config(arg=None):
   args = common.parse_arg(arg)
   c = base.get_config(None)
   common.set_loss(c, 'dfpo_min_replace', eps_low=3e-4, eps_high=4e-4)
-  c.advantage = 'grpo'
+  c.advantage.name = 'grpo'
   c.num_steps = 200
-  c.prompts_per_step = 64              # 64 prompts x 32 rollouts = 2048 sequences per step
-  c.microbatch_prompts = 4             # 128 sequences of <= 1280 tokens per backward pass
-  c.rollout_chunk_prompts = 32         # 32 x 32 rows of <= 1280 tokens per sampler call
-  c.prompt_width = 256                 # GSM8K question + chat template + suffix
-  c.max_new_tokens = 1024
-  c.mesh_data = -1                     # 0.6B fits on every device: pure data parallelism
-  c.mesh_fsdp = 1
+  c.rollout.prompts_per_step = 64      # 64 prompts x 32 rollouts = 2048 sequences per step
+  c.optim.microbatch_prompts = 4       # 128 sequences of <= 1280 tokens per backward pass
+  c.rollout.chunk_prompts = 32         # 32 x 32 rows of <= 1280 tokens per sampler call
+  c.data.prompt_width = 256            # GSM8K question + chat template + suffix
+  c.rollout.sampling.max_new_tokens = 1024
+  c.eval.sampling.max_new_tokens = 1024
+  c.mesh.data = -1                     # 0.6B fits on every device: pure data parallelism
+  c.mesh.fsdp = 1
   if args.get('smoke'):
     base.smoke(c)
   return c

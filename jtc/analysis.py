@@ -1,0 +1,137 @@
+"""Offline analysis of a policy: KL drift at a context and drift between equivalent solutions.
+
+For notebooks and experiments, not the training loop (the per-step diagnostics are in
+`jtc.diagnostics`; curve statistics in `jtc.curves`). Cited "Eq. N" from paper 2604.13088:
+
+  fisher_quadratic / kl_drift / kl_drift_at_context    Prop. 3.1, Eq. 3: measured
+      KL(pi_{theta + eta g} || pi_theta) at a context against 1/2 eta^2 g^T F g.
+  solution_logprobs / format_log_odds / format_distribution / format_entropy
+      Cor. 3.2 (Eq. 5) and App. A (Eq. 41): log-probabilities of equivalent solution texts and
+      the policy restricted to that equivalent set.
+
+Dimension key: V vocab, F solution formats, P prompt width, T completion length, L = P + T.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jtc import data as data_lib
+from jtc import model as model_lib
+
+
+# ---------------------------------------------------------------------------------------------
+# KL drift at a context (Prop. 3.1, Eq. 3).
+# ---------------------------------------------------------------------------------------------
+
+
+def fisher_quadratic(logp_fn, params, direction):
+  """g^T F(h) g with F(h) = E_{y ~ pi(.|h)}[grad log pi(y|h) grad log pi(y|h)^T] (Prop. 3.1).
+
+  Written as E_y[(grad log pi(y|h) . g)^2] = sum_y pi(y|h) (J g)_y^2, J g from one JVP of the
+  [V] log-prob vector, so F is never formed.
+
+  Args:
+    logp_fn: params -> [V] log pi_theta(. | h) at the context.
+    params, direction: pytrees of the same structure (g).
+  """
+  logp_V, dlogp_V = jax.jvp(logp_fn, (params,), (direction,))
+  return jnp.sum(jnp.exp(logp_V) * jnp.square(dlogp_V))
+
+
+def _kl(logp_a_V, logp_b_V):
+  return jnp.sum(jnp.exp(logp_a_V) * (logp_a_V - logp_b_V))
+
+
+def kl_drift(logp_fn, params, direction, *, step_size):
+  """Measured KL(pi_{theta + eta g} || pi_theta) at a context vs 1/2 eta^2 g^T F g (Eq. 3).
+
+  Returns dict(kl, predicted, gFg, ratio = kl / predicted); ratio -> 1 as eta -> 0, the gap is
+  O(eta^3 ||g||^3).
+  """
+  logp_V = logp_fn(params)
+  moved = jax.tree.map(lambda p, g: p + step_size * g, params, direction)
+  kl = _kl(logp_fn(moved), logp_V)
+  gfg = fisher_quadratic(logp_fn, params, direction)
+  predicted = 0.5 * step_size ** 2 * gfg
+  return {'kl': kl, 'predicted': predicted, 'gFg': gfg,
+          'ratio': kl / jnp.where(predicted > 0, predicted, 1.0)}
+
+
+def context_logprobs_fn(config, tokens_L, input_mask_L, *, position):
+  """params -> [V] log pi(. | tokens[:position]): the next-token distribution at the context
+  made of the (left-padded) first ``position`` columns."""
+  L = tokens_L.shape[0]
+  if not 1 <= position < L + 1:
+    raise ValueError(f'position={position!r} must be in [1, {L}]')
+
+  def fn(params):
+    toks = tokens_L[None, :position]
+    m = jnp.asarray(input_mask_L)[None, :position]
+    out = model_lib.forward(params, config, toks, model_lib.positions_from_mask(m), m)
+    return jax.nn.log_softmax(out.logits_BLV[0, -1].astype(jnp.float32))
+
+  return fn
+
+
+def kl_drift_at_context(params, config, tokens_L, input_mask_L, *, position, direction,
+                        step_size):
+  """`kl_drift` for the model's next-token distribution after ``tokens_L[:position]``."""
+  fn = context_logprobs_fn(config, tokens_L, input_mask_L, position=position)
+  return kl_drift(fn, params, direction, step_size=step_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Drift between equivalent solutions (Cor. 3.2, Eq. 5; App. A Eq. 41).
+# ---------------------------------------------------------------------------------------------
+
+
+def solution_logprobs(params, config, tokenizer, prompt, completions, *, append_eos=True,
+                      prompt_width=None):
+  """log pi(y | x) = sum_t log pi(y_t | x, y_<t) of each completion text of one prompt. [F].
+
+  The prompt goes through `data.encode_prompts` (chat template, bos, left padding) exactly as
+  in training; completions are right-padded, with EOS appended when ``append_eos``.
+  """
+  completions = list(completions)
+  if not completions:
+    raise ValueError('completions must not be empty')
+  ids = [tokenizer.encode(c) + ([tokenizer.eos_id] if append_eos else []) for c in completions]
+  if prompt_width is None:
+    prompt_width = len(data_lib.encode_prompts(tokenizer, [prompt], width=4096)[1][0].nonzero()[0])
+  tok_1P, mask_1P = data_lib.encode_prompts(tokenizer, [prompt], width=prompt_width)
+  T = max(len(x) for x in ids)
+  F = len(ids)
+  comp_FT = np.full((F, T), tokenizer.pad_id, np.int32)
+  cmask_FT = np.zeros((F, T), np.int32)
+  for f, x in enumerate(ids):
+    comp_FT[f, :len(x)] = x
+    cmask_FT[f, :len(x)] = 1
+  tokens_FL = np.concatenate([np.repeat(tok_1P, F, 0), comp_FT], axis=1)
+  inmask_FL = np.concatenate([np.repeat(mask_1P, F, 0), cmask_FT], axis=1)
+  logps_FT = _sequence_logprobs_jit(params, config, jnp.asarray(tokens_FL),
+                                    jnp.asarray(inmask_FL), completion_start=prompt_width)['logps']
+  return jnp.sum(logps_FT * cmask_FT, axis=-1)
+
+
+_sequence_logprobs_jit = jax.jit(model_lib.sequence_logprobs, static_argnums=1,
+                                 static_argnames=('completion_start',))
+
+
+def format_log_odds(logp_a, logp_b):
+  """log pi(y_a | x) - log pi(y_b | x) for two equal-reward surface forms (Eq. 5 / Eq. 41)."""
+  return jnp.asarray(logp_a, jnp.float32) - jnp.asarray(logp_b, jnp.float32)
+
+
+def format_distribution(logps_F):
+  """q_f = pi(y_f | x) / sum_f' pi(y_f' | x): the policy restricted to the equivalent set."""
+  chex.assert_rank(logps_F, 1)
+  return jax.nn.softmax(jnp.asarray(logps_F, jnp.float32))
+
+
+def format_entropy(logps_F):
+  """Entropy (nats) of `format_distribution`: log F when the forms are equally likely, -> 0 under
+  the entropy-collapse trend of Cor. 3.2 (the binary entropy h(p_k) for F = 2)."""
+  q_F = format_distribution(logps_F)
+  return -jnp.sum(jnp.where(q_F > 0, q_F * jnp.log(jnp.where(q_F > 0, q_F, 1.0)), 0.0))

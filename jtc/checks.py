@@ -1,0 +1,44 @@
+"""Validation helpers: every bad setting fails before any compute, naming the key, the value and
+what is valid. Each module checks the settings it consumes with these."""
+
+import difflib
+
+
+def choice(key, value, valid):
+  """``value`` must be one of ``valid``."""
+  if value not in valid:
+    raise ValueError(f'{key}={value!r} is not valid; valid: {sorted(valid)}')
+
+
+def positive(key, value):
+  """``value`` must be a number > 0."""
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    raise ValueError(f'{key}={value!r} must be > 0')
+
+
+def positive_int(key, value):
+  """``value`` must be an int >= 1."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ValueError(f'{key}={value!r} must be an int >= 1')
+
+
+def in_range(key, value, *, low=None, high=None, low_open=False, high_open=False,
+             integer=False):
+  """``value`` must lie in the interval [low, high] (open where asked; None = unbounded)."""
+  kind = int if integer else (int, float)
+  ok = not isinstance(value, bool) and isinstance(value, kind)
+  if ok and low is not None:
+    ok = value > low if low_open else value >= low
+  if ok and high is not None:
+    ok = value < high if high_open else value <= high
+  if not ok:
+    lo = '-inf' if low is None else f'{low}'
+    hi = 'inf' if high is None else f'{high}'
+    interval = f'{"(" if low_open or low is None else "["}{lo}, {hi}{")" if high_open or high is None else "]"}'
+    raise ValueError(f'{key}={value!r} must be {"an int" if integer else "a number"} in {interval}')
+
+
+def nearest(name, valid, n=3):
+  """A hint naming the valid names closest to ``name`` (for unknown keys)."""
+  close = difflib.get_close_matches(name, list(valid), n=n, cutoff=0.5)
+  return f'; did you mean {", ".join(repr(c) for c in close)}?' if close else ''

@@ -1,0 +1,72 @@
+"""Tests of jtc.analysis: the Fisher quadratic and KL drift (Prop. 3.1), solution log-probs
+and format log-odds (Cor. 3.2) against closed forms and plain loops."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jtc import analysis
+from jtc import model
+from jtc import tokenizer as tokenizer_lib
+
+
+def _cfg(**kw):
+  return model.ModelConfig.tiny(vocab_size=16, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                                head_dim=16, d_ff=64, **kw)
+
+
+def test_kl_drift_tabular_softmax_second_order():
+  theta = jnp.array([0.3, -1.0, 0.8, 0.0, 0.5])
+  g = jnp.array([1.0, 0.5, -2.0, 0.3, 0.0])
+  fn = jax.nn.log_softmax
+  p = np.asarray(jax.nn.softmax(theta), np.float64)
+  gn = np.asarray(g, np.float64)
+  # F = diag(p) - p p^T for a softmax over free logits.
+  closed = np.sum(p * gn ** 2) - np.sum(p * gn) ** 2
+  np.testing.assert_allclose(analysis.fisher_quadratic(fn, theta, g), closed, rtol=1e-5)
+  gaps = []
+  for eta in (0.3, 0.1, 0.03):
+    out = analysis.kl_drift(fn, theta, g, step_size=eta)
+    gaps.append(abs(float(out['ratio']) - 1.0))
+  assert gaps[0] > gaps[1] > gaps[2]
+  assert gaps[2] < 0.03
+
+
+def test_kl_drift_at_context_tiny_transformer():
+  cfg = _cfg()
+  params = model.init_params(cfg, jax.random.key(0))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(3, 16, size=(9,)), jnp.int32)
+  inm = jnp.ones((9,), jnp.int32).at[0].set(0)
+  g = jax.tree.map(lambda x: jax.random.normal(jax.random.key(2), x.shape) / np.sqrt(x.size),
+                   params)
+  fn = jax.jit(lambda p, d: analysis.kl_drift_at_context(
+      p, cfg, tokens, inm, position=4, direction=d, step_size=0.02))
+  out = fn(params, g)
+  assert float(out['kl']) > 0
+  assert float(out['ratio']) == pytest.approx(1.0, abs=0.05)
+
+
+def test_format_log_odds_matches_manual_logprobs():
+  tok = tokenizer_lib.CharTokenizer()
+  cfg = _cfg().__class__.tiny(vocab_size=tok.vocab_size, d_model=32, n_layers=1, n_heads=2,
+                              n_kv_heads=1, head_dim=16, d_ff=64)
+  params = model.init_params(cfg, jax.random.key(6))
+  sols = ['The answer is 20.', '10+10=20.']
+  forward_fn = jax.jit(lambda p, x: model.forward(p, cfg, x, model.positions_from_mask(
+      jnp.ones_like(x)), jnp.ones_like(x)).logits_BLV)
+  lp = analysis.solution_logprobs(params, cfg, tok, 'What is 10+10?', sols)
+
+  def manual(text):  # full logits, no padding, plain log-softmax loop
+    prompt = [tok.bos_id] + tok.encode(tok.apply_chat_template('What is 10+10?'))
+    ids = prompt + tok.encode(text) + [tok.eos_id]
+    x = jnp.asarray([ids], jnp.int32)
+    logits = forward_fn(params, x)
+    logp = jax.nn.log_softmax(logits[0], axis=-1)
+    return sum(float(logp[i - 1, ids[i]]) for i in range(len(prompt), len(ids)))
+
+  np.testing.assert_allclose(analysis.format_log_odds(lp[0], lp[1]), manual(sols[0]) - manual(sols[1]),
+                             rtol=1e-4, atol=1e-3)
+  assert float(analysis.format_entropy(jnp.array([-1.0, -1.0]))) == pytest.approx(math.log(2))
+  assert float(analysis.format_entropy(jnp.array([0.0, -80.0]))) == pytest.approx(0.0, abs=1e-6)
