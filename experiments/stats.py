@@ -1,4 +1,4 @@
-"""Statistics over seeds: percentile-bootstrap confidence intervals and paired bootstrap tests.
+"""Statistics over seeds: bootstrap confidence intervals, paired bootstrap and sign-flip tests.
 
 Every function draws from its own `np.random.default_rng(seed)`, so a table rebuilt from the
 same per-run summaries prints the same intervals and p-values on any machine.
@@ -11,6 +11,14 @@ Conventions
     p-value is the share of resampled centred means at least as far from 0 as the observed
     mean, with the +1 correction, p = (1 + #{|mean(d*_b) - mean(d)| >= |mean(d)|}) / (1 + B).
     It is 1 when the mean difference is 0 (up to float rounding) and at least 1 / (1 + B).
+  * `paired_signflip_pvalue(x, y)`: the paired permutation test of "x - y is symmetric about
+    0". Under that null every sign pattern of d = x - y is equally likely, so the two-sided
+    p-value is the share of the 2^n patterns s whose |mean(s * d)| >= |mean(d)| (ties within a
+    relative float tolerance count as extreme). For n <= `MAX_EXACT_PAIRS` all 2^n patterns
+    are enumerated (exact; no randomness); above that `num_resamples` random patterns from
+    `np.random.default_rng(seed)` are drawn and p = (1 + #extreme) / (1 + num_resamples).
+    The exact p is a multiple of 1 / 2^n and at least 2 / 2^n (the observed pattern and its
+    mirror), so with 5 seeds no difference can reach p < 0.0625: `min_attainable_p(n)`.
   * Fewer than two values (or pairs) give NaN intervals and p-values: one seed says nothing
     about the spread.
 """
@@ -18,6 +26,9 @@ Conventions
 import numpy as np
 
 DEFAULT_RESAMPLES = 10_000
+MAX_EXACT_PAIRS = 20  # paired_signflip_pvalue enumerates all 2^n sign patterns up to this n
+_TIE_TOL = 1e-9       # a pattern's |sum| within this x sum|d| of the observed one is a tie
+_PATTERN_CHUNK = 1 << 16  # sign patterns scored per vectorised block (bounds memory)
 _ZERO_TOL = 1e-12     # |mean(x - y)| below this x max|x|, |y| counts as exactly 0
 
 
@@ -100,3 +111,72 @@ def ratio_of_means_ci(x, y, *, level=0.95, num_resamples=DEFAULT_RESAMPLES, seed
   alpha = (1.0 - level) / 2.0
   lo, hi = np.quantile(ratios, [alpha, 1.0 - alpha])
   return ratio, float(lo), float(hi)
+
+
+def _check_num_pairs(n):
+  if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+    raise ValueError(f'n={n!r} must be a non-negative integer number of pairs')
+
+
+def min_attainable_p(n, *, num_resamples=DEFAULT_RESAMPLES):
+  """Smallest p-value `paired_signflip_pvalue` can return for `n` pairs.
+
+  2 / 2^n when the test is exact (n <= `MAX_EXACT_PAIRS`): 0.0625 for 5 seeds, 0.0078125
+  for 8; 1 / (1 + num_resamples) above that (Monte Carlo); NaN for n < 2 (no test).
+  """
+  _check_num_pairs(n)
+  if n < 2:
+    return float('nan')
+  if n <= MAX_EXACT_PAIRS:
+    return 2.0 ** (1 - n)
+  return 1.0 / (1 + num_resamples)
+
+
+def _sign_patterns(start, stop, n):
+  """[stop - start, n] float64 signs +-1: row r holds the bits of pattern number start + r."""
+  codes = np.arange(start, stop, dtype=np.int64)[:, None]
+  bits = (codes >> np.arange(n, dtype=np.int64)[None, :]) & 1
+  return 1.0 - 2.0 * bits
+
+
+def paired_signflip_pvalue(x, y, *, num_resamples=DEFAULT_RESAMPLES, seed=0):
+  """Two-sided paired sign-flip (permutation) p-value of H0: mean(x - y) = 0.
+
+  x[i] and y[i] come from the same seed. With d = x - y, the p-value is the share of sign
+  patterns s in {-1, +1}^n with |sum(s * d)| >= |sum(d)| (equivalently of the means), a
+  pattern within `_TIE_TOL` x sum|d| of the observed value counting as a tie (extreme).
+
+  Args:
+    x, y: 1-D paired samples of equal length n.
+    num_resamples: random sign patterns drawn when n > `MAX_EXACT_PAIRS` (Monte Carlo, with
+      the +1 correction p = (1 + #extreme) / (1 + num_resamples)); unused when exact.
+    seed: seed of those draws; unused when exact.
+
+  Returns:
+    The p-value in [min_attainable_p(n), 1]: exactly 1 when mean(x - y) is 0 up to float
+    rounding (as in `paired_bootstrap_pvalue`), NaN for fewer than two pairs.
+  """
+  x, y = _paired(x, y)
+  d = x - y
+  n = len(d)
+  if n < 2:
+    return float('nan')
+  observed = abs(d.sum())
+  if observed <= n * _ZERO_TOL * max(np.abs(x).max(), np.abs(y).max(), 1e-300):
+    return 1.0                                 # no difference beyond float rounding
+  threshold = observed - _TIE_TOL * np.abs(d).sum()
+  if n <= MAX_EXACT_PAIRS:
+    extreme = 0
+    for start in range(0, 2**n, _PATTERN_CHUNK):
+      signs = _sign_patterns(start, min(start + _PATTERN_CHUNK, 2**n), n)
+      extreme += np.count_nonzero(np.abs(signs @ d) >= threshold)
+    return float(extreme / 2**n)
+  if num_resamples < 1:
+    raise ValueError(f'num_resamples={num_resamples!r} must be >= 1 for n={n} > {MAX_EXACT_PAIRS}')
+  rng = np.random.default_rng(seed)
+  extreme = 0
+  for start in range(0, num_resamples, _PATTERN_CHUNK):
+    size = min(_PATTERN_CHUNK, num_resamples - start)
+    signs = rng.choice(np.array([-1.0, 1.0]), size=(size, n))
+    extreme += np.count_nonzero(np.abs(signs @ d) >= threshold)
+  return float((1 + extreme) / (1 + num_resamples))

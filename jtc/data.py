@@ -13,6 +13,13 @@ Prepared data lives in ``data_dir`` (default ``$JTC_DATA_DIR`` or ``~/.cache/jtc
 folder keyed by a hash of everything that defines it (task config, generation seed, sizes; for
 JSONL the file paths, sizes and mtimes), so it is built once and rebuilt when that changes.
 
+Preparation is safe under concurrency: processes that start together on a fresh ``data_dir``
+(several trainers of one machine) serialise on an exclusive ``fcntl.flock`` of
+``<data_dir>/.<folder>.lock``; the first builds, the others wait and then read what it built.
+Nothing is downloaded, so TFDS's "Downloading and preparing dataset" / "Dataset ... prepared"
+lines are not printed (one ``absl`` INFO line says what was generated); reading a prepared
+dataset prints nothing.
+
 The pipeline (``make_dataset`` / ``make_prompt_iterator``)::
 
     grain.MapDataset.source(tfds.data_source(...))  # random access over array_record
@@ -25,7 +32,10 @@ state in a checkpoint resumes with exactly the same batches.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import io
 import json
 import os
 import re
@@ -34,6 +44,7 @@ from typing import Any, Iterable, Sequence
 import grain
 import numpy as np
 import tensorflow_datasets as tfds
+from absl import logging
 
 from jtc import rewards
 from jtc import tasks as tasks_lib
@@ -285,11 +296,68 @@ def prepare(
         answer_key=answer_key,
     )
     root = os.path.join(data_dir or default_data_dir(), f"{slug}-{_spec_key(json.loads(spec))}")
-    builder = _BUILDERS[name](spec=spec, data_dir=root, file_format="array_record")
-    if not builder.is_prepared():
-        tfds.disable_progress_bar()
-        builder.download_and_prepare()
+    if not _is_prepared(_BUILDERS[name](spec=spec, data_dir=root, file_format="array_record")):
+        parent, folder = os.path.split(root)
+        os.makedirs(parent, exist_ok=True)
+        with _file_lock(os.path.join(parent, f".{folder}.lock")):
+            # Built anew under the lock: another process may have finished while we waited.
+            builder = _BUILDERS[name](spec=spec, data_dir=root, file_format="array_record")
+            if not _is_prepared(builder):
+                _quiet_prepare(builder, rebuild=lambda: _BUILDERS[name](spec=spec, data_dir=root))
     return {"name": name, "data_dir": root, "builder_kwargs": {"spec": spec}}
+
+
+def _is_prepared(builder: tfds.core.DatasetBuilder) -> bool:
+    """``builder.is_prepared()`` without TFDS's "has no dataset_info.json" warning on a fresh dir.
+
+    TFDS renames a fully written ``incomplete.*`` folder to ``builder.data_dir`` in one step, so
+    an existing folder is a finished one.
+    """
+    return os.path.isdir(builder.data_dir) and builder.is_prepared()
+
+
+@contextlib.contextmanager
+def _file_lock(path: str):
+    """Holds an exclusive ``fcntl.flock`` on ``path`` (created if missing) inside the block.
+
+    The lock is released when the block exits or the process dies, so a killed preparer never
+    blocks the next one (its half-written ``incomplete.*`` folder is simply not used). On a file
+    system without ``flock`` (some network mounts) it warns and runs the block unlocked;
+    ``_quiet_prepare`` then still tolerates losing the race.
+    """
+    with open(path, "a") as f:
+        locked = True
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        except OSError as e:
+            logging.warning("jtc.data: cannot lock %s (%s); preparing without a lock", path, e)
+            locked = False
+        try:
+            yield
+        finally:
+            if locked:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _quiet_prepare(builder: tfds.core.DatasetBuilder, *, rebuild) -> None:
+    """``download_and_prepare`` without TFDS's download lines and progress bars on stdout.
+
+    Nothing here is downloaded (the records are generated or read from local files), so TFDS's
+    "Downloading and preparing dataset ..." is misleading; it prints it with ``print`` to
+    stdout, which is captured here and replaced by one INFO log line. If another process
+    renamed its finished folder into place first (only possible without the lock), the failed
+    rename (TFDS's ``FileExistsError``, or the ``OSError`` "Directory not empty" when both
+    renames race) is ignored when ``rebuild()`` (a fresh builder) finds the dataset prepared.
+    """
+    tfds.disable_progress_bar()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            builder.download_and_prepare()
+    except OSError:  # FileExistsError is one
+        if not _is_prepared(rebuild()):
+            raise
+        return
+    logging.info("jtc.data: generated %s records in %s", builder.name, builder.data_dir)
 
 
 def _decode(example: dict[str, Any]) -> dict[str, Any]:

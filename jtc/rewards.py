@@ -17,12 +17,24 @@ Answer extraction rule (``extract_answer``), first rule that fires wins:
   2. ``answer is`` / ``answer:`` (case-insensitive, last occurrence): the number right after it,
      or else the rest of that line up to the first sentence end, trailing period removed.
   3. GSM8K ``#### X`` (last occurrence): ``X``.
-  4. Fallback: the LAST number in the text (``-12``, ``3.5``, ``3/4``, ``1,234``); a ``-`` is a
-     sign only when it does not follow a digit, letter or ``)`` (so ``10-3`` ends in ``3``).
+  4. Fallback: the LAST number in the text (``-12``, ``3.5``, ``3/4``, ``3 / 4``, ``1,234``); a
+     ``-`` is a sign only when it does not follow a digit, letter or ``)`` (so ``10-3`` ends in
+     ``3``).
   5. Otherwise ``None`` (reward 0).
 
+Before extraction and parsing, Unicode minus signs and dashes (U+2212, U+2012-U+2015, U+FE63,
+U+FF0D) become ``-``, so "the result is \\u22125" (a real minus sign) is -5, never 5.
+
 Numbers are compared as exact ``fractions.Fraction`` values, so ``"0.5" == "1/2" == "\\frac{1}{2}"
-== "2/4"`` and ``"1,000" == "1000" == "1000.0"``.
+== "\\dfrac12" == "2/4" == "3 / 6"`` and ``"1,000" == "1000" == "1000.0"``. ``parse_number`` also
+drops what math verifiers treat as decoration of a number (``answer_number_text``):
+  * a single-variable left-hand side: ``x = 5``, ``n_1 = 5`` -> 5 (``x = 6`` is 6, not 5);
+  * units written as text after the number: ``5 \\text{ apples}``, ``5\\mbox{cm}`` -> 5
+    (bare words are not units: ``5 apples`` and ``5x`` parse to nothing);
+  * currency and degrees: ``\\$5``, ``$5``, ``30^\\circ`` -> 5, 30;
+  * a percent sign is a unit label, not a factor 1/100: ``5\\%`` == ``5\\,\\%`` == ``5%`` == 5,
+    and ``5\\%`` != 0.05. References of math datasets (MATH, GSM8K) write "what percent"
+    answers as the bare number, so this is the reading that agrees with them.
 """
 from __future__ import annotations
 
@@ -53,9 +65,19 @@ _FRAC_RE = re.compile(r"([+-]?\d+)\s*/\s*([+-]?\d+)")
 _TEX_FRAC_RE = re.compile(r"([+-]?)\\[dt]?frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
 
 
+_DASHES = "\u2212\u2012\u2013\u2014\u2015\ufe63\uff0d"
+_DASH_TABLE = str.maketrans({c: "-" for c in _DASHES})
+
+
+def normalize_dashes(text: str) -> str:
+    """Replaces Unicode minus signs and dashes (U+2212, U+2012-U+2015, U+FE63, U+FF0D) by ``-``."""
+    return text.translate(_DASH_TABLE)
+
+
 def _strip_answer_text(text: str) -> str:
-    """Removes wrappers that never change a value: $, \\text{}, \\!, spaces, trailing period."""
-    s = text.strip()
+    """Removes wrappers that never change a value: $, \\text{}, \\!, spaces, trailing period;
+    Unicode minus signs become ``-``."""
+    s = normalize_dashes(text).strip()
     s = s.replace("\\!", "").replace("\\,", "").replace("\\ ", "")
     s = re.sub(r"\\(?:text|mathrm|textbf|mathbf)\{([^{}]*)\}", r"\1", s)
     s = s.replace("\\left", "").replace("\\right", "")
@@ -63,17 +85,49 @@ def _strip_answer_text(text: str) -> str:
     return s.replace(" ", "")
 
 
+# A unit after a number: \text{ apples}, \mbox{cm}, \mathrm{kg} (letters, spaces, dots only).
+_UNIT_TEXT_RE = re.compile(r"\s*\\(?:text|textrm|mbox|mathrm)\s*\{\s*[A-Za-z][A-Za-z .]*\}\s*$")
+_DEGREE_RE = re.compile(r"\^\s*(?:\\circ|\{\s*\\circ\s*\})\s*$")
+_PERCENT_RE = re.compile(r"(?:\\,|\\!|\\ |\s)*\\?%\s*$")
+_VARIABLE_LHS_RE = re.compile(r"[A-Za-z](?:_\{?[A-Za-z0-9]{1,4}\}?)?=")
+_FRAC_SHORTHAND_RE = re.compile(r"(\\[dt]?frac)\s*(\d)")  # \frac34 -> \frac{3}4
+_FRAC_SHORTHAND_DEN_RE = re.compile(r"(\\[dt]?frac\{[^{}]*\})\s*(\d)")  # \frac{3}4 -> \frac{3}{4}
+
+
+def answer_number_text(text: str) -> str:
+    """The number part of an answer: variable ``x =``, text units, ``\\$``, degrees and percent
+    signs removed and ``\\frac34`` written ``\\frac{3}{4}`` (see the module docstring); then
+    ``_strip_answer_text``. Text without those decorations is only stripped."""
+    s = normalize_dashes(text).strip().rstrip(".").strip().strip("$").strip()
+    for _ in range(2):  # "5\,\% \text{ off}" has two trailing decorations
+        s = _UNIT_TEXT_RE.sub("", s)
+        s = _DEGREE_RE.sub("", s)
+        s = _PERCENT_RE.sub("", s)
+    s = s.replace("\\$", "")
+    s = _FRAC_SHORTHAND_RE.sub(r"\1{\2}", s)
+    s = _FRAC_SHORTHAND_DEN_RE.sub(r"\1{\2}", s)
+    s = _strip_answer_text(s)
+    lhs = _VARIABLE_LHS_RE.match(s)
+    if lhs is not None:
+        s = s[lhs.end():]
+    return s
+
+
 def parse_number(text: str | None) -> Fraction | None:
     """Parses an integer, decimal or fraction answer into an exact ``Fraction``.
 
-    Accepts ``42``, ``-42``, ``+42``, ``1,234`` (thousands commas), ``3.50``, ``.5``, ``3/4``,
-    ``\\frac{3}{4}`` (also ``\\dfrac``/``\\tfrac``), each optionally wrapped in ``$...$`` or
-    followed by a sentence-final period. Returns ``None`` for anything else (including strings
+    Accepts ``42``, ``-42`` (also with a Unicode minus), ``+42``, ``1,234`` (thousands commas),
+    ``3.50``, ``.5``, ``3/4``, ``3 / 4``, ``\\frac{3}{4}`` (also ``\\dfrac``/``\\tfrac`` and the
+    ``\\frac34`` shorthand), each optionally wrapped in ``$...$``, followed by a sentence-final
+    period, or decorated as in ``answer_number_text`` (``x = 5``, ``5 \\text{ apples}``,
+    ``\\$5``, ``5\\%``, ``30^\\circ``). Returns ``None`` for anything else (including strings
     longer than ``MAX_NUMBER_CHARS`` and zero denominators). Never raises.
     """
     if text is None or not isinstance(text, str):
         return None
-    s = _strip_answer_text(text)
+    if len(text) > 4 * MAX_NUMBER_CHARS:
+        return None
+    s = answer_number_text(text)
     if not s or len(s) > MAX_NUMBER_CHARS:
         return None
     m = _TEX_FRAC_RE.fullmatch(s)
@@ -112,7 +166,7 @@ def normalize_answer(text: str | None) -> str:
 
 
 _NUMBER_IN_TEXT_RE = re.compile(
-    r"(?:(?<![\w)])-)?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:/\d+)?"
+    r"(?:(?<![\w)])-)?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[ \t]{0,3}/[ \t]{0,3}\d+)?"
 )
 _ANSWER_IS_RE = re.compile(r"answer\s*(?:is|:)\s*:?", re.IGNORECASE)
 _GSM8K_RE = re.compile(r"####\s*([^\n]*)")
@@ -147,6 +201,7 @@ def extract_answer(text: str | None) -> str | None:
     """Extracts the final answer of a completion by the rule in the module docstring."""
     if not isinstance(text, str) or not text:
         return None
+    text = normalize_dashes(text)
     boxed = extract_boxed(text)
     if boxed is not None:
         return boxed
@@ -415,7 +470,7 @@ def _expression_match(prompt: str, completion: str, answer: str) -> float:
     target = parse_number(answer)
     if target is None or not isinstance(completion, str):
         return 0.0
-    lhs = completion.strip().split("\n", 1)[0].split("=", 1)[0].strip().rstrip(".")
+    lhs = normalize_dashes(completion).strip().split("\n", 1)[0].split("=", 1)[0].strip().rstrip(".")
     try:
         return float(evaluate_expression(lhs) == target)
     except ExpressionError:

@@ -201,7 +201,11 @@ def test_bad_inputs():
 
 
 _NASTY = st.lists(
-    st.sampled_from(list("0123456789+-*/^().,=$ {}\\#x×÷") + ["\\boxed{", "\\frac", "answer is ", "**", "####"]),
+    st.sampled_from(
+        list("0123456789+-*/^().,=$ {}\\#x×÷%_\u2212\u2013\uff0d")
+        + ["\\boxed{", "\\frac", "\\dfrac", "answer is ", "**", "####", "\\text{", "\\mbox{ cm}",
+           "\\%", "\\$", "\\,", "^\\circ", "^{\\circ}", "x = ", "n_1="]
+    ),
     max_size=150,
 ).map("".join)
 
@@ -229,3 +233,109 @@ def test_boxed_numeric_reward():
     np.testing.assert_array_equal(got, [1, 1, 0, 0, 1, 1])
     with pytest.raises(ValueError, match='equal length'):
         rewards.boxed_numeric([''], ['a', 'b'], ['1', '2'])
+
+
+# ----------------------------------------------------------------------------- answer forms
+
+
+@pytest.mark.parametrize("dash", ["\u2212", "\u2012", "\u2013", "\u2014", "\u2015", "\ufe63", "\uff0d"])
+def test_unicode_minus_is_a_minus_sign(dash):
+    text = f"so the result is {dash}5"
+    assert rewards.extract_answer(text) == "-5"
+    np.testing.assert_array_equal(rewards.numeric_match(["", ""], [text, text], ["-5", "5"]), [1, 0])
+    assert rewards.parse_number(f"\\boxed{{{dash}5}}"[7:-1]) == -5
+    assert rewards.parse_number(f"{dash}\\frac{{3}}{{4}}") == Fraction(-3, 4)
+    assert rewards.boxed_numeric([""], [f"\\boxed{{{dash}5}}"], ["5"])[0] == 0
+    assert rewards.exact_match([""], [f"\\boxed{{{dash}5}}"], ["-5"])[0] == 1
+    assert rewards.expression_match([""], [f"10 {dash} 3"], ["7"])[0] == 1
+
+
+def test_unicode_dash_between_numbers_is_not_a_sign():
+    assert rewards.extract_answer("pages 3\u20135") == "5"  # en dash after a digit: a range
+
+
+# (completion, reference, numeric_match and boxed_numeric reward)
+_FORMS = [
+    ("\\boxed{x = 5}", "5", 1),
+    ("\\boxed{x=5}", "5", 1),
+    ("\\boxed{n_1 = 5}", "5", 1),
+    ("\\boxed{y = \\frac{1}{2}}", "0.5", 1),
+    ("\\boxed{5 \\text{ apples}}", "5", 1),
+    ("\\boxed{5\\text{cm}}", "5", 1),
+    ("\\boxed{5 \\mbox{ m}}", "5", 1),
+    ("\\boxed{x = 5 \\text{ apples}}", "5", 1),
+    ("\\boxed{\\$5}", "5", 1),
+    ("\\boxed{\\$1,000.00}", "1000", 1),
+    ("\\boxed{5\\%}", "5", 1),
+    ("\\boxed{5\\,\\%}", "5", 1),
+    ("\\boxed{5%}", "5", 1),
+    ("\\boxed{30^\\circ}", "30", 1),
+    ("\\boxed{30^{\\circ}}", "30", 1),
+    ("\\boxed{\\frac{3}{4}}", "0.75", 1),
+    ("\\boxed{\\frac{3}{4}}", "3/4", 1),
+    ("\\boxed{\\dfrac34}", "3/4", 1),
+    ("\\boxed{\\dfrac34}", "0.75", 1),
+    ("\\boxed{\\tfrac{3}4}", "0.75", 1),
+    ("\\boxed{\\frac3{4}}", "0.75", 1),
+    ("\\boxed{-\\dfrac34}", "-0.75", 1),
+    # negative controls
+    ("\\boxed{x = 6}", "5", 0),
+    ("\\boxed{x = 5}", "6", 0),
+    ("\\boxed{5x}", "5", 0),  # a product, not a unit
+    ("\\boxed{5 apples}", "5", 0),  # units only count inside \\text{}
+    ("\\boxed{x + y = 5}", "5", 0),  # only a single variable on the left
+    ("\\boxed{5\\%}", "0.05", 0),  # percent is a unit label (module docstring)
+    ("\\boxed{5\\%}", "6", 0),
+    ("\\boxed{\\$5}", "6", 0),
+    ("\\boxed{5 \\text{ apples}}", "6", 0),
+    ("\\boxed{\\dfrac34}", "4/3", 0),
+    ("\\boxed{\\frac345}", "0.75", 0),  # \\frac{3}{4}5 is not a number
+    ("\\boxed{\\frac{3}{4}}", "34", 0),
+]
+
+
+@pytest.mark.parametrize("completion, answer, want", _FORMS)
+def test_decorated_boxed_answers(completion, answer, want):
+    got_numeric = rewards.numeric_match([""], [completion], [answer])[0]
+    got_boxed = rewards.boxed_numeric([""], [completion], [answer])[0]
+    assert (got_numeric, got_boxed) == (want, want)
+
+
+@pytest.mark.parametrize(
+    "completion, answer, want",
+    [
+        ("The answer is 3 / 4", "0.75", 1),
+        ("The answer is 3 / 4.", "3/4", 1),
+        ("the answer is 3 /4", "3/4", 1),
+        ("so I have 3 / 4 of it", "0.75", 1),  # last-number fallback keeps the fraction
+        ("The answer is 3 / 4", "3", 0),
+        ("The answer is 3 / 4", "4", 0),
+        ("The answer is 12 / 3", "4", 1),
+        ("The answer is $5.", "5", 1),
+        ("The answer is 5%.", "5", 1),
+        ("The answer is \\$5.", "5", 1),
+    ],
+)
+def test_answer_is_forms(completion, answer, want):
+    assert rewards.numeric_match([""], [completion], [answer])[0] == want
+
+
+def test_decoration_is_stripped_on_both_sides():
+    # A decorated reference compares with a plain completion and vice versa.
+    assert rewards.numbers_equal("5\\%", "5")
+    assert rewards.numbers_equal("\\$5", "5.00")
+    assert rewards.numbers_equal("x = \\dfrac12", "0.5")
+    assert not rewards.numbers_equal("x = 5", "y = 6")
+    assert rewards.answer_number_text("x = 5 \\text{ apples}") == "5"
+    assert rewards.answer_number_text("\\$5\\,\\%") == "5"
+
+
+@FUZZ
+@hypothesis.given(
+    st.integers(-10**6, 10**6),
+    st.sampled_from(["x = #", "# \\text{ apples}", "\\$#", "#\\%", "#\\,\\%", "#^\\circ", "$#$.", "\\$# \\text{ off}"]),
+)
+def test_decorations_never_change_the_value(n, template):
+    text = template.replace("#", str(n))
+    assert rewards.parse_number(text) == n
+    assert rewards.parse_number(text.replace("-", "\u2212")) == n

@@ -1,0 +1,109 @@
+"""Tests of the exact paired sign-flip permutation test in experiments/stats.py."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from experiments import stats
+
+
+def _brute_force_pvalue(x, y):
+  """Independent reference: loop over every sign pattern with itertools, compare means."""
+  d = [a - b for a, b in zip(x, y)]
+  observed = abs(sum(d) / len(d))
+  extreme = 0
+  patterns = list(itertools.product((1, -1), repeat=len(d)))
+  for signs in patterns:
+    flipped = abs(sum(s * v for s, v in zip(signs, d)) / len(d))
+    extreme += flipped >= observed - 1e-12
+  return extreme / len(patterns)
+
+
+@pytest.mark.parametrize('n', [2, 3, 5, 8, 11])
+def test_signflip_matches_brute_force(n):
+  rng = np.random.default_rng(n)
+  for trial in range(5):
+    x = rng.normal(0.3 * trial, 1.0, size=n)
+    y = rng.normal(0.0, 1.0, size=n)
+    assert stats.paired_signflip_pvalue(x, y) == pytest.approx(_brute_force_pvalue(x, y), abs=1e-15)
+
+
+def test_signflip_ties_on_integer_scores():
+  # Accuracy-like differences with many exact ties among the flipped sums.
+  x = np.array([0.5, 0.75, 0.5, 0.25, 0.5, 0.75])
+  y = np.array([0.25, 0.5, 0.5, 0.5, 0.25, 0.5])
+  assert stats.paired_signflip_pvalue(x, y) == _brute_force_pvalue(x, y)
+  # d = (0.1 + 0.2, -0.3, 0.4) is (0.3, -0.3, 0.4) up to rounding: the 4 patterns with s1 = s2
+  # tie with the observed |sum| = 0.4 and 2 more exceed it, so p = 6/8 (rounding must not
+  # break ties).
+  x, y = [0.1 + 0.2, 0.0, 0.4], [0.0, 0.3, 0.0]
+  d = np.subtract(x, y)
+  assert abs(-d[0] - d[1] + d[2]) < abs(d.sum())    # a float-rounding non-tie without tolerance
+  assert stats.paired_signflip_pvalue(x, y) == 0.75
+
+
+@pytest.mark.parametrize('n, floor', [(2, 0.5), (5, 0.0625), (8, 0.0078125), (20, 2.0**-19)])
+def test_signflip_floor_is_two_over_two_to_the_n(n, floor):
+  x = np.arange(1.0, n + 1.0)     # every difference positive: only s = +1 and s = -1 tie
+  y = np.zeros(n)
+  assert stats.paired_signflip_pvalue(x, y) == floor
+  assert stats.min_attainable_p(n) == floor
+  assert stats.paired_signflip_pvalue(x, y) >= stats.min_attainable_p(n)
+
+
+def test_signflip_symmetry_and_shift_invariance():
+  rng = np.random.default_rng(0)
+  for n in (4, 7, 10):
+    x, y = rng.normal(size=n), rng.normal(size=n)
+    p = stats.paired_signflip_pvalue(x, y)
+    assert stats.paired_signflip_pvalue(y, x) == p
+    assert stats.paired_signflip_pvalue(x + 3.0, y + 3.0) == pytest.approx(p)
+    perm = rng.permutation(n)
+    assert stats.paired_signflip_pvalue(x[perm], y[perm]) == pytest.approx(p)
+
+
+def test_signflip_zero_difference_is_one_and_few_pairs_nan():
+  x = np.array([0.1, 0.7, 0.3, 0.9])
+  assert stats.paired_signflip_pvalue(x, x) == 1.0
+  assert stats.paired_signflip_pvalue(x, x.copy()) == 1.0
+  assert stats.paired_signflip_pvalue([1.0, -1.0], [0.0, 0.0]) == 1.0   # mean difference 0
+  assert np.isnan(stats.paired_signflip_pvalue([1.0], [0.0]))
+  assert np.isnan(stats.min_attainable_p(1))
+
+
+def test_signflip_detects_a_clear_shift_and_not_noise():
+  rng = np.random.default_rng(1)
+  base = rng.normal(size=12)
+  assert stats.paired_signflip_pvalue(base + 2.0 + 0.1 * rng.normal(size=12), base) == 2.0**-11
+  assert stats.paired_signflip_pvalue(base + 0.05 * rng.normal(size=12), base) > 0.05
+
+
+def test_signflip_monte_carlo_above_the_exact_limit():
+  n = stats.MAX_EXACT_PAIRS + 4
+  rng = np.random.default_rng(2)
+  x, y = rng.normal(0.2, 1.0, size=n), rng.normal(size=n)
+  p = stats.paired_signflip_pvalue(x, y, num_resamples=20_000, seed=5)
+  assert p == stats.paired_signflip_pvalue(x, y, num_resamples=20_000, seed=5)   # seeded
+  # The exact p of n = 24 pairs, computed by enumerating all 2^24 patterns in blocks.
+  d = x - y
+  exact_extreme = 0
+  for start in range(0, 2**n, 1 << 20):
+    codes = np.arange(start, start + (1 << 20))[:, None]
+    signs = 1.0 - 2.0 * ((codes >> np.arange(n)) & 1)
+    exact_extreme += np.count_nonzero(np.abs(signs @ d) >= abs(d.sum()) - 1e-9)
+  exact = exact_extreme / 2**n
+  assert abs(p - exact) < 4 * np.sqrt(exact * (1 - exact) / 20_000) + 1e-4
+  assert stats.min_attainable_p(n, num_resamples=99) == 0.01
+  assert stats.paired_signflip_pvalue(np.arange(1.0, n + 1), np.zeros(n), num_resamples=99) == 0.01
+
+
+def test_signflip_bad_input():
+  with pytest.raises(ValueError, match='equal lengths'):
+    stats.paired_signflip_pvalue([1.0, 2.0], [1.0])
+  with pytest.raises(ValueError, match='non-finite'):
+    stats.paired_signflip_pvalue([1.0, float('nan')], [1.0, 2.0])
+  with pytest.raises(ValueError, match='n=-1'):
+    stats.min_attainable_p(-1)
+  with pytest.raises(ValueError, match='n=2.5'):
+    stats.min_attainable_p(2.5)
