@@ -1,7 +1,10 @@
 r"""Runs a sweep of `experiments/sweeps.py` (configs x seeds) and writes its results file.
 
   python -m experiments.run <sweep> [--seeds N] [--jobs J] [--smoke] [--workroot DIR]
-                            [--num-steps S] [--tables-only]
+                            [--num-steps S [--canonical]] [--replace] [--tables-only]
+
+Running lives here; the tables, statistics and figures of the results file in
+`experiments/report.py`.
 
 * Every run x seed is one `python -m jtc.train` subprocess, at most `--jobs` at a time
   (default: the number of cores). Its workdir is `<workroot>/<sweep>/<run>__s<seed>__<hash>`
@@ -15,8 +18,11 @@ r"""Runs a sweep of `experiments/sweeps.py` (configs x seeds) and writes its res
 * The summary JSON (final metrics, curves, compute counters, wall time, overrides, command) is
   all the tables need: `--tables-only` rebuilds `experiments/results/<sweep>.md` and the plots
   in `experiments/results/<sweep>/` from the summaries alone, on any machine.
-* `--smoke` runs the small form of the sweep and writes under `experiments/results/smoke/`, so
-  it never touches real results.
+* Nothing committed is overwritten by accident: `--smoke` writes under
+  `experiments/results/smoke/`, a resized sweep (`--num-steps` other than the sweep's) under
+  `experiments/results/scratch/` (unless `--canonical`), a per-run summary written with other
+  settings is kept and the run refused (unless `--replace`), and an invocation that ran nothing
+  new leaves the results file as it was.
 * A failed run is reported with the tail of its stderr; the others continue; the exit status
   is 1 if any run failed.
 * Text in `experiments/results/<sweep>.notes.md` (hand-written discussion) is copied into the
@@ -37,9 +43,8 @@ import time
 
 import numpy as np
 
-from experiments import stats
+from experiments import report
 from experiments import sweeps as sweeps_lib
-from jtc import curves
 from jtc import metric_writer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +52,6 @@ RESULTS_DIR = os.path.join(ROOT, 'experiments', 'results')
 DEFAULT_WORKROOT = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'jtc_experiments')
 MAX_CURVE_POINTS = 1000
 STDERR_TAIL_LINES = 25
-SMOOTH_STEPS = 5                  # trailing mean of the reward before compute_at_threshold
 CURVE_KEYS = ('reward_mean', 'reward_std', 'accuracy', 'entropy', 'asym', 'format/entropy',
               'response_length', 'approx_kl', 'clip_frac_high', 'clip_frac_low', 'asym_gated',
               'coef_mass_vs_gspo', 'frac_traj_gated',
@@ -86,8 +90,7 @@ class RunSpec:
     return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
 
-def _fmt(value):
-  return repr(value) if isinstance(value, float) else str(value)
+_fmt = report.fmt_value
 
 
 def override_flags(spec):
@@ -199,18 +202,6 @@ def summary_path(results_dir, spec):
   return os.path.join(results_dir, 'runs', f'{spec.run_id}.json')
 
 
-def load_summaries(results_dir):
-  runs_dir = os.path.join(results_dir, 'runs')
-  out = []
-  if not os.path.isdir(runs_dir):
-    return out
-  for fname in sorted(os.listdir(runs_dir)):
-    if fname.endswith('.json'):
-      with open(os.path.join(runs_dir, fname)) as f:
-        out.append(json.load(f))
-  return out
-
-
 def find_same_run(results_dir, spec):
   """A finished summary of `spec`'s exact settings (same key) in a sibling sweep, or None.
 
@@ -223,7 +214,7 @@ def find_same_run(results_dir, spec):
     other = os.path.join(root, name)
     if other == own or not os.path.isdir(os.path.join(other, 'runs')):
       continue
-    for s in load_summaries(other):
+    for s in report.load_summaries(other):
       if s.get('key') == spec.key and s.get('seed') == spec.seed:
         return s
   return None
@@ -258,14 +249,24 @@ def _tail(path, n=STDERR_TAIL_LINES):
     return ''.join(f.readlines()[-n:])
 
 
-def execute(spec, *, results_dir, workroot, make_command=trainer_command, log=_say):
-  """Runs (or resumes, skips, reuses) one spec: ('skipped'|'reused'|'ok'|'failed', detail)."""
+def execute(spec, *, results_dir, workroot, make_command=trainer_command, log=_say,
+            replace=False):
+  """Runs (or resumes, skips, reuses) one spec: ('skipped'|'reused'|'ok'|'failed', detail).
+
+  A summary of the same run id with OTHER settings is never replaced without ``replace``: the
+  spec fails with a message naming the file (a quick try-out must not overwrite a sweep).
+  """
   spath = summary_path(results_dir, spec)
   if os.path.exists(spath):
     with open(spath) as f:
-      if json.load(f).get('key') == spec.key:
-        return 'skipped', spath
-    log(f'[{spec.run_id}] settings changed since its summary was written: re-running')
+      old = json.load(f)
+    if old.get('key') == spec.key:
+      return 'skipped', spath
+    if not replace:
+      return 'failed', (f'{spath} holds a run with other settings (num_steps '
+                        f'{old.get("num_steps")}, key {old.get("key")}); it was kept. Write '
+                        'elsewhere (--results-root) or pass --replace to re-run and replace it.')
+    log(f'[{spec.run_id}] settings changed since its summary was written: re-running (--replace)')
   same = find_same_run(results_dir, spec)
   if same is not None:
     _write_json(spath, reuse_summary(same, spec))
@@ -302,7 +303,7 @@ def execute(spec, *, results_dir, workroot, make_command=trainer_command, log=_s
 
 
 def run_sweep(sweep, *, seeds, jobs, results_dir, workroot, make_command=trainer_command,
-              validate=True, log=_say):
+              validate=True, log=_say, replace=False):
   """Runs every spec (bounded parallelism); returns {run_id: (status, detail)}."""
   specs = make_specs(sweep, seeds)
   total = len(specs)
@@ -328,7 +329,7 @@ def run_sweep(sweep, *, seeds, jobs, results_dir, workroot, make_command=trainer
   def one(spec):
     try:
       status, detail = execute(spec, results_dir=results_dir, workroot=workroot,
-                               make_command=make_command, log=locked_log)
+                               make_command=make_command, log=locked_log, replace=replace)
     except Exception as e:  # pylint: disable=broad-except
       status, detail = 'failed', f'{type(e).__name__}: {e}'
     with lock:
@@ -341,434 +342,83 @@ def run_sweep(sweep, *, seeds, jobs, results_dir, workroot, make_command=trainer
   return results
 
 
-# ---------------------------------------------------------------------------------------------
-# Per-run scalars: '<extractor>:<key>' (a key starting with '~' = first curve containing it).
-# ---------------------------------------------------------------------------------------------
-
-def _curve(summary, key):
-  curves = summary['curves']
-  if key.startswith('~'):
-    matches = sorted(k for k in curves if key[1:] in k)
-    matches = [k for k in matches if 'high' in k] or matches
-    key = matches[0] if matches else key
-  elif key.endswith('@'):                         # 'eval/avg@' -> 'eval/avg@K'
-    matches = sorted(k for k in curves if k.startswith(key))
-    key = matches[0] if matches else key
-  c = curves.get(key)
-  if not c or not c['value']:
-    return None, None
-  return np.asarray(c['step'], np.float64), np.asarray(c['value'], np.float64)
-
-
-def _final(summary, key, **_):
-  _, v = _curve(summary, key)
-  return float('nan') if v is None else float(v[-1])
-
-
-def _mean(summary, key, **_):
-  _, v = _curve(summary, key)
-  return float('nan') if v is None else float(v.mean())
-
-
-def _late_mean(summary, key, **_):
-  """Mean over the last quarter of the curve (at least one point)."""
-  _, v = _curve(summary, key)
-  return float('nan') if v is None else float(v[-max(len(v) // 4, 1):].mean())
-
-
-def _jitter2(summary, key, **_):
-  _, v = _curve(summary, key)
-  if v is None or len(v) < 3:
-    return float('nan')
-  return float(curves.jitter2(v))
-
-
-def _compute_at(summary, key, *, threshold=None):
-  """Generated tokens when `key` first reaches `threshold` (NaN if never)."""
-  steps, v = _curve(summary, key)
-  cs, cv = _curve(summary, 'compute/generated_tokens')
-  if v is None or cv is None:
-    return float('nan')
-  compute = np.interp(steps, cs, cv)
-  out = float(curves.compute_at_threshold(v, compute, threshold, smooth=SMOOTH_STEPS,
-                                           interpolate=True))
-  return out if np.isfinite(out) else float('nan')
-
-
-EXTRACTORS = {
-    'final': _final,
-    'mean': _mean,
-    'late_mean': _late_mean,
-    'jitter2': _jitter2,
-    'compute_at': _compute_at,
-}
-
-
-def metric_value(summary, metric, **kwargs):
-  name, _, key = metric.partition(':')
-  if name not in EXTRACTORS:
-    raise ValueError(f'unknown metric extractor {name!r} in {metric!r}; valid: '
-                     f'{sorted(EXTRACTORS)}')
-  return EXTRACTORS[name](summary, key, **kwargs)
-
-
-def auto_threshold(summaries, key, *, window=SMOOTH_STEPS):
-  """0.9 x the smallest per-label seed-mean of the final `window`-step trailing mean of `key`.
-
-  Every method's average run ends above the threshold, so compute-to-threshold is defined for
-  most seeds of every method.
-  """
-  by_label = {}
-  for s in summaries:
-    _, v = _curve(s, key)
-    if v is not None:
-      by_label.setdefault((s.get('group', ''), s['label']), []).append(
-          curves.trailing_mean(v, window)[-1])
-  if not by_label:
-    return float('nan')
-  return 0.9 * min(float(np.mean(v)) for v in by_label.values())
-
-
-# ---------------------------------------------------------------------------------------------
-# Tables.
-# ---------------------------------------------------------------------------------------------
-
-def _ci_str(mean, lo, hi, scale, digits):
-  if not np.isfinite(mean):
-    return 'n/a'
-  if not np.isfinite(lo):
-    return f'{mean * scale:.{digits}f}'
-  return f'{mean * scale:.{digits}f} [{lo * scale:.{digits}f}, {hi * scale:.{digits}f}]'
-
-
-def _p_str(p):
-  if not np.isfinite(p):
-    return 'n/a'
-  return f'{p:.3f}' if p >= 0.001 else f'{p:.1e}'
-
-
-def _verdict(diff, p, expect, alpha=0.05):
-  if not expect or not np.isfinite(diff):
-    return ''
-  if diff == 0:
-    return 'no difference'
-  same = diff > 0 if expect == '>' else diff < 0
-  if same:
-    return 'agrees' if np.isfinite(p) and p < alpha else 'same direction, n.s.'
-  return 'DISAGREES' if np.isfinite(p) and p < alpha else 'opposite direction, n.s.'
-
-
-def _values_by_seed(summaries, table, threshold):
-  """{(group, label): {seed: value}} over finite values."""
-  out = {}
-  for s in summaries:
-    v = metric_value(s, table.metric, threshold=threshold)
-    if np.isfinite(v):
-      out.setdefault((s.get('group', ''), s['label']), {})[s['seed']] = v
-  return out
-
-
-def compare(values, base, *, normalize=False, seed=0):
-  """Stats of `values` ({seed: v}) against `base` ({seed: v}), paired over common seeds."""
-  x = np.array([values[k] for k in sorted(values)])
-  row = {'n': len(x)}
-  if normalize:
-    denom = np.mean(list(base.values())) if base else float('nan')
-    ok = len(x) and np.isfinite(denom) and denom != 0
-    row['value'] = stats.bootstrap_ci(x / denom, seed=seed) if ok else (np.nan,) * 3
-  else:
-    row['value'] = stats.bootstrap_ci(x, seed=seed)
-  common = sorted(set(values) & set(base or {}))
-  row['n_pairs'] = len(common)
-  if len(common) >= 1 and values is not base:
-    xp = np.array([values[k] for k in common])
-    bp = np.array([base[k] for k in common])
-    if normalize:
-      row['diff'] = stats.ratio_of_means_ci(xp, bp, seed=seed)
-    else:
-      row['diff'] = stats.paired_bootstrap_ci(xp, bp, seed=seed)
-    row['p'] = stats.paired_bootstrap_pvalue(xp, bp, seed=seed)
-  else:
-    row['diff'], row['p'] = (np.nan,) * 3, np.nan
-  return row
-
-
-def build_table(sweep, table, summaries):
-  """Markdown lines of one table from the summaries of `sweep`."""
-  threshold = table.threshold
-  if threshold == 'auto':
-    base_key = table.metric.partition(':')[2]
-    threshold = auto_threshold(summaries, base_key)
-  values = _values_by_seed(summaries, table, threshold)
-  baseline = table.baseline or sweep.baseline
-  labels = list(dict.fromkeys(r.label for r in sweep.runs))
-  if table.rows:
-    labels = [l for l in labels if l in table.rows]
-  groups = list(dict.fromkeys(r.group for r in sweep.runs))
-  paper, expect = dict(table.paper), dict(table.expect)
-  digits = 3 if table.normalize or table.scale == 1.0 else 1
-  lines = [f'### {table.title}', '']
-  if threshold is not None:
-    lines += [f'Threshold: {table.metric.partition(":")[2]} >= {threshold:.4g} '
-              f'({"auto" if table.threshold == "auto" else "fixed"}).', '']
-  unit = f' {table.unit}' if table.unit else ''
-  if table.by_group:
-    others = [l for l in labels if l != baseline]
-    head = ['Group'] + [f'{l}{unit}' for l in labels]
-    head += [f'{o} - {baseline}' for o in others] + ['p', 'seeds', 'paper', 'vs paper']
-    lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-    for g in groups:
-      base = values.get((g, baseline), {})
-      cells = [g or '-']
-      rows = {l: compare(values.get((g, l), {}), base) for l in labels}
-      cells += [_ci_str(*rows[l]['value'], table.scale, digits) for l in labels]
-      for o in others:
-        cells += [_ci_str(*rows[o]['diff'], table.scale, digits) + '', _p_str(rows[o]['p']),
-                  str(rows[o]['n_pairs'])]
-        cells += [paper.get(g, ''), _verdict(rows[o]['diff'][0], rows[o]['p'], expect.get(g))]
-      lines.append('| ' + ' | '.join(cells) + ' |')
-  else:
-    base = values.get(('', baseline), {})
-    diff_head = (f'ratio to {baseline}' if table.normalize
-                 else f'diff vs {baseline}')
-    head = ['Method', f'value{unit}', diff_head, 'p', 'seeds', 'paper', 'vs paper']
-    lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-    for l in labels:
-      vals = values.get(('', l), {})
-      is_base = l == baseline
-      row = compare(vals, vals if is_base else base, normalize=table.normalize)
-      diff = row['diff'] if not is_base else (np.nan,) * 3
-      effect = diff[0] - 1.0 if table.normalize else diff[0]
-      n_total = sum(1 for s in summaries if s['label'] == l and s.get('group', '') == '')
-      seeds_str = str(row['n']) if row['n'] == n_total else f'{row["n"]}/{n_total}'
-      lines.append('| ' + ' | '.join([
-          l + (' (baseline)' if is_base else ''),
-          _ci_str(*row['value'], table.scale if not table.normalize else 1.0, digits),
-          '' if is_base else _ci_str(*diff, 1.0 if table.normalize else table.scale, digits),
-          '' if is_base else _p_str(row['p']), seeds_str, paper.get(l, ''),
-          '' if is_base else _verdict(effect, row['p'], expect.get(l))]) + ' |')
-  lines += ['']
-  return lines
-
-
-STATS_NOTE = (
-    'Values: mean over seeds [95% percentile-bootstrap CI of the mean, 10,000 resamples]. '
-    '`diff`/`ratio`: paired by seed against the baseline, with its bootstrap CI; `p`: two-sided '
-    'paired bootstrap p-value of "no difference" (centred resampling of the per-seed '
-    'differences, see experiments/stats.py). `seeds` k/n: k of n runs had a finite value (for '
-    'compute-to-threshold: reached the threshold). `vs paper`: whether the difference has the '
-    'paper\'s sign relative to the baseline, and is significant at p < 0.05. Caution: with '
-    'n = 3-5 seeds the bootstrap is anti-conservative (all n differences of one sign give p near '
-    '0), whereas an exact paired sign-flip test cannot go below 2/2^n (0.25 for 3 seeds, 0.0625 '
-    'for 5); read a small p at n = 3 as "the same sign on every seed", and read the CIs.')
-
-
-# ---------------------------------------------------------------------------------------------
-# Plots.
-# ---------------------------------------------------------------------------------------------
-
-def plot_curves(sweep, summaries, out_path):
-  """Mean over seeds +- one standard error, per run label (and group), for curve_keys."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  keys = list(sweep.curve_keys) + ['eval/avg@']
-  n_cols = 3
-  n_rows = (len(keys) + n_cols - 1) // n_cols
-  fig, axes = plt.subplots(n_rows, n_cols, figsize=(4.4 * n_cols, 3.0 * n_rows), squeeze=False)
-  runs = list(dict.fromkeys((r.group, r.label) for r in sweep.runs))
-  # One distinct (colour, line style) per curve: tab10 colours, then dashed, then dotted.
-  styles = [(plt.cm.tab10(i % 10), ('-', '--', ':')[i // 10 % 3]) for i in range(len(runs))]
-  for ax, key in zip(axes.flat, keys):
-    shown = key
-    for (group, label), (color, ls) in zip(runs, styles):
-      xs, ys = [], []
-      for s in summaries:
-        if s['label'] != label or s.get('group', '') != group:
-          continue
-        steps, v = _curve(s, key)
-        if v is None:
-          continue
-        if sweep.plot_x != 'step':
-          cs, cv = _curve(s, sweep.plot_x)
-          if cv is None:
-            continue
-          steps = np.interp(steps, cs, cv)
-        xs.append(steps)
-        ys.append(v)
-        shown = key if not key.endswith('@') and not key.startswith('~') else next(
-            (k for k in s['curves'] if (key[1:] if key.startswith('~') else key) in k), key)
-      if not ys:
-        continue
-      n = min(len(y) for y in ys)
-      x = np.mean([x[:n] for x in xs], axis=0)
-      y = np.array([y[:n] for y in ys])
-      mean = y.mean(0)
-      se = y.std(0, ddof=1) / np.sqrt(len(y)) if len(y) > 1 else np.zeros_like(mean)
-      name = f'{label} {group}'.strip()
-      ax.plot(x, mean, lw=1.2, color=color, ls=ls, label=name)
-      ax.fill_between(x, mean - se, mean + se, color=color, alpha=0.2, lw=0)
-    ax.set_title(shown, fontsize=9)
-    ax.set_xlabel(sweep.plot_x, fontsize=8)
-    ax.tick_params(labelsize=7)
-  for ax in list(axes.flat)[len(keys):]:
-    ax.axis('off')
-  handles, labels = [], []
-  for ax in axes.flat:
-    h, l = ax.get_legend_handles_labels()
-    if len(h) > len(handles):
-      handles, labels = h, l
-  if handles:
-    fig.legend(handles, labels, loc='lower center', ncol=min(len(labels), 4), fontsize=8)
-  fig.tight_layout(rect=(0, 0.04 + 0.025 * ((len(labels) + 3) // 4), 1, 1))
-  os.makedirs(os.path.dirname(out_path), exist_ok=True)
-  fig.savefig(out_path, dpi=100)
-  plt.close(fig)
-  return out_path
-
-
-# ---------------------------------------------------------------------------------------------
-# The results file.
-# ---------------------------------------------------------------------------------------------
-
-def code_revision():
-  """'<sha>' or '<sha> (dirty)'; 'unknown' outside a git checkout or without commits."""
-  try:
-    sha = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout.strip()
-    dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return 'unknown'
-  return f'{sha} (dirty)' if dirty else sha
-
-
-def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures=None,
-                  revision=None, plot=True, rebuilt_by=None):
-  """Builds the markdown (+ plots) from the summaries in `results_dir`; returns md_path.
-
-  `command`, `wall_time_s`, `revision`: of the invocation that ran the sweep; `rebuilt_by`: the
-  `--tables-only` command that rebuilt the file, if any.
-  """
-  by_name = {r.name: r for r in sweep.runs}       # labels and groups: as the sweep says now
-  summaries = [dict(s, label=by_name[s['run']].label, group=by_name[s['run']].group)
-               for s in load_summaries(results_dir)
-               if s['run'] in by_name and s['num_steps'] == sweep.num_steps]
-  stale = len(load_summaries(results_dir)) - len(summaries)
-  seeds = sorted({s['seed'] for s in summaries})
-  run_wall = sum(s.get('wall_time_s') or 0.0 for s in summaries)
-  lines = [f'# {sweep.name}{" (smoke)" if sweep.smoke else ""}', '', sweep.description, '',
-           f'- Command: `{command}`',
-           f'- Code revision: `{revision or code_revision()}`',
-           *([f'- Tables rebuilt from the per-run summaries by `{rebuilt_by}` at revision '
-              f'`{code_revision()}`'] if rebuilt_by else []),
-           f'- Wall time of the sweep: {wall_time_s / 60:.1f} min; summed wall time of '
-           f'the runs: {run_wall / 60:.1f} min',
-           f'- Runs: {len(summaries)} summaries ({len(sweep.runs)} configs x seeds {seeds}), '
-           f'{sweep.num_steps} RL steps each; shared overrides: '
-           f'`{" ".join(f"--config.{k}={_fmt(v)}" for k, v in sweep.shared) or "none"}`'
-           + (f'; config arg `:{sweep.config_arg}`' if sweep.config_arg else ''),
-           '- Compute matching: equal RL steps, prompts x G per step, max tokens and update '
-           'steps within a comparison (see experiments/sweeps.py); generated tokens per run:']
-  tok = {}
-  for s in summaries:
-    tok.setdefault(f'{s["label"]} {s.get("group", "")}'.strip(), []).append(
-        s['compute'].get('compute/generated_tokens', float('nan')))
-  lines += [f'  {k}: {np.mean(v):.0f}' for k, v in tok.items()]
-  reused = sorted({s['reused_from'] for s in summaries if s.get('reused_from')})
-  if reused:
-    n = sum(1 for s in summaries if s.get('reused_from'))
-    lines += [f'- {n} of these runs have exactly the settings of runs in {", ".join(reused)} '
-              'and were reused from there, not re-run (their summaries say `reused_from`).']
-  if stale:
-    lines += [f'- {stale} summaries with other settings (e.g. another num_steps) were ignored.']
-  lines += ['', '## Tables', '']
-  for table in sweep.tables:
-    try:
-      lines += build_table(sweep, table, summaries)
-    except Exception as e:  # pylint: disable=broad-except
-      lines += [f'### {table.title}', '', f'Could not build: {type(e).__name__}: {e}', '']
-  lines += [STATS_NOTE, '']
-  if plot and summaries:
-    png = os.path.join(results_dir, 'curves.png')
-    plot_curves(sweep, summaries, png)
-    rel = os.path.relpath(png, os.path.dirname(md_path))
-    lines += ['## Curves', '', f'![curves]({rel})', '',
-              'Mean over seeds, shaded +- one standard error.', '']
-  if failures:
-    lines += ['## Failed runs', '']
-    for run_id, detail in sorted(failures.items()):
-      lines += [f'- `{run_id}`:', '', '```', detail.strip(), '```', '']
-  notes = md_path[:-len('.md')] + '.notes.md'
-  if os.path.exists(notes):
-    with open(notes) as f:
-      lines += [f'## Discussion (written by hand in {os.path.basename(notes)}; kept when the '
-                'tables are rebuilt)', '', f.read().strip(), '']
-  with open(md_path, 'w') as f:
-    f.write('\n'.join(lines) + '\n')
-  return md_path
-
-
-def failures_on_disk(results_dir):
-  runs_dir = os.path.join(results_dir, 'runs')
-  out = {}
-  if os.path.isdir(runs_dir):
-    for fname in sorted(os.listdir(runs_dir)):
-      if fname.endswith('.failed.txt'):
-        with open(os.path.join(runs_dir, fname)) as f:
-          out[fname[:-len('.failed.txt')]] = f.read()
-  return out
-
-
-def result_paths(sweep_name, *, smoke, results_root=RESULTS_DIR):
-  """(results_dir, md_path): results/<sweep>/ and results/<sweep>.md (under smoke/ if smoke)."""
-  root = os.path.join(results_root, 'smoke') if smoke else results_root
+def result_paths(sweep_name, *, smoke, scratch=False, results_root=RESULTS_DIR):
+  """(results_dir, md_path): <root>/<sweep>/ and <root>/<sweep>.md, under smoke/ or scratch/
+  for the small and the resized forms of a sweep (never the committed results)."""
+  root = results_root
+  if smoke:
+    root = os.path.join(results_root, 'smoke')
+  elif scratch:
+    root = os.path.join(results_root, 'scratch')
   return os.path.join(root, sweep_name), os.path.join(root, f'{sweep_name}.md')
 
 
 def main(argv=None, *, make_command=trainer_command, results_root=RESULTS_DIR):
-  parser = argparse.ArgumentParser(prog='python -m experiments.run',
-                                   description=__doc__.split('\n\n')[0])
+  parser = argparse.ArgumentParser(
+      prog='python -m experiments.run', description=__doc__.split('\n\n')[0],
+      epilog='Results go to experiments/results/<sweep>.md (tables, discussion) and '
+             'experiments/results/<sweep>/ (per-run summaries runs/*.json, curves.png, '
+             'invocation.json); --smoke and resized sweeps (--num-steps) go under '
+             'experiments/results/smoke/ and experiments/results/scratch/ instead. Trainer '
+             'workdirs go to --workroot.')
   parser.add_argument('sweep', help=f'one of {sorted(sweeps_lib.SWEEPS)}')
-  parser.add_argument('--seeds', type=int, default=None, help='default: the sweep\'s own')
-  parser.add_argument('--jobs', type=int, default=os.cpu_count() or 1)
-  parser.add_argument('--smoke', action='store_true')
-  parser.add_argument('--workroot', default=DEFAULT_WORKROOT)
+  parser.add_argument('--seeds', type=int, default=None,
+                      help="seeds 0..N-1 per config (default: the sweep's own)")
+  parser.add_argument('--jobs', type=int, default=os.cpu_count() or 1,
+                      help='trainer processes at once (default: the number of cores)')
+  parser.add_argument('--smoke', action='store_true',
+                      help='the seconds-long form of the sweep (results under smoke/)')
+  parser.add_argument('--workroot', default=DEFAULT_WORKROOT,
+                      help=f'where trainer workdirs go (default {DEFAULT_WORKROOT})')
   parser.add_argument('--num-steps', type=int, default=None,
-                      help='replaces the sweep\'s num_steps knob')
+                      help="replaces the sweep's num_steps knob; unless it equals the sweep's "
+                           'own, results go under scratch/ (see --canonical)')
+  parser.add_argument('--canonical', action='store_true',
+                      help='write a resized sweep to the committed results anyway')
+  parser.add_argument('--replace', action='store_true',
+                      help='re-run and replace per-run summaries written with other settings '
+                           '(refused otherwise)')
+  parser.add_argument('--results-root', default=results_root,
+                      help=f'root of the results files (default {results_root})')
   parser.add_argument('--tables-only', action='store_true',
                       help='rebuild the results file from the run summaries; run nothing')
   args = parser.parse_args(argv)
   if args.sweep not in sweeps_lib.SWEEPS:
     parser.error(f'unknown sweep {args.sweep!r}; valid: {sorted(sweeps_lib.SWEEPS)}')
   sweep = sweeps_lib.get_sweep(args.sweep, smoke=args.smoke, num_steps=args.num_steps)
+  resized = sweep.num_steps != sweeps_lib.get_sweep(args.sweep, smoke=args.smoke).num_steps
   seeds = args.seeds or sweep.seeds
-  results_dir, md_path = result_paths(sweep.name, smoke=args.smoke, results_root=results_root)
+  results_dir, md_path = result_paths(sweep.name, smoke=args.smoke,
+                                      scratch=resized and not args.canonical,
+                                      results_root=args.results_root)
   os.makedirs(results_dir, exist_ok=True)
   command = 'python -m experiments.run ' + shlex.join(sys.argv[1:] if argv is None else argv)
   t0 = time.time()
-  failures = {}
   invocation_path = os.path.join(results_dir, 'invocation.json')
-  if not args.tables_only:
+  invocation = {'command': command, 'wall_time_s': 0.0, 'revision': None}
+  if os.path.exists(invocation_path):              # the sweep's own command and wall time
+    with open(invocation_path) as f:
+      invocation = json.load(f)
+  if args.tables_only:
+    failures = report.failures_on_disk(results_dir)
+  else:
     est = sweeps_lib.estimate_seconds(sweep, seeds=seeds)
     print(f'{sweep.name}: {len(sweep.runs)} configs x {seeds} seeds, {sweep.num_steps} steps; '
-          f'estimated {est / 60:.0f} min of machine time', flush=True)
+          f'estimated {est / 60:.0f} min of machine time; results in {md_path}', flush=True)
     results = run_sweep(sweep, seeds=seeds, jobs=args.jobs, results_dir=results_dir,
-                        workroot=args.workroot, make_command=make_command)
+                        workroot=args.workroot, make_command=make_command,
+                        replace=args.replace)
     failures = {k: d for k, (s, d) in results.items() if s == 'failed'}
+    if all(status == 'skipped' for status, _ in results.values()) and os.path.exists(md_path):
+      print(f'nothing new: every run was already summarised; {md_path} left as it is')
+      return 0
     invocation = {'command': command, 'wall_time_s': time.time() - t0,
-                  'revision': code_revision()}
+                  'revision': report.code_revision()}
     _write_json(invocation_path, invocation)
-  else:
-    failures = failures_on_disk(results_dir)
-    invocation = {'command': command, 'wall_time_s': 0.0, 'revision': None}
-    if os.path.exists(invocation_path):              # the sweep's own command and wall time
-      with open(invocation_path) as f:
-        invocation = json.load(f)
-  path = write_results(sweep, results_dir=results_dir, md_path=md_path,
-                       command=invocation['command'], wall_time_s=invocation['wall_time_s'],
-                       revision=invocation['revision'], failures=failures,
-                       rebuilt_by=command if args.tables_only else None)
+  path = report.write_results(
+      sweep, results_dir=results_dir, md_path=md_path, command=invocation['command'],
+      wall_time_s=invocation['wall_time_s'], revision=invocation['revision'], failures=failures,
+      rebuilt_by=command if args.tables_only else None)
   print(f'wrote {path}' + (f'; {len(failures)} run(s) FAILED: {sorted(failures)}'
                            if failures else ''))
   return 1 if failures else 0

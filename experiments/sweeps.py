@@ -49,20 +49,22 @@ class Run:
 
 @dataclasses.dataclass(frozen=True)
 class Table:
-  """One results table. `metric` is '<extractor>:<metric key>' (see run.EXTRACTORS)."""
+  """One results table. `metric` is '<extractor>:<metric key>' (see report.EXTRACTORS)."""
   title: str
   metric: str
   unit: str = ''                 # column header suffix, e.g. '(%)'
   scale: float = 1.0             # multiply values for display (100 for accuracies)
   higher_is_better: bool = True
   normalize: bool = False        # Table 2: divide by the baseline's mean (ratio of means)
-  threshold: object = None       # compute_at: a float, or 'auto' (see run.auto_threshold)
+  threshold: object = None       # compute_at: a float, or 'auto' (see report.auto_threshold)
   by_group: bool = False         # Table 4 layout: one row per group, columns per label
   rows: tuple = ()               # labels to show ('' = all runs of the sweep)
   paper: tuple = ()              # ((label or group, value string), ...) the paper's numbers
   expect: tuple = ()             # ((label or group, '>' | '<'), ...) the paper's direction vs
                                  # the baseline ('>' = larger than the baseline)
   baseline: str = ''             # label compared against; '' = the sweep's baseline
+  prediction: str = ''           # the paper's prediction (metric, sign), written before the run
+  digits: object = None          # decimals shown (None: 3 for ratios and raw values, else 1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Per-step metrics to `<workdir>/metrics.jsonl` and TensorBoard event files.
 
-On resume from step s, lines of the JSONL file with `step >= s` are dropped first, so a killed
-and resumed run leaves exactly one line per step, as an uninterrupted run would.
+On resume from step s, lines of the JSONL file with `step >= s` are dropped first (they are
+recomputed identically) and TensorBoard purges its events from step s on, so a killed and resumed
+run leaves exactly one record per step in both, as an uninterrupted run would.
 """
 
 import json
@@ -50,7 +51,10 @@ class MetricWriter:
     self._file = open(self.path, 'a')
     try:
       import tensorboardX  # pylint: disable=import-outside-toplevel
-      self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      # purge_step hides events of steps >= resume_step written before a kill: every step
+      # appears once in TensorBoard too.
+      self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, 'tensorboard'),
+                                            purge_step=resume_step)
     except ImportError:
       self._tb = None
 

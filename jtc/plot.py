@@ -32,6 +32,7 @@ import matplotlib.lines as mlines  # pylint: disable=g-import-not-at-top
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from jtc import curves
 from jtc import metric_writer
 
 DEFAULT_KEYS = ('reward_mean', 'accuracy', 'entropy', 'response_length', 'asym',
@@ -118,17 +119,6 @@ def series(records, key):
   return np.asarray(steps), np.asarray(values, np.float64)
 
 
-def trailing_mean(values, window):
-  """y[i] = mean(values[max(0, i - window + 1) : i + 1]): the mean of the last `window` points."""
-  values = np.asarray(values, np.float64)
-  if window < 1:
-    raise ValueError(f'smoothing window must be >= 1, got {window}')
-  csum = np.concatenate([[0.0], np.cumsum(values)])
-  idx = np.arange(1, len(values) + 1)
-  lo = np.maximum(idx - window, 0)
-  return (csum[idx] - csum[lo]) / (idx - lo)
-
-
 def is_sparse(steps):
   """True for curves logged rarely (evaluations): few points or step gaps above 1."""
   if len(steps) <= _SPARSE_MAX_POINTS:
@@ -191,13 +181,13 @@ def _select_keys(keys, runs):
   return keys
 
 
-def _styles(n):
+def styles(n):
   """One (colour, line style) per run: tab10 colours, then dashed, then dotted."""
   return [(plt.cm.tab10(i % 10), ('-', '--', ':')[i // 10 % 3]) for i in range(n)]
 
 
-def _draw_panel(ax, key, runs, styles, smooth):
-  for (name, recs), (color, ls) in zip(runs.items(), styles):
+def _draw_panel(ax, key, runs, run_styles, smooth):
+  for (name, recs), (color, ls) in zip(runs.items(), run_styles):
     x, y = series(recs, key)
     if not len(x):
       continue
@@ -205,7 +195,7 @@ def _draw_panel(ax, key, runs, styles, smooth):
       ax.plot(x, y, color=color, ls=ls, lw=1.4, marker='o', ms=3.5)
     elif smooth > 1:
       ax.plot(x, y, color=color, ls='-', lw=0.8, alpha=0.25)
-      ax.plot(x, trailing_mean(y, smooth), color=color, ls=ls, lw=1.5)
+      ax.plot(x, curves.trailing_mean(y, smooth), color=color, ls=ls, lw=1.5)
     else:
       ax.plot(x, y, color=color, ls=ls, lw=1.2)
   title, ylabel = describe(key)
@@ -226,13 +216,13 @@ def make_figure(runs, keys=None, *, smooth=1):
   n_cols = min(3, len(keys))
   n_rows = (len(keys) + n_cols - 1) // n_cols
   fig, axes = plt.subplots(n_rows, n_cols, figsize=(4.4 * n_cols, 3.1 * n_rows), squeeze=False)
-  styles = _styles(len(runs))
+  run_styles = styles(len(runs))
   for ax, key in zip(axes.flat, keys):
-    _draw_panel(ax, key, runs, styles, smooth)
+    _draw_panel(ax, key, runs, run_styles, smooth)
   empty = list(axes.flat)[len(keys):]
   for ax in empty:
     ax.axis('off')
-  handles = [mlines.Line2D([], [], color=c, ls=ls, lw=1.5) for c, ls in styles]
+  handles = [mlines.Line2D([], [], color=c, ls=ls, lw=1.5) for c, ls in run_styles]
   fig.tight_layout(h_pad=1.2)
   if empty and len(runs) <= 8 * len(empty):  # an unused panel slot holds the legend
     empty[0].legend(handles, list(runs), loc='center left', fontsize=8, frameon=False,

@@ -20,6 +20,7 @@ import numpy as np
 from jtc import checks
 from jtc import data as data_lib
 from jtc import model as model_lib
+from jtc import rewards as rewards_lib
 from jtc import sampler as sampler_lib
 from jtc import sharding as sharding_lib
 
@@ -81,12 +82,34 @@ class Generator:
   chunk_prompts: int = 0
   to_device: Callable = jnp.asarray
 
+  @classmethod
+  def from_config(cls, c, model_config, tokenizer, task, *, to_device=jnp.asarray):
+    """The generator of a run config: its task's verifier (or `data.reward`; a dataset run
+    defaults to boxed_numeric), prompt encoding and chunking."""
+    reward = c.data.reward or ('' if task else 'boxed_numeric')
+    return cls(model_config=model_config, tokenizer=tokenizer,
+               reward_fn=rewards_lib.REWARD_FNS[reward] if reward else task.reward_fn,
+               prompt_width=c.data.prompt_width, chat_template=c.data.chat_template,
+               prompt_suffix=c.data.prompt_suffix, chunk_prompts=c.rollout.chunk_prompts,
+               to_device=to_device)
+
   def encode(self, prompts):
     """Questions -> left-padded [B, P] prompt tokens / mask on the device."""
     tokens_BP, mask_BP = data_lib.encode_prompts(
         self.tokenizer, [p + self.prompt_suffix for p in prompts], width=self.prompt_width,
         chat_template=self.chat_template)
     return self.to_device(tokens_BP), self.to_device(mask_BP)
+
+  def check_prompt_width(self, prompts):
+    """ValueError naming config.data.prompt_width when the longest of ``prompts`` (suffix and
+    chat template included) does not fit, before any compute."""
+    longest = max(prompts, key=len, default='')
+    need = int(data_lib.encode_prompts(
+        self.tokenizer, [longest + self.prompt_suffix], width=1 << 16,
+        chat_template=self.chat_template)[1].sum()) if prompts else 0
+    if need > self.prompt_width:
+      raise ValueError(f'config.data.prompt_width={self.prompt_width} is too small: the prompt '
+                       f'{longest!r} takes {need} tokens with the template; set it to >= {need}')
 
   def sample(self, params, prompts, rng, sampling):
     """sampler.sample on the encoded prompts; a `SampleOutput` on the host."""

@@ -204,3 +204,12 @@ def mesh_sizes(data: int, fsdp: int, tensor: int, n_devices: int | None = None) 
   if math.prod(sizes.values()) != n:
     raise ValueError(f'config.mesh = {sizes} does not multiply to the {n} devices')
   return sizes
+
+
+def check_batch_rows(rows: int, sizes: dict) -> None:
+  """A (micro-)batch of ``rows`` sequences must split over the mesh's batch axes."""
+  n = sizes['data'] * sizes['fsdp']
+  if rows % n:
+    raise ValueError(f'a (micro-)batch of {rows} sequences (config.optim.microbatch_prompts or '
+                     'minibatch_prompts, times the group size) does not split over the '
+                     f'{n} devices of config.mesh.data x config.mesh.fsdp')

@@ -2,9 +2,7 @@ r"""The RL trainer: config-driven runs of every intra-group objective.
 
   python -m jtc.train --config configs/<method>.py[:smoke|runlocal] --workdir W [--config.key=value]
 
-Methods: one config file each in configs/ (grpo, dapo, dr_grpo, gspo, dfpo_min_replace,
-dfpo_orth_proj, dfpo_pos_orth_proj, grpo_fix, delta, sapo, cispo); every config key is
-documented, one commented line each, in configs/common.py.
+Methods: one config file each in configs/; every key is documented in configs/common.py.
 
 One RL step (`Trainer.step`), each stage handing the next a typed value:
   prompts -> `rollout.collect` (G samples per prompt, rewards, DAPO refill)     -> Rollout
@@ -28,18 +26,14 @@ import os
 import sys
 import time
 
-from absl import app
 from absl import flags
-from absl import logging
-import flax.struct
 import jax
-import jax.numpy as jnp
-from ml_collections import config_flags
 import numpy as np
 
 from jtc import advantages as advantages_lib
 from jtc import checkpoints
 from jtc import checks
+from jtc import cli
 from jtc import data as data_lib
 from jtc import delta as delta_lib
 from jtc import diagnostics
@@ -50,19 +44,10 @@ from jtc import rollout as rollout_lib
 from jtc import sharding as sharding_lib
 from jtc import tasks as tasks_lib
 from jtc import update as update_lib
+from jtc import workdir as workdir_lib
 
 # Plug-ins that produce per-token loss weights, chosen by `config.token_weights`.
 TOKEN_WEIGHTERS = {'delta': delta_lib.Weighter}
-COUNTERS = ('rl_steps', 'generated_tokens', 'rollouts', 'update_steps', 'prompts')
-
-
-def define_flags():
-  """Command-line flags, defined only when run as a program (so `jtc.sft` can coexist)."""
-  config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
-  flags.DEFINE_string('workdir', None, 'Where checkpoints and metrics go.')
-  flags.DEFINE_integer('kill_after_step', -1, 'Testing aid: SIGKILL this process right after '
-                       'the checkpoint of this step is written (-1 = never).')
-  flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def validate_config(c):
@@ -82,47 +67,25 @@ def validate_config(c):
   checks.in_range('config.log.diagnostics_every', c.log.diagnostics_every, low=0, integer=True)
   checks.positive_int('config.log.ckpt_every', c.log.ckpt_every)
   checks.positive_int('config.log.keep_checkpoints', c.log.keep_checkpoints)
-  sizes = sharding_lib.mesh_sizes(**c.mesh)
-  rows = (c.optim.microbatch_prompts or c.optim.minibatch_prompts) * c.rollout.sampling.num_samples
-  if rows % (sizes['data'] * sizes['fsdp']):
-    raise ValueError(f'a (micro-)batch of {rows} sequences does not split over the '
-                     f'{sizes["data"] * sizes["fsdp"]} devices of config.mesh.data x fsdp')
-
-
-@flax.struct.dataclass
-class RunState:
-  """What a run carries between steps besides the train state (checkpointed as arrays):
-  counters int64 [5] (`COUNTERS`), token_counts_V float32 [V] (the Energy diagnostic's
-  frequency buckets) and the token-weight plug-in's state (DelTA's token cloud) or None."""
-  counters: np.ndarray
-  token_counts_V: jax.Array
-  weighter: object = None
-
-  def count(self, name):
-    return int(self.counters[COUNTERS.index(name)])
-
-  def add(self, **increments):
-    counters = self.counters.copy()
-    for k, v in increments.items():
-      counters[COUNTERS.index(k)] += v
-    return self.replace(counters=counters)
+  sharding_lib.check_batch_rows(
+      (c.optim.microbatch_prompts or c.optim.minibatch_prompts) * c.rollout.sampling.num_samples,
+      sharding_lib.mesh_sizes(**c.mesh))
 
 
 class Trainer:
   """A run's compiled functions and state; `run()` is the loop. `policy=(model_config, params,
   tokenizer)` replaces the config's policy (tests and benchmarks)."""
 
-  def __init__(self, config, workdir, *, policy=None):
+  def __init__(self, config, workdir, *, policy=None, allow_config_change=False):
     validate_config(config)
     self.c = c = config
     self.workdir = workdir
-    os.makedirs(workdir, exist_ok=True)
+    self._lock, schedule_steps = workdir_lib.claim(workdir, c, allow_changes=allow_config_change)
     self.model_config, params, self.tokenizer = policy or checkpoints.load_policy(c.policy)
     self.G, self.P = c.rollout.sampling.num_samples, c.data.prompt_width
     self.task = None if c.data.dataset else tasks_lib.get_task(c.data.task)
-    reward = c.data.reward or ('' if self.task else 'boxed_numeric')
     self.updates_per_step = update_lib.updates_per_step(c.optim, c.rollout.prompts_per_step)
-    total_updates = c.num_steps * self.updates_per_step
+    total_updates = schedule_steps * self.updates_per_step
     self.schedule = update_lib.learning_rate_schedule(c.optim, total_updates)
     self.optimizer = update_lib.make_optimizer(c.optim, total_updates)
     self.mesh = sharding_lib.make_mesh(**sharding_lib.mesh_sizes(**c.mesh))
@@ -139,18 +102,12 @@ class Trainer:
                                 out_shardings=param_sh)(self.state.params)
     # Sampling and the behaviour pass never differentiate: no rematerialisation there.
     infer_config = dataclasses.replace(self.model_config, remat=False)
-    self.gen = rollout_lib.Generator(
-        model_config=infer_config, tokenizer=self.tokenizer,
-        reward_fn=rewards_lib.REWARD_FNS[reward] if reward else self.task.reward_fn,
-        prompt_width=self.P, chat_template=c.data.chat_template,
-        prompt_suffix=c.data.prompt_suffix, chunk_prompts=c.rollout.chunk_prompts,
-        to_device=self._to_device)
+    self.gen = rollout_lib.Generator.from_config(c, infer_config, self.tokenizer, self.task,
+                                                 to_device=self._to_device)
     self.weighter = (TOKEN_WEIGHTERS[c.token_weights].from_config(
         c.delta, group_size=self.G, model_config=self.model_config) if c.token_weights else None)
-    self.run_state = RunState(
-        counters=np.zeros(len(COUNTERS), np.int64),
-        token_counts_V=jnp.zeros((self.model_config.vocab_size,), jnp.float32),
-        weighter=self.weighter.init_state() if self.weighter else None)
+    self.run_state = update_lib.RunState.init(
+        self.model_config.vocab_size, self.weighter.init_state() if self.weighter else None)
     data_dir = c.data.data_dir or None  # None: jtc's cache ($JTC_DATA_DIR or ~/.cache/jtc)
     # Every process reads the same global batch (shard 0 of 1): host-side logic (rewards,
     # advantages) is replicated, the device work is sharded over the mesh.
@@ -159,6 +116,11 @@ class Trainer:
         seed=c.seed, data_dir=data_dir, shard_index=0, shard_count=1)
     self.eval_examples = data_lib.held_out_examples(c.data, data_dir=data_dir,
                                                     limit=c.eval.problems)
+    self.gen.check_prompt_width([e['prompt'] for e in self.eval_examples + data_lib.load_examples(
+        c.data.dataset or c.data.task, split='train', data_dir=data_dir, limit=2000)])
+    if c.data.dataset and not c.policy.checkpoint:
+      print(f'note: config.data.dataset with the jtc policy {c.policy.init!r}: the shipped base '
+            'policy never writes \\boxed{}, so expect every reward to be 0', file=sys.stderr)
     self.ckpt = checkpoints.TrainCheckpointer(os.path.join(workdir, 'checkpoints'),
                                               max_to_keep=c.log.keep_checkpoints)
     self._restore()
@@ -199,22 +161,18 @@ class Trainer:
         sampling=c.rollout.sampling.to_dict(), dynamic_sampling=c.dapo.dynamic_sampling,
         max_rounds=c.dapo.dynamic_sampling_rounds)
     t1 = time.perf_counter()
-    batch, metrics, weighter_state = update_lib.make_batch(
-        c, rollout, self.state.params, behaviour_fn=self._behaviour, ref_params=self.ref_params,
-        to_device=self._to_device, weighter=self.weighter,
-        weighter_state=self.run_state.weighter, rng=k_weights)
-    counts_V = diagnostics.update_token_counts(self.run_state.token_counts_V,
-                                               jnp.asarray(rollout.completion_BT), batch.mask)
-    self.run_state = self.run_state.replace(weighter=weighter_state, token_counts_V=counts_V)
-    metrics.update(rollout_lib.format_metrics(self.task, rollout.texts, rollout.correct_B))
+    batch, metrics, self.run_state = update_lib.make_batch(
+        c, rollout, self.state.params, self.run_state, task=self.task,
+        behaviour_fn=self._behaviour, ref_params=self.ref_params, to_device=self._to_device,
+        weighter=self.weighter, rng=k_weights)
     jax.block_until_ready(batch.old_logps)
     t2 = time.perf_counter()
     diagnose = c.log.diagnostics_every and step % c.log.diagnostics_every == 0
     self.state, update_metrics = update_lib.run_updates(
         self.state, batch, k_order, update_fn=self._update, minibatch_fn=self._minibatch,
         num_groups=c.rollout.prompts_per_step, minibatch_prompts=c.optim.minibatch_prompts,
-        ppo_epochs=c.optim.ppo_epochs, group_size=self.G,
-        diagnose_fn=functools.partial(self._diagnostics, token_counts=counts_V) if diagnose else None)
+        ppo_epochs=c.optim.ppo_epochs, group_size=self.G, diagnose_fn=functools.partial(
+            self._diagnostics, token_counts=self.run_state.token_counts_V) if diagnose else None)
     metrics.update(update_metrics)
     t3 = time.perf_counter()
     n_tokens = int(rollout.completion_mask_BT.sum())
@@ -226,7 +184,7 @@ class Trainer:
         dynamic_sampling_rounds=rounds, time_sample=t1 - t0, time_score=t2 - t1,
         time_update=t3 - t2, tokens_per_s=n_tokens / max(t3 - t0, 1e-9),
         learning_rate=float(self.schedule(self.run_state.count('update_steps'))),
-        **{f'compute/{k}': self.run_state.count(k) for k in COUNTERS})
+        **{f'compute/{k}': self.run_state.count(k) for k in update_lib.COUNTERS})
     return metrics
 
   def evaluate(self, step):
@@ -253,57 +211,52 @@ class Trainer:
       self.weighter.write(self.run_state.weighter, self.workdir, self.tokenizer)
 
   def run(self, *, kill_after_step=-1):
-    c = self.c
-    start = self.run_state.count('rl_steps')
-    writer = metric_writer.MetricWriter(self.workdir, resume_step=start + 1)
-    bar = _progress_bar(c.num_steps, start)
-    last = {}
+    """The loop: evaluate step 0, then step / evaluate / log / checkpoint up to num_steps. On
+    SIGINT or SIGTERM the step in flight finishes, a checkpoint is written and the loop ends;
+    returns the last metrics record and the signal that stopped it (or None)."""
+    c, start = self.c, self.run_state.count('rl_steps')
+    if start >= c.num_steps:
+      print(f'already finished: {self.workdir} holds all {c.num_steps} steps (raise '
+            '--config.num_steps to continue it)', file=sys.stderr)
+      return _last_record(self.workdir), None
+    writer = metric_writer.MetricWriter(self.workdir, resume_step=start + 1 if start else 0)
+    progress = cli.Progress(c.num_steps, start, every=c.log.progress_every)
     eval_every = c.eval.every if self.eval_examples else 0
-    if start == 0 and eval_every:
-      writer.write(0, self.evaluate(0))
-    for step in range(start + 1, c.num_steps + 1):
-      if c.token_budget and self.run_state.count('generated_tokens') >= c.token_budget:
-        print(f'token budget {c.token_budget} reached at step {step - 1}', file=sys.stderr)
-        break
-      metrics = self.step(step)
-      if eval_every and (step % eval_every == 0 or step == c.num_steps):
-        metrics.update(self.evaluate(step))
-      last = writer.write(step, metrics)
-      if step % c.log.ckpt_every == 0 or step == c.num_steps:
-        self._save(step)
-        if step == kill_after_step:
-          os.kill(os.getpid(), 9)
-      if bar is not None:
-        bar.update(1)
-        bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.2f}",
-                        ent=f"{metrics.get('entropy', 0):.2f}")
-    if bar is not None:
-      bar.close()
+    if not self.eval_examples and c.eval.every:
+      print('no held-out problems (no test split): evaluation is skipped', file=sys.stderr)
+    last, step = {}, start
+    with cli.StopOnSignal() as stop:
+      if start == 0 and eval_every:
+        writer.write(0, self.evaluate(0))
+      for step in range(start + 1, c.num_steps + 1):
+        if c.token_budget and self.run_state.count('generated_tokens') >= c.token_budget:
+          print(f'token budget {c.token_budget} reached at step {step - 1}', file=sys.stderr)
+          break
+        metrics = self.step(step)
+        if eval_every and (step % eval_every == 0 or step == c.num_steps):
+          metrics.update(self.evaluate(step))
+        last = writer.write(step, metrics)
+        if step % c.log.ckpt_every == 0 or step == c.num_steps or stop.signal:
+          self._save(step)
+          if step == kill_after_step:
+            os.kill(os.getpid(), 9)
+        progress.update(step, metrics)
+        if stop.signal:
+          print(f'{stop.signal} at step {step}: checkpoint written; run the same command to '
+                'resume', file=sys.stderr)
+          break
+    progress.close()
     writer.close()
     self.ckpt.close()
-    return last
+    return last, stop.signal
 
 
-def _progress_bar(total, initial):
-  try:
-    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    return None
-  return tqdm(total=total, initial=initial, desc='rl', dynamic_ncols=True, file=sys.stderr,
-              disable=None)
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments {argv[1:]}')
-  logging.set_verbosity(logging.WARNING)  # orbax and tfds are chatty at INFO
-  sharding_lib.initialize_distributed()  # multi-host: before any other JAX work
-  trainer = Trainer(flags.FLAGS.config, flags.FLAGS.workdir)
-  last = trainer.run(kill_after_step=flags.FLAGS.kill_after_step)
-  print(json.dumps({k: v for k, v in last.items() if 'eval' in k or k in (
-      'step', 'reward_mean', 'accuracy')}))
+def _last_record(workdir):
+  records = metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  return records[-1] if records else {}
 
 
 if __name__ == '__main__':
-  define_flags()
-  app.run(main)
+  cli.define_train_flags()
+  flags.adopt_module_key_flags(cli)  # --help lists the trainer's flags
+  cli.train_main(Trainer)

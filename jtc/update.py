@@ -21,6 +21,7 @@ import optax
 
 from jtc import advantages as advantages_lib
 from jtc import checks
+from jtc import diagnostics
 from jtc import model as model_lib
 from jtc import objectives
 from jtc import rollout as rollout_lib
@@ -32,6 +33,33 @@ class TrainState:
   step: jax.Array
   params: dict
   opt_state: optax.OptState
+
+
+COUNTERS = ('rl_steps', 'generated_tokens', 'rollouts', 'update_steps', 'prompts')
+
+
+@flax.struct.dataclass
+class RunState:
+  """What a run carries between steps besides the train state (checkpointed as arrays):
+  counters int64 [5] (`COUNTERS`), token_counts_V float32 [V] (the Energy diagnostic's
+  frequency buckets) and the token-weight plug-in's state (DelTA's token cloud) or None."""
+  counters: np.ndarray
+  token_counts_V: jax.Array
+  weighter: object = None
+
+  @classmethod
+  def init(cls, vocab_size, weighter_state=None):
+    return cls(counters=np.zeros(len(COUNTERS), np.int64),
+               token_counts_V=jnp.zeros((vocab_size,), jnp.float32), weighter=weighter_state)
+
+  def count(self, name):
+    return int(self.counters[COUNTERS.index(name)])
+
+  def add(self, **increments):
+    counters = self.counters.copy()
+    for k, v in increments.items():
+      counters[COUNTERS.index(k)] += v
+    return self.replace(counters=counters)
 
 
 @flax.struct.dataclass
@@ -122,16 +150,16 @@ def check_config(optim, prompts_per_step):
 # ---------------------------------------------------------------------------------------------
 
 
-def make_batch(c, rollout, params, *, behaviour_fn, ref_params, to_device, weighter=None,
-               weighter_state=None, rng=None):
-  """Rollout -> `Batch` on the device, and the step's rollout metrics.
+def make_batch(c, rollout, params, run_state, *, task, behaviour_fn, ref_params, to_device,
+               weighter=None, rng=None):
+  """Rollout -> `Batch` on the device; returns (batch, the step's rollout metrics, run_state).
 
   Rewards (+ DAPO overlong shaping) -> advantages (``c.advantage``) -> the token mask (minus
   truncated completions with ``c.dapo.mask_truncated``) -> behaviour log-probs of ``params``
   (``behaviour_fn``, a jitted `rollout.behaviour_pass`, ``c.rollout.chunk_prompts`` groups at a
   time; or the sampler's, by ``c.rollout.behaviour_logps``) -> the KL reference's (when
   ``ref_params``) -> token weights of the ``weighter`` plug-in (DelTA), from the behaviour pass.
-  Returns (batch, metrics, weighter_state).
+  ``run_state`` comes back with the plug-in's state and the token counts updated.
   """
   rewards_B = rollout.rewards_B + rollout_lib.overlong_shaping(
       rollout.lengths_B, max_new_tokens=c.rollout.sampling.max_new_tokens,
@@ -156,17 +184,21 @@ def make_batch(c, rollout, params, *, behaviour_fn, ref_params, to_device, weigh
                  else to_device(rollout.sampler_logps_BT)),
       ref_logps=None if ref_params is None else score(ref_params)['logps'])
   metrics = {f'adv/{k}': float(v) for k, v in adv_metrics.items()}
+  completion_BT = jnp.asarray(rollout.completion_BT)
   if weighter is not None:
     weights_BT, weight_metrics, weighter_state = weighter.weights(
-        weighter_state, params, behaviour, jnp.asarray(rollout.completion_BT), adv_B,
-        jnp.asarray(mask_BT), rng)
+        run_state.weighter, params, behaviour, completion_BT, adv_B, jnp.asarray(mask_BT), rng)
     batch = batch.replace(token_weights=weights_BT)
     metrics.update({f'{c.token_weights}/{k}': v for k, v in weight_metrics.items()})
+    run_state = run_state.replace(weighter=weighter_state)
+  run_state = run_state.replace(token_counts_V=diagnostics.update_token_counts(
+      run_state.token_counts_V, completion_BT, batch.mask))
   metrics.update(
       reward_mean=float(rewards_B.mean()), reward_std=float(rewards_B.std()),
       accuracy=float(rollout.correct_B.mean()), response_length=float(rollout.lengths_B.mean()),
-      frac_truncated=float(rollout.truncated_B.mean()))
-  return batch, metrics, weighter_state
+      frac_truncated=float(rollout.truncated_B.mean()),
+      **rollout_lib.format_metrics(task, rollout.texts, rollout.correct_B))
+  return batch, metrics, run_state
 
 
 # ---------------------------------------------------------------------------------------------

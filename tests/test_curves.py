@@ -39,8 +39,17 @@ def test_entropy_trend_recovers_line():
   assert out['r2'] == pytest.approx(1.0)
 
 
-def test_trailing_mean_closed_form():
-  np.testing.assert_allclose(curves.trailing_mean([1.0, 3.0, 5.0, 7.0], 2), [1.0, 2.0, 4.0, 6.0])
-  np.testing.assert_allclose(curves.trailing_mean([2.0, 4.0], 5), [2.0, 3.0])
+@pytest.mark.parametrize('window', [1, 2, 5, 50])
+def test_trailing_mean_matches_a_loop(window):
+  y = np.random.default_rng(window).normal(size=30)
+  want = [np.mean(y[max(0, i - window + 1):i + 1]) for i in range(len(y))]
+  np.testing.assert_allclose(curves.trailing_mean(y, window), want, rtol=1e-12, atol=1e-12)
+
+
+def test_trailing_mean_is_causal_and_rejects_bad_windows():
+  y = np.zeros(20)
+  y[10] = 1.0
+  s = curves.trailing_mean(y, 4)
+  assert np.all(s[:10] == 0) and np.all(s[10:14] == 0.25) and np.all(s[14:] == 0)
   with pytest.raises(ValueError, match='window=0'):
-    curves.trailing_mean([1.0], 0)
+    curves.trailing_mean(y, 0)

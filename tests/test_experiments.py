@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+from experiments import report
 from experiments import run as run_lib
 from experiments import stats
 from experiments import sweeps as sweeps_lib
@@ -115,7 +116,7 @@ def test_sweeps_are_well_formed(name, smoke):
     assert (group, sweep.baseline) in labels, f'{name}: no baseline in group {group!r}'
   for table in sweep.tables:
     assert set(table.rows) <= {r.label for r in sweep.runs}
-    assert table.metric.partition(':')[0] in run_lib.EXTRACTORS
+    assert table.metric.partition(':')[0] in report.EXTRACTORS
     assert not table.baseline or table.baseline in {r.label for r in sweep.runs}
   if smoke:
     assert sweep.config_arg == 'smoke' and sweep.num_steps <= 3 and sweep.seeds <= 2
@@ -288,7 +289,7 @@ def test_run_with_the_same_settings_is_reused_from_another_sweep(tmp_path):
   assert reused['curves'] == original['curves'] and reused['seed'] == 1
   assert (reused['sweep'], reused['run'], reused['label'], reused['reused_from']) == (
       'second', 'gspo_again', 'GSPO', 'first')
-  md = run_lib.write_results(second, results_dir=str(runs / 'second'),
+  md = report.write_results(second, results_dir=str(runs / 'second'),
                              md_path=str(runs / 'second.md'), command='x', wall_time_s=0.0,
                              revision='r', plot=False)
   assert '2 of these runs have exactly the settings of runs in first' in open(md).read()
@@ -347,13 +348,13 @@ def _write_fake_summaries(results_dir, sweep, acc_by_label, seeds):
 def test_tables_rebuild_from_summaries_alone(tmp_path):
   sweep = sweeps_lib.get_sweep('table1')
   rng = np.random.default_rng(0)
-  base = rng.uniform(0.3, 0.5, size=5)
-  acc = {r.label: base + (0.08 if r.label.startswith('DFPO') else 0.0) + rng.normal(0, .002, 5)
+  base = rng.uniform(0.3, 0.5, size=8)
+  acc = {r.label: base + (0.08 if r.label.startswith('DFPO') else 0.0) + rng.normal(0, .002, 8)
          for r in sweep.runs}
   acc['GSPO'] = base
   results_dir, md_path = run_lib.result_paths('table1', smoke=False,
                                               results_root=str(tmp_path))
-  _write_fake_summaries(results_dir, sweep, acc, seeds=5)
+  _write_fake_summaries(results_dir, sweep, acc, seeds=8)
   rc = run_lib.main(['table1', '--tables-only'], results_root=str(tmp_path))
   assert rc == 0
   md = open(md_path).read()
@@ -367,9 +368,10 @@ def test_tables_rebuild_from_summaries_alone(tmp_path):
     assert f'{100 * np.mean(values):.1f} [' in rows[key]
   dfpo = rows['DFPO (Min-Replace)'].split('|')
   assert dfpo[3].strip().startswith(f'{100 * np.mean(acc["DFPO (Min-Replace)"] - base):.1f}')
-  assert dfpo[7].strip() == 'agrees'                     # +8 points with 5 seeds: p < 0.05
-  assert rows['GRPO'].split('|')[7].strip() in ('same direction, n.s.', 'opposite direction, n.s.',
-                                                 '')
+  assert float(dfpo[4]) == pytest.approx(2 / 2 ** 8, rel=1e-3)     # every seed up: the sign-flip floor
+  assert dfpo[8].strip() == 'agrees'                     # +8 points on 8 seeds: p < 0.05
+  assert rows['GRPO'].split('|')[8].strip().startswith('inconclusive') or not rows[
+      'GRPO'].split('|')[8].strip()
 
   # Smoke results go elsewhere and do not touch the real file.
   smoke_dir, smoke_md = run_lib.result_paths('table1', smoke=True, results_root=str(tmp_path))
@@ -382,7 +384,7 @@ def test_a_table_can_compare_against_another_baseline(tmp_path):
   _write_fake_summaries(str(tmp_path), sweep, acc, seeds=2)
   table = sweeps_lib.Table('acc', 'final:eval/avg@', scale=100.0, baseline='BETTER',
                            expect=(('BASE', '<'),))
-  lines = run_lib.build_table(sweep, table, run_lib.load_summaries(str(tmp_path)))
+  lines = report.build_table(sweep, table, report.load_summaries(str(tmp_path)))
   rows = {l.split('|')[1].strip(): l.split('|') for l in lines if l.startswith('| ')}
   assert 'diff vs BETTER' in lines[2] and 'BETTER (baseline)' in rows
   assert rows['BASE'][3].strip().startswith(f'{100 * (0.35 - 0.525):.1f}')
@@ -394,7 +396,7 @@ def test_grouped_table_and_normalised_compute(tmp_path):
   results_dir = str(tmp_path / 'res')
   _run(tmp_path, sweep, make, seeds=3)
   md_path = str(tmp_path / 'fake.md')
-  run_lib.write_results(sweep, results_dir=results_dir, md_path=md_path, command='cmd',
+  report.write_results(sweep, results_dir=results_dir, md_path=md_path, command='cmd',
                         wall_time_s=0.0, revision='abc', plot=False)
   md = open(md_path).read()
   rows = [l for l in md.splitlines() if l.startswith('| BETTER')]
@@ -410,7 +412,7 @@ def test_grouped_table_and_normalised_compute(tmp_path):
   acc = {lab: np.array([0.4, 0.5, 0.45]) + (0.05 if lab.startswith('DFPO') else 0.0)
          for lab in ('DFPO (Min-Replace)', 'GSPO')}
   _write_fake_summaries(rd, sweep4, acc, seeds=3)
-  run_lib.write_results(sweep4, results_dir=rd, md_path=md4, command='cmd', wall_time_s=0.0,
+  report.write_results(sweep4, results_dir=rd, md_path=md4, command='cmd', wall_time_s=0.0,
                         revision='abc', plot=False)
   text = open(md4).read()
   for G in (2, 4, 8, 16):
@@ -437,8 +439,55 @@ def test_every_smoke_sweep_end_to_end(tmp_path):
       assert f'### {table.title}' in md
     for run in sweep.runs:
       assert run.label in md, (name, run.label)
-    summaries = run_lib.load_summaries(str(root / 'smoke' / name))
+    summaries = report.load_summaries(str(root / 'smoke' / name))
     assert sorted(s['run'] for s in summaries) == sorted(r.name for r in sweep.runs)
     assert all(s['final']['step'] == sweep.num_steps for s in summaries)
   # table2's rows are table1's runs: none of them was launched again.
   assert not [r for n, r in launched if n == 'table2']
+
+
+def test_verdict_needs_eight_seeds_and_a_significant_sign_flip_test():
+  v = report.verdict
+  assert v(0.02, 0.004, 8, '>') == 'agrees'
+  assert v(-0.02, 0.004, 8, '>') == 'DISAGREES'
+  assert v(0.02, 0.0625, 5, '>').startswith('inconclusive (n = 5 < 8')
+  assert v(-0.02, 0.2, 10, '>') == "inconclusive (opposite sign, p = 0.2)"
+  assert v(0.0, 0.9, 10, '<') == 'inconclusive (no difference)'
+  assert v(0.02, 0.004, 8, '') == ''
+  # The table reports the exact sign-flip p beside the bootstrap one: 5 seeds all up -> 1/16.
+  row = report.compare({i: 1.0 + i for i in range(5)}, {i: 0.5 + i for i in range(5)})
+  assert row['p'] == pytest.approx(0.0625) and row['p_boot'] < 0.0625 and row['n_pairs'] == 5
+
+
+def test_a_resized_sweep_never_touches_the_committed_results(tmp_path, monkeypatch):
+  """The try-out of issue 15: `--num-steps 1 --seeds 1` once overwrote an 80-step sweep's
+  summaries and results file. Resized sweeps go to scratch/, a summary with other settings is
+  refused without --replace, and an invocation that runs nothing new leaves the file as is."""
+  sweep = _fake_sweep(num_steps=4)
+  make, counter = _fake_command(tmp_path)
+  monkeypatch.setattr(sweeps_lib, 'get_sweep', lambda *a, num_steps=None, **k: (
+      dataclasses.replace(sweep, num_steps=num_steps) if num_steps else sweep))
+  monkeypatch.setattr(sweeps_lib, 'SWEEPS', {'fake': None})
+  root = tmp_path / 'results'
+  args = ['fake', '--jobs', '2', '--workroot', str(tmp_path / 'w')]
+  assert run_lib.main(args, make_command=make, results_root=str(root)) == 0
+  canonical = {p.name: p.read_bytes() for p in (root / 'fake' / 'runs').glob('*.json')}
+  md = (root / 'fake.md').read_bytes()
+  # A quick try-out with another num_steps: written under scratch/, nothing canonical changes.
+  assert run_lib.main(args + ['--num-steps', '1', '--seeds', '1'], make_command=make,
+                      results_root=str(root)) == 0
+  assert (root / 'scratch' / 'fake' / 'runs' / 'base__s0.json').exists()
+  assert {p.name: p.read_bytes() for p in (root / 'fake' / 'runs').glob('*.json')} == canonical
+  assert (root / 'fake.md').read_bytes() == md
+  # Forced into the canonical root, it is refused run by run instead of replacing them.
+  assert run_lib.main(args + ['--num-steps', '1', '--seeds', '1', '--canonical'],
+                      make_command=make, results_root=str(root)) == 1
+  assert {p.name: p.read_bytes() for p in (root / 'fake' / 'runs').glob('*.json')} == canonical
+  # Re-running the sweep as defined with fewer seeds runs nothing and rewrites nothing.
+  n = len(_launches(counter))
+  assert run_lib.main(args + ['--seeds', '1'], make_command=make, results_root=str(root)) == 0
+  assert len(_launches(counter)) == n
+  # --replace is the explicit request that may replace a summary.
+  assert run_lib.main(args + ['--num-steps', '1', '--seeds', '1', '--canonical', '--replace'],
+                      make_command=make, results_root=str(root)) == 0
+  assert json.loads((root / 'fake' / 'runs' / 'base__s0.json').read_text())['num_steps'] == 1

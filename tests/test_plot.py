@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from jtc import metric_writer
+from jtc import curves
 from jtc import plot
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,22 +71,6 @@ def test_describe_fallback_is_readable_and_names_the_key():
 
 
 # ----------------------------------------------------------------------------- smoothing
-
-
-@pytest.mark.parametrize('window', [1, 2, 5, 50])
-def test_trailing_mean_matches_a_loop(window):
-  y = np.random.default_rng(window).normal(size=30)
-  want = [np.mean(y[max(0, i - window + 1):i + 1]) for i in range(len(y))]
-  np.testing.assert_allclose(plot.trailing_mean(y, window), want, rtol=1e-12, atol=1e-12)
-
-
-def test_trailing_mean_is_causal_and_rejects_bad_windows():
-  y = np.zeros(20)
-  y[10] = 1.0
-  s = plot.trailing_mean(y, 4)
-  assert np.all(s[:10] == 0) and np.all(s[10:14] == 0.25) and np.all(s[14:] == 0)
-  with pytest.raises(ValueError, match='window must be >= 1, got 0'):
-    plot.trailing_mean(y, 0)
 
 
 def test_is_sparse():
@@ -169,7 +154,7 @@ def test_smoothing_draws_the_trailing_mean_over_a_faint_raw_curve(two_same_name_
     raw, smoothed = reward_ax.get_lines()
     x, y = plot.series(recs, 'reward_mean')
     np.testing.assert_array_equal(raw.get_ydata(), y)
-    np.testing.assert_allclose(smoothed.get_ydata(), plot.trailing_mean(y, 10))
+    np.testing.assert_allclose(smoothed.get_ydata(), curves.trailing_mean(y, 10))
     assert raw.get_alpha() < 0.5 and (smoothed.get_alpha() is None or smoothed.get_alpha() == 1)
     assert np.std(np.diff(smoothed.get_ydata())) < np.std(np.diff(y))   # it is smoother
     # Sparse evaluations are not smoothed: one line through the logged values.

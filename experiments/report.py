@@ -1,0 +1,457 @@
+"""Results files of a sweep: per-run scalars, tables with their statistics, curves.
+
+Everything here reads the per-run summaries that `experiments/run.py` writes, so a results file
+can be rebuilt on any machine (`python -m experiments.run <sweep> --tables-only`).
+
+Statistics (experiments/stats.py): a value is the mean over seeds with its 95% percentile
+bootstrap CI; a comparison is paired by seed against the table's baseline, with the bootstrap CI
+of the mean difference, the exact paired sign-flip (permutation) p-value and, beside it, the
+paired bootstrap p-value. A verdict about a paper's claim needs at least `MIN_SEEDS_FOR_VERDICT`
+paired seeds and a sign-flip p < 0.05: 'agrees' / 'DISAGREES' when the sign is the paper's /
+the opposite, otherwise 'inconclusive'.
+"""
+
+import json
+import os
+import subprocess
+
+import numpy as np
+
+from experiments import stats
+from jtc import curves
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMOOTH_STEPS = 5                  # trailing mean of the reward before compute_at_threshold
+MIN_SEEDS_FOR_VERDICT = 8
+ALPHA = 0.05
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-run scalars: '<extractor>:<key>' (a key starting with '~' = first curve containing it).
+# ---------------------------------------------------------------------------------------------
+
+
+def curve(summary, key):
+  """(steps, values) float64 arrays of a summary's curve, or (None, None)."""
+  stored = summary['curves']
+  if key.startswith('~'):
+    matches = sorted(k for k in stored if key[1:] in k)
+    matches = [k for k in matches if 'high' in k] or matches
+    key = matches[0] if matches else key
+  elif key.endswith('@'):                         # 'eval/avg@' -> 'eval/avg@K'
+    matches = sorted(k for k in stored if k.startswith(key))
+    key = matches[0] if matches else key
+  c = stored.get(key)
+  if not c or not c['value']:
+    return None, None
+  return np.asarray(c['step'], np.float64), np.asarray(c['value'], np.float64)
+
+
+def _final(summary, key, **_):
+  _, v = curve(summary, key)
+  return float('nan') if v is None else float(v[-1])
+
+
+def _mean(summary, key, **_):
+  _, v = curve(summary, key)
+  return float('nan') if v is None else float(v.mean())
+
+
+def _late_mean(summary, key, **_):
+  """Mean over the last quarter of the curve (at least one point)."""
+  _, v = curve(summary, key)
+  return float('nan') if v is None else float(v[-max(len(v) // 4, 1):].mean())
+
+
+def _change(summary, key, **_):
+  """Last value minus first value (e.g. the drift of a log-odds over training)."""
+  _, v = curve(summary, key)
+  return float('nan') if v is None or len(v) < 2 else float(v[-1] - v[0])
+
+
+def _abs_change(summary, key, **_):
+  """|last - first|: how far a quantity moved, whatever the direction."""
+  return abs(_change(summary, key))
+
+
+def _jitter2(summary, key, **_):
+  _, v = curve(summary, key)
+  if v is None or len(v) < 3:
+    return float('nan')
+  return float(curves.jitter2(v))
+
+
+def _compute_at(summary, key, *, threshold=None):
+  """Generated tokens when `key` first reaches `threshold` (NaN if never)."""
+  steps, v = curve(summary, key)
+  cs, cv = curve(summary, 'compute/generated_tokens')
+  if v is None or cv is None:
+    return float('nan')
+  compute = np.interp(steps, cs, cv)
+  out = float(curves.compute_at_threshold(v, compute, threshold, smooth=SMOOTH_STEPS,
+                                          interpolate=True))
+  return out if np.isfinite(out) else float('nan')
+
+
+EXTRACTORS = {
+    'final': _final,
+    'mean': _mean,
+    'late_mean': _late_mean,
+    'change': _change,
+    'abs_change': _abs_change,
+    'jitter2': _jitter2,
+    'compute_at': _compute_at,
+}
+
+
+def metric_value(summary, metric, **kwargs):
+  name, _, key = metric.partition(':')
+  if name not in EXTRACTORS:
+    raise ValueError(f'unknown metric extractor {name!r} in {metric!r}; valid: '
+                     f'{sorted(EXTRACTORS)}')
+  return EXTRACTORS[name](summary, key, **kwargs)
+
+
+def auto_threshold(summaries, key, *, window=SMOOTH_STEPS):
+  """0.9 x the smallest per-label seed-mean of the final `window`-step trailing mean of `key`.
+
+  Every method's average run ends above the threshold, so compute-to-threshold is defined for
+  most seeds of every method.
+  """
+  by_label = {}
+  for s in summaries:
+    _, v = curve(s, key)
+    if v is not None:
+      by_label.setdefault((s.get('group', ''), s['label']), []).append(
+          curves.trailing_mean(v, window)[-1])
+  if not by_label:
+    return float('nan')
+  return 0.9 * min(float(np.mean(v)) for v in by_label.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables.
+# ---------------------------------------------------------------------------------------------
+
+
+def _ci_str(mean, lo, hi, scale, digits):
+  if not np.isfinite(mean):
+    return 'n/a'
+  if not np.isfinite(lo):
+    return f'{mean * scale:.{digits}f}'
+  return f'{mean * scale:.{digits}f} [{lo * scale:.{digits}f}, {hi * scale:.{digits}f}]'
+
+
+def _p_str(p):
+  if not np.isfinite(p):
+    return 'n/a'
+  return f'{p:.3g}' if p >= 1e-4 else f'{p:.1e}'
+
+
+def verdict(effect, p_perm, n_pairs, expect, *, alpha=ALPHA, min_seeds=MIN_SEEDS_FOR_VERDICT):
+  """'agrees' / 'DISAGREES' (sign-flip p < alpha on >= min_seeds pairs, the paper's sign or
+  not), else 'inconclusive' with the reason; '' when the paper predicts nothing here."""
+  if not expect or not np.isfinite(effect):
+    return ''
+  if effect == 0:
+    return 'inconclusive (no difference)'
+  same = effect > 0 if expect == '>' else effect < 0
+  sign = "paper's sign" if same else 'opposite sign'
+  if n_pairs < min_seeds:
+    return f'inconclusive (n = {n_pairs} < {min_seeds}; {sign})'
+  if not np.isfinite(p_perm) or p_perm >= alpha:
+    return f'inconclusive ({sign}, p = {_p_str(p_perm)})'
+  return 'agrees' if same else 'DISAGREES'
+
+
+def _values_by_seed(summaries, table, threshold):
+  """{(group, label): {seed: value}} over finite values."""
+  out = {}
+  for s in summaries:
+    v = metric_value(s, table.metric, threshold=threshold)
+    if np.isfinite(v):
+      out.setdefault((s.get('group', ''), s['label']), {})[s['seed']] = v
+  return out
+
+
+def compare(values, base, *, normalize=False, seed=0):
+  """Stats of `values` ({seed: v}) against `base` ({seed: v}), paired over common seeds:
+  value CI, diff (or ratio) CI, sign-flip p, bootstrap p, n, n_pairs."""
+  x = np.array([values[k] for k in sorted(values)])
+  row = {'n': len(x)}
+  if normalize:
+    denom = np.mean(list(base.values())) if base else float('nan')
+    ok = len(x) and np.isfinite(denom) and denom != 0
+    row['value'] = stats.bootstrap_ci(x / denom, seed=seed) if ok else (np.nan,) * 3
+  else:
+    row['value'] = stats.bootstrap_ci(x, seed=seed)
+  common = sorted(set(values) & set(base or {}))
+  row['n_pairs'] = len(common)
+  row['diff'], row['p'], row['p_boot'] = (np.nan,) * 3, np.nan, np.nan
+  if len(common) >= 1 and values is not base:
+    xp = np.array([values[k] for k in common])
+    bp = np.array([base[k] for k in common])
+    if normalize:
+      row['diff'] = stats.ratio_of_means_ci(xp, bp, seed=seed)
+      # The sign-flip test on the per-seed differences tests "ratio = 1" too.
+    else:
+      row['diff'] = stats.paired_bootstrap_ci(xp, bp, seed=seed)
+    row['p'] = stats.paired_signflip_pvalue(xp, bp, seed=seed)
+    row['p_boot'] = stats.paired_bootstrap_pvalue(xp, bp, seed=seed)
+  return row
+
+
+def build_table(sweep, table, summaries):
+  """Markdown lines of one table from the summaries of `sweep`."""
+  threshold = table.threshold
+  if threshold == 'auto':
+    threshold = auto_threshold(summaries, table.metric.partition(':')[2])
+  values = _values_by_seed(summaries, table, threshold)
+  baseline = table.baseline or sweep.baseline
+  labels = list(dict.fromkeys(r.label for r in sweep.runs))
+  if table.rows:
+    labels = [l for l in labels if l in table.rows]
+  groups = list(dict.fromkeys(r.group for r in sweep.runs))
+  paper, expect = dict(table.paper), dict(table.expect)
+  digits = table.digits if table.digits is not None else (
+      3 if table.normalize or table.scale == 1.0 else 1)
+  lines = [f'### {table.title}', '']
+  if table.prediction:
+    lines += [f'Prediction (from the paper, written before the run): {table.prediction}', '']
+  if threshold is not None:
+    lines += [f'Threshold: {table.metric.partition(":")[2]} >= {threshold:.4g} '
+              f'({"auto" if table.threshold == "auto" else "fixed"}).', '']
+  unit = f' {table.unit}' if table.unit else ''
+  if table.by_group:
+    others = [l for l in labels if l != baseline]
+    head = ['Group'] + [f'{l}{unit}' for l in labels]
+    for o in others:
+      head += [f'{o} - {baseline}', 'p (sign-flip)', 'p (bootstrap)', 'seeds', 'paper',
+               'verdict']
+    lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for g in groups:
+      base = values.get((g, baseline), {})
+      cells = [g or '-']
+      rows = {l: compare(values.get((g, l), {}), base) for l in labels}
+      cells += [_ci_str(*rows[l]['value'], table.scale, digits) for l in labels]
+      for o in others:
+        r = rows[o]
+        cells += [_ci_str(*r['diff'], table.scale, digits), _p_str(r['p']), _p_str(r['p_boot']),
+                  str(r['n_pairs']), paper.get(g, ''),
+                  verdict(r['diff'][0], r['p'], r['n_pairs'], expect.get(g))]
+      lines.append('| ' + ' | '.join(cells) + ' |')
+  else:
+    base = values.get(('', baseline), {})
+    diff_head = f'ratio to {baseline}' if table.normalize else f'diff vs {baseline}'
+    head = ['Method', f'value{unit}', diff_head, 'p (sign-flip)', 'p (bootstrap)', 'seeds',
+            'paper', 'verdict']
+    lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for l in labels:
+      vals = values.get(('', l), {})
+      is_base = l == baseline
+      row = compare(vals, vals if is_base else base, normalize=table.normalize)
+      diff = row['diff'] if not is_base else (np.nan,) * 3
+      effect = diff[0] - 1.0 if table.normalize else diff[0]
+      n_total = sum(1 for s in summaries if s['label'] == l and s.get('group', '') == '')
+      seeds_str = str(row['n']) if row['n'] == n_total else f'{row["n"]}/{n_total}'
+      lines.append('| ' + ' | '.join([
+          l + (' (baseline)' if is_base else ''),
+          _ci_str(*row['value'], table.scale if not table.normalize else 1.0, digits),
+          '' if is_base else _ci_str(*diff, 1.0 if table.normalize else table.scale, digits),
+          '' if is_base else _p_str(row['p']), '' if is_base else _p_str(row['p_boot']),
+          seeds_str, paper.get(l, ''),
+          '' if is_base else verdict(effect, row['p'], row['n_pairs'], expect.get(l))]) + ' |')
+  lines += ['']
+  return lines
+
+
+STATS_NOTE = (
+    'Values: mean over seeds [95% percentile-bootstrap CI of the mean, 10,000 resamples]. '
+    '`diff` / `ratio`: paired by seed against the baseline, with its bootstrap CI. '
+    '`p (sign-flip)`: exact two-sided paired permutation test of the per-seed differences (all '
+    '2^n sign patterns; its smallest possible value is 2/2^n: 0.0625 for 5 seeds, 0.0078 for '
+    '8); `p (bootstrap)`: paired bootstrap p-value, shown beside it (anti-conservative at small '
+    'n). `seeds` k/n: k of n runs had a finite value (for compute-to-threshold: reached the '
+    'threshold). `verdict`: agrees / DISAGREES with the paper\'s predicted sign only with at '
+    f'least {MIN_SEEDS_FOR_VERDICT} paired seeds and sign-flip p < {ALPHA}; otherwise '
+    'inconclusive (the sign it shows is reported).')
+
+
+# ---------------------------------------------------------------------------------------------
+# Curves (the figure code is jtc.plot's).
+# ---------------------------------------------------------------------------------------------
+
+
+def plot_curves(sweep, summaries, out_path):
+  """Mean over seeds +- one standard error, per run label (and group), for the sweep's
+  curve_keys and held-out accuracy; titles and styles from `jtc.plot`."""
+  from jtc import plot  # pylint: disable=import-outside-toplevel
+  plt = plot.plt
+  keys = list(sweep.curve_keys) + ['eval/avg@']
+  n_cols = 3
+  n_rows = (len(keys) + n_cols - 1) // n_cols
+  fig, axes = plt.subplots(n_rows, n_cols, figsize=(4.4 * n_cols, 3.0 * n_rows), squeeze=False)
+  runs = list(dict.fromkeys((r.group, r.label) for r in sweep.runs))
+  for ax, key in zip(axes.flat, keys):
+    shown = key
+    for (group, label), (color, ls) in zip(runs, plot.styles(len(runs))):
+      xs, ys = [], []
+      for s in summaries:
+        if s['label'] != label or s.get('group', '') != group:
+          continue
+        steps, v = curve(s, key)
+        if v is None:
+          continue
+        if sweep.plot_x != 'step':
+          cs, cv = curve(s, sweep.plot_x)
+          if cv is None:
+            continue
+          steps = np.interp(steps, cs, cv)
+        xs.append(steps)
+        ys.append(v)
+        shown = key if not key.endswith('@') and not key.startswith('~') else next(
+            (k for k in s['curves'] if (key[1:] if key.startswith('~') else key) in k), key)
+      if not ys:
+        continue
+      n = min(len(y) for y in ys)
+      x = np.mean([x[:n] for x in xs], axis=0)
+      y = np.array([y[:n] for y in ys])
+      mean = y.mean(0)
+      se = y.std(0, ddof=1) / np.sqrt(len(y)) if len(y) > 1 else np.zeros_like(mean)
+      marker = 'o' if plot.is_sparse(x) else None
+      ax.plot(x, mean, lw=1.2, color=color, ls=ls, marker=marker, ms=3,
+              label=f'{label} {group}'.strip())
+      ax.fill_between(x, mean - se, mean + se, color=color, alpha=0.2, lw=0)
+    title, ylabel = plot.describe(shown)
+    ax.set_title(title, fontsize=9)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_xlabel('generated tokens' if sweep.plot_x != 'step' else 'RL step', fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.25, lw=0.5)
+  for ax in list(axes.flat)[len(keys):]:
+    ax.axis('off')
+  handles, labels = [], []
+  for ax in axes.flat:
+    h, l = ax.get_legend_handles_labels()
+    if len(h) > len(handles):
+      handles, labels = h, l
+  if handles:
+    fig.legend(handles, labels, loc='lower center', ncol=min(len(labels), 4), fontsize=8)
+  fig.tight_layout(rect=(0, 0.04 + 0.025 * ((len(labels) + 3) // 4), 1, 1))
+  os.makedirs(os.path.dirname(out_path), exist_ok=True)
+  fig.savefig(out_path, dpi=100)
+  plt.close(fig)
+  return out_path
+
+
+# ---------------------------------------------------------------------------------------------
+# The results file.
+# ---------------------------------------------------------------------------------------------
+
+
+def code_revision():
+  """'<sha>' or '<sha> (dirty)'; 'unknown' outside a git checkout or without commits."""
+  try:
+    sha = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return 'unknown'
+  return f'{sha} (dirty)' if dirty else sha
+
+
+def fmt_value(value):
+  """How a config value is written on a command line (floats by repr: 1e-4 stays 1e-4)."""
+  return repr(value) if isinstance(value, float) else str(value)
+
+
+def load_summaries(results_dir):
+  """Every per-run summary in `<results_dir>/runs/`."""
+  runs_dir = os.path.join(results_dir, 'runs')
+  out = []
+  if not os.path.isdir(runs_dir):
+    return out
+  for fname in sorted(os.listdir(runs_dir)):
+    if fname.endswith('.json'):
+      with open(os.path.join(runs_dir, fname)) as f:
+        out.append(json.load(f))
+  return out
+
+
+def failures_on_disk(results_dir):
+  runs_dir = os.path.join(results_dir, 'runs')
+  out = {}
+  if os.path.isdir(runs_dir):
+    for fname in sorted(os.listdir(runs_dir)):
+      if fname.endswith('.failed.txt'):
+        with open(os.path.join(runs_dir, fname)) as f:
+          out[fname[:-len('.failed.txt')]] = f.read()
+  return out
+
+
+def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures=None,
+                  revision=None, plot=True, rebuilt_by=None):
+  """Builds the markdown (+ plots) from the summaries in `results_dir`; returns md_path.
+
+  `command`, `wall_time_s`, `revision`: of the invocation that ran the sweep; `rebuilt_by`: the
+  `--tables-only` command that rebuilt the file, if any. Only summaries of the sweep's own runs
+  and num_steps count.
+  """
+  by_name = {r.name: r for r in sweep.runs}       # labels and groups: as the sweep says now
+  summaries = [dict(s, label=by_name[s['run']].label, group=by_name[s['run']].group)
+               for s in load_summaries(results_dir)
+               if s['run'] in by_name and s['num_steps'] == sweep.num_steps]
+  stale = len(load_summaries(results_dir)) - len(summaries)
+  seeds = sorted({s['seed'] for s in summaries})
+  run_wall = sum(s.get('wall_time_s') or 0.0 for s in summaries)
+  lines = [f'# {sweep.name}{" (smoke)" if sweep.smoke else ""}', '', sweep.description, '',
+           f'- Command: `{command}`',
+           f'- Code revision: `{revision or code_revision()}`',
+           *([f'- Tables rebuilt from the per-run summaries by `{rebuilt_by}` at revision '
+              f'`{code_revision()}`'] if rebuilt_by else []),
+           f'- Wall time of the sweep: {wall_time_s / 60:.1f} min; summed wall time of '
+           f'the runs: {run_wall / 60:.1f} min',
+           f'- Runs: {len(summaries)} summaries ({len(sweep.runs)} configs x seeds {seeds}), '
+           f'{sweep.num_steps} RL steps each; shared overrides: '
+           f'`{" ".join(f"--config.{k}={fmt_value(v)}" for k, v in sweep.shared) or "none"}`'
+           + (f'; config arg `:{sweep.config_arg}`' if sweep.config_arg else ''),
+           '- Compute matching: equal RL steps, prompts x G per step, max tokens and update '
+           'steps within a comparison (see experiments/sweeps.py); generated tokens per run:']
+  tok = {}
+  for s in summaries:
+    tok.setdefault(f'{s["label"]} {s.get("group", "")}'.strip(), []).append(
+        s['compute'].get('compute/generated_tokens', float('nan')))
+  lines += [f'  {k}: {np.mean(v):.0f}' for k, v in tok.items()]
+  reused = sorted({s['reused_from'] for s in summaries if s.get('reused_from')})
+  if reused:
+    n = sum(1 for s in summaries if s.get('reused_from'))
+    lines += [f'- {n} of these runs have exactly the settings of runs in {", ".join(reused)} '
+              'and were reused from there, not re-run (their summaries say `reused_from`).']
+  if stale:
+    lines += [f'- {stale} summaries with other settings (e.g. another num_steps) were ignored.']
+  lines += ['', '## Tables', '']
+  for table in sweep.tables:
+    try:
+      lines += build_table(sweep, table, summaries)
+    except Exception as e:  # pylint: disable=broad-except
+      lines += [f'### {table.title}', '', f'Could not build: {type(e).__name__}: {e}', '']
+  lines += [STATS_NOTE, '']
+  if plot and summaries:
+    png = os.path.join(results_dir, 'curves.png')
+    plot_curves(sweep, summaries, png)
+    rel = os.path.relpath(png, os.path.dirname(md_path))
+    lines += ['## Curves', '', f'![curves]({rel})', '',
+              'Mean over seeds, shaded +- one standard error.', '']
+  if failures:
+    lines += ['## Failed runs', '']
+    for run_id, detail in sorted(failures.items()):
+      lines += [f'- `{run_id}`:', '', '```', detail.strip(), '```', '']
+  notes = md_path[:-len('.md')] + '.notes.md'
+  if os.path.exists(notes):
+    with open(notes) as f:
+      lines += [f'## Discussion (written by hand in {os.path.basename(notes)}; kept when the '
+                'tables are rebuilt)', '', f.read().strip(), '']
+  with open(md_path, 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  return md_path

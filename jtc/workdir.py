@@ -1,0 +1,127 @@
+"""A workdir holds exactly one run: it is locked while a trainer uses it, it remembers the
+config that made it, and a run of another config is never resumed into it by accident.
+
+  claim(workdir, config)           all three, for a trainer that is about to use it
+  lock(workdir)                    an exclusive lock (fcntl) naming the holder's PID
+  check_writable(workdir)          one clear line for a workdir that is a file or read-only
+  check_identity(workdir, config)  config.json of the run: written on first use, compared on
+                                   resume (only RESUMABLE_KEYS may differ)
+"""
+
+import errno
+import fcntl
+import json
+import os
+import sys
+
+CONFIG_FILE = 'config.json'
+LOCK_FILE = '.lock'
+# Keys that may change when a run is resumed: they change how long it runs and what it logs,
+# never what a step computes. (num_steps keeps the run's original learning-rate schedule.)
+RESUMABLE_KEYS = ('num_steps', 'token_budget', 'eval.every', 'eval.problems', 'log.ckpt_every',
+                  'log.keep_checkpoints', 'log.diagnostics_every', 'log.progress_every')
+SCHEDULE_KEY = 'schedule_num_steps'  # in config.json: the num_steps the schedule was built for
+
+
+class WorkdirError(RuntimeError):
+  """A workdir that cannot be used for this run (named, with the reason and what to do)."""
+
+
+def check_writable(workdir):
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise WorkdirError(f'--workdir={workdir} is a file, not a directory')
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise WorkdirError(f'--workdir={workdir} cannot be created: {e.strerror}') from None
+  if not os.access(workdir, os.W_OK | os.X_OK):
+    raise WorkdirError(f'--workdir={workdir} is not writable')
+
+
+def lock(workdir):
+  """Holds an exclusive lock on the workdir for the life of the returned file object; a
+  second trainer on the same workdir gets a WorkdirError naming the first one's PID."""
+  path = os.path.join(workdir, LOCK_FILE)
+  f = open(path, 'a+')  # pylint: disable=consider-using-with
+  try:
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError as e:
+    if e.errno not in (errno.EAGAIN, errno.EACCES):
+      raise
+    f.seek(0)
+    holder = f.read().strip() or 'another process'
+    f.close()
+    raise WorkdirError(f'--workdir={workdir} is in use by {holder}; two runs in one workdir '
+                       'would corrupt each other (wait for it, or use another --workdir)') from None
+  f.seek(0)
+  f.truncate()
+  f.write(f'pid {os.getpid()}')
+  f.flush()
+  return f
+
+
+def _flatten(d, prefix=''):
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flatten(v, f'{prefix}{k}.'))
+    else:
+      out[f'{prefix}{k}'] = v
+  return out
+
+
+def check_identity(workdir, config, *, allow_changes=False, has_checkpoint):
+  """Records the run's config in the workdir, or compares it with the recorded one.
+
+  Returns the num_steps the learning-rate schedule must keep (the original run's, so that
+  raising num_steps on resume extends the run at the final learning rate instead of jumping
+  back up the cosine). Raises WorkdirError naming the differing keys when the workdir holds a
+  run of another config, unless ``allow_changes``.
+  """
+  path = os.path.join(workdir, CONFIG_FILE)
+  now = json.loads(config.to_json_best_effort())
+  if not os.path.exists(path):
+    if has_checkpoint:
+      raise WorkdirError(f'--workdir={workdir} has checkpoints but no {CONFIG_FILE}: it was '
+                         'written by another version of jtc; use another --workdir')
+    _write(path, dict(config=now, **{SCHEDULE_KEY: config.num_steps}))
+    return config.num_steps
+  with open(path) as f:
+    stored = json.load(f)
+  old, new = _flatten(stored['config']), _flatten(now)
+  differing = sorted(k for k in set(old) | set(new)
+                     if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS)
+  if differing and not allow_changes:
+    shown = '; '.join(f'{k}: {old.get(k, "(absent)")!r} -> {new.get(k, "(absent)")!r}'
+                      for k in differing[:8])
+    more = f' (+{len(differing) - 8} more)' if len(differing) > 8 else ''
+    raise WorkdirError(
+        f'--workdir={workdir} holds a run of another config ({shown}{more}). Resuming would '
+        'mix the two runs. Use another --workdir, or pass --allow_config_change to resume it '
+        'with the new settings anyway.')
+  if differing or old != new:
+    stored['config'] = now
+    _write(path, stored)
+  return stored.get(SCHEDULE_KEY, config.num_steps)
+
+
+def _write(path, obj):
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(obj, f, indent=1)
+  os.replace(tmp, path)
+
+
+def claim(workdir, config, *, allow_changes=False):
+  """Checks the workdir is writable, locks it and checks the config against the run it holds;
+  returns (the lock, the num_steps of the learning-rate schedule)."""
+  check_writable(workdir)
+  held = lock(workdir)
+  ckpt_dir = os.path.join(workdir, 'checkpoints')
+  has_checkpoint = os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir))
+  schedule_steps = check_identity(workdir, config, allow_changes=allow_changes,
+                                  has_checkpoint=has_checkpoint)
+  if schedule_steps != config.num_steps:
+    print(f'num_steps changed from {schedule_steps} to {config.num_steps}: the learning-rate '
+          f'schedule keeps its original length ({schedule_steps} steps)', file=sys.stderr)
+  return held, schedule_steps
