@@ -20,9 +20,9 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
-import warnings
 
 import flax.serialization
 import jax
@@ -147,9 +147,19 @@ class CheckpointMismatch(ValueError):
   structure): incompatible, not unreadable. Nothing is moved or deleted."""
 
 
+def _key_name(k):
+  for attr in ('key', 'name', 'idx'):
+    if hasattr(k, attr):
+      return str(getattr(k, attr))
+  return str(k)
+
+
 def _shapes(tree):
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  return treedef, [tuple(getattr(x, 'shape', ())) for x in leaves]
+  """{path: shape} of a pytree's leaves; paths as tuples of names, so a stored metadata tree
+  (nested dicts and lists) and a template (dataclasses, named tuples) compare equal."""
+  leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {tuple(_key_name(k) for k in path): tuple(getattr(x, 'shape', ()))
+          for path, x in leaves}
 
 
 class TrainCheckpointer:
@@ -164,10 +174,15 @@ class TrainCheckpointer:
 
   def __init__(self, directory, *, max_to_keep=3):
     self.directory = os.path.abspath(directory)
+    # Handlers registered up front, so a step's metadata can be read before any restore.
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                             enable_async_checkpointing=False))
+                                             enable_async_checkpointing=False),
+        item_names=('state', 'run', 'extra'),
+        item_handlers={'state': ocp.StandardCheckpointHandler(),
+                       'run': ocp.StandardCheckpointHandler(),
+                       'extra': ocp.JsonCheckpointHandler()})
 
   def save(self, step, *, state, run_state, extra):
     self.manager.save(step, args=ocp.args.Composite(
@@ -181,17 +196,21 @@ class TrainCheckpointer:
     try:
       stored = self.manager.item_metadata(step)[name]
     except Exception:  # pylint: disable=broad-except
-      return  # unreadable metadata: let the restore decide
+      return  # unreadable metadata: the restore fails and the step is moved aside
     if stored is None:
       return
-    want_def, want = _shapes(template)
-    got_def, got = _shapes(stored)
-    if got_def != want_def or got != want:
-      diff = next((f'{g} != {w}' for g, w in zip(got, want) if g != w),
-                  f'{len(got)} arrays != {len(want)}')
+    want, got = _shapes(template), _shapes(stored)
+    if got != want:
+      missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+      if missing or extra:
+        diff = (f'{len(got)} stored arrays, {len(want)} expected; e.g. '
+                f'{"/".join((missing or extra)[0])} is {"missing" if missing else "extra"}')
+      else:
+        path = next(p for p in want if got[p] != want[p])
+        diff = f'{"/".join(path)} has shape {got[path]} stored, {want[path]} expected'
       raise CheckpointMismatch(
           f'checkpoint step {step} in {self.directory} does not fit this run ({name}: stored '
-          f'shapes differ from the model / optimiser of the config, first difference {diff}). '
+          f'structure differs from the model / optimiser of the config: {diff}). '
           'It was written by a run of another model or config; use another --workdir. '
           'Nothing was changed.')
 
@@ -203,8 +222,8 @@ class TrainCheckpointer:
     os.rename(src, dst)
     self.manager.reload()
     reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else ''
-    warnings.warn(f'checkpoint step {step} is unreadable ({type(error).__name__}: {reason}); '
-                  f'moved to {dst}, resuming from the previous step')
+    print(f'warning: checkpoint step {step} is unreadable ({type(error).__name__}: {reason}); '
+          f'moved to {dst}, resuming from the previous step', file=sys.stderr)
 
   def restore_latest(self, state_template, run_template):
     """(state, run_state, extra) of the newest readable step, or None if there is none."""

@@ -124,6 +124,7 @@ class Trainer:
     self.ckpt = checkpoints.TrainCheckpointer(os.path.join(workdir, 'checkpoints'),
                                               max_to_keep=c.log.keep_checkpoints)
     self._restore()
+    workdir_lib.record_config(workdir, c, schedule_steps)
     self._build_jits(infer_config)
 
   def _to_device(self, x):

@@ -4,8 +4,8 @@ config that made it, and a run of another config is never resumed into it by acc
   claim(workdir, config)           all three, for a trainer that is about to use it
   lock(workdir)                    an exclusive lock (fcntl) naming the holder's PID
   check_writable(workdir)          one clear line for a workdir that is a file or read-only
-  check_identity(workdir, config)  config.json of the run: written on first use, compared on
-                                   resume (only RESUMABLE_KEYS may differ)
+  check_identity(workdir, config)  compared with the run's config.json on resume (only
+                                   RESUMABLE_KEYS may differ); record_config writes it
 """
 
 import errno
@@ -71,7 +71,7 @@ def _flatten(d, prefix=''):
 
 
 def check_identity(workdir, config, *, allow_changes=False, has_checkpoint):
-  """Records the run's config in the workdir, or compares it with the recorded one.
+  """Compares the config with the one recorded in the workdir (nothing is written here).
 
   Returns the num_steps the learning-rate schedule must keep (the original run's, so that
   raising num_steps on resume extends the run at the final learning rate instead of jumping
@@ -79,16 +79,15 @@ def check_identity(workdir, config, *, allow_changes=False, has_checkpoint):
   run of another config, unless ``allow_changes``.
   """
   path = os.path.join(workdir, CONFIG_FILE)
-  now = json.loads(config.to_json_best_effort())
   if not os.path.exists(path):
     if has_checkpoint:
       raise WorkdirError(f'--workdir={workdir} has checkpoints but no {CONFIG_FILE}: it was '
                          'written by another version of jtc; use another --workdir')
-    _write(path, dict(config=now, **{SCHEDULE_KEY: config.num_steps}))
     return config.num_steps
   with open(path) as f:
     stored = json.load(f)
-  old, new = _flatten(stored['config']), _flatten(now)
+  old = _flatten(stored['config'])
+  new = _flatten(json.loads(config.to_json_best_effort()))
   differing = sorted(k for k in set(old) | set(new)
                      if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS)
   if differing and not allow_changes:
@@ -99,10 +98,14 @@ def check_identity(workdir, config, *, allow_changes=False, has_checkpoint):
         f'--workdir={workdir} holds a run of another config ({shown}{more}). Resuming would '
         'mix the two runs. Use another --workdir, or pass --allow_config_change to resume it '
         'with the new settings anyway.')
-  if differing or old != new:
-    stored['config'] = now
-    _write(path, stored)
   return stored.get(SCHEDULE_KEY, config.num_steps)
+
+
+def record_config(workdir, config, schedule_steps):
+  """Writes the run's config.json (once the run has been set up: a refused run changes
+  nothing)."""
+  _write(os.path.join(workdir, CONFIG_FILE),
+         {'config': json.loads(config.to_json_best_effort()), SCHEDULE_KEY: schedule_steps})
 
 
 def _write(path, obj):
