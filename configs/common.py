@@ -154,6 +154,8 @@ def get_config(arg=None):
   c.eval.every = 50                    # RL steps between evaluations (0 = never)
   c.eval.problems = 256
   c.eval.sampling = sampling(4, 32)    # k samples per problem, T new tokens, temperature 1
+  c.eval.probe_problems = 64           # exact log-probs of each equivalent solution form of this
+                                       # many held-out problems (drift, Cor. 3.2; 0 = off)
 
   c.log = ConfigDict()
   c.log.diagnostics_every = 10         # jtc.diagnostics.step_diagnostics (0 = off)
@@ -184,6 +186,7 @@ def get_config(arg=None):
     c.eval.every = 2
     c.eval.problems = 4
     c.eval.sampling.num_samples = 2
+    c.eval.probe_problems = 4
     c.log.ckpt_every = 1
     c.log.diagnostics_every = 1
   return c

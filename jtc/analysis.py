@@ -87,32 +87,75 @@ def kl_drift_at_context(params, config, tokens_L, input_mask_L, *, position, dir
 # ---------------------------------------------------------------------------------------------
 
 
+def completion_logprobs(params, config, tokenizer, prompts, completions, *, prompt_width,
+                        width=None, append_eos=True):
+  """Per-token log pi(y_t | x, y_<t) of given completion texts, one forward pass for all.
+
+  ``completions[n]`` are the F texts scored after ``prompts[n]``; prompts go through
+  `data.encode_prompts` (chat template, bos, left padding to ``prompt_width``) exactly as in
+  training, completions are right-padded to ``width`` (default: the longest), with EOS appended
+  when ``append_eos``. Returns (logps_NFT, mask_NFT) as numpy arrays.
+  """
+  F = len(completions[0])
+  if not prompts or any(len(c) != F for c in completions) or F == 0:
+    raise ValueError('need one non-empty list of F completions per prompt, the same F for all')
+  ids = [[tokenizer.encode(c) + ([tokenizer.eos_id] if append_eos else []) for c in cs]
+         for cs in completions]
+  T = width or max(len(x) for cs in ids for x in cs)
+  if max(len(x) for cs in ids for x in cs) > T:
+    raise ValueError(f'a completion is longer than width={T} tokens')
+  tok_NP, mask_NP = data_lib.encode_prompts(tokenizer, prompts, width=prompt_width)
+  N = len(prompts)
+  comp_NFT = np.full((N, F, T), tokenizer.pad_id, np.int32)
+  cmask_NFT = np.zeros((N, F, T), np.int32)
+  for n, cs in enumerate(ids):
+    for f, x in enumerate(cs):
+      comp_NFT[n, f, :len(x)] = x
+      cmask_NFT[n, f, :len(x)] = 1
+  tokens = np.concatenate([np.repeat(tok_NP, F, 0), comp_NFT.reshape(N * F, T)], axis=1)
+  inmask = np.concatenate([np.repeat(mask_NP, F, 0), cmask_NFT.reshape(N * F, T)], axis=1)
+  logps = _sequence_logprobs_jit(params, config, jnp.asarray(tokens), jnp.asarray(inmask),
+                                 completion_start=prompt_width)['logps']
+  return np.asarray(logps).reshape(N, F, T) * cmask_NFT, cmask_NFT
+
+
 def solution_logprobs(params, config, tokenizer, prompt, completions, *, append_eos=True,
                       prompt_width=None):
-  """log pi(y | x) = sum_t log pi(y_t | x, y_<t) of each completion text of one prompt. [F].
-
-  The prompt goes through `data.encode_prompts` (chat template, bos, left padding) exactly as
-  in training; completions are right-padded, with EOS appended when ``append_eos``.
-  """
+  """log pi(y | x) = sum_t log pi(y_t | x, y_<t) of each completion text of one prompt. [F]."""
   completions = list(completions)
   if not completions:
     raise ValueError('completions must not be empty')
-  ids = [tokenizer.encode(c) + ([tokenizer.eos_id] if append_eos else []) for c in completions]
   if prompt_width is None:
     prompt_width = len(data_lib.encode_prompts(tokenizer, [prompt], width=4096)[1][0].nonzero()[0])
-  tok_1P, mask_1P = data_lib.encode_prompts(tokenizer, [prompt], width=prompt_width)
-  T = max(len(x) for x in ids)
-  F = len(ids)
-  comp_FT = np.full((F, T), tokenizer.pad_id, np.int32)
-  cmask_FT = np.zeros((F, T), np.int32)
-  for f, x in enumerate(ids):
-    comp_FT[f, :len(x)] = x
-    cmask_FT[f, :len(x)] = 1
-  tokens_FL = np.concatenate([np.repeat(tok_1P, F, 0), comp_FT], axis=1)
-  inmask_FL = np.concatenate([np.repeat(mask_1P, F, 0), cmask_FT], axis=1)
-  logps_FT = _sequence_logprobs_jit(params, config, jnp.asarray(tokens_FL),
-                                    jnp.asarray(inmask_FL), completion_start=prompt_width)['logps']
-  return jnp.sum(logps_FT * cmask_FT, axis=-1)
+  logps_NFT, _ = completion_logprobs(params, config, tokenizer, [prompt], [completions],
+                                     prompt_width=prompt_width, append_eos=append_eos)
+  return jnp.asarray(logps_NFT[0].sum(-1))
+
+
+def format_probe(params, config, tokenizer, examples, formats, *, prompt_width, width=None,
+                 scaffold=''):
+  """The policy restricted to each problem's equivalent correct solutions (Cor. 3.2, Eq. 41),
+  measured exactly (no sampling) on fixed ``examples`` ({'prompt', 'solutions': {format: text}}).
+
+  Returns floats: 'format_entropy' (mean over problems of the entropy, nats, of
+  q_f = pi(y_f | x) / sum_f' pi(y_f' | x); log F when the forms are equally likely),
+  'format_logq/<f>' (mean log q_f: drift towards or away from form f) and, with a
+  ``scaffold`` every solution starts with, 'scaffold_logprob' (mean log pi(scaffold | x): the
+  shared tokens' probability, whose change over training is the learning tax on them).
+  """
+  logps_NFT, _ = completion_logprobs(
+      params, config, tokenizer, [e['prompt'] for e in examples],
+      [[e['solutions'][f] for f in formats] for e in examples], prompt_width=prompt_width,
+      width=width)
+  x_NF = logps_NFT.sum(-1).astype(np.float64)
+  x_NF = x_NF - x_NF.max(-1, keepdims=True)
+  q_NF = x_NF - np.log(np.exp(x_NF).sum(-1, keepdims=True))  # log q_f
+  out = {'format_entropy': float(np.mean(-(np.exp(q_NF) * q_NF).sum(-1)))}
+  out.update({f'format_logq/{f}': float(q_NF[:, i].mean()) for i, f in enumerate(formats)})
+  if scaffold:
+    n = len(tokenizer.encode(scaffold))
+    out['scaffold_logprob'] = float(logps_NFT[:, 0, :n].sum(-1).mean())
+  return out
 
 
 _sequence_logprobs_jit = jax.jit(model_lib.sequence_logprobs, static_argnums=1,

@@ -112,7 +112,7 @@ def lm_head_grad_norms(hidden_BTD, head_DV, targets_BT, *, logps_BT=None, vocab_
   log-prob of y under the logits 2 z = W^T (2 h): one more chunked pass of
   `model.token_logprobs` on 2 h, never a [B, T, V] array. Since
   sum_{v != y} p_v^2 <= (1 - p_y)^2, the proxy lies in [1, sqrt 2] x (1 - p_y) ||h||, the
-  output-row proxy of DelTA (`delta.lm_head_proxy`). With tied embeddings this is the part of
+  output-row proxy of DelTA (`delta_geometry.lm_head_proxy`). With tied embeddings this is the part of
   the embedding gradient that flows through the head; it ignores the trunk.
 
   Args:

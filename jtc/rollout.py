@@ -304,6 +304,7 @@ def check_config(c):
                      f'config.rollout.prompts_per_step={c.rollout.prompts_per_step}')
   checks.in_range('config.eval.every', c.eval.every, low=0, integer=True)
   checks.positive_int('config.eval.problems', c.eval.problems)
+  checks.in_range('config.eval.probe_problems', c.eval.probe_problems, low=0, integer=True)
   checks.in_range('config.dapo.dynamic_sampling_rounds', c.dapo.dynamic_sampling_rounds, low=0,
                   integer=True)
   checks.in_range('config.dapo.overlong_buffer', c.dapo.overlong_buffer, low=0,

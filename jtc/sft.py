@@ -127,7 +127,7 @@ def train_sft(c, workdir):
   result['train_seconds'] = time.time() - t0
   log.write(json.dumps(dict(step=c.num_steps, **result)) + '\n')
   log.close()
-  meta = dict(made_by='python -m jtc.sft --config configs/sft_arith.py', task=c.task,
+  meta = dict(made_by=f'python -m jtc.sft (task {c.task}, {c.num_steps} steps)', task=c.task,
               sft_steps=c.num_steps, seed=c.seed, eval=result)
   for path in [os.path.join(workdir, 'policy')] + ([c.export_to] if c.export_to else []):
     checkpoints.save_policy_bundle(path, model_config=model_config, params=params,

@@ -31,11 +31,11 @@ import jax
 import numpy as np
 
 from jtc import advantages as advantages_lib
+from jtc import analysis
 from jtc import checkpoints
 from jtc import checks
 from jtc import cli
 from jtc import data as data_lib
-from jtc import delta as delta_lib
 from jtc import diagnostics
 from jtc import metric_writer
 from jtc import objectives
@@ -43,11 +43,10 @@ from jtc import rewards as rewards_lib
 from jtc import rollout as rollout_lib
 from jtc import sharding as sharding_lib
 from jtc import tasks as tasks_lib
+from jtc import token_weights
 from jtc import update as update_lib
 from jtc import workdir as workdir_lib
 
-# Plug-ins that produce per-token loss weights, chosen by `config.token_weights`.
-TOKEN_WEIGHTERS = {'delta': delta_lib.Weighter}
 
 
 def validate_config(c):
@@ -59,8 +58,8 @@ def validate_config(c):
   checks.choice('config.advantage.name', c.advantage.name, advantages_lib.ADVANTAGES)
   objectives.check_hparams(c.loss.name, c.loss.hparams.to_dict())
   if c.token_weights:
-    checks.choice('config.token_weights', c.token_weights, TOKEN_WEIGHTERS)
-    TOKEN_WEIGHTERS[c.token_weights].check_config(c.delta)
+    checks.choice('config.token_weights', c.token_weights, token_weights.PLUGINS)
+    token_weights.PLUGINS[c.token_weights].check_config(c.delta)
   rollout_lib.check_config(c)
   update_lib.check_config(c.optim, c.rollout.prompts_per_step)
   checks.choice('config.log.diagnostics_mode', c.log.diagnostics_mode, ('proxy', 'exact'))
@@ -104,7 +103,7 @@ class Trainer:
     infer_config = dataclasses.replace(self.model_config, remat=False)
     self.gen = rollout_lib.Generator.from_config(c, infer_config, self.tokenizer, self.task,
                                                  to_device=self._to_device)
-    self.weighter = (TOKEN_WEIGHTERS[c.token_weights].from_config(
+    self.weighter = (token_weights.PLUGINS[c.token_weights].from_config(
         c.delta, group_size=self.G, model_config=self.model_config) if c.token_weights else None)
     self.run_state = update_lib.RunState.init(
         self.model_config.vocab_size, self.weighter.init_state() if self.weighter else None)
@@ -195,6 +194,12 @@ class Trainer:
         self.gen, self.state.params, self.eval_examples,
         jax.random.fold_in(jax.random.key(c.seed + 1), step), sampling=c.eval.sampling.to_dict(),
         batch_prompts=c.rollout.chunk_prompts or c.rollout.prompts_per_step, task=self.task)
+    if self.task is not None and c.eval.probe_problems:  # exact drift between equivalent forms
+      out.update({f'probe/{k}': v for k, v in analysis.format_probe(
+          self.state.params, self.gen.model_config, self.tokenizer,
+          self.eval_examples[:c.eval.probe_problems], self.task.formats, prompt_width=self.P,
+          width=None, scaffold=getattr(self.task, 'scaffold', '')
+      ).items()})
     return {f'eval/{k}': v for k, v in out.items()}
 
   def _restore(self):
@@ -219,6 +224,7 @@ class Trainer:
     if start >= c.num_steps:
       print(f'already finished: {self.workdir} holds all {c.num_steps} steps (raise '
             '--config.num_steps to continue it)', file=sys.stderr)
+      self.close()
       return _last_record(self.workdir), None
     writer = metric_writer.MetricWriter(self.workdir, resume_step=start + 1 if start else 0)
     progress = cli.Progress(c.num_steps, start, every=c.log.progress_every)
@@ -248,8 +254,13 @@ class Trainer:
           break
     progress.close()
     writer.close()
-    self.ckpt.close()
+    self.close()
     return last, stop.signal
+
+  def close(self):
+    """Releases the checkpointer and the workdir lock (another trainer may then use it)."""
+    self.ckpt.close()
+    self._lock.close()
 
 
 def _last_record(workdir):

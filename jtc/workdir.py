@@ -18,7 +18,8 @@ CONFIG_FILE = 'config.json'
 LOCK_FILE = '.lock'
 # Keys that may change when a run is resumed: they change how long it runs and what it logs,
 # never what a step computes. (num_steps keeps the run's original learning-rate schedule.)
-RESUMABLE_KEYS = ('num_steps', 'token_budget', 'eval.every', 'eval.problems', 'log.ckpt_every',
+RESUMABLE_KEYS = ('num_steps', 'token_budget', 'eval.every', 'eval.problems', 'eval.probe_problems',
+                  'log.ckpt_every',
                   'log.keep_checkpoints', 'log.diagnostics_every', 'log.progress_every')
 SCHEDULE_KEY = 'schedule_num_steps'  # in config.json: the num_steps the schedule was built for
 

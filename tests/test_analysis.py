@@ -70,3 +70,34 @@ def test_format_log_odds_matches_manual_logprobs():
                              rtol=1e-4, atol=1e-3)
   assert float(analysis.format_entropy(jnp.array([-1.0, -1.0]))) == pytest.approx(math.log(2))
   assert float(analysis.format_entropy(jnp.array([0.0, -80.0]))) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_format_probe_matches_per_problem_solution_logprobs():
+  """format_probe = softmax over the F full solutions' log-probs (computed one problem at a
+  time with solution_logprobs), its entropy, log-shares and the scaffold's log-prob."""
+  from jtc import tasks  # pylint: disable=import-outside-toplevel
+  tok = tokenizer_lib.CharTokenizer()
+  cfg = _cfg().__class__.tiny(vocab_size=tok.vocab_size, d_model=32, n_layers=1, n_heads=2,
+                              n_kv_heads=1, head_dim=16, d_ff=64)
+  params = model.init_params(cfg, jax.random.key(7))
+  task = tasks.get_task('phrasing')
+  examples = task.examples('test', seed=0, num_examples=3)
+  out = analysis.format_probe(params, cfg, tok, examples, task.formats, prompt_width=20,
+                              scaffold=task.scaffold)
+  ents, logq = [], []
+  for e in examples:
+    lp = np.asarray(analysis.solution_logprobs(params, cfg, tok, e['prompt'],
+                                               [e['solutions'][f] for f in task.formats],
+                                               prompt_width=20), np.float64)
+    q = lp - lp.max() - np.log(np.exp(lp - lp.max()).sum())
+    ents.append(-(np.exp(q) * q).sum())
+    logq.append(q)
+  np.testing.assert_allclose(out['format_entropy'], np.mean(ents), rtol=1e-4)
+  for i, f in enumerate(task.formats):
+    np.testing.assert_allclose(out[f'format_logq/{f}'], np.mean([q[i] for q in logq]), rtol=1e-4)
+  assert 0 < out['format_entropy'] <= math.log(3) + 1e-9
+  # The scaffold is the common prefix: its log-prob is that of the prefix of any solution.
+  prefix = [analysis.solution_logprobs(params, cfg, tok, e['prompt'], [task.scaffold],
+                                       append_eos=False, prompt_width=20) for e in examples]
+  np.testing.assert_allclose(out['scaffold_logprob'], np.mean([float(p[0]) for p in prefix]),
+                             rtol=1e-4)

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from jtc import delta
+from jtc import delta_geometry
+from jtc import token_weights
 
 B, T, D = 6, 5, 4
 
@@ -122,7 +124,7 @@ def test_lm_head_proxy_identity():
     for h_D, y in zip(hs, ys):
         grad_VD = jax.grad(lm_logp)(w, h_D, y)
         p_y = jnp.exp(lm_logp(w, h_D, y))
-        np.testing.assert_allclose(grad_VD[y], delta.lm_head_proxy(h_D, p_y), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(grad_VD[y], delta_geometry.lm_head_proxy(h_D, p_y), rtol=1e-5, atol=1e-6)
 
 
 def test_topk_hidden_proxy_full_vocab_is_hidden_gradient():
@@ -131,14 +133,14 @@ def test_topk_hidden_proxy_full_vocab_is_hidden_gradient():
     w = jnp.asarray(r.normal(size=(v_, D)), jnp.float32)
     h_CD = jnp.asarray(r.normal(size=(3, D)), jnp.float32)
     ids = jnp.array([2, 5, 0])
-    got = delta.topk_hidden_proxy(h_CD, ids, w, topk=k_)
+    got = delta_geometry.topk_hidden_proxy(h_CD, ids, w, topk=k_)
     want = jnp.stack([jax.grad(lm_logp, argnums=1)(w, h_CD[c], ids[c]) for c in range(3)])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     # Truncating to the top-1 token keeps only the most likely row of the expectation.
     probs = jax.nn.softmax(h_CD @ w.T, axis=-1)
     top1 = jnp.argmax(probs, axis=-1)
     want1 = w[ids] - jnp.max(probs, axis=-1)[:, None] * w[top1]
-    np.testing.assert_allclose(delta.topk_hidden_proxy(h_CD, ids, w, topk=1), want1,
+    np.testing.assert_allclose(delta_geometry.topk_hidden_proxy(h_CD, ids, w, topk=1), want1,
                                rtol=1e-5, atol=1e-6)
 
 
@@ -587,8 +589,8 @@ def test_bad_options_raise(bad, match):
 def test_token_cloud_accumulates_means_across_steps():
     r = np.random.default_rng(22)
     vocab = 11
-    state = delta.init_token_cloud(vocab)
-    update = jax.jit(delta.update_token_cloud)
+    state = token_weights.init_token_cloud(vocab)
+    update = jax.jit(token_weights.update_token_cloud)
     sums, counts = np.zeros(vocab), np.zeros(vocab)
     for _ in range(3):
         ids = r.integers(0, vocab, size=(B, T))
@@ -602,7 +604,7 @@ def test_token_cloud_accumulates_means_across_steps():
                     counts[ids[i, t]] += 1
     np.testing.assert_allclose(state.count_V, counts)
     np.testing.assert_allclose(state.lam_sum_V, sums, rtol=1e-5)
-    out = delta.top_bottom_tokens(state, 3, min_count=2)
+    out = token_weights.top_bottom_tokens(state, 3, min_count=2)
     means = np.where(counts >= 2, sums / np.maximum(counts, 1), np.nan)
     order = [i for i in np.argsort(-np.nan_to_num(means, nan=-np.inf)) if counts[i] >= 2]
     np.testing.assert_array_equal(np.asarray(out["top_ids"]), order[:3])

@@ -10,10 +10,12 @@ from __future__ import annotations
 from jtc.tasks.arithmetic import ArithmeticTask
 from jtc.tasks.base import SPLITS, Task, split_of
 from jtc.tasks.countdown import CountdownTask
+from jtc.tasks.phrasing import PhrasingTask
 
 TASKS = {
     "arithmetic": ArithmeticTask,
     "countdown": CountdownTask,
+    "phrasing": PhrasingTask,
 }
 
 
@@ -24,4 +26,4 @@ def get_task(name: str, **kwargs) -> Task:
     return TASKS[name](**kwargs)
 
 
-__all__ = ["ArithmeticTask", "CountdownTask", "SPLITS", "TASKS", "Task", "get_task", "split_of"]
+__all__ = ["ArithmeticTask", "CountdownTask", "PhrasingTask", "SPLITS", "TASKS", "Task", "get_task", "split_of"]
