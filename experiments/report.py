@@ -238,7 +238,7 @@ def build_table(sweep, table, summaries):
         r = rows[o]
         cells += [_ci_str(*r['diff'], table.scale, digits), _p_str(r['p']), _p_str(r['p_boot']),
                   str(r['n_pairs']), paper.get(g, ''),
-                  verdict(r['diff'][0], r['p'], r['n_pairs'], expect.get(g))]
+                  verdict(r['diff'][0], r['p'], r['n_pairs'], expect.get((g, o), expect.get(g)))]
       lines.append('| ' + ' | '.join(cells) + ' |')
   else:
     base = values.get(('', baseline), {})

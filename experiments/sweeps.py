@@ -15,11 +15,19 @@ per step (hence the token slots) fixed by setting prompts_per_step = SEQS_PER_ST
 update steps fixed by minibatch_prompts = prompts_per_step / 2. DAPO's dynamic sampling is off
 in the `delta` sweep (as in the DelTA paper), so every method sees one rollout batch per step.
 
-Sizing. `num_steps` is the single knob of a sweep (`--num-steps` overrides it); every full sweep
-uses FULL_STEPS = 80, the size of the committed results. `estimate_seconds` uses the per-run cost
-measured with `--jobs 2` on the 2-core machine (table1: 30 runs in 35.0 min, table4: 24 runs in
-23.3 min, mechanism with diagnostics every 5 steps: 18 runs in 22.1 min), i.e. about 60-75
-machine-seconds per 80-step run including start-up, compilation and two evaluations.
+Statistics. Every sweep that states a verdict runs SEEDS = 8 seeds (an exact sign-flip test on
+8 paired seeds can reach p = 0.0078; on 5 it cannot go below 0.0625), and every table that
+compares with a paper carries the paper's prediction (`Table.prediction`), committed before the
+sweep ran (experiments/report.py: verdict rules).
+
+Runs shared between sweeps. A run is identified by its settings: `mechanism`, `table2` and the
+lr=1e-4, mb=2 column of `offpolicy` are the `table1` runs (same config, same overrides in the
+same order), so they are reused, not re-run.
+
+Sizing. `num_steps` is the single knob of a sweep (`--num-steps` overrides it; results of a
+resized sweep go to experiments/results/scratch/). `estimate_seconds` uses the per-run cost
+measured with `--jobs 2` on the 2-core machine, about 60-75 machine-seconds per 80-step run
+including start-up, compilation and two evaluations.
 """
 
 import dataclasses
@@ -60,8 +68,8 @@ class Table:
   by_group: bool = False         # Table 4 layout: one row per group, columns per label
   rows: tuple = ()               # labels to show ('' = all runs of the sweep)
   paper: tuple = ()              # ((label or group, value string), ...) the paper's numbers
-  expect: tuple = ()             # ((label or group, '>' | '<'), ...) the paper's direction vs
-                                 # the baseline ('>' = larger than the baseline)
+  expect: tuple = ()             # ((label, group or (group, label), '>' | '<'), ...): the
+                                 # paper's direction vs the baseline ('>' = larger)
   baseline: str = ''             # label compared against; '' = the sweep's baseline
   prediction: str = ''           # the paper's prediction (metric, sign), written before the run
   digits: object = None          # decimals shown (None: 3 for ratios and raw values, else 1)
@@ -102,268 +110,311 @@ def estimate_seconds(sweep, *, seeds=None, step_seconds=STEP_SECONDS):
 # Method rows shared by several sweeps.
 # ---------------------------------------------------------------------------------------------
 
-DFPO_MIN = Run('dfpo_min_replace', 'dfpo_min_replace', 'DFPO (Min-Replace)')
-DFPO_ORTH = Run('dfpo_orth_proj', 'dfpo_orth_proj', 'DFPO (Orth-Proj)')
-DFPO_POS = Run('dfpo_pos_orth_proj', 'dfpo_pos_orth_proj', 'DFPO (Positive Orth-Proj)')
+SEEDS = 8
+FINAL_AVG = 'final:eval/avg@'    # the eval/avg@K key, K = config.eval.sampling.num_samples
+BETTER, LOWER = '>', '<'
+GATED = (('loss.hparams.clip_gating', 'gspo'),)
+
 GSPO = Run('gspo', 'gspo', 'GSPO')
+DFPO_MIN = Run('dfpo_min_replace', 'dfpo_min_replace', 'DFPO (Min-Replace)')
+DFPO_GATED = Run('dfpo_min_replace_gated', 'dfpo_min_replace', 'DFPO (Min-Replace, gated)',
+                 GATED)
 GRPO = Run('grpo', 'grpo', 'GRPO')
 GRPO_FIX = Run('grpo_fix', 'grpo_fix', 'GRPO-fix')
-TABLE1_RUNS = (DFPO_MIN, DFPO_ORTH, DFPO_POS, GSPO, GRPO, GRPO_FIX)
-
-FINAL_AVG = 'final:eval/avg@'    # the eval/avg@K key, K = config.eval_k
-BETTER = '>'
+DFPO_LABELS = (DFPO_MIN.label, DFPO_GATED.label)
+LEARNING_RATES = (('1e-4', 1e-4), ('2e-4', 2e-4))
 
 
-def _common(num_steps, smoke):
-  """Shared overrides: evaluate at step 0 and at the end only."""
-  return (('eval.every', num_steps),)
+def at(run, group, *overrides):
+  """``run`` in ``group`` with extra overrides (appended after its own)."""
+  tag = '_'.join(f'{k.split(".")[-1]}{v}' for k, v in overrides)
+  return Run(f'{run.name}_{tag}' if tag else run.name, run.config, run.label,
+             tuple(run.overrides) + tuple(overrides), group)
 
 
-def _pick(runs, names, smoke):
-  return tuple(r for r in runs if r.name in names) if smoke else tuple(runs)
+def _steps(smoke, full=FULL_STEPS):
+  return SMOKE_STEPS if smoke else full
+
+
+def _shared(num_steps, *extra):
+  """Evaluate at step 0 and at the end; the per-step diagnostics every 5 steps (measured at
+  the off-policy mini-batches, see jtc/update.run_updates) so `mechanism` reads these runs."""
+  return (('eval.every', num_steps), ('log.diagnostics_every', 5)) + extra
+
+
+def _expect(runs, labels, op):
+  """((group, label), op) for every run of ``runs`` whose label is one of ``labels``."""
+  return tuple(((r.group, r.label), op) for r in runs if r.label in labels)
+
+
+def _lr_runs(runs, smoke):
+  out = [at(r, f'lr={name}', ('optim.learning_rate', lr)) for name, lr in LEARNING_RATES
+         for r in runs]
+  return tuple(r for r in out if not smoke or r.group == 'lr=1e-4')
+
+
+def _sweep(name, smoke, **kw):
+  kw.setdefault('num_steps', _steps(smoke))
+  kw.setdefault('seeds', 1 if smoke else SEEDS)
+  kw.setdefault('shared', _shared(kw['num_steps']))
+  return Sweep(name=name, smoke=smoke, config_arg='smoke' if smoke else '', **kw)
+
+
+TABLE1_RUNS = (GSPO, DFPO_MIN, DFPO_GATED, GRPO, GRPO_FIX)
+TABLE1_PREDICTION = ('paper Table 1 (AIME25 avg@32, Qwen3-32B): DFPO (Min-Replace) 82.5 > GSPO '
+                     '76.9, and GRPO-fix 80.6 > GRPO 76.9: every decoupled objective above its '
+                     'coupled / asymmetric counterpart, at equal compute.')
 
 
 def table1(smoke=False):
-  n = SMOKE_STEPS if smoke else FULL_STEPS
-  exp = tuple((r.label, BETTER) for r in (DFPO_MIN, DFPO_ORTH, DFPO_POS, GRPO_FIX))
-  return Sweep(
-      name='table1', smoke=smoke, num_steps=n, seeds=1 if smoke else 5,
-      config_arg='smoke' if smoke else '', shared=_common(n, smoke),
-      description=('Paper Table 1: held-out avg@k accuracy after compute-matched RL from the '
-                   'same base policy. The paper reports AIME25 avg@32 on Qwen3-32B.'),
-      runs=_pick(TABLE1_RUNS, ('gspo', 'dfpo_min_replace', 'dfpo_orth_proj'), smoke),
-      baseline='GSPO',
-      tables=(Table('Held-out accuracy (Table 1)', FINAL_AVG, unit='(%)', scale=100.0,
-                    paper=(('DFPO (Min-Replace)', '82.5'), ('DFPO (Orth-Proj)', '82.6'),
-                           ('GSPO', '76.9'), ('GRPO', '76.9'), ('GRPO-fix', '80.6')),
-                    expect=exp),
-              Table('Final training accuracy', 'late_mean:accuracy', unit='(%)', scale=100.0,
-                    expect=exp)),
-  )
-
-
-def table2(smoke=False):
-  n = SMOKE_STEPS if smoke else FULL_STEPS
-  return Sweep(
-      name='table2', smoke=smoke, num_steps=n, seeds=1 if smoke else 5,
-      config_arg='smoke' if smoke else '', shared=_common(n, smoke),
-      description=('Paper Table 2 / Figure 2: generated tokens needed to reach a training-reward '
-                   'threshold (normalised to GSPO) and Jitter2 (Eq. 20) of the per-step reward '
-                   'curve. The paper uses reward 0.70 on Qwen3-Next; our threshold is `auto`: '
-                   '0.9 x the smallest per-method mean of the last-quarter reward, so that every '
-                   'method can reach it. The reward curve is smoothed with a 5-step trailing '
-                   'mean and the compute is interpolated between logged steps '
-                   '(jtc.diagnostics.compute_at_threshold).'),
-      runs=(GSPO, DFPO_MIN, DFPO_ORTH), baseline='GSPO', plot_x='compute/generated_tokens',
-      tables=(Table('Compute to reach the reward threshold (Table 2)',
-                    'compute_at:reward_mean', unit='(x GSPO)', normalize=True,
-                    higher_is_better=False, threshold='auto',
-                    paper=(('GSPO', '1.00'), ('DFPO (Min-Replace)', '0.91')),
-                    expect=(('DFPO (Min-Replace)', '<'), ('DFPO (Orth-Proj)', '<'))),
-              # Fixed, higher thresholds: the `auto` one lies within the step-0 noise band of
-              # this task (added after seeing that several seeds cross it at step 1).
-              *(Table(f'Compute to reach training reward {thr:.2f}', 'compute_at:reward_mean',
-                      unit='(x GSPO)', normalize=True, higher_is_better=False, threshold=thr,
-                      expect=(('DFPO (Min-Replace)', '<'), ('DFPO (Orth-Proj)', '<')))
-                for thr in (0.60, 0.65)),
-              Table('Jitter2 of the reward curve (Eq. 20-21)', 'jitter2:reward_mean',
-                    higher_is_better=False,
-                    expect=(('DFPO (Min-Replace)', '<'), ('DFPO (Orth-Proj)', '<'))),
-              Table('Held-out accuracy', FINAL_AVG, unit='(%)', scale=100.0)),
-  )
-
-
-def table3(smoke=False):
-  n = SMOKE_STEPS if smoke else FULL_STEPS
-  no_sg = Run('dfpo_no_stopgrad', 'dfpo_min_replace', 'DFPO (no stop-grad)',
-              (('loss.hparams.stop_gradient', False),))
-  scaled = Run('dfpo_scale_0.5', 'dfpo_min_replace', 'DFPO (scale by 0.5)',
-               (('loss.hparams.global_scale', 0.5),))
-  return Sweep(
-      name='table3', smoke=smoke, num_steps=n, seeds=1 if smoke else 5,
-      config_arg='smoke' if smoke else '', shared=_common(n, smoke),
-      description=('Paper Table 3: DFPO (Min-Replace) without the stop-gradient on the group '
-                   'transform, and with the transform replaced by a global 0.5 scale, against '
-                   'DFPO and GSPO. Baseline: GSPO.'),
-      runs=(DFPO_MIN, GSPO, no_sg, scaled), baseline='GSPO',
-      tables=(Table('Held-out accuracy (Table 3)', FINAL_AVG, unit='(%)', scale=100.0,
-                    paper=(('DFPO (Min-Replace)', '82.5'), ('GSPO', '76.9'),
-                           ('DFPO (no stop-grad)', '75.6'), ('DFPO (scale by 0.5)', '75.1')),
-                    expect=(('DFPO (Min-Replace)', '>'), ('DFPO (no stop-grad)', '<'),
-                            ('DFPO (scale by 0.5)', '<'))),),
-  )
-
-
-def group_size_overrides(G, *, seqs_per_step):
-  """prompts_per_step = seqs / G (equal token slots per step), 2 update steps per RL step."""
-  if seqs_per_step % G:
-    raise ValueError(f'G={G} does not divide the {seqs_per_step} sequences per step')
-  prompts = seqs_per_step // G
-  return (('rollout.sampling.num_samples', G), ('rollout.prompts_per_step', prompts),
-          ('optim.minibatch_prompts', max(prompts // 2, 1)))
-
-
-def table4(smoke=False):
-  n = SMOKE_STEPS if smoke else FULL_STEPS
-  seqs = SMOKE_SEQS_PER_STEP if smoke else SEQS_PER_STEP
-  groups = (2, 16) if smoke else (2, 4, 8, 16)
-  runs = []
-  for G in groups:
-    ov = group_size_overrides(G, seqs_per_step=seqs)
-    runs.append(Run(f'G{G}_dfpo_min_replace', 'dfpo_min_replace', 'DFPO (Min-Replace)', ov,
-                    group=f'G={G}'))
-    runs.append(Run(f'G{G}_gspo', 'gspo', 'GSPO', ov, group=f'G={G}'))
-  return Sweep(
-      name='table4', smoke=smoke, num_steps=n, seeds=1 if smoke else 3,
-      config_arg='smoke' if smoke else '', shared=_common(n, smoke),
-      description=(f'Paper Table 4: DFPO (Min-Replace) - GSPO held-out accuracy for each group '
-                   f'size G. Every run generates {seqs} sequences per step (prompts_per_step = '
-                   f'{seqs} / G) with minibatch_prompts = prompts_per_step / 2, so token slots '
-                   f'and update steps per RL step are equal across G.'),
-      runs=tuple(runs), baseline='GSPO',
-      tables=(Table('DFPO - GSPO by group size (Table 4)', FINAL_AVG, unit='(%)', scale=100.0,
-                    by_group=True,
-                    paper=(('G=2', '+3.1'), ('G=4', '+4.2'), ('G=8', '+5.6'), ('G=16', '+5.7')),
-                    expect=tuple((f'G={G}', BETTER) for G in groups)),),
+  runs = _lr_runs(TABLE1_RUNS, smoke)
+  return _sweep(
+      'table1', smoke,
+      description=('Paper Table 1: held-out avg@k after compute-matched RL from the same base '
+                   'policy, at two peak learning rates (1e-4, the best DFPO rate of the first '
+                   'stepsize control, and the default 2e-4), with DFPO under both readings of '
+                   "GSPO's clip (literal Eq. 68: no trajectory is switched off; gated: GSPO's "
+                   'gating kept, Theorem C.1). 8 seeds.'),
+      runs=runs, baseline='GSPO',
+      tables=(Table('Held-out accuracy vs GSPO (Table 1), by learning rate', FINAL_AVG,
+                    unit='(%)', scale=100.0, by_group=True, prediction=TABLE1_PREDICTION,
+                    paper=(('lr=1e-4', 'DFPO +5.6, GRPO-fix +3.7'),
+                           ('lr=2e-4', 'DFPO +5.6, GRPO-fix +3.7')),
+                    expect=_expect(runs, DFPO_LABELS + ('GRPO-fix',), BETTER)),
+              Table('Held-out accuracy: GRPO-fix vs GRPO (symmetric clip), by learning rate',
+                    FINAL_AVG, unit='(%)', scale=100.0, by_group=True, baseline='GRPO',
+                    rows=('GRPO', 'GRPO-fix'), prediction=TABLE1_PREDICTION,
+                    paper=(('lr=1e-4', '+3.7'), ('lr=2e-4', '+3.7')),
+                    expect=_expect(runs, ('GRPO-fix',), BETTER)),
+              Table('Effective step: |coefficient| mass relative to GSPO on the same '
+                    'mini-batch, mean over training', 'mean:coef_mass_vs_gspo', by_group=True),
+              Table('Trajectories whose gradient is switched off, mean over training',
+                    'mean:frac_traj_gated', by_group=True),
+              Table('Policy change per update: k3 KL(behaviour || updated), mean over training',
+                    'mean:approx_kl', unit='(x 1e-5)', scale=1e5, by_group=True)),
   )
 
 
 def mechanism(smoke=False):
-  n = SMOKE_STEPS if smoke else FULL_STEPS
-  runs = _pick(TABLE1_RUNS, ('gspo', 'dfpo_min_replace'), smoke)
-  lower = tuple((r.label, '<') for r in runs if r.name.startswith('dfpo') or r.name == 'grpo_fix')
-  return Sweep(
-      name='mechanism', smoke=smoke, num_steps=n, seeds=1 if smoke else 3,
-      config_arg='smoke' if smoke else '',
-      shared=_common(n, smoke) + (('log.diagnostics_every', 1 if smoke else 5),),
-      description=('Paper Sec. 6.1: Asym (Eq. 23, Var_i(w_i A_i) per group) and the gradient '
-                   'Energy on high-frequency tokens (Eq. 24; `diag/energy_b0`, the most frequent '
-                   'third of the token mass, logged every `diagnostics_every` steps) over '
-                   'training, and the entropy of '
-                   'the surface-format distribution among correct solutions (Appendix A: '
-                   'entropy collapse between equivalent solutions). Lower Asym/Energy and higher '
-                   'format entropy are the paper\'s direction for the decoupled methods.'),
+  """The diagnostics of the table1 runs (reused): measured at the off-policy mini-batches."""
+  runs = _lr_runs(TABLE1_RUNS, smoke)
+  pred = ('paper Sec. 6.1 / Prop. 3.1: the decoupled objectives (DFPO, GRPO-fix) leave a '
+          'smaller net gradient on the tokens the whole group shares (diag/shared_net_share), '
+          'lower Asym (Eq. 23) and less gradient energy on high-frequency tokens (Eq. 24) '
+          'than GSPO (resp. GRPO).')
+  return _sweep(
+      'mechanism', smoke,
+      description=('Paper Sec. 6.1 mechanism diagnostics over training, from the table1 runs: '
+                   'the shared-token net gradient and residual (Prop. 3.1), Asym (Eq. 23 with '
+                   "Eq. 14's weights), high-frequency Energy (Eq. 24), all measured where the "
+                   'update is off-policy (every mini-batch after the first of a step).'),
       runs=runs, baseline='GSPO',
-      curve_keys=('asym', 'diag/energy_b0', 'format/entropy', 'entropy', 'reward_mean',
-                  'accuracy'),
-      tables=(Table('Asym over training (Eq. 23)', 'mean:asym', higher_is_better=False,
-                    expect=lower),
-              Table('High-frequency Energy over training (Eq. 24)', 'mean:diag/energy_b0',
-                    higher_is_better=False, expect=lower),
-              Table('Format entropy among correct solutions, last quarter', 
-                    'late_mean:format/entropy',
-                    expect=tuple((lab, '>') for lab, _ in lower)),
-              Table('Held-out format entropy (final eval)', 'final:eval/format/entropy')),
+      curve_keys=('diag/shared_net_share', 'diag/shared_residual', 'asym', 'diag/energy_b0',
+                  'coef_mass_vs_gspo', 'entropy'),
+      tables=(Table('Net gradient on whole-group-shared tokens / total (diag/shared_net_share)',
+                    'mean:diag/shared_net_share', by_group=True, prediction=pred,
+                    expect=_expect(runs, DFPO_LABELS + ('GRPO-fix',), LOWER), digits=4),
+              Table('The same, GRPO-fix vs GRPO', 'mean:diag/shared_net_share', by_group=True,
+                    baseline='GRPO', rows=('GRPO', 'GRPO-fix'), prediction=pred,
+                    expect=_expect(runs, ('GRPO-fix',), LOWER), digits=4),
+              Table('Asym (Eq. 23), mean over training', 'mean:asym', by_group=True,
+                    prediction=pred, expect=_expect(runs, DFPO_LABELS, LOWER)),
+              Table('High-frequency Energy (Eq. 24, diag/energy_b0), mean over training',
+                    'mean:diag/energy_b0', by_group=True, prediction=pred,
+                    expect=_expect(runs, DFPO_LABELS, LOWER))),
   )
 
 
-STEPSIZE_LRS = (('1e-4', 1e-4), ('1.4e-4', 1.4e-4), ('2e-4', None), ('2.8e-4', 2.8e-4))
+def table2(smoke=False):
+  """Compute to a reward threshold and Jitter2, from the table1 runs (reused)."""
+  runs = tuple(r for r in _lr_runs((GSPO, DFPO_MIN, DFPO_GATED), smoke))
+  pred = ('paper Table 2 / Fig. 2: DFPO reaches a fixed training-reward threshold with less '
+          'compute (0.91x GSPO) and its reward curve is smoother (Jitter2 lower, Eq. 21).')
+  expect = lambda op: _expect(runs, DFPO_LABELS, op)
+  return _sweep(
+      'table2', smoke,
+      description=('Paper Table 2 / Figure 2: generated tokens to reach a training-reward '
+                   'threshold (x GSPO, per learning rate) and Jitter2 (Eq. 20) of the per-step '
+                   'reward; the table1 runs. Thresholds fixed before the run: 0.60 and 0.65 '
+                   '(5-step trailing mean; jtc.curves.compute_at_threshold).'),
+      runs=runs, baseline='GSPO', plot_x='compute/generated_tokens',
+      tables=tuple(Table(f'Generated tokens to reach training reward {thr:.2f}',
+                         'compute_at:reward_mean', threshold=thr, by_group=True,
+                         unit='(tokens)', digits=0, prediction=pred, expect=expect(LOWER))
+                   for thr in (0.60, 0.65)) + (
+                       Table('Jitter2 of the reward curve (Eq. 20-21)', 'jitter2:reward_mean',
+                             by_group=True, prediction=pred, expect=expect(LOWER)),),
+  )
 
 
-def stepsize(smoke=False):
-  """A control beyond the paper, testing the explanation given for table1 (not tuning it)."""
-  n = SMOKE_STEPS if smoke else FULL_STEPS
-  runs = []
-  for name, lr in STEPSIZE_LRS:            # lr None: the shared default 2e-4 (= the table1 runs)
-    for base in (GSPO, DFPO_MIN):
-      if lr is None:
-        runs.append(dataclasses.replace(base, group=f'lr={name}'))
-      else:
-        runs.append(Run(f'{base.name}_lr{name}', base.config, base.label,
-                        (('optim.learning_rate', lr),), group=f'lr={name}'))
+def table3(smoke=False):
+  """Table 3 ablations at lr 1e-4 (DFPO and GSPO rows are the table1 runs)."""
+  lr = ('optim.learning_rate', 1e-4)
+  no_sg = Run('dfpo_no_stopgrad', 'dfpo_min_replace', 'DFPO (no stop-grad)',
+              (('loss.hparams.stop_gradient', False),))
+  scaled = Run('dfpo_scale_0.5', 'dfpo_min_replace', 'DFPO (scale by 0.5)',
+               (('loss.hparams.global_scale', 0.5),))
+  scaled_gated = Run('dfpo_scale_0.5_gated', 'dfpo_min_replace', 'DFPO (scale by 0.5, gated)',
+                     (('loss.hparams.global_scale', 0.5),) + GATED)
+  runs = tuple(at(r, 'lr=1e-4', lr) for r in (GSPO, DFPO_MIN, DFPO_GATED, no_sg, scaled,
+                                              scaled_gated))
+  pred = ('paper Table 3: DFPO without stop-gradient (75.6) and DFPO scaled by 0.5 (75.1) '
+          'are below DFPO (82.5); "not solely a smaller effective step size".')
+  return _sweep(
+      'table3', smoke,
+      description=('Paper Table 3 at peak learning rate 1e-4: DFPO (Min-Replace) without the '
+                   'stop-gradient on the transform, and with the transform replaced by a global '
+                   "0.5 scale, under both readings of GSPO's clip (gated: exactly 0.5 x GSPO's "
+                   'gradient). Baseline: DFPO (Min-Replace), literal.'),
+      runs=runs, baseline='DFPO (Min-Replace)',
+      tables=(Table('Held-out accuracy vs DFPO (Table 3)', FINAL_AVG, unit='(%)', scale=100.0,
+                    by_group=True, prediction=pred,
+                    paper=(('lr=1e-4', 'no stop-grad -6.9, scale -7.4'),),
+                    expect=_expect(runs, ('DFPO (no stop-grad)', 'DFPO (scale by 0.5)'), LOWER)
+                    + _expect(runs, ('GSPO',), LOWER)),
+              Table('The scaled rows against gated DFPO', FINAL_AVG, unit='(%)', scale=100.0,
+                    by_group=True, baseline='DFPO (Min-Replace, gated)',
+                    rows=('DFPO (Min-Replace, gated)', 'DFPO (scale by 0.5, gated)'),
+                    prediction=pred, expect=_expect(runs, ('DFPO (scale by 0.5, gated)',), LOWER)),
+              Table('Effective step relative to GSPO, mean over training',
+                    'mean:coef_mass_vs_gspo', by_group=True)),
+  )
+
+
+OFFPOLICY = (('mb=1', (('optim.minibatch_prompts', 16),)),       # one update: on-policy
+             ('mb=2', ()),                                         # the table1 runs
+             ('mb=8', (('optim.minibatch_prompts', 2),)),
+             ('mb=2,epochs=2', (('optim.ppo_epochs', 2),)))
+
+
+def offpolicy(smoke=False):
+  """How far off-policy the updates are: mini-batches per step and PPO epochs, at lr 1e-4."""
+  lr = ('optim.learning_rate', 1e-4)
+  runs = tuple(at(r, group, lr, *ov) for group, ov in OFFPOLICY
+               for r in (GSPO, DFPO_MIN, DFPO_GATED))
   if smoke:
-    runs = [r for r in runs if r.group in ('lr=1e-4', 'lr=2e-4')]
-  return Sweep(
-      name='stepsize', smoke=smoke, num_steps=n, seeds=1 if smoke else 5,
-      config_arg='smoke' if smoke else '', shared=_common(n, smoke),
-      description=('Control for the explanation of table1 (not a paper table): at the shared '
-                   'learning rate 2e-4 DFPO moves the policy further per update than GSPO '
-                   '(approx_kl) and ends below it. If that step-size difference, rather than '
-                   'token cancellation, is what separates them, the sign of DFPO - GSPO should '
-                   'depend on the learning rate. Both methods at peak learning rates 1e-4, '
-                   '1.4e-4, 2e-4 (the table1 runs) and 2.8e-4, everything else equal.'),
-      runs=tuple(runs), baseline='GSPO',
-      tables=(Table('DFPO - GSPO held-out accuracy at each learning rate', FINAL_AVG,
-                    unit='(%)', scale=100.0, by_group=True),
+    runs = tuple(r for r in runs if r.group in ('mb=1', 'mb=2'))
+  pred = ("paper App. B / D: DFPO differs from GSPO only off-policy (on-policy every ratio is 1 "
+          'and the transforms are the identity), so DFPO - GSPO should be 0 at mb=1 and '
+          'grow in the paper\'s direction (DFPO > GSPO) as updates go further off-policy.')
+  return _sweep(
+      'offpolicy', smoke,
+      description=('The off-policy axis at peak learning rate 1e-4: mini-batches per RL step '
+                   '(mb=1: one update per step, exactly on-policy; 2: the default and the '
+                   'table1 runs; 8) and two PPO epochs; GSPO vs DFPO (Min-Replace) under both '
+                   'readings. mb=1 is a negative control: DFPO and GSPO must coincide there.'),
+      runs=runs, baseline='GSPO',
+      tables=(Table('Held-out accuracy vs GSPO by off-policy setting', FINAL_AVG, unit='(%)',
+                    scale=100.0, by_group=True, prediction=pred,
+                    expect=tuple(e for e in _expect(runs, DFPO_LABELS, BETTER) if e[0][0] != 'mb=1')),
+              Table('Effective step relative to GSPO, mean over training',
+                    'mean:coef_mass_vs_gspo', by_group=True),
               Table('Policy change per update: k3 KL(behaviour || updated), mean over training',
-                    'mean:approx_kl', unit='(x 1e-5)', scale=1e5, by_group=True),
-              Table('Token entropy, last quarter', 'late_mean:entropy', by_group=True)),
+                    'mean:approx_kl', unit='(x 1e-5)', scale=1e5, by_group=True)),
   )
 
 
-DELTA_TABLE4 = (
-    ('within_side_only', 'Within-side only'),
-    ('no_adaptive_gamma', 'w/o adaptive gamma'),
-    ('no_soft_assignment', 'w/o h(alpha)'),
-    ('no_normalization', 'w/o lambda-norm'),
-    ('no_range_map', 'w/o range map'),
-    ('no_refinement', 'w/o refinement'),
-    ('topk_proxy', 'Top-K hidden-gradient proxy'),
-    ('random_lambda', 'Random lambda'),
-)
-DELTA_FIGURE3 = (
-    ('select_top', 'Top-lambda tokens'),
-    ('select_bottom', 'Bottom-lambda tokens'),
-    ('select_random', 'Random 50% tokens'),
-)
-DELTA_PAPER = (('DAPO', '19.05'), ('DelTA', '23.27'), ('Within-side only', '17.94'),
-               ('w/o adaptive gamma', '21.19'), ('w/o h(alpha)', '20.93'),
-               ('w/o lambda-norm', '21.39'), ('w/o range map', '20.78'),
-               ('w/o refinement', '19.97'), ('Top-K hidden-gradient proxy', '24.29'),
-               ('Random lambda', '18.34'))
+PHRASING = (('data.task', 'phrasing'), ('policy.init', 'phrasing'),
+            ('rollout.sampling.max_new_tokens', 48), ('eval.sampling.max_new_tokens', 48))
+DRIFT_STEPS = 400
+
+
+def drift(smoke=False):
+  """Reward-irrelevant drift and learning tax on the exactly-equivalent phrasing task."""
+  n = _steps(smoke, DRIFT_STEPS)
+  shared = (('eval.every', 5 if smoke else 50), ('log.diagnostics_every', 1 if smoke else 10))
+  runs = (GSPO, DFPO_MIN, GRPO_FIX, GRPO)
+  pred_drift = ('paper Cor. 3.2 / Eq. 41 (App. A): with exchangeable token updates (DFPO, GRPO-'
+                'fix, GRPO inside its clip) equivalent solutions keep their relative '
+                'probability; sequence-coupled weights (GSPO) make the log-odds between them '
+                'drift and the entropy over the equivalent set fall. On this task the phrasings '
+                'are equally rewarded and equally easy, so: the exact phrasing entropy falls '
+                'less (its change is larger) under DFPO and GRPO-fix than under GSPO.')
+  pred_tax = ('paper Prop. 3.1 / App. E (learning tax): the tokens every completion of a group '
+              'shares (the "Work: " scaffold) keep a net gradient under GSPO and none under the '
+              'exchangeable objectives, so diag/shared_net_share is lower for DFPO and GRPO-fix '
+              'than for GSPO.')
+  return _sweep(
+      'drift', smoke, num_steps=n, seeds=1 if smoke else SEEDS, shared=PHRASING + shared,
+      description=('Drift between exactly equivalent solutions and the learning tax on shared '
+                   'tokens, on the phrasing task (jtc/tasks/phrasing.py: identical reasoning, '
+                   'then one of three equally long phrasings; every completion starts with the '
+                   'scaffold "Work: ") from its own SFT base policy (jtc/assets/phrasing_policy), '
+                   f'{n} RL steps at the default learning rate 2e-4. The phrasing entropy and '
+                   'log-shares are exact (eval/probe/*: log-probs of the three correct solutions '
+                   'of 64 fixed held-out problems), not sampled.'),
+      runs=runs, baseline='GSPO',
+      curve_keys=('eval/probe/format_entropy', 'eval/probe/scaffold_logprob',
+                  'diag/shared_net_share', 'diag/shared_energy', 'format/entropy',
+                  'reward_mean'),
+      tables=(Table('Change of the exact phrasing entropy over training (nats)',
+                    'change:eval/probe/format_entropy', prediction=pred_drift, digits=4,
+                    expect=(('DFPO (Min-Replace)', BETTER), ('GRPO-fix', BETTER))),
+              Table('Final exact phrasing entropy (nats; log 3 = 1.0986)',
+                    'final:eval/probe/format_entropy', digits=4),
+              Table('Net gradient on whole-group-shared tokens / total, mean over training',
+                    'mean:diag/shared_net_share', prediction=pred_tax, digits=4,
+                    expect=(('DFPO (Min-Replace)', LOWER), ('GRPO-fix', LOWER))),
+              Table('Change of log pi(scaffold) over training', 
+                    'change:eval/probe/scaffold_logprob', digits=4),
+              Table('Held-out accuracy', FINAL_AVG, unit='(%)', scale=100.0)),
+  )
+
+
+DELTA_RUNS = (('full', 'DelTA'), ('no_normalization', 'w/o lambda-norm'),
+              ('no_adaptive_gamma', 'w/o adaptive gamma'), ('select_top', 'Top-lambda tokens'),
+              ('select_bottom', 'Bottom-lambda tokens'), ('select_random', 'Random 50% tokens'))
 
 
 def delta(smoke=False):
-  n = SMOKE_STEPS if smoke else FULL_STEPS
   dapo = Run('dapo', 'dapo', 'DAPO')
-  full = Run('delta_full', 'delta', 'DelTA', (('delta.ablation', 'full'),))
-  abl = tuple(Run(f'delta_{a}', 'delta', lab, (('delta.ablation', a),))
-              for a, lab in DELTA_TABLE4 + DELTA_FIGURE3)
-  runs = (dapo, full) + abl
+  runs = (dapo,) + tuple(Run(f'delta_{a}', 'delta', lab, (('delta.ablation', a),))
+                         for a, lab in DELTA_RUNS)
   if smoke:
-    runs = _pick(runs, ('dapo', 'delta_full', 'delta_select_top'), True)
-  labels = {r.label for r in runs}
-  t4_rows = tuple(l for l in ['DAPO', 'DelTA'] + [lab for _, lab in DELTA_TABLE4] if l in labels)
-  f3_rows = tuple(l for l in ['DAPO', 'DelTA'] + [lab for _, lab in DELTA_FIGURE3] if l in labels)
-  components = ('w/o adaptive gamma', 'w/o h(alpha)', 'w/o lambda-norm', 'w/o range map',
-                'w/o refinement')
-  return Sweep(
-      name='delta', smoke=smoke, num_steps=n, seeds=1 if smoke else 3,
-      config_arg='smoke' if smoke else '',
-      # DelTA paper: dynamic sampling off for all methods; both use DAPO's overlong shaping.
-      shared=_common(n, smoke) + (('dapo.dynamic_sampling', False), ('dapo.overlong_buffer', 8)),
-      description=('DelTA paper: DAPO vs DelTA, the Table 4 diagnostics (each a '
-                   '`delta.ablation`), and Figure 3 hard token selection with the DelTA '
-                   'coefficients (top-lambda, bottom-lambda, random 50%). Baseline: DAPO, and '
-                   'full DelTA for the component table. The paper\'s numbers are the '
-                   'Qwen3-8B-Base averages over four benchmarks.'),
+    runs = tuple(r for r in runs if r.name in ('dapo', 'delta_full', 'delta_no_normalization',
+                                               'delta_select_top', 'delta_select_random'))
+  present = {r.label for r in runs}
+  rows = lambda *labels: tuple(l for l in labels if l in present)
+  pred = ('DelTA paper Table 3 / 4: DelTA > DAPO (+4.2 points averaged over four benchmarks); '
+          'w/o lambda-norm (21.39) and w/o adaptive gamma (21.19) below DelTA (23.27).')
+  pred_sel = ('DelTA paper Figure 3: training on the top-lambda half of the tokens beats the '
+              'bottom-lambda half (which collapses); random 50% stays near DAPO.')
+  return _sweep(
+      'delta', smoke, shared=_shared(_steps(smoke), ('dapo.dynamic_sampling', False),
+                                     ('dapo.overlong_buffer', 8)),
+      description=('DelTA paper: DAPO vs DelTA, the two component ablations whose instrument was '
+                   'fixed (w/o lambda-norm now trains on sum(lambda ppo) / N; the fixed gamma is '
+                   'stated in units of E||v||^2), and Figure 3 hard selection of half of the '
+                   'tokens of EACH advantage side by lambda. Dynamic sampling off for all methods '
+                   '(as in the DelTA paper), overlong shaping on for all.'),
       runs=runs, baseline='DAPO',
-      tables=(Table('DAPO vs DelTA and the DelTA ablations (DelTA Table 4)', FINAL_AVG,
-                    unit='(%)', scale=100.0, rows=t4_rows, paper=DELTA_PAPER,
-                    expect=(('DelTA', '>'), ('Top-K hidden-gradient proxy', '>'))
-                    + tuple((c, '>') for c in components)
-                    + tuple((w, '<') for w in ('Within-side only', 'Random lambda'))),
-              Table('The same runs against full DelTA (does each component matter?)',
-                    FINAL_AVG, unit='(%)', scale=100.0, rows=t4_rows, baseline='DelTA',
-                    expect=(('Top-K hidden-gradient proxy', '>'),)
-                    + tuple((w, '<') for w in ('DAPO', 'Within-side only', 'Random lambda')
-                            + components)),
-              Table('Token selection (DelTA Figure 3): training reward, last quarter',
-                    'late_mean:reward_mean', rows=f3_rows,
-                    expect=(('Top-lambda tokens', '>'), ('Bottom-lambda tokens', '<'))),
-              Table('Token selection (DelTA Figure 3): held-out accuracy', FINAL_AVG,
-                    unit='(%)', scale=100.0, rows=f3_rows,
-                    expect=(('Top-lambda tokens', '>'), ('Bottom-lambda tokens', '<')))),
+      tables=(Table('DelTA vs DAPO (DelTA Table 3)', FINAL_AVG, unit='(%)', scale=100.0,
+                    rows=('DAPO', 'DelTA'), prediction=pred,
+                    paper=(('DAPO', '19.05'), ('DelTA', '23.27')), expect=(('DelTA', BETTER),)),
+              Table('Components against full DelTA (DelTA Table 4)', FINAL_AVG, unit='(%)',
+                    scale=100.0, baseline='DelTA', prediction=pred,
+                    rows=rows('DelTA', 'w/o lambda-norm', 'w/o adaptive gamma'),
+                    paper=(('DelTA', '23.27'), ('w/o lambda-norm', '21.39'),
+                           ('w/o adaptive gamma', '21.19')),
+                    expect=(('w/o lambda-norm', LOWER), ('w/o adaptive gamma', LOWER))),
+              Table('Token selection (DelTA Figure 3), against the random half', FINAL_AVG,
+                    unit='(%)', scale=100.0, baseline='Random 50% tokens', prediction=pred_sel,
+                    rows=rows('Random 50% tokens', 'Top-lambda tokens', 'Bottom-lambda tokens'),
+                    expect=(('Top-lambda tokens', BETTER), ('Bottom-lambda tokens', LOWER))),
+              Table('Token selection: training reward, last quarter', 'late_mean:reward_mean',
+                    baseline='Random 50% tokens', prediction=pred_sel,
+                    rows=rows('Random 50% tokens', 'Top-lambda tokens', 'Bottom-lambda tokens'),
+                    expect=(('Top-lambda tokens', BETTER), ('Bottom-lambda tokens', LOWER)))),
   )
 
 
 SWEEPS = {
     'table1': table1,
+    'mechanism': mechanism,
     'table2': table2,
     'table3': table3,
-    'table4': table4,
-    'mechanism': mechanism,
-    'stepsize': stepsize,
+    'offpolicy': offpolicy,
+    'drift': drift,
     'delta': delta,
 }
 

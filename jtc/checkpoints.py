@@ -33,6 +33,10 @@ from jtc import model as model_lib
 from jtc import tokenizer as tokenizer_lib
 
 BASE_POLICY_DIR = os.path.join(os.path.dirname(__file__), 'assets', 'base_policy')
+# Policy bundles shipped with jtc, by name: the arithmetic base policy and the one of the
+# phrasing task (configs/sft_phrasing.py).
+SHIPPED = {'base': BASE_POLICY_DIR,
+           'phrasing': os.path.join(os.path.dirname(__file__), 'assets', 'phrasing_policy')}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +49,8 @@ class PolicyBundle:
 
 
 def resolve_policy_path(name_or_path):
-  """'base' -> the shipped base policy; anything else is a directory path."""
-  return BASE_POLICY_DIR if name_or_path == 'base' else name_or_path
+  """A shipped bundle's name ('base', 'phrasing') -> its directory; else a directory path."""
+  return SHIPPED.get(name_or_path, name_or_path)
 
 
 def save_policy_bundle(path, *, model_config, params, tokenizer_spec, meta=None):

@@ -26,14 +26,14 @@ from jtc import checks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_METHODS = {'common.py': 'the defaults every method config shares',
-               'sft_arith.py': 'the SFT config of `python -m jtc.sft`',
                'base.py': 'the settings the real-model configs share'}
 
 
 def methods():
-  """The method configs: configs/<name>.py."""
+  """The method configs: configs/<name>.py (not common.py, __init__.py or the sft_*.py)."""
   return sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, 'configs', '*.py'))
-                if os.path.basename(p) not in ('__init__.py', *NOT_METHODS))
+                if os.path.basename(p) not in ('__init__.py', *NOT_METHODS)
+                and not os.path.basename(p).startswith('sft_'))
 
 
 def define_train_flags():
@@ -76,9 +76,11 @@ def resolve_config_path(spec):
   else:
     _fail(f'no such config file {path!r}; methods: {", ".join(methods())} '
           '(configs/<method>.py)')
-  if os.path.basename(path) in NOT_METHODS:
-    _fail(f'{path} is {NOT_METHODS[os.path.basename(path)]}, not a method config; use one of '
-          f'{", ".join(methods())} (configs/<method>.py) or configs/real/*.py')
+  name = os.path.basename(path)
+  if name in NOT_METHODS or name.startswith('sft_'):
+    what = NOT_METHODS.get(name, 'an SFT config of `python -m jtc.sft`')
+    _fail(f'{path} is {what}, not a method config; use one of {", ".join(methods())} '
+          '(configs/<method>.py) or configs/real/*.py')
   return path + sep + arg
 
 

@@ -295,7 +295,7 @@ def token_coefficients(
         ids_N = token_ids_BT.reshape(-1)
         v_fn = lambda start: geometry.topk_hidden_proxy(
             hidden_chunk(start), geometry.take_chunk(ids_N, start, chunk), unembed_VD, topk=o.topk)
-    run = functools.partial(_proxy_pass, v_fn, seg_N, side_N, num_tokens=num_tokens,
+    run = functools.partial(geometry.proxy_pass, v_fn, seg_N, side_N, num_tokens=num_tokens,
                             chunk=chunk, num_seg=num_seg, dim=dim)
 
     # ---- scores alpha* ----

@@ -179,10 +179,11 @@ def _check_arrays(name, logps, old_logps, advantages, mask, group_size, ref_logp
     raise ValueError(f'group_size={group_size!r} must be a positive int')
   if shape[0] % group_size:
     raise ValueError(f'batch size B={shape[0]} is not divisible by group_size={group_size}')
-  if name == 'delta' and token_weights is None:
-    raise ValueError("loss 'delta' needs token_weights [B, T]")
-  if name != 'delta' and token_weights is not None:
-    raise ValueError(f"token_weights are only used by loss 'delta', not {name!r}")
+  if name in surrogates.TOKEN_WEIGHTED and token_weights is None:
+    raise ValueError(f'loss {name!r} needs token_weights [B, T]')
+  if name not in surrogates.TOKEN_WEIGHTED and token_weights is not None:
+    raise ValueError(f'token_weights are only used by losses {surrogates.TOKEN_WEIGHTED}, not '
+                     f'{name!r}')
 
 
 def asym(w_B, adv_B, *, group_size):

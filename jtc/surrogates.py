@@ -387,6 +387,9 @@ LOSSES = {
     'delta': delta,
 }
 
+# Losses that weight their tokens with `token_weights` (the trainer's token-weight plug-in).
+TOKEN_WEIGHTED = ('delta',)
+
 DEFAULT_AGGREGATION = {
     'grpo': 'seq_mean_token_mean',
     'dapo': 'token_mean',

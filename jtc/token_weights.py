@@ -16,6 +16,7 @@ import json
 import os
 from typing import Any
 
+import chex
 import flax.struct
 import jax
 import jax.numpy as jnp

@@ -42,6 +42,7 @@ from jtc import objectives
 from jtc import rewards as rewards_lib
 from jtc import rollout as rollout_lib
 from jtc import sharding as sharding_lib
+from jtc import surrogates
 from jtc import tasks as tasks_lib
 from jtc import token_weights
 from jtc import update as update_lib
@@ -56,7 +57,15 @@ def validate_config(c):
   data_lib.check_config(c.data, tasks=tasks_lib.TASKS, reward_fns=rewards_lib.REWARD_FNS)
   checks.positive_int('config.num_steps', c.num_steps)
   checks.choice('config.advantage.name', c.advantage.name, advantages_lib.ADVANTAGES)
+  checks.choice('config.loss.name', c.loss.name, objectives.LOSSES)
   objectives.check_hparams(c.loss.name, c.loss.hparams.to_dict())
+  for key in ('eps', 'eps_low', 'eps_high'):  # a zero clip width would clip every update
+    if c.loss.hparams.get(key) is not None:
+      checks.positive(f'config.loss.hparams.{key}', c.loss.hparams[key])
+  if (c.loss.name in surrogates.TOKEN_WEIGHTED) != bool(c.token_weights):
+    raise ValueError(f'config.loss.name={c.loss.name!r} with config.token_weights='
+                     f'{c.token_weights!r}: losses {surrogates.TOKEN_WEIGHTED} need a token-weight '
+                     f'plug-in ({sorted(token_weights.PLUGINS)}), the others none')
   if c.token_weights:
     checks.choice('config.token_weights', c.token_weights, token_weights.PLUGINS)
     token_weights.PLUGINS[c.token_weights].check_config(c.delta)

@@ -1,5 +1,4 @@
 """Tests of jtc.diagnostics: closed forms from the paper and independent references."""
-import math
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +8,6 @@ import pytest
 from jtc import diagnostics as dg
 from jtc import model
 from jtc import update
-from jtc import tokenizer as tokenizer_lib
 
 G, P, T = 4, 3, 6
 SHARED = 3  # completion positions 0..2 are shared by the whole group

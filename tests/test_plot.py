@@ -4,7 +4,6 @@ Runs are fake `metrics.jsonl` files written the way `jtc.metric_writer` writes t
 object per line with 'step'; evaluations every 50 steps).
 """
 
-import json
 import os
 import subprocess
 import sys

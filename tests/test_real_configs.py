@@ -10,7 +10,6 @@ giving the same update as the un-split mini-batch.
 """
 
 import dataclasses
-import functools
 import glob
 import importlib
 import json
@@ -26,7 +25,6 @@ from jtc import data as data_lib
 from jtc import hf_import
 from jtc import metric_writer
 from jtc import model as model_lib
-from jtc import objectives
 from jtc import tokenizer as tokenizer_lib
 from jtc import train
 

@@ -16,16 +16,15 @@ import pytest
 
 from configs import common
 from jtc import checkpoints
+from jtc import cli
 from jtc import metric_writer
 from jtc import model as model_lib
 from jtc import plot
 from jtc import tokenizer as tokenizer_lib
 from jtc import train
-from jtc import update
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-METHODS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, 'configs', '*.py'))
-                 if os.path.basename(p) not in ('__init__.py', 'common.py', 'sft_arith.py'))
+METHODS = cli.methods()
 NONDETERMINISTIC = ('time_', 'tokens_per_s')
 
 
@@ -68,6 +67,7 @@ def test_method_configs_validate(method, arg):
     ('optim.minibatch_prompts', 3, 'minibatch_prompts'),
     ('delta.lam_min', 1.5, 'lam_min'),
     ('loss.name', 'ppo_typo', 'loss.name'),
+    ('token_weights', 'delta', 'token_weights'),
     ('advantage.name', 'gae', 'advantage'),
     ('data.task', 'chess', 'task'),
     ('num_steps', 0, 'num_steps'),
@@ -83,7 +83,7 @@ def test_method_configs_validate(method, arg):
     ('eval.sampling.min_p', 1.5, 'min_p'),
 ])
 def test_invalid_settings_fail_naming_the_key(key, value, needle):
-  c = _config('dapo', None)
+  c = _config('delta' if key.startswith('delta.') else 'dapo', None)
   with c.unlocked():
     node = c
     *parents, leaf = key.split('.')
@@ -109,8 +109,8 @@ def test_method_configs_differ_only_in_the_method(family):
   """A comparison between two method configs compares methods: every other key is equal."""
   folder = os.path.join(REPO, *family.split('.'))
   names = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(folder, '*.py'))
-                 if os.path.basename(p) not in ('__init__.py', 'common.py', 'base.py',
-                                                'sft_arith.py'))
+                 if os.path.basename(p) not in ('__init__.py', 'common.py', 'base.py')
+                 and not os.path.basename(p).startswith('sft_'))
   if family == 'configs.real':  # one model and dataset per family of real configs
     names = [n for n in names if n.startswith('qwen3_8b_math')]
   flat = {n: _flat(importlib.import_module(f'{family}.{n}').get_config(None).to_dict())

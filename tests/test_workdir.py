@@ -3,7 +3,6 @@ resume only into the same config; incompatible checkpoints refused, unreadable o
 every step exactly once in every output; Ctrl-C checkpoints; bad input named before compute."""
 
 import glob
-import json
 import os
 import shutil
 import signal

@@ -19,6 +19,7 @@ def get_config(arg=None):
   args = common.parse_arg(arg)
   c = base.get_config(None)
   common.set_loss(c, 'delta', eps_low=0.2, eps_high=0.28)
+  c.token_weights = 'delta'            # the DelTA coefficients, options in c.delta
   c.advantage.name = 'grpo'
   c.delta.lam_min = 0.8
   c.delta.lam_max = 1.2
