@@ -1,7 +1,7 @@
 """Supervised training of the phrasing base policy: arithmetic with one chain of thought and three
 equally rewarded, equally long phrasings of the final answer (jtc/tasks/phrasing.py).
 
-Rebuild the policy that ships in jtc/assets/phrasing_policy (about 4 minutes on 2 CPU cores):
+Rebuild the policy that ships in jtc/assets/phrasing_policy (400 steps; 15 min on 2 busy CPU cores):
   python -m jtc.sft --config configs/sft_phrasing.py --workdir /tmp/jtc/sft_phrasing \
       --config.export_to=jtc/assets/phrasing_policy
 Smoke test:
@@ -23,7 +23,7 @@ def get_config(arg=None):
   c.eval_problems = 256
   c.eval_k = 4
   c.batch_size = 64
-  c.num_steps = 1300              # 800 -> 14%, 1100 -> 21%, 1300 -> 49%, 1500 -> 88% avg@4
+  c.num_steps = 400               # held-out avg@4: 400 -> 41.6%, 1300 -> 98.4% (chain of thought)
   c.warmup_steps = 30
   c.learning_rate = 2e-3
   c.weight_decay = 0.01

@@ -5,12 +5,16 @@ For notebooks and experiments, not the training loop (the per-step diagnostics a
 
   fisher_quadratic / kl_drift / kl_drift_at_context    Prop. 3.1, Eq. 3: measured
       KL(pi_{theta + eta g} || pi_theta) at a context against 1/2 eta^2 g^T F g.
-  solution_logprobs / format_log_odds / format_distribution / format_entropy
+  solution_logprobs / format_log_odds / format_distribution / format_entropy / format_probe
       Cor. 3.2 (Eq. 5) and App. A (Eq. 41): log-probabilities of equivalent solution texts and
-      the policy restricted to that equivalent set.
+      the policy restricted to that equivalent set, exactly (no sampling).
+  format_accuracy          are the equivalent forms equally easy? accuracy per form of sampled
+                           completions, Wilson intervals and a chi-square test.
 
 Dimension key: V vocab, F solution formats, P prompt width, T completion length, L = P + T.
 """
+
+import math
 
 import chex
 import jax
@@ -178,3 +182,47 @@ def format_entropy(logps_F):
   the entropy-collapse trend of Cor. 3.2 (the binary entropy h(p_k) for F = 2)."""
   q_F = format_distribution(logps_F)
   return -jnp.sum(jnp.where(q_F > 0, q_F * jnp.log(jnp.where(q_F > 0, q_F, 1.0)), 0.0))
+
+
+def wilson_interval(k, n, z=1.96):
+  """95% Wilson score interval of a proportion k / n ((nan, nan) for n = 0)."""
+  if n == 0:
+    return float('nan'), float('nan')
+  p = k / n
+  den = 1 + z * z / n
+  mid = (p + z * z / (2 * n)) / den
+  half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+  return float(mid - half), float(mid + half)
+
+
+def chi2_sf(x, df):
+  """P(X >= x) for X ~ chi-square(df): the regularised upper incomplete gamma Q(df/2, x/2),
+  by its series (exact to float precision for the small df of a contingency table)."""
+  if x <= 0:
+    return 1.0
+  a, h = df / 2.0, x / 2.0
+  term = total = 1.0 / a
+  for k in range(1, 10_000):
+    term *= h / (a + k)
+    total += term
+    if term < 1e-16 * total:
+      break
+  return float(max(0.0, 1.0 - np.exp(a * np.log(h) - h - math.lgamma(a)) * total))
+
+
+def format_accuracy(task, texts, correct_B):
+  """Accuracy of the samples written in each equivalent form: {format: (n, correct, rate,
+  Wilson 95% CI)}, and the chi-square test of independence of form and correctness (p-value;
+  a small p says the forms are not equally easy). Samples of no form are left out."""
+  names = [task.format_of(t) for t in texts]
+  table = np.array([[sum(1 for n, ok in zip(names, correct_B) if n == f and ok == c)
+                     for c in (True, False)] for f in task.formats], np.float64)
+  out = {}
+  for f, (k, miss) in zip(task.formats, table):
+    n = k + miss
+    out[f] = (int(n), int(k), k / n if n else float('nan'), wilson_interval(k, n))
+  used = table[table.sum(1) > 0]
+  expected = used.sum(1, keepdims=True) * used.sum(0, keepdims=True) / used.sum()
+  ok = expected > 0
+  stat = float((((used - expected) ** 2)[ok] / expected[ok]).sum())
+  return out, chi2_sf(stat, (used.shape[0] - 1) * (used.shape[1] - 1))

@@ -101,3 +101,28 @@ def test_format_probe_matches_per_problem_solution_logprobs():
                                        append_eos=False, prompt_width=20) for e in examples]
   np.testing.assert_allclose(out['scaffold_logprob'], np.mean([float(p[0]) for p in prefix]),
                              rtol=1e-4)
+
+
+def test_chi2_sf_and_wilson_interval_closed_forms():
+  for x in (0.5, 2.0, 7.3):
+    assert analysis.chi2_sf(x, 2) == pytest.approx(math.exp(-x / 2), rel=1e-9)   # df = 2
+    assert analysis.chi2_sf(x, 1) == pytest.approx(math.erfc(math.sqrt(x / 2)), rel=1e-9)
+  assert analysis.chi2_sf(0.0, 3) == 1.0
+  lo, hi = analysis.wilson_interval(50, 100)
+  assert (lo + hi) / 2 == pytest.approx(0.5) and hi - lo == pytest.approx(0.1924, abs=1e-3)
+
+
+def test_format_accuracy_detects_unequal_forms_and_not_equal_ones():
+  """Known-positive and -negative controls: forms with 90% vs 50% accuracy give a tiny p;
+  forms with equal accuracy do not."""
+  from jtc import tasks  # pylint: disable=import-outside-toplevel
+  task = tasks.get_task('phrasing')
+  sols = task.examples('test', seed=0, num_examples=1)[0]['solutions']
+  rng = np.random.default_rng(0)
+  texts = [sols[f] for f in task.formats for _ in range(200)]
+  unequal = np.concatenate([rng.uniform(size=200) < p for p in (0.9, 0.5, 0.5)])
+  equal = rng.uniform(size=600) < 0.6
+  out, p_unequal = analysis.format_accuracy(task, texts, unequal)
+  assert out['answer'][0] == 200 and out['answer'][2] > 0.8 and p_unequal < 1e-6
+  _, p_equal = analysis.format_accuracy(task, texts, equal)
+  assert p_equal > 0.01
