@@ -81,34 +81,33 @@ def get_config(arg=None):
   c.token_budget = 0                   # stop once this many tokens were generated (0 = off)
 
   c.policy = ConfigDict()
-  c.policy.init = 'base'               # a policy bundle written by `python -m jtc.sft` ('base' =
-                                       # the one shipped in jtc)
-  c.policy.checkpoint = ''             # a Hugging Face model dir (Qwen3/Qwen2/Llama); replaces
-                                       # init; tokenizer + chat template + eos/pad from it
+  # A jtc policy bundle: 'base' (shipped, arithmetic), 'phrasing' (shipped) or a directory
+  # written by `python -m jtc.sft`.
+  c.policy.init = 'base'
+  # A Hugging Face model dir (Qwen3/Qwen2/Llama) instead: weights, tokenizer, chat template and
+  # eos/pad ids from it.
+  c.policy.checkpoint = ''
   c.policy.overrides = ConfigDict()    # ModelConfig fields, e.g. .overrides.dtype=bfloat16
-  c.policy.param_dtype = ''            # master weights + optimiser state: float32 | bfloat16
-                                       # ('' = the policy's own)
-  c.policy.compute_dtype = ''          # activations / matmuls ('' = the policy's own); log-probs
-                                       # are float32 whatever this is
+  c.policy.param_dtype = ''            # master weights + AdamW state: float32 | bfloat16 | ''
+  c.policy.compute_dtype = ''          # matmuls (log-probs are float32 whatever this is)
   c.policy.remat = False               # jax.checkpoint every Transformer block in the update
   c.policy.ref_param_dtype = ''        # dtype of the frozen KL reference (kept only if kl_coef > 0)
 
   c.data = ConfigDict()
   c.data.task = 'arithmetic'           # a name from jtc.tasks
-  c.data.dataset = ''                  # question/answer JSONL file or dir of <split>.jsonl;
-                                       # replaces task (GSM8K '#### x' / MATH '\boxed{x}' answers)
-  c.data.eval_dataset = ''             # held-out JSONL for a dataset run ('' = dataset's test split)
+  # Question/answer JSONL file or dir of <split>.jsonl instead of a task (GSM8K '#### x' and
+  # MATH '\boxed{x}' answers are understood).
+  c.data.dataset = ''
+  c.data.eval_dataset = ''             # held-out JSONL ('' = the dataset's test split)
   c.data.data_dir = ''                 # '' = $JTC_DATA_DIR or ~/.cache/jtc/data
-  c.data.reward = ''                   # '' = the task's verifier, or boxed_numeric for a dataset;
-                                       # else a name in jtc.rewards.REWARD_FNS
+  c.data.reward = ''                   # a jtc.rewards.REWARD_FNS name ('' = the task's own)
   c.data.prompt_width = 20             # P: prompts (with BOS) are left-padded to this width
   c.data.prompt_suffix = ''            # appended to every question before the chat template
   c.data.chat_template = True          # wrap prompts with the tokenizer's chat template
 
   c.rollout = ConfigDict()
   c.rollout.prompts_per_step = 16      # groups per RL step
-  c.rollout.chunk_prompts = 0          # sample / score this many prompts at a time (0 = all):
-                                       # bounds the KV cache and the behaviour-pass activations
+  c.rollout.chunk_prompts = 0          # prompts per sampler / scoring call (0 = all at once)
   c.rollout.behaviour_logps = 'recompute'  # recompute | sampler: old log-probs for the ratios
   c.rollout.sampling = sampling(8, 32)  # G completions per prompt, T new tokens, temperature 1
 
@@ -140,8 +139,7 @@ def get_config(arg=None):
   c.optim.grad_clip = 1.0              # global-norm clip (0 = off)
   c.optim.ppo_epochs = 1               # mu: passes over each rollout batch
   c.optim.minibatch_prompts = 8        # groups per optimiser step (whole groups stay together)
-  c.optim.microbatch_prompts = 0       # gradient accumulation: groups per micro-batch (0 = off,
-                                       # else a divisor of minibatch_prompts); same update
+  c.optim.microbatch_prompts = 0       # groups per micro-batch (gradient accumulation; 0 = off)
 
   c.dapo = ConfigDict()
   c.dapo.dynamic_sampling = False      # drop zero-variance groups and refill the batch
@@ -154,8 +152,7 @@ def get_config(arg=None):
   c.eval.every = 50                    # RL steps between evaluations (0 = never)
   c.eval.problems = 256
   c.eval.sampling = sampling(4, 32)    # k samples per problem, T new tokens, temperature 1
-  c.eval.probe_problems = 64           # exact log-probs of each equivalent solution form of this
-                                       # many held-out problems (drift, Cor. 3.2; 0 = off)
+  c.eval.probe_problems = 64           # problems of the exact format probe (Cor. 3.2; 0 = off)
 
   c.log = ConfigDict()
   c.log.diagnostics_every = 10         # jtc.diagnostics.step_diagnostics (0 = off)
