@@ -175,7 +175,7 @@ def test_bfloat16_checkpoint_loads_bit_exact(tmp_path):
   config, params = hf_import.load_hf_checkpoint(tmp_path)
   assert config.param_dtype == 'bfloat16' and config.dtype == 'bfloat16'
   ref = hf_model.model.layers[1].self_attn.k_proj.weight.detach().float().numpy()  # [K*H, D]
-  got = params['layers_1']['attn']['k']['kernel']  # [D, K, H]
+  got = params['layers']['attn']['k']['kernel'][1]  # [D, K, H] of layer 1
   assert got.dtype == jnp.bfloat16
   np.testing.assert_array_equal(np.asarray(got, np.float32).reshape(config.d_model, -1).T, ref)
   # Upcasting on load is exact; compute dtype can differ from the param dtype.
@@ -263,7 +263,7 @@ def test_strict_dtype_false_casts_mixed_checkpoint(llama_dir, tmp_path):
   up = load_file(str(llama_dir / 'model.safetensors'))[KEY]
   bad = _corrupt(llama_dir, tmp_path / 'mixed', tensors_update={KEY: up.astype(np.float16)})
   config, params = hf_import.load_hf_checkpoint(bad, strict_dtype=False)
-  np.testing.assert_array_equal(params['layers_1']['mlp']['up']['kernel'],
+  np.testing.assert_array_equal(params['layers']['mlp']['up']['kernel'][1],
                                 up.astype(np.float16).astype(np.float32).T)
   assert config.param_dtype == 'float32'
 

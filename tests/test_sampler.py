@@ -17,7 +17,8 @@ PROMPTS = [[5, 9, 14, 2], [7], [3, 11, 6, 8, 20, 4]]
 @pytest.fixture(scope='module')
 def params():
   """Random weights (numpy-filled from eval_shape: nothing to compile)."""
-  shapes = jax.eval_shape(lambda: model_lib.init_params(CONFIG, jax.random.key(0)))
+  shapes = jax.eval_shape(lambda: model_lib.unstack_layers(
+      model_lib.init_params(CONFIG, jax.random.key(0))))
   rng = np.random.default_rng(0)
   def fill(path, leaf):
     if path[-1].key == 'scale':
@@ -26,7 +27,7 @@ def params():
     std = 2.0 / np.sqrt(leaf.shape[-1]) if path[-1].key == 'embedding' else 1 / np.sqrt(
         leaf.shape[0] if path[-2].key != 'o' else np.prod(leaf.shape[:-1]))
     return jnp.asarray(std * rng.standard_normal(leaf.shape), jnp.float32)
-  return jax.tree_util.tree_map_with_path(fill, shapes)
+  return model_lib.stack_layers(jax.tree_util.tree_map_with_path(fill, shapes))
 
 
 def left_pad(rows, width):
