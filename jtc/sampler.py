@@ -129,12 +129,13 @@ def _choose(logits_RV, key, *, temperature, top_k, top_p, min_p, greedy):
 # The jitted sampler.
 
 _STATIC = ('config', 'num_samples', 'max_new_tokens', 'eos_ids', 'pad_id', 'temperature',
-           'top_k', 'top_p', 'min_p', 'greedy', 'block_size')
+           'top_k', 'top_p', 'min_p', 'greedy', 'block_size', 'layer_loop')
+LAYER_LOOPS = ('auto', 'scan', 'unroll')
 
 
 def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_samples,
                  max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, min_p, greedy,
-                 block_size):
+                 block_size, layer_loop):
   B, P = prompt_tokens_BP.shape
   G, T = num_samples, max_new_tokens
   R = B * G
@@ -145,6 +146,10 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
   # Prefill once per prompt; the prompt cache stays [B, ...], shared by each group of G rows.
   logits_BV, cache = model_lib.prefill(params, config, prompt_tokens_BP, prompt_mask_BP,
                                        num_samples=G, max_new_tokens=T, block_size=block_size)
+  # Per-layer weights and caches sliced once, outside the loop, for an unrolled layer loop.
+  decode_params = params
+  if layer_loop == 'unroll':
+    decode_params, cache = model_lib.split_layers(params), model_lib.split_cache(cache)
   repeat = lambda x: jnp.repeat(x, G, axis=0)
   state = _DecodeState(
       step=jnp.zeros((), jnp.int32),
@@ -177,7 +182,7 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
     prev = lambda buf_RT: jax.lax.dynamic_index_in_dim(buf_RT, state.step - 1, axis=1,
                                                         keepdims=False)
     mask_R = prev(state.mask_RT)
-    logits_RV, cache = model_lib.decode_step(params, config, prev(state.completion_RT),
+    logits_RV, cache = model_lib.decode_step(decode_params, config, prev(state.completion_RT),
                                              state.positions_R, state.cache,
                                              block_size=block_size)
     state = state.replace(logits_RV=logits_RV, positions_R=state.positions_R + mask_R,
@@ -205,7 +210,7 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
            rng: jax.Array, num_samples: int, max_new_tokens: int,
            eos_id: int | Sequence[int], pad_id: int, temperature: float = 1.0, top_k: int = 0,
            top_p: float = 1.0, min_p: float = 0.0, greedy: bool = False,
-           block_size: int = 128) -> SampleOutput:
+           block_size: int = 128, layer_loop: str = 'auto') -> SampleOutput:
   """Sample `num_samples` completions for each of B left-padded prompts.
 
   Args:
@@ -221,6 +226,11 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
     temperature, top_k (0 = off), top_p (1 = off), min_p (0 = off), greedy: see module doc.
     block_size: completion-cache slots per attention block of a decode step (a speed knob:
       the samples do not depend on it beyond float rounding).
+    layer_loop: how a decode step runs the layers (a speed knob, same samples): 'scan' (one
+      `jax.lax.scan` over the stacked layers: compile time flat in depth), 'unroll' (a Python
+      loop over per-layer weights sliced once before decoding: XLA:CPU copies a dynamically
+      sliced weight every step, so this is faster there, but compiles in time linear in depth),
+      or 'auto' = 'unroll' on the CPU backend, else 'scan'.
 
   Returns:
     `SampleOutput` with R = B * num_samples rows.
@@ -244,6 +254,7 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
       'min_p': (min_p, 0 <= min_p <= 1, 'in [0, 1]'),
       'block_size': (block_size, isinstance(block_size, int) and block_size >= 1,
                      'a positive int'),
+      'layer_loop': (layer_loop, layer_loop in LAYER_LOOPS, f'one of {list(LAYER_LOOPS)}'),
   }
   for name, (value, ok, valid) in checks.items():
     if not ok:
@@ -252,4 +263,11 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
                      num_samples=num_samples, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
                      pad_id=int(pad_id), temperature=float(temperature), top_k=int(top_k),
                      top_p=float(top_p), min_p=float(min_p), greedy=bool(greedy),
-                     block_size=int(block_size))
+                     block_size=int(block_size), layer_loop=resolve_layer_loop(layer_loop))
+
+
+def resolve_layer_loop(layer_loop: str) -> str:
+  """'auto' -> 'unroll' on the CPU backend, 'scan' on GPU/TPU; others unchanged."""
+  if layer_loop == 'auto':
+    return 'unroll' if jax.default_backend() == 'cpu' else 'scan'
+  return layer_loop

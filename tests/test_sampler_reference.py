@@ -92,9 +92,10 @@ def test_group_cache_holds_each_prompt_once_and_decode_matches_full_forward():
   tokens_BP, mask_BP = _left_pad(PROMPTS, P)
   B = tokens_BP.shape[0]
   _, cache = model_lib.prefill(params, config, tokens_BP, mask_BP, num_samples=G,
-                               max_new_tokens=8, block_size=2)
+                               max_new_tokens=5, block_size=2)
   Y, K, H = config.n_layers, config.n_kv_heads, config.head_dim
-  assert cache.prompt_k.shape == (Y, B, K, P, H) and cache.k.shape == (Y, B * G, K, 8, H)
+  assert cache.prompt_k.shape == (Y, B, K, P, H)
+  assert cache.k.shape == (Y, B * G, K, H, 6) and cache.v.shape == (Y, B * G, K, 6, H)
   completion_RT = jax.random.randint(jax.random.key(1), (B * G, n_prev), 1, 23)
   positions_R = jnp.repeat(jnp.sum(mask_BP, 1), G)
   step = jax.jit(lambda p, t, pos, c: model_lib.decode_step(p, config, t, pos, c, block_size=2))
