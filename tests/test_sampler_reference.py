@@ -4,7 +4,8 @@
 times, the whole [P + T] cache read every step, per-layer parameters). For the same key both
 must give the same tokens, masks and truncation flags and log-probs equal within float
 rounding: greedy and sampled, with EOS inside the window and rows that run out of it, left
-padding (prompts of different lengths), G = 1 and G > 1, several completion-block sizes.
+padding (prompts of different lengths), G = 1 and G > 1, several completion-block sizes, the
+scanned and the unrolled layer loop.
 """
 import jax
 import jax.numpy as jnp
@@ -42,11 +43,11 @@ def _left_pad(rows, width):
   return jnp.asarray(tokens), jnp.asarray(mask)
 
 
-CASES = {  # name -> (config, G, T, block_size, sampling kwargs)
-    'greedy_G1_blocks_of_4': ('qwen3_like', 1, 11, 4, dict(greedy=True)),
-    'sampled_G3_blocks_of_4': ('qwen3_like', 3, 11, 4, dict(temperature=1.0)),
-    'filtered_G2_one_block': ('llama_like_mha', 2, 9, 128,
-                              dict(temperature=0.9, top_k=12, top_p=0.9, min_p=0.02)),
+CASES = {  # name -> (config, G, T, block_size, layer loop, sampling kwargs)
+    'greedy_G1_blocks_of_4_scan': ('qwen3_like', 1, 11, 4, 'scan', dict(greedy=True)),
+    'sampled_G3_blocks_of_4_unroll': ('qwen3_like', 3, 11, 4, 'unroll', dict(temperature=1.0)),
+    'filtered_G2_one_block_scan': ('llama_like_mha', 2, 9, 128, 'scan',
+                                   dict(temperature=0.9, top_k=12, top_p=0.9, min_p=0.02)),
 }
 
 
@@ -61,7 +62,7 @@ def _eos_some_rows_emit(completion_RT):
 
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_same_samples_as_the_reference_sampler(case):
-  name, G, T, block_size, kwargs = CASES[case]
+  name, G, T, block_size, layer_loop, kwargs = CASES[case]
   config = CONFIGS[name]
   params = _params(config, seed=len(case))
   tokens, mask = _left_pad(PROMPTS, 7)
@@ -71,7 +72,8 @@ def test_same_samples_as_the_reference_sampler(case):
   eos = _eos_some_rows_emit(np.asarray(probe.completion))
   want = reference_sampler.sample(model_lib.unstack_layers(params), config, tokens, mask,
                                   eos_id=eos, **kw)
-  got = sampler_lib.sample(params, config, tokens, mask, eos_id=eos, block_size=block_size, **kw)
+  got = sampler_lib.sample(params, config, tokens, mask, eos_id=eos, block_size=block_size,
+                           layer_loop=layer_loop, **kw)
   R = len(PROMPTS) * G
   truncated = np.asarray(want.truncated)
   assert got.tokens.shape == (R, 7 + T)
