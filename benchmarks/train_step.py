@@ -6,8 +6,8 @@ Run (on whatever backend JAX finds; `--cpu` forces CPU):
   python -m benchmarks.train_step --mfu_shape qwen3_1_7b
 The update step on the ~26M-parameter benchmark model instead:
   python -m benchmarks.train_step --model small_25m
-Quick check, and the CPU form of the MFU section (the 0.6B layer shapes with 2 layers, 8
-sequences x 128 tokens, float32; under 2 minutes on 2 cores):
+Quick check, and the CPU form of the MFU section (the 0.6B layer shapes with 2 layers, 4
+sequences x 128 tokens, float32; about 2 minutes on 2 cores):
   python -m benchmarks.train_step --small
 
 0. MFU of the update step at a real model's shape (`--mfu_shape`, default qwen3_0_6b): random
@@ -306,7 +306,7 @@ def main():
     small = args.small
     n_mfu, dt = (2048, jnp.float32) if cpu else (8192, jnp.bfloat16)
     mfu_peak = matmul_flops_per_s(n=n_mfu, dtype=dt)
-    B, G, P, T = (8, 8, 32, 96) if small else (64, 8, 128, 512)
+    B, G, P, T = (4, 4, 32, 96) if small else (64, 8, 128, 512)
     u = time_mfu(args.mfu_shape, B=B, P=P, T=T, G=G, repeats=2 if small else 5,
                  n_layers=2 if small else None,
                  compute_dtype='float32' if cpu else 'bfloat16')
