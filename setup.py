@@ -28,6 +28,12 @@ setuptools.setup(
         "tqdm",
     ],
     extras_require={
+        # Accelerators: the jax wheels for the backend (same jax version as the CPU install).
+        "cuda": ["jax[cuda12]"],          # NVIDIA GPUs, CUDA 12 wheels (driver >= 525)
+        "cuda13": ["jax[cuda13]"],        # NVIDIA GPUs, CUDA 13 wheels
+        "tpu": ["jax[tpu]"],              # Cloud TPU VMs (libtpu)
+        # The viewer for the TensorBoard event files the trainer writes (tensorboardX).
+        "tensorboard": ["tensorboard>=2.16"],
         "test": [
             "pytest>=8",
             "hypothesis>=6.100",

@@ -2,7 +2,7 @@
 
 The jtc params are exported with `jtc.hf_import.export_hf_checkpoint` to a temporary
 directory and loaded with `transformers.AutoModelForCausalLM` (torch, CPU, float32, default
-SDPA attention, KV cache on). `benchmarks/sampler.py` calls `hf_generate_tokens_per_s` for
+SDPA attention, KV cache on, all host cores). `benchmarks/sampler.py` calls `hf_generate_tokens_per_s` for
 its side-by-side ratio.
 
 Run on its own (``--small`` for a quick check on a 2-core machine):
@@ -12,7 +12,10 @@ Run on its own (``--small`` for a quick check on a 2-core machine):
 """
 from __future__ import annotations
 
+from benchmarks import common  # first: --cpu must act before jax is imported
+
 import argparse
+import os
 import tempfile
 import time
 
@@ -22,24 +25,14 @@ from jtc import hf_import
 from jtc import model as model_lib
 
 
-def hf_generate_tokens_per_s(config: model_lib.ModelConfig, params, prompt_tokens_BP,
-                             max_new_tokens: int, *, num_threads: int = 2,
-                             repeats: int = 1) -> float | None:
-  """Generated tokens per second of HF greedy `generate` (B * max_new_tokens / seconds).
+def make_hf_generate(config: model_lib.ModelConfig, params, prompt_tokens_BP,
+                     max_new_tokens: int, *, num_threads: int | None = None):
+  """A callable that runs HF greedy `generate` once on the same weights (or None without
+  torch/transformers); call it once to warm up, then time calls (interleaved with others).
 
-  Every row generates exactly `max_new_tokens` tokens (no EOS), prompts are unpadded
-  (all real tokens). One short warm-up call is not timed; the best of `repeats` timed
-  calls is reported.
-
-  Args:
-    config, params: the jtc model (any supported dtype; run in float32 on CPU).
-    prompt_tokens_BP: [B, P] int prompt ids.
-    max_new_tokens: tokens to generate per row.
-    num_threads: torch intra-op threads (2 on this machine).
-    repeats: timed calls.
-
-  Returns:
-    tokens/s, or None if torch/transformers are not installed.
+  Every row generates exactly `max_new_tokens` tokens (no EOS), prompts are unpadded (all real
+  tokens), torch runs on the CPU in float32 with `num_threads` intra-op threads (default: all
+  host cores, as XLA:CPU uses).
   """
   try:
     import torch  # pylint: disable=g-import-not-at-top
@@ -48,36 +41,44 @@ def hf_generate_tokens_per_s(config: model_lib.ModelConfig, params, prompt_token
     return None
   prompt_BP = torch.from_numpy(np.asarray(prompt_tokens_BP, np.int64))
   B = prompt_BP.shape[0]
-  old_threads = torch.get_num_threads()
-  torch.set_num_threads(num_threads)
-  try:
-    with tempfile.TemporaryDirectory() as tmp:
-      hf_import.export_hf_checkpoint(config, params, tmp, torch_dtype='float32')
-      hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp).float().eval()
+  torch.set_num_threads(num_threads or os.cpu_count() or 1)
+  with tempfile.TemporaryDirectory() as tmp:
+    hf_import.export_hf_checkpoint(config, params, tmp, torch_dtype='float32')
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp).float().eval()
 
-    def run(n):
-      with torch.inference_mode():
-        out = hf_model.generate(
-            input_ids=prompt_BP, attention_mask=torch.ones_like(prompt_BP), do_sample=False,
-            max_new_tokens=n, min_new_tokens=n, eos_token_id=None, pad_token_id=0,
-            use_cache=True)
-      assert out.shape == (B, prompt_BP.shape[1] + n), out.shape
-      return out
+  def run():
+    with torch.inference_mode():
+      out = hf_model.generate(
+          input_ids=prompt_BP, attention_mask=torch.ones_like(prompt_BP), do_sample=False,
+          max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, eos_token_id=None,
+          pad_token_id=0, use_cache=True)
+    assert out.shape == (B, prompt_BP.shape[1] + max_new_tokens), out.shape
+    return out.numpy()
+  return run
 
-    run(2)  # warm-up
-    best = float('inf')
-    for _ in range(repeats):
-      start = time.perf_counter()
-      run(max_new_tokens)
-      best = min(best, time.perf_counter() - start)
-  finally:
-    torch.set_num_threads(old_threads)
-  return B * max_new_tokens / best
+
+def hf_generate_tokens_per_s(config: model_lib.ModelConfig, params, prompt_tokens_BP,
+                             max_new_tokens: int, *, repeats: int = 1) -> float | None:
+  """Generated tokens per second of HF greedy `generate` (B * max_new_tokens / best seconds
+  of `repeats` calls after a warm-up call), or None without torch/transformers."""
+  run = make_hf_generate(config, params, prompt_tokens_BP, max_new_tokens)
+  if run is None:
+    return None
+  run()
+  best = min(_seconds(run) for _ in range(repeats))
+  return len(prompt_tokens_BP) * max_new_tokens / best
+
+
+def _seconds(fn):
+  start = time.perf_counter()
+  fn()
+  return time.perf_counter() - start
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--small', action='store_true', help='tiny sizes for a quick check')
+  common.add_cpu_flag(parser)
   args = parser.parse_args()
   import jax  # pylint: disable=g-import-not-at-top
   if args.small:

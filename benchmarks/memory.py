@@ -3,9 +3,13 @@
   python benchmarks/memory.py                       # tiny default model and Qwen3-0.6B shape
   python benchmarks/memory.py --models tiny         # a quick check
   python benchmarks/memory.py --models qwen3_0_6b --prompts 2 --group 2 --new_tokens 32
+  python benchmarks/memory.py --cpu                 # force CPU (host RSS)
 
-Each model runs in its own subprocess (so its peak resident set size, `ru_maxrss`, is its own)
-through `jtc.train.Trainer.step` with random weights: the KV-cache sampler draws G completions
+Runs on whatever backend JAX finds (`--cpu` forces CPU). Peak memory is what the backend can
+report, and each line says which: on a GPU/TPU the device's `memory_stats()['peak_bytes_in_use']`
+(`peak_memory=device`), on CPU the process's peak resident set size (`peak_memory=host_rss`,
+`ru_maxrss`; the host RSS is also printed on accelerators). Each model runs in its own
+subprocess (so its peaks are its own) through `jtc.train.Trainer.step` with random weights: the KV-cache sampler draws G completions
 for each prompt, the rewards and the behaviour log-probs are computed ("score"), and one
 optimiser step (AdamW on float32 master weights, bf16 compute, per-block remat for the large
 model) updates the policy. Step 1 includes compilation; step 2 is the steady state. The
@@ -81,12 +85,17 @@ def _child(args):
       m = trainer.step(step)
       steps.append({k: round(m[k], 3) for k in ('time_sample', 'time_score', 'time_update')})
       steps[-1]['tokens'] = int(m['compute/generated_tokens'])
-  peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-  print(json.dumps(dict(model=args.child, params=n_params, param_dtype=c.param_dtype,
+  rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+  device = jax.devices()[0]
+  stats = device.memory_stats() if jax.default_backend() != 'cpu' else None
+  peak = (stats or {}).get('peak_bytes_in_use')
+  kind, peak_gib = ('device', peak / 2**30) if peak is not None else ('host_rss', rss_gib)
+  print(json.dumps(dict(model=args.child, device=f'{jax.default_backend()}:{device.device_kind}',
+                        params=n_params, param_dtype=c.param_dtype,
                         compute_dtype=c.compute_dtype, remat=c.remat, prompts=args.prompts,
                         group=args.group, new_tokens=args.new_tokens, init_s=round(t_init, 2),
-                        step1_with_compile=steps[0], step2=steps[1],
-                        peak_rss_gib=round(peak_gib, 2))))
+                        step1_with_compile=steps[0], step2=steps[1], peak_memory=kind,
+                        peak_gib=round(peak_gib, 2), host_rss_gib=round(rss_gib, 2))))
 
 
 def main():
@@ -97,6 +106,8 @@ def main():
   p.add_argument('--group', type=int, default=2)
   p.add_argument('--new_tokens', type=int, default=32)
   p.add_argument('--child', default=None, help=argparse.SUPPRESS)
+  p.add_argument('--cpu', action='store_true',
+                 help='force the CPU backend (default: whatever backend JAX finds)')
   args = p.parse_args()
   if args.child:
     _child(args)
@@ -105,7 +116,9 @@ def main():
   bad = [m for m in names if m not in MODELS]
   if bad:
     raise ValueError(f'unknown model(s) {bad}; valid: {sorted(MODELS)}')
-  env = dict(os.environ, JAX_PLATFORMS=os.environ.get('JAX_PLATFORMS', 'cpu'))
+  env = dict(os.environ)
+  if args.cpu:
+    env['JAX_PLATFORMS'] = 'cpu'
   for name in names:
     cmd = [sys.executable, os.path.abspath(__file__), '--child', name,
            f'--prompts={args.prompts}', f'--group={args.group}',

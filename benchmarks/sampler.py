@@ -1,30 +1,44 @@
-"""Sampler and log-prob throughput/memory for jtc, printed side by side in one run.
+"""Sampler throughput against its bandwidth floor, today's design and Hugging Face, side by side.
 
-Run (full sizes: ~26M-parameter `small_25m`, batch 32, prompt 64, 256 new tokens):
-  python -m benchmarks.sampler
+Run (CPU config: ~26M-parameter `small_25m`, f32, B=32 prompts x G=1, P=64, T=256, greedy):
+  python -m benchmarks.sampler [--cpu]
+The GPU config of issue 16 (Qwen3-0.6B shape, bf16, 32 prompts x G=8, P=128, T=512, T=1 sampling):
+  python -m benchmarks.sampler --qwen3-0.6b
 Quick check:
   python -m benchmarks.sampler --small
 
-Reports:
-1. Generated tokens/s of `jtc.sampler.sample` (one prefill + KV-cache while_loop decode)
-   against a naive sampler that re-runs the full forward over the whole [B, P + T] window
-   for every new token (static shapes, so every step costs the same: `--naive_steps` steps
-   are timed and the total is extrapolated to T steps). Target >= 10x.
-2. The same against Hugging Face `transformers` greedy `generate()` on the same weights
-   (`benchmarks/hf_baseline.py`, torch CPU). Target >= 2x.
-3. Decode-step time against its memory-bandwidth floor (parameters + KV cache read once per
-   step, at the copy bandwidth measured here) and prefill time against the matmul peak
-   measured here (FLOPs / time / peak).
-4. Peak memory (compiled `memory_analysis()`, nothing executed) of the chunked
-   `jtc.model.token_logprobs` vs naive full logits, V = 151,936, B * T = 16,384, D = 256,
-   for the forward and for forward+backward.
-Timings are wall-clock medians of `--repeats` runs after a compile/warm-up call; the two
-machine peaks are best-of-10 (on a shared machine other jobs only ever slow a run down).
+Reports, measured in one run on whatever backend JAX finds (`--cpu` forces CPU):
+1. Generated tokens/s of three systems, each run `--rounds` times INTERLEAVED (old jtc, new
+   jtc, HF, old jtc, ...) after one compile/warm-up call each, with the 1-minute load average
+   printed beside every figure; a line whose load average exceeds the host's cores says
+   "LOADED: not a valid ratio". The systems:
+     old jtc  the sampler before this design (tests/reference_sampler.py, frozen): prompt
+              cache repeated G times, the whole [P + T] cache of every row read every step,
+              one unrolled Flax module per layer;
+     new jtc  `jtc.sampler.sample`: the prompt's K/V once per prompt (shared by its G rows),
+              the live prefix of each row's completion cache in blocks, stacked layers;
+     HF       transformers `generate()` (greedy, torch CPU, same weights; CPU backend only).
+   Ratios new/old and new/HF are of the medians.
+2. The bandwidth floor of each design's decode: the seconds needed to read, once per step,
+   the parameters plus the KV cache that the design reads at that step, at the copy bandwidth
+   measured here, summed over the T steps (tokens/s = generated tokens / that time):
+     old: params + R * (P + T) slots * Y layers * K heads * H * 2 (k, v) * bytes, every step;
+     new: params + B * P prompt slots (once per prompt) + R * ceil((t + 1) / C) * C slots at
+          step t (C = block size).
+   Tokens/s as a fraction of the floor says how far each implementation is from its design.
+3. (CPU config) the naive sampler that re-runs the full forward over the [B, P + T] window
+   for every new token, prefill time against the matmul peak, and the memory of the chunked
+   `jtc.model.token_logprobs` vs naive logits (compiled `memory_analysis()`).
+Timings are wall clock; the machine peaks are best-of-10.
 """
 from __future__ import annotations
 
+from benchmarks import common  # first: --cpu must act before jax is imported
+
 import argparse
 import functools
+import importlib.util
+import os
 import statistics
 import time
 
@@ -36,6 +50,7 @@ from jtc import model as model_lib
 from jtc import sampler as sampler_lib
 
 EOS = 0
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _times(fn, repeats):
@@ -70,7 +85,28 @@ def matmul_flops_per_s(n=2048, repeats=10, dtype=jnp.float32):
   return 2 * n ** 3 / min(_times(lambda: f(a), repeats))
 
 
-def naive_step_fn(config, P, T):
+def load_reference_sampler():
+  """tests/reference_sampler.py (the frozen earlier sampler) as a module."""
+  path = os.path.join(REPO, 'tests', 'reference_sampler.py')
+  spec = importlib.util.spec_from_file_location('reference_sampler', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def decode_floor_seconds(config, n_param_bytes, *, B, G, P, T, block_size, bandwidth):
+  """(old, new) bandwidth-floor seconds of T decode steps (module docstring, item 2)."""
+  R = B * G
+  slot_bytes = 2 * config.n_layers * config.n_kv_heads * config.head_dim * jnp.dtype(
+      config.jnp_dtype).itemsize
+  C = min(block_size, T)
+  old = T * (n_param_bytes + R * (P + T) * slot_bytes)
+  live = sum(-(-(t + 1) // C) * C for t in range(T))
+  new = T * (n_param_bytes + B * P * slot_bytes) + R * live * slot_bytes
+  return old / bandwidth, new / bandwidth
+
+
+def naive_step_fn(config, P):
   """One token of naive sampling: full forward over the [B, P + T] buffer, no cache."""
   @jax.jit
   def step(params, tokens_BL, mask_BL, t):
@@ -118,117 +154,151 @@ def logprob_memory(B, T, D, V, chunk):
   return out
 
 
+def setups(args):
+  """(label, config, B prompts, G, P, T, sampling kwargs) of the chosen size."""
+  if args.qwen3_0_6b:
+    return ('Qwen3-0.6B shape, bf16', model_lib.ModelConfig.qwen3_0_6b(max_seq_len=4096),
+            32, 8, 128, 512, dict(temperature=1.0))
+  if args.small:
+    return ('tiny', model_lib.ModelConfig.tiny(vocab_size=512), 4, 2, 16, 32,
+            dict(greedy=True))
+  return ('small_25m, f32', model_lib.ModelConfig.small_25m(), 32, 1, 64, 256,
+          dict(greedy=True))
+
+
+def _fmt(tps, load):
+  return f'{tps:9.1f} (load {load:4.1f})'
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--small', action='store_true', help='tiny sizes for a quick check')
-  parser.add_argument('--repeats', type=int, default=3)
+  common.add_cpu_flag(parser)
+  size = parser.add_mutually_exclusive_group()
+  size.add_argument('--small', action='store_true', help='tiny sizes for a quick check')
+  size.add_argument('--qwen3-0.6b', dest='qwen3_0_6b', action='store_true',
+                    help='issue 16 config: Qwen3-0.6B shape, bf16, 32 x G=8, P=128, T=512')
+  parser.add_argument('--rounds', type=int, default=3, help='interleaved timed rounds')
+  parser.add_argument('--block_size', type=int, default=None,
+                      help='completion slots per attention block (default 64 on CPU, 128 else)')
+  parser.add_argument('--layer_loop', default='auto', choices=sampler_lib.LAYER_LOOPS)
   parser.add_argument('--naive_steps', type=int, default=2,
                       help='naive full-recompute steps timed (extrapolated to T)')
+  parser.add_argument('--skip_old', action='store_true', help='do not run the old jtc sampler')
   parser.add_argument('--skip_hf', action='store_true')
+  parser.add_argument('--skip_naive', action='store_true')
   parser.add_argument('--skip_memory', action='store_true')
   args = parser.parse_args()
 
-  if args.small:
-    config = model_lib.ModelConfig.tiny(vocab_size=512)
-    B, P, T = 4, 16, 32
-  else:
-    config = model_lib.ModelConfig.small_25m()
-    B, P, T = 32, 64, 256
+  label, config, B, G, P, T, sampling = setups(args)
+  cpu = jax.default_backend() == 'cpu'
+  block_size = args.block_size or (64 if cpu else 128)
+  layer_loop = sampler_lib.resolve_layer_loop(args.layer_loop)
   params = model_lib.init_params(config, jax.random.key(0))
-  # EOS never wins the argmax (zero tied embedding row -> logit 0), so every row generates T.
+  # EOS never wins the argmax (zero tied embedding row -> logit 0): greedy rows generate T.
   params['embed']['embedding'] = params['embed']['embedding'].at[EOS].set(0.0)
   n_params = model_lib.num_params(params)
+  param_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
   prompt_BP = jnp.asarray(np.random.default_rng(0).integers(1, config.vocab_size, (B, P)),
                           jnp.int32)
   mask_BP = jnp.ones_like(prompt_BP)
-  print(f'# jtc sampler benchmark: {n_params / 1e6:.1f}M params, B={B} P={P} T={T}, '
-        f'{config.dtype}, devices={jax.devices()}')
+  print(f'# jtc sampler benchmark: {label}, {n_params / 1e6:.1f}M params, {B} prompts x G={G}, '
+        f'P={P}, T={T}, {sampling}; new: block_size={block_size} layer_loop={layer_loop}')
+  print(f'# {common.device_line()}')
 
-  # --- Machine peaks, measured in this run.
-  bandwidth = copy_bandwidth_bytes_per_s()
-  peak_flops = matmul_flops_per_s()
-  print(f'copy bandwidth           {bandwidth / 1e9:8.2f} GB/s (read+write, 256 MiB f32, best of 10)')
-  print(f'matmul peak              {peak_flops / 1e9:8.2f} GFLOP/s (2048^3 f32, best of 10)')
+  bandwidth = copy_bandwidth_bytes_per_s(1 << (28 if cpu else 30))
+  peak_flops = matmul_flops_per_s(dtype=jnp.float32 if cpu else jnp.bfloat16,
+                                  n=2048 if cpu else 8192)
+  print(f'copy bandwidth           {bandwidth / 1e9:8.2f} GB/s (read+write, best of 10)')
+  print(f'matmul peak              {peak_flops / 1e9:8.2f} GFLOP/s '
+        f'({"f32 2048" if cpu else "bf16 8192"}^3, best of 10)')
 
-  # --- KV-cache sampler.
-  run = lambda: sampler_lib.sample(params, config, prompt_BP, mask_BP, rng=jax.random.key(1),
-                                   num_samples=1, max_new_tokens=T, eos_id=EOS, pad_id=EOS,
-                                   greedy=True)
-  start = time.perf_counter()
-  out = jax.block_until_ready(run())
-  compile_s = time.perf_counter() - start
-  assert int(out.completion_mask.sum()) == B * T, 'a row stopped early; timing is off'
-  sample_s = median_time(run, args.repeats)
-  kv_tps = B * T / sample_s
-
-  # Prefill alone (same computation as the sampler's first phase).
-  @jax.jit
-  def prefill(params, tokens, mask):
-    cache = model_lib.init_cache(config, B, P + T)
-    hidden, cache = model_lib.hidden_states(params, config, tokens,
-                                            model_lib.positions_from_mask(mask), mask, cache)
-    return hidden[:, -1], cache
-  jax.block_until_ready(prefill(params, prompt_BP, mask_BP))
-  prefill_s = median_time(lambda: prefill(params, prompt_BP, mask_BP), args.repeats)
-  decode_step_s = (sample_s - prefill_s) / (T - 1)
-
-  # --- Naive full recompute.
-  step = naive_step_fn(config, P, T)
-  tokens = jnp.concatenate([prompt_BP, jnp.zeros((B, T), jnp.int32)], 1)
-  mask = jnp.concatenate([mask_BP, jnp.zeros((B, T), jnp.int32)], 1)
-  jax.block_until_ready(step(params, tokens, mask, 0))
-  n_naive = T if args.small else min(args.naive_steps, T)
-  start = time.perf_counter()
-  state = (tokens, mask)
-  for t in range(n_naive):
-    state = step(params, *state, t)
-  jax.block_until_ready(state)
-  naive_s = (time.perf_counter() - start) / n_naive * T
-  naive_tps = B * T / naive_s
-
-  # --- Hugging Face generate() on the same weights.
-  hf_tps = None
-  if not args.skip_hf:
+  kw = dict(rng=jax.random.key(1), num_samples=G, max_new_tokens=T, eos_id=EOS, pad_id=EOS,
+            **sampling)
+  systems = {'new jtc': lambda: sampler_lib.sample(params, config, prompt_BP, mask_BP,
+                                                   block_size=block_size,
+                                                   layer_loop=layer_loop, **kw)}
+  if not args.skip_old:
+    reference = load_reference_sampler()
+    old_params = model_lib.unstack_layers(params)
+    systems['old jtc'] = lambda: reference.sample(old_params, config, prompt_BP, mask_BP, **kw)
+  hf_run = None
+  if cpu and not args.skip_hf and sampling.get('greedy'):
     try:  # benchmarks/hf_baseline.py (torch + transformers); None if they are missing.
       from benchmarks import hf_baseline  # pylint: disable=g-import-not-at-top
-      hf_tps = hf_baseline.hf_generate_tokens_per_s(config, params, np.asarray(prompt_BP), T)
+      hf_run = hf_baseline.make_hf_generate(config, params, np.asarray(prompt_BP), T)
     except ImportError as e:
       print(f'(HF baseline unavailable: {e})')
+  if hf_run is not None:
+    systems['HF generate'] = hf_run
 
-  # --- Roofline fractions.
-  S = P + T
-  param_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
-  cache_bytes = 2 * B * S * config.n_kv_heads * config.head_dim * config.n_layers * (
-      jnp.dtype(config.jnp_dtype).itemsize)
-  floor_s = (param_bytes + cache_bytes) / bandwidth
+  # Compile / warm up each system once; count the tokens each generates.
+  tokens, compile_s = {}, {}
+  for name, fn in systems.items():
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    compile_s[name] = time.perf_counter() - start
+    tokens[name] = B * G * T if name == 'HF generate' else int(out.completion_mask.sum())
+  if 'old jtc' in tokens:
+    assert tokens['old jtc'] == tokens['new jtc'], tokens
+  order = [n for n in ('old jtc', 'new jtc', 'HF generate') if n in systems]
+  runs = {name: [] for name in order}  # (tokens/s, load)
+  for _ in range(args.rounds):
+    for name in order:
+      start = time.perf_counter()
+      jax.block_until_ready(systems[name]())
+      runs[name].append((tokens[name] / (time.perf_counter() - start), common.load_average()))
+
+  old_floor_s, new_floor_s = decode_floor_seconds(config, param_bytes, B=B, G=G, P=P, T=T,
+                                                  block_size=block_size, bandwidth=bandwidth)
+  floors = {'old jtc': tokens['new jtc'] / old_floor_s, 'new jtc': tokens['new jtc'] / new_floor_s}
+  median = {name: statistics.median(t for t, _ in runs[name]) for name in order}
+  print()
+  print(f'decode bandwidth floor: new design {floors["new jtc"]:10.1f} tok/s, old design '
+        f'{floors["old jtc"]:10.1f} tok/s  (params {param_bytes / 1e6:.0f} MB + the KV cache '
+        'each design reads per step, at the copy bandwidth above)')
+  print(f'tokens/s of {args.rounds} interleaved rounds (1-minute load average):')
+  for name in order:
+    figures = ' '.join(_fmt(t, load) for t, load in runs[name])
+    floor = (f' = {median[name] / floors[name]:5.1%} of its floor' if name in floors else '')
+    print(f'  {name:11s} {figures}  median {median[name]:9.1f}{floor}; compile+first run '
+          f'{compile_s[name]:.1f}s{common.load_note(max(l for _, l in runs[name]))}')
+  loaded = any(load > common.cores_used() for rs in runs.values() for _, load in rs)
+  tag = '  LOADED: not a valid ratio' if loaded else ''
+  for other in ('old jtc', 'HF generate'):
+    if other in median:
+      print(f'ratio new jtc / {other:12s} {median["new jtc"] / median[other]:6.2f}x{tag}')
+
+  if args.qwen3_0_6b:
+    return
+  # --- Naive full recompute and prefill against the matmul peak (CPU config).
+  if not args.skip_naive:
+    step = naive_step_fn(config, P)
+    toks = jnp.concatenate([prompt_BP, jnp.zeros((B, T), jnp.int32)], 1)
+    mask = jnp.concatenate([mask_BP, jnp.zeros((B, T), jnp.int32)], 1)
+    jax.block_until_ready(step(params, toks, mask, 0))
+    n_naive = T if args.small else min(args.naive_steps, T)
+    start = time.perf_counter()
+    state = (toks, mask)
+    for t in range(n_naive):
+      state = step(params, *state, t)
+    jax.block_until_ready(state)
+    naive_tps = B * T / ((time.perf_counter() - start) / n_naive * T)
+    print(f'naive full recompute     {naive_tps:10.1f} tok/s -> new jtc is '
+          f'{median["new jtc"] / naive_tps:.1f}x ({n_naive} of {T} steps timed, extrapolated)')
+
+  prefill = jax.jit(lambda p, t, m: model_lib.prefill(p, config, t, m, num_samples=G,
+                                                      max_new_tokens=T, block_size=block_size))
+  jax.block_until_ready(prefill(params, prompt_BP, mask_BP))
+  prefill_s = median_time(lambda: prefill(params, prompt_BP, mask_BP), 3)
   non_embed = n_params - config.vocab_size * config.d_model
-  prefill_flops = 2 * non_embed * B * P + attention_flops(config, B, P, S) + (
+  prefill_flops = 2 * non_embed * B * P + attention_flops(config, B, P, P) + (
       2 * B * config.d_model * config.vocab_size)
-
-  print()
-  print(f'{"":28s}{"tokens/s":>12s}{"seconds":>10s}{"ratio":>10s}')
-  print(f'{"jtc KV-cache sampler":28s}{kv_tps:12.1f}{sample_s:10.2f}{1.0:10.2f}'
-        f'   (compile+first run {compile_s:.1f}s)')
-  print(f'{"naive full recompute":28s}{naive_tps:12.1f}{naive_s:10.2f}{kv_tps / naive_tps:10.2f}'
-        f'x  (KV/naive; {n_naive} of {T} steps timed, extrapolated)')
-  if hf_tps is not None:
-    print(f'{"HF transformers generate":28s}{hf_tps:12.1f}{B * T / hf_tps:10.2f}'
-          f'{kv_tps / hf_tps:10.2f}x  (KV/HF, greedy, torch CPU)')
-  else:
-    print(f'{"HF transformers generate":28s}{"n/a":>12s}   (benchmarks/hf_baseline.py or '
-          'torch/transformers not importable)')
-  print()
   print(f'prefill                  {prefill_s * 1e3:8.1f} ms  {prefill_flops / 1e9:8.1f} GFLOP -> '
-        f'{prefill_flops / prefill_s / 1e9:7.1f} GFLOP/s = '
         f'{prefill_flops / prefill_s / peak_flops:6.1%} of matmul peak')
-  print(f'decode step              {decode_step_s * 1e3:8.2f} ms  floor {floor_s * 1e3:6.2f} ms '
-        f'(params {param_bytes / 1e6:.0f} MB + KV cache {cache_bytes / 1e6:.0f} MB) -> '
-        f'{floor_s / decode_step_s:6.1%} of bandwidth floor')
 
   if not args.skip_memory:
     Bm, Tm, Dm, Vm = 16, 1024, 256, 151_936
     mem = logprob_memory(Bm, Tm, Dm, Vm, chunk=8192)
-    print()
     print(f'token_logprobs memory, V={Vm:,} B*T={Bm * Tm:,} D={Dm} f32 '
           '(compiled arguments+outputs+temps / temps only):')
     for mode in ('fwd', 'fwd+bwd'):

@@ -1,11 +1,26 @@
-"""RL trainer throughput: the jitted update step against a matmul peak, and one RL step's phases.
+"""RL trainer throughput: the update step's MFU at real-model shapes, the update step of the
+default config against a matmul peak, and one RL step's phases.
 
-Run (default config `configs/dfpo_min_replace.py`, default tiny policy):
-  python -m benchmarks.train_step
+Run (on whatever backend JAX finds; `--cpu` forces CPU):
+  python -m benchmarks.train_step                       # GPU/TPU: MFU of Qwen3-0.6B, 64 x 640
+  python -m benchmarks.train_step --mfu_shape qwen3_1_7b
 The update step on the ~26M-parameter benchmark model instead:
   python -m benchmarks.train_step --model small_25m
-Quick check (smoke config, fewer repeats):
+Quick check, and the CPU form of the MFU section (the 0.6B layer shapes with 2 layers, 4
+sequences x 128 tokens, float32; about 2 minutes on 2 cores):
   python -m benchmarks.train_step --small
+
+0. MFU of the update step at a real model's shape (`--mfu_shape`, default qwen3_0_6b): random
+   weights (float32 master, bf16 compute; float32 on CPU), per-block remat, one jitted
+   `jtc.train.update_step` (DFPO Min-Replace, AdamW) on 64 sequences (8 groups of G = 8) x
+   640 tokens (P = 128, T = 512), median of `--repeats` after compilation (compile time
+   printed). Model FLOPs per step (forward + backward, the usual MFU count; remat's extra
+   forward is not counted):
+       6 * N_trunk * B * L  +  6 * D * V * B * T  +  12 * Y * N * H * B * L^2
+   (N_trunk: parameters except the embedding, which is a lookup on the way in; the LM head
+   D x V runs on the T completion positions only; the last term is QK^T and PV over the full
+   [L, L] score matrix). MFU = model FLOPs / seconds / peak, peak = the best FLOP/s of a
+   jitted bf16 8192^3 matmul measured here (CPU: f32 2048^3).
 
 Reports, measured in one run:
 1. The matmul peak of this machine (`benchmarks.sampler.matmul_flops_per_s`: best FLOP/s of a
@@ -32,6 +47,8 @@ Reports, measured in one run:
    The periodic diagnostics pass (`diagnostics_every`) and evaluation are switched off here;
    they are not part of a plain RL step.
 """
+
+from benchmarks import common  # first: --cpu must act before jax is imported
 
 import argparse
 import dataclasses
@@ -192,6 +209,46 @@ def time_update_step(c, *, repeats):
               loss=float(metrics['loss']))
 
 
+MFU_SHAPES = ('qwen3_0_6b', 'qwen3_1_7b')
+
+
+def time_mfu(shape, *, B, P, T, G, repeats, n_layers=None, compute_dtype='bfloat16'):
+  """Median seconds, compile seconds and model FLOPs of one update step at a preset's shape."""
+  overrides = dict(max_seq_len=max(P + T, 1024), param_dtype='float32', dtype=compute_dtype,
+                   remat=True)
+  if n_layers:
+    overrides['n_layers'] = n_layers
+  mc = getattr(model_lib.ModelConfig, shape)(**overrides)
+  c = get_config(False)
+  start = time.perf_counter()
+  params = jax.block_until_ready(model_lib.init_params(mc, jax.random.key(0)))
+  init_s = time.perf_counter() - start
+  optimizer = train.make_optimizer(c)
+  batch = update_batch(params, dataclasses.replace(mc, remat=False), B=B, P=P, T=T, G=G,
+                       n_micro=1)
+  update = jax.jit(functools.partial(
+      train.update_step, model_config=mc, optimizer=optimizer, loss_name=c.loss.name,
+      loss_hparams=c.loss.hparams.to_dict(), completion_start=P, group_size=G),
+      donate_argnums=(0,))
+  state = train.TrainState(step=jnp.array(0, jnp.int32), params=params,
+                           opt_state=optimizer.init(params))
+  n_params = model_lib.num_params(params)
+  start = time.perf_counter()
+  compiled = update.lower(state, batch).compile()
+  compile_s = time.perf_counter() - start
+  state, metrics = compiled(state, batch)
+  jax.block_until_ready(metrics)
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    state, metrics = compiled(state, batch)
+    jax.block_until_ready(metrics)
+    times.append(time.perf_counter() - start)
+  return dict(model_config=mc, n_params=n_params, init_s=init_s, compile_s=compile_s,
+              seconds=statistics.median(times),
+              flops=model_flops(mc, n_params, B=B, P=P, T=T))
+
+
 # ---------------------------------------------------------------------------------------------
 # One RL step, phase by phase.
 # ---------------------------------------------------------------------------------------------
@@ -227,16 +284,45 @@ def main():
   parser.add_argument('--rl_steps', type=int, default=None,
                       help='timed RL steps after the warm-up step')
   parser.add_argument('--skip_rl', action='store_true', help='only the update step')
+  parser.add_argument('--mfu_shape', default='qwen3_0_6b', choices=MFU_SHAPES,
+                      help='model shape of the MFU section')
+  parser.add_argument('--skip_mfu', action='store_true', help='no MFU section')
+  common.add_cpu_flag(parser)
   args = parser.parse_args()
   repeats = args.repeats or (3 if args.small else 10)
   rl_steps = args.rl_steps or (2 if args.small else 4)
   c = get_config(args.small)
+  cpu = jax.default_backend() == 'cpu'
 
   print(f'# jtc train-step benchmark: configs/dfpo_min_replace.py{":smoke" if args.small else ""}'
-        f' (loss {c.loss.name}), --model {args.model}, devices={jax.devices()}')
+        f' (loss {c.loss.name}), --model {args.model}')
+  print(f'# {common.device_line()}')
   n = 1024 if args.small else 2048
   peak = matmul_flops_per_s(n=n)
   print(f'matmul peak            {peak / 1e9:8.2f} GFLOP/s ({n}^3 f32 matmul, best of 10)')
+
+  if not args.skip_mfu and (args.small or not cpu):
+    # The MFU section: the full shape on an accelerator, a reduced one with --small.
+    small = args.small
+    n_mfu, dt = (2048, jnp.float32) if cpu else (8192, jnp.bfloat16)
+    mfu_peak = matmul_flops_per_s(n=n_mfu, dtype=dt)
+    B, G, P, T = (4, 4, 32, 96) if small else (64, 8, 128, 512)
+    u = time_mfu(args.mfu_shape, B=B, P=P, T=T, G=G, repeats=2 if small else 5,
+                 n_layers=2 if small else None,
+                 compute_dtype='float32' if cpu else 'bfloat16')
+    mc, s_ = u['model_config'], u['seconds']
+    print()
+    print(f'MFU of the update step, {args.mfu_shape} shape{" with 2 layers" if small else ""} '
+          f'({u["n_params"] / 1e6:.0f}M params, master f32, compute {mc.dtype}, remat), '
+          f'{B} sequences x {P + T} tokens (P={P}, T={T}), G={G}:')
+    print(f'  init_params {u["init_s"]:.1f}s, compile {u["compile_s"]:.1f}s, '
+          f'{s_ * 1e3:.0f} ms/step (median)')
+    print(f'  model FLOPs = 6*N_trunk*B*L + 6*D*V*B*T + 12*Y*N*H*B*L^2 = {u["flops"] / 1e12:.3f} '
+          f'TFLOP/step -> {u["flops"] / s_ / 1e12:.3f} TFLOP/s')
+    print(f'  peak {mfu_peak / 1e12:.3f} TFLOP/s ({"f32" if cpu else "bf16"} {n_mfu}^3 '
+          f'matmul, best of 10) -> MFU {u["flops"] / s_ / mfu_peak:6.1%}')
+  elif not args.skip_mfu:
+    print('(MFU section: the 0.6B shape at 64 x 640 is for GPU/TPU; on CPU run --small)')
 
   with tempfile.TemporaryDirectory(prefix='jtc_policy_') as policy_dir:
     policy = policies(args.model, policy_dir)

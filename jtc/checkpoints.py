@@ -5,6 +5,8 @@ Two kinds of artefact, one place for both:
 * A *policy bundle* is a directory holding everything needed to sample from a policy:
   `model.json` (the `ModelConfig`), `tokenizer.json` (a tokenizer spec, see
   `jtc.tokenizer`), `params.msgpack` (Flax serialisation) and `meta.json` (how it was made).
+  Bundles in the earlier per-layer parameter layout (`layers_0` ...) load into the stacked
+  layout of `jtc.model` (`model.stack_layers`).
   The default base policy ships inside the package as one (`jtc/assets/base_policy`).
   Bundles are written to a temporary directory and renamed into place, so a reader never sees
   half a bundle.
@@ -95,7 +97,17 @@ def load_policy_bundle(name_or_path):
       meta = json.load(f)
   template = jax.eval_shape(lambda: model_lib.init_params(model_config, jax.random.key(0)))
   with open(os.path.join(path, 'params.msgpack'), 'rb') as f:
-    params = flax.serialization.from_bytes(template, f.read())
+    raw = flax.serialization.msgpack_restore(f.read())
+  # Bundles written before the layers were stacked hold 'layers_0' .. 'layers_{Y-1}'; the
+  # conversion only stacks them (values unchanged).
+  params = flax.serialization.from_state_dict(template, model_lib.stack_layers(raw))
+  mismatched = [
+      f'{jax.tree_util.keystr(p)}: {getattr(x, "shape", None)} != {t.shape}'
+      for (p, x), t in zip(jax.tree_util.tree_leaves_with_path(params),
+                           jax.tree_util.tree_leaves(template))
+      if getattr(x, 'shape', None) != t.shape]
+  if mismatched:
+    raise ValueError(f'{path!r}: params.msgpack does not match model.json: {mismatched[:3]}')
   return PolicyBundle(model_config=model_config, params=params,
                       tokenizer=tokenizer_lib.from_spec(tokenizer_spec),
                       tokenizer_spec=tokenizer_spec, meta=meta)

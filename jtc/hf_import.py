@@ -4,31 +4,36 @@ Reads a Hugging Face model directory (``config.json`` plus one ``*.safetensors``
 file or several shards listed in ``model.safetensors.index.json``) for the
 architectures in ``SUPPORTED_ARCHITECTURES`` and returns a ``jtc.model.ModelConfig``
 and a params pytree in the layout of ``jtc.model``. ``export_hf_checkpoint`` writes
-the inverse, and ``load_hf_tokenizer`` reads ``tokenizer.json`` with the
-``tokenizers`` library.
+the inverse, and ``load_hf_tokenizer`` reads ``tokenizer.json`` into the one
+tokenizer class of jtc (`jtc.tokenizer.HFTokenizer`).
 
 Safetensors files are parsed here (8-byte header length, JSON header, raw
 little-endian data) and memory-mapped with numpy, so bfloat16 works on every
 numpy/safetensors version (via ``ml_dtypes``) and nothing is read twice.
 
-Layout map (HF ``nn.Linear`` weights are ``[out, in]``; jtc kernels are ``[in, ...out]``):
+Layout map (HF ``nn.Linear`` weights are ``[out, in]``; jtc kernels are ``[in, ...out]``; jtc
+stacks the layers, so layer i's tensor is row i of a ``layers/...`` array ``[Y, ...]``):
 
-  model.embed_tokens.weight            [V, D]     -> embed/embedding            [V, D]
-  model.layers.i.self_attn.q_proj.weight [N*H, D] -> layers_i/attn/q/kernel     [D, N, H]
-  model.layers.i.self_attn.q_proj.bias   [N*H]    -> layers_i/attn/q/bias       [N, H]
-  model.layers.i.self_attn.{k,v}_proj.weight [K*H, D] -> layers_i/attn/{k,v}/kernel [D, K, H]
-  model.layers.i.self_attn.o_proj.weight [D, N*H] -> layers_i/attn/o/kernel     [N, H, D]
-  model.layers.i.self_attn.{q,k}_norm.weight [H]  -> layers_i/attn/{q,k}_norm/scale [H]
-  model.layers.i.input_layernorm.weight  [D]      -> layers_i/attn_norm/scale   [D]
-  model.layers.i.post_attention_layernorm.weight -> layers_i/mlp_norm/scale    [D]
-  model.layers.i.mlp.{gate,up}_proj.weight [F, D] -> layers_i/mlp/{gate,up}/kernel [D, F]
-  model.layers.i.mlp.down_proj.weight    [D, F]   -> layers_i/mlp/down/kernel   [F, D]
-  model.norm.weight                      [D]      -> final_norm/scale           [D]
-  lm_head.weight                         [V, D]   -> lm_head/kernel             [D, V]
+  model.embed_tokens.weight            [V, D]     -> embed/embedding              [V, D]
+  model.layers.i.self_attn.q_proj.weight [N*H, D] -> layers/attn/q/kernel[i]      [D, N, H]
+  model.layers.i.self_attn.q_proj.bias   [N*H]    -> layers/attn/q/bias[i]        [N, H]
+  model.layers.i.self_attn.{k,v}_proj.weight [K*H, D] -> layers/attn/{k,v}/kernel[i] [D, K, H]
+  model.layers.i.self_attn.o_proj.weight [D, N*H] -> layers/attn/o/kernel[i]      [N, H, D]
+  model.layers.i.self_attn.{q,k}_norm.weight [H]  -> layers/attn/{q,k}_norm/scale[i] [H]
+  model.layers.i.input_layernorm.weight  [D]      -> layers/attn_norm/scale[i]    [D]
+  model.layers.i.post_attention_layernorm.weight -> layers/mlp_norm/scale[i]     [D]
+  model.layers.i.mlp.{gate,up}_proj.weight [F, D] -> layers/mlp/{gate,up}/kernel[i] [D, F]
+  model.layers.i.mlp.down_proj.weight    [D, F]   -> layers/mlp/down/kernel[i]    [F, D]
+  model.norm.weight                      [D]      -> final_norm/scale             [D]
+  lm_head.weight                         [V, D]   -> lm_head/kernel               [D, V]
 
-RoPE in jtc uses the same rotate-half convention as HF, so q/k need no permutation.
+RoPE in jtc uses the same rotate-half convention as HF, so q/k need no permutation. RoPE
+scaling: ``default``, ``linear`` and ``llama3`` (Llama-3.1/3.2), read from ``rope_scaling``
+(transformers 4) or ``rope_parameters`` (transformers 5); a file with both that disagree is
+rejected.
 
-Dimension key: V vocab, D model dim, N query heads, K kv heads, H head dim, F mlp dim.
+Dimension key: V vocab, D model dim, Y layers, N query heads, K kv heads, H head dim,
+F mlp dim.
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ import ml_dtypes
 import numpy as np
 
 from jtc import model as model_lib
+from jtc import tokenizer as tokenizer_lib
 
 Params = dict[str, Any]
 PathLike = str | os.PathLike
@@ -124,18 +130,62 @@ def _architecture(hf: Mapping[str, Any]) -> str:
   return archs[0]
 
 
-def _rope_theta(hf: Mapping[str, Any]) -> float:
-  """RoPE base; only plain (unscaled) RoPE is implemented by jtc.model."""
-  rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-  rope_type = rope.get("rope_type", rope.get("type", "default"))
-  if rope_type != "default":
-    raise CheckpointError(
-        f"RoPE scaling rope_type={rope_type!r} in {CONFIG_FILE} is not supported by "
-        "jtc.model; supported: ['default'].")
-  theta = hf.get("rope_theta", rope.get("rope_theta"))
+_ROPE_KEYS = {  # HF key -> ModelConfig field, per rope_type
+    "linear": {"factor": "rope_factor"},
+    "llama3": {"factor": "rope_factor", "low_freq_factor": "rope_low_freq_factor",
+               "high_freq_factor": "rope_high_freq_factor",
+               "original_max_position_embeddings": "rope_original_max_len"},
+}
+
+
+def _rope_type(rope: Mapping[str, Any]) -> str:
+  return rope.get("rope_type", rope.get("type", "default"))
+
+
+def _rope_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
+  """ModelConfig RoPE fields from ``rope_theta`` + ``rope_scaling`` (transformers 4) or
+  ``rope_parameters`` (transformers 5, theta inside); both may be present only if they agree."""
+  params = hf.get("rope_parameters") or {}
+  scaling = hf.get("rope_scaling") or {}
+  if params and scaling:
+    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    a = (_rope_type(params), *(params.get(k) for k in keys))
+    b = (_rope_type(scaling), *(scaling.get(k) for k in keys))
+    if a != b:
+      raise CheckpointError(
+          f"{CONFIG_FILE} has both rope_parameters={dict(params)!r} and "
+          f"rope_scaling={dict(scaling)!r}, and they disagree; keep one of them.")
+  rope = params or scaling
+  theta_top, theta_in = hf.get("rope_theta"), rope.get("rope_theta")
+  if theta_top is not None and theta_in is not None and float(theta_top) != float(theta_in):
+    raise CheckpointError(f"{CONFIG_FILE} has rope_theta={theta_top!r} but rope_parameters."
+                          f"rope_theta={theta_in!r}; keep one of them.")
+  theta = theta_top if theta_top is not None else theta_in
   if theta is None:
     raise CheckpointError(f"{CONFIG_FILE} has neither 'rope_theta' nor 'rope_parameters.rope_theta'.")
-  return float(theta)
+  rope_type = _rope_type(rope)
+  supported = ["default", *_ROPE_KEYS]
+  if rope_type not in supported:
+    raise CheckpointError(
+        f"RoPE scaling rope_type={rope_type!r} in {CONFIG_FILE} is not supported by "
+        f"jtc.model; supported: {supported}.")
+  fields: dict[str, Any] = dict(rope_theta=float(theta), rope_scaling=rope_type)
+  for key, field in _ROPE_KEYS.get(rope_type, {}).items():
+    if rope.get(key) is None:
+      raise CheckpointError(f"RoPE scaling rope_type={rope_type!r} in {CONFIG_FILE} needs "
+                            f"{key!r}; it has {sorted(rope)}.")
+    fields[field] = int(rope[key]) if field == "rope_original_max_len" else float(rope[key])
+  return fields
+
+
+def _rope_scaling_for_hf(config: model_lib.ModelConfig) -> dict[str, Any] | None:
+  """Inverse of `_rope_fields` (the ``rope_scaling`` dict, None for plain RoPE)."""
+  if config.rope_scaling == "default":
+    return None
+  out: dict[str, Any] = {"rope_type": config.rope_scaling}
+  for key, field in _ROPE_KEYS[config.rope_scaling].items():
+    out[key] = getattr(config, field)
+  return out
 
 
 def _hf_dtype_code(hf: Mapping[str, Any]) -> str | None:
@@ -190,7 +240,7 @@ def config_from_hf(hf_config: Mapping[str, Any], *, param_dtype: str | None = No
       n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
       head_dim=int(head_dim),
       d_ff=int(hf["intermediate_size"]),
-      rope_theta=_rope_theta(hf),
+      **_rope_fields(hf),
       norm_eps=float(hf["rms_norm_eps"]),
       qk_norm=flags["qk_norm"],
       attn_bias=flags["attn_bias"],
@@ -224,7 +274,7 @@ def hf_config_from(config: model_lib.ModelConfig, *, torch_dtype: str = "float32
       num_attention_heads=config.n_heads, num_key_value_heads=config.n_kv_heads,
       head_dim=config.head_dim, hidden_act="silu",
       max_position_embeddings=config.max_seq_len, rms_norm_eps=config.norm_eps,
-      rope_theta=config.rope_theta, rope_scaling=None,
+      rope_theta=config.rope_theta, rope_scaling=_rope_scaling_for_hf(config),
       tie_word_embeddings=config.tie_embeddings, torch_dtype=torch_dtype,
       use_cache=True, bos_token_id=None, eos_token_id=None, pad_token_id=None,
   )
@@ -244,12 +294,14 @@ def hf_config_from(config: model_lib.ModelConfig, *, torch_dtype: str = "float32
 
 @dataclasses.dataclass(frozen=True)
 class _TensorSpec:
-  """One HF tensor and where it goes in the jtc params tree."""
+  """One HF tensor and where it goes in the jtc params tree (row `layer` of a stacked
+  ``layers/...`` array, or the whole array when `layer` is None)."""
   hf_key: str
   jtc_path: tuple[str, ...]
   hf_shape: tuple[int, ...]
   to_jtc: Callable[[np.ndarray], np.ndarray]
   to_hf: Callable[[np.ndarray], np.ndarray]
+  layer: int | None = None
 
 
 def _same(x: np.ndarray) -> np.ndarray:
@@ -286,33 +338,32 @@ def tensor_specs(config: model_lib.ModelConfig) -> list[_TensorSpec]:
   specs = [_TensorSpec("model.embed_tokens.weight", ("embed", "embedding"), (V, D), _same, _same)]
   for i in range(config.n_layers):
     hf = f"model.layers.{i}."
-    jl = f"layers_{i}"
-    attn = [("q", N), ("k", K), ("v", K)]
-    for name, heads in attn:
-      specs.append(_TensorSpec(f"{hf}self_attn.{name}_proj.weight", (jl, "attn", name, "kernel"),
-                               (heads * H, D), *_in_proj(heads, H)))
+    layer = lambda key, path, shape, to_jtc, to_hf: specs.append(
+        _TensorSpec(hf + key, ("layers", *path), shape, to_jtc, to_hf, layer=i))
+    for name, heads in [("q", N), ("k", K), ("v", K)]:
+      layer(f"self_attn.{name}_proj.weight", ("attn", name, "kernel"), (heads * H, D),
+            *_in_proj(heads, H))
       if config.attn_bias:
-        specs.append(_TensorSpec(f"{hf}self_attn.{name}_proj.bias", (jl, "attn", name, "bias"),
-                                 (heads * H,), *_in_bias(heads, H)))
-    specs.append(_TensorSpec(f"{hf}self_attn.o_proj.weight", (jl, "attn", "o", "kernel"),
-                             (D, N * H), *_out_proj(N, H)))
+        layer(f"self_attn.{name}_proj.bias", ("attn", name, "bias"), (heads * H,),
+              *_in_bias(heads, H))
+    layer("self_attn.o_proj.weight", ("attn", "o", "kernel"), (D, N * H), *_out_proj(N, H))
     if config.qk_norm:
       for name in ("q_norm", "k_norm"):
-        specs.append(_TensorSpec(f"{hf}self_attn.{name}.weight", (jl, "attn", name, "scale"),
-                                 (H,), _same, _same))
+        layer(f"self_attn.{name}.weight", ("attn", name, "scale"), (H,), _same, _same)
     for name in ("gate", "up"):
-      specs.append(_TensorSpec(f"{hf}mlp.{name}_proj.weight", (jl, "mlp", name, "kernel"),
-                               (F, D), _transpose, _transpose))
-    specs.append(_TensorSpec(f"{hf}mlp.down_proj.weight", (jl, "mlp", "down", "kernel"),
-                             (D, F), _transpose, _transpose))
-    specs.append(_TensorSpec(f"{hf}input_layernorm.weight", (jl, "attn_norm", "scale"),
-                             (D,), _same, _same))
-    specs.append(_TensorSpec(f"{hf}post_attention_layernorm.weight", (jl, "mlp_norm", "scale"),
-                             (D,), _same, _same))
+      layer(f"mlp.{name}_proj.weight", ("mlp", name, "kernel"), (F, D), _transpose, _transpose)
+    layer("mlp.down_proj.weight", ("mlp", "down", "kernel"), (D, F), _transpose, _transpose)
+    layer("input_layernorm.weight", ("attn_norm", "scale"), (D,), _same, _same)
+    layer("post_attention_layernorm.weight", ("mlp_norm", "scale"), (D,), _same, _same)
   specs.append(_TensorSpec("model.norm.weight", ("final_norm", "scale"), (D,), _same, _same))
   if not config.tie_embeddings:
     specs.append(_TensorSpec("lm_head.weight", ("lm_head", "kernel"), (V, D), _transpose, _transpose))
   return specs
+
+
+def _spec_name(spec: _TensorSpec) -> str:
+  """'layers/attn/q/kernel[3]' or 'embed/embedding' (for error messages)."""
+  return "/".join(spec.jtc_path) + ("" if spec.layer is None else f"[{spec.layer}]")
 
 
 # Tensors some checkpoints carry that carry no information for jtc.
@@ -353,8 +404,13 @@ def read_safetensors_header(file: PathLike) -> dict[str, _TensorEntry]:
   entries = {}
   for key, info in header.items():
     begin, end = info["data_offsets"]
-    entries[key] = _TensorEntry(file, info["dtype"], tuple(info["shape"]),
-                                8 + header_len + begin, 8 + header_len + end)
+    entry = _TensorEntry(file, info["dtype"], tuple(info["shape"]),
+                         8 + header_len + begin, 8 + header_len + end)
+    if not 8 + header_len <= entry.begin <= entry.end <= size:
+      raise CheckpointError(
+          f"{file} is truncated or corrupt: tensor {key!r} occupies bytes "
+          f"[{entry.begin}, {entry.end}) but the file has {size} bytes.")
+    entries[key] = entry
   return entries
 
 
@@ -469,6 +525,7 @@ def load_hf_checkpoint(path: PathLike, *, param_dtype: str | None = None,
         f"(first in {entries[unexpected[0]].file.name}).")
 
   params: Params = {}
+  Y = config.n_layers
   for spec in specs:
     if spec.hf_key not in entries:
       raise CheckpointError(f"Missing tensor {spec.hf_key!r} in {path} "
@@ -483,7 +540,14 @@ def load_hf_checkpoint(path: PathLike, *, param_dtype: str | None = None,
           f"dtype mismatch: tensor {spec.hf_key!r} in {entry.file} is {entry.dtype}, but "
           f"{CONFIG_FILE} declares {declared} (pass strict_dtype=False to cast anyway).")
     value = spec.to_jtc(read_tensor(entry, spec.hf_key)).astype(target)
-    _set_path(params, spec.jtc_path, value if as_numpy else jnp.asarray(value))
+    if spec.layer is None:
+      _set_path(params, spec.jtc_path, value)
+    else:  # row `layer` of the stacked [Y, ...] array, allocated when layer 0 is read
+      if spec.layer == 0:
+        _set_path(params, spec.jtc_path, np.empty((Y,) + value.shape, target))
+      _get_path(params, spec.jtc_path)[spec.layer] = value
+  if not as_numpy:
+    params = jax.tree_util.tree_map(jnp.asarray, params)
   return config, params
 
 
@@ -510,15 +574,23 @@ def export_hf_checkpoint(config: model_lib.ModelConfig, params: Params, path: Pa
   np_dtype = _SAFETENSORS_DTYPES[_HF_DTYPE_NAMES[torch_dtype]]
   path = pathlib.Path(path)
   path.mkdir(parents=True, exist_ok=True)
-  tensors = {}
+  params = model_lib.stack_layers(params)  # the earlier per-layer layout is accepted too
+  tensors, host = {}, {}
   for spec in tensor_specs(config):
-    try:
-      value = np.asarray(jax.device_get(_get_path(params, spec.jtc_path)))
-    except KeyError as e:
-      raise ValueError(f"params has no {'/'.join(spec.jtc_path)} (needed for {spec.hf_key}).") from e
+    if spec.jtc_path not in host:
+      try:
+        host[spec.jtc_path] = np.asarray(jax.device_get(_get_path(params, spec.jtc_path)))
+      except KeyError as e:
+        raise ValueError(f"params has no {'/'.join(spec.jtc_path)} (needed for {spec.hf_key}).") from e
+    value = host[spec.jtc_path]
+    if spec.layer is not None:
+      if value.ndim == 0 or value.shape[0] != config.n_layers:
+        raise ValueError(f"params/{'/'.join(spec.jtc_path)} has shape {list(value.shape)}; "
+                         f"expected a leading layer axis of n_layers={config.n_layers}.")
+      value = value[spec.layer]
     hf_value = np.ascontiguousarray(spec.to_hf(value).astype(np_dtype))
     if hf_value.shape != spec.hf_shape:
-      raise ValueError(f"params/{'/'.join(spec.jtc_path)} has shape {list(value.shape)}, which "
+      raise ValueError(f"params/{_spec_name(spec)} has shape {list(value.shape)}, which "
                        f"does not map to {spec.hf_key} {list(spec.hf_shape)}.")
     tensors[spec.hf_key] = hf_value
   save_file(tensors, str(path / SINGLE_FILE), metadata={"format": "pt"})
@@ -531,95 +603,8 @@ def export_hf_checkpoint(config: model_lib.ModelConfig, params: Params, path: Pa
 # ----------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class HFTokenizer:
-  """A `tokenizers.Tokenizer` plus the special tokens of an HF checkpoint.
-
-  Attributes:
-    tokenizer: the fast tokenizer from ``tokenizer.json``.
-    eos_ids: every id that ends generation (``tokenizer_config.json`` eos token
-      first, then ``generation_config.json`` ``eos_token_id``s); may be empty.
-    eos_id / pad_id / bos_id: single ids, or None when the checkpoint has none.
-      ``pad_id`` falls back to ``eos_id`` when no pad token is declared.
-    chat_template: the Jinja chat template string, or None.
-  """
-  tokenizer: Any
-  eos_ids: tuple[int, ...]
-  eos_id: int | None
-  pad_id: int | None
-  bos_id: int | None
-  eos_token: str | None
-  pad_token: str | None
-  bos_token: str | None
-  chat_template: str | None
-
-  def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
-    return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-
-  def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
-    return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
-
-  def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *,
-                          add_generation_prompt: bool = True, **kwargs: Any) -> str:
-    """Renders `messages` with the checkpoint's Jinja chat template (needs jinja2)."""
-    if self.chat_template is None:
-      raise ValueError("This tokenizer has no chat_template in tokenizer_config.json.")
-    import jinja2  # pylint: disable=g-import-not-at-top
-    from jinja2 import sandbox  # pylint: disable=g-import-not-at-top
-
-    def raise_exception(message):
-      raise jinja2.exceptions.TemplateError(message)
-
-    env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, indent=indent, ensure_ascii=False)
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(self.chat_template).render(
-        messages=list(messages), add_generation_prompt=add_generation_prompt,
-        eos_token=self.eos_token, bos_token=self.bos_token, pad_token=self.pad_token, **kwargs)
-
-
-def _token_content(value: Any) -> str | None:
-  """tokenizer_config.json stores special tokens as a string or as {"content": ...}."""
-  if isinstance(value, dict):
-    return value.get("content")
-  return value
-
-
-def load_hf_tokenizer(path: PathLike) -> HFTokenizer:
-  """Loads ``tokenizer.json`` (+ ``tokenizer_config.json``, ``generation_config.json``)."""
-  import tokenizers  # pylint: disable=g-import-not-at-top
-  path = pathlib.Path(path)
-  tok_file = path / "tokenizer.json"
-  if not tok_file.exists():
-    raise FileNotFoundError(f"No tokenizer.json in {path} (only fast tokenizers are supported).")
-  tok = tokenizers.Tokenizer.from_file(str(tok_file))
-  cfg_file = path / "tokenizer_config.json"
-  cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
-  gen_file = path / "generation_config.json"
-  gen = json.loads(gen_file.read_text()) if gen_file.exists() else {}
-
-  def token_id(name: str) -> tuple[str | None, int | None]:
-    token = _token_content(cfg.get(name))
-    if token is None:
-      return None, None
-    tid = tok.token_to_id(token)
-    if tid is None:
-      raise CheckpointError(f"{name}={token!r} in {cfg_file} is not in the vocabulary of {tok_file}.")
-    return token, tid
-
-  eos_token, eos_id = token_id("eos_token")
-  pad_token, pad_id = token_id("pad_token")
-  bos_token, bos_id = token_id("bos_token")
-  gen_eos = gen.get("eos_token_id")
-  gen_eos = [] if gen_eos is None else [gen_eos] if isinstance(gen_eos, int) else list(gen_eos)
-  eos_ids = tuple(dict.fromkeys(([eos_id] if eos_id is not None else []) + gen_eos))
-  if eos_id is None and eos_ids:
-    eos_id = eos_ids[0]
-  if pad_id is None:
-    pad_id = eos_id
-  template = cfg.get("chat_template")
-  if template is None and (path / "chat_template.jinja").exists():
-    template = (path / "chat_template.jinja").read_text()
-  return HFTokenizer(tokenizer=tok, eos_ids=eos_ids, eos_id=eos_id, pad_id=pad_id, bos_id=bos_id,
-                     eos_token=eos_token, pad_token=pad_token, bos_token=bos_token,
-                     chat_template=template)
+def load_hf_tokenizer(path: PathLike) -> tokenizer_lib.HFTokenizer:
+  """The checkpoint's tokenizer: `jtc.tokenizer.HFTokenizer.from_dir(path)` (``tokenizer.json``,
+  special tokens and chat template from ``tokenizer_config.json``, EOS ids also from
+  ``generation_config.json``). Kept here so that a checkpoint and its tokenizer load side by side."""
+  return tokenizer_lib.HFTokenizer.from_dir(os.fspath(path))

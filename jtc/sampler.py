@@ -1,9 +1,15 @@
-"""In-house autoregressive sampler: one prefill, then a `jax.lax.while_loop` over a KV cache.
+"""In-house autoregressive sampler: one prefill per prompt, then a `jax.lax.while_loop` of
+decode steps that read only what they need.
 
-`sample` takes B left-padded prompts, runs the prompt through the model once (prefill),
-repeats the cache G = num_samples times (row b*G + g is sample g of prompt b), then decodes
-one token per step for all B*G rows until every row has produced `eos_id` or T =
-max_new_tokens tokens exist. Tokens after a row's EOS are `pad_id` with mask 0.
+`sample` takes B left-padded prompts and runs them through the model once (prefill). The
+prompt's keys/values are stored ONCE per prompt and shared by its G = num_samples samples
+(row b*G + g is sample g of prompt b); each row has its own completion cache of T slots.
+Every decode step (`jtc.model.decode_step`) attends from the G rows of a group to their
+prompt's block (read once per prompt, not once per row) and to the live prefix of their own
+completion cache, in fixed-size blocks up to the current length, so a step reads the
+parameters, B prompt blocks and R * (t + 1) completion slots instead of R * (P + T) slots.
+Decoding stops when every row has produced an EOS id or T = max_new_tokens tokens exist.
+Tokens after a row's EOS are `pad_id` with mask 0.
 
 Sampling distribution at each step (float32): logits / temperature, then top-k (keep the k
 largest), then top-p (keep the smallest prefix of the sorted distribution whose mass reaches
@@ -13,14 +19,16 @@ behaviour log-probs). With `greedy=True` the token is the argmax and `logps` are
 log-probs under the unfiltered temperature-1 model distribution (a point mass would give 0).
 
 Everything inside `sample` is one jitted function, compiled once per
-(B, P, T, G, sampling-hyper-parameter) bucket; randomness comes only from `rng`.
+(B, P, T, G, sampling-hyper-parameter) bucket; randomness comes only from `rng` (token t of
+every row is drawn with `fold_in(rng, t)`).
 
 Dimension key:
   B prompts, G samples per prompt, R = B * G rows, P prompt width, T max new tokens,
-  S = P + T cache slots, V vocab, D model dim.
+  V vocab, D model dim.
 """
 
 import functools
+from typing import Sequence
 
 import chex
 import flax
@@ -60,7 +68,7 @@ class _DecodeState:
   mask_RT: jax.Array
   logps_RT: jax.Array
   done_R: jax.Array        # [R] bool, EOS already produced
-  cache: model_lib.KVCache
+  cache: model_lib.GroupCache
 
 
 # ----------------------------------------------------------------------------------------
@@ -120,12 +128,14 @@ def _choose(logits_RV, key, *, temperature, top_k, top_p, min_p, greedy):
 # ----------------------------------------------------------------------------------------
 # The jitted sampler.
 
-_STATIC = ('config', 'num_samples', 'max_new_tokens', 'eos_id', 'pad_id', 'temperature',
-           'top_k', 'top_p', 'min_p', 'greedy')
+_STATIC = ('config', 'num_samples', 'max_new_tokens', 'eos_ids', 'pad_id', 'temperature',
+           'top_k', 'top_p', 'min_p', 'greedy', 'block_size', 'layer_loop')
+LAYER_LOOPS = ('auto', 'scan', 'unroll')
 
 
 def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_samples,
-                 max_new_tokens, eos_id, pad_id, temperature, top_k, top_p, min_p, greedy):
+                 max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, min_p, greedy,
+                 block_size, layer_loop):
   B, P = prompt_tokens_BP.shape
   G, T = num_samples, max_new_tokens
   R = B * G
@@ -133,16 +143,13 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
   choose = functools.partial(_choose, temperature=temperature, top_k=top_k, top_p=top_p,
                              min_p=min_p, greedy=greedy)
 
-  # Prefill once per prompt, then share the cache across the group.
-  cache = model_lib.init_cache(config, B, P + T)
-  hidden_BPD, cache = model_lib.hidden_states(
-      params, config, prompt_tokens_BP, model_lib.positions_from_mask(prompt_mask_BP),
-      prompt_mask_BP, cache)
-  # Prompts are left-padded, so the last column predicts the first new token; only its
-  # logits are computed (never [B, P, V]).
-  head_DV = model_lib.lm_head_DV(params, config)
-  logits_BV = jnp.einsum('BD,DV->BV', hidden_BPD[:, -1], head_DV.astype(hidden_BPD.dtype),
-                         preferred_element_type=jnp.float32)
+  # Prefill once per prompt; the prompt cache stays [B, ...], shared by each group of G rows.
+  logits_BV, cache = model_lib.prefill(params, config, prompt_tokens_BP, prompt_mask_BP,
+                                       num_samples=G, max_new_tokens=T, block_size=block_size)
+  # Per-layer weights and caches sliced once, outside the loop, for an unrolled layer loop.
+  decode_params = params
+  if layer_loop == 'unroll':
+    decode_params, cache = model_lib.split_layers(params), model_lib.split_cache(cache)
   repeat = lambda x: jnp.repeat(x, G, axis=0)
   state = _DecodeState(
       step=jnp.zeros((), jnp.int32),
@@ -152,7 +159,7 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
       mask_RT=jnp.zeros((R, T), jnp.int32),
       logps_RT=jnp.zeros((R, T), jnp.float32),
       done_R=jnp.zeros((R,), bool),
-      cache=model_lib.repeat_cache(cache, G))
+      cache=cache)
 
   def sample_token(state):
     """Draw token `step` from `logits_RV` and write it (pad after EOS)."""
@@ -162,21 +169,24 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
     logp_R = jnp.where(live_R, logp_R, 0.0)
     write = lambda buf_RT, col_R: jax.lax.dynamic_update_slice(
         buf_RT, col_R[:, None].astype(buf_RT.dtype), (0, state.step))
+    is_eos_R = functools.reduce(jnp.logical_or, [token_R == e for e in eos_ids])
     return state.replace(
         step=state.step + 1,
         completion_RT=write(state.completion_RT, token_R),
         mask_RT=write(state.mask_RT, live_R.astype(jnp.int32)),
         logps_RT=write(state.logps_RT, logp_R),
-        done_R=state.done_R | (live_R & (token_R == eos_id)))
+        done_R=state.done_R | (live_R & is_eos_R))
 
   def decode_step(state):
-    """Feed token `step - 1` through the cache, then sample token `step`."""
-    prev = lambda buf_RT: jax.lax.dynamic_slice_in_dim(buf_RT, state.step - 1, 1, axis=1)
-    mask_R1 = prev(state.mask_RT)
-    out = model_lib.forward(params, config, prev(state.completion_RT),
-                            state.positions_R[:, None], mask_R1, state.cache)
-    state = state.replace(logits_RV=out.logits_BLV[:, -1],
-                          positions_R=state.positions_R + mask_R1[:, 0], cache=out.cache)
+    """Feed token `step - 1` (completion slot step - 1), then sample token `step`."""
+    prev = lambda buf_RT: jax.lax.dynamic_index_in_dim(buf_RT, state.step - 1, axis=1,
+                                                        keepdims=False)
+    mask_R = prev(state.mask_RT)
+    logits_RV, cache = model_lib.decode_step(decode_params, config, prev(state.completion_RT),
+                                             state.positions_R, state.cache,
+                                             block_size=block_size)
+    state = state.replace(logits_RV=logits_RV, positions_R=state.positions_R + mask_R,
+                          cache=cache)
     return sample_token(state)
 
   def not_finished(state):
@@ -197,9 +207,10 @@ _sample_jit = jax.jit(_sample_impl, static_argnames=_STATIC)
 
 
 def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_BP, *,
-           rng: jax.Array, num_samples: int, max_new_tokens: int, eos_id: int, pad_id: int,
-           temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-           greedy: bool = False) -> SampleOutput:
+           rng: jax.Array, num_samples: int, max_new_tokens: int,
+           eos_id: int | Sequence[int], pad_id: int, temperature: float = 1.0, top_k: int = 0,
+           top_p: float = 1.0, min_p: float = 0.0, greedy: bool = False,
+           block_size: int = 128, layer_loop: str = 'auto') -> SampleOutput:
   """Sample `num_samples` completions for each of B left-padded prompts.
 
   Args:
@@ -209,8 +220,17 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
     rng: PRNG key; the output is a deterministic function of it.
     num_samples: G completions per prompt (rows b*G .. b*G + G - 1).
     max_new_tokens: T.
-    eos_id, pad_id: end-of-sequence id (kept, mask 1) and the id written after it (mask 0).
+    eos_id: the end-of-sequence id, or several (e.g. a tokenizer's `eos_ids`): any of them
+      ends a row (kept, mask 1).
+    pad_id: the id written after EOS (mask 0).
     temperature, top_k (0 = off), top_p (1 = off), min_p (0 = off), greedy: see module doc.
+    block_size: completion-cache slots per attention block of a decode step (a speed knob:
+      the samples do not depend on it beyond float rounding).
+    layer_loop: how a decode step runs the layers (a speed knob, same samples): 'scan' (one
+      `jax.lax.scan` over the stacked layers: compile time flat in depth), 'unroll' (a Python
+      loop over per-layer weights sliced once before decoding: XLA:CPU copies a dynamically
+      sliced weight every step, so this is faster there, but compiles in time linear in depth),
+      or 'auto' = 'unroll' on the CPU backend, else 'scan'.
 
   Returns:
     `SampleOutput` with R = B * num_samples rows.
@@ -219,22 +239,35 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
   chex.assert_equal_shape([prompt_tokens_BP, prompt_mask_BP])
   V = config.vocab_size
   P = prompt_tokens_BP.shape[1]
+  eos_ids = tuple(int(e) for e in (eos_id if isinstance(eos_id, (tuple, list)) else [eos_id]))
   checks = {
       'num_samples': (num_samples, isinstance(num_samples, int) and num_samples >= 1, '>= 1'),
       'max_new_tokens': (max_new_tokens, isinstance(max_new_tokens, int) and max_new_tokens >= 1
                          and P + max_new_tokens <= config.max_seq_len,
                          f'>= 1 with P + max_new_tokens <= max_seq_len={config.max_seq_len}'),
-      'eos_id': (eos_id, 0 <= eos_id < V, f'in [0, {V})'),
+      'eos_id': (eos_id, len(eos_ids) >= 1 and all(0 <= e < V for e in eos_ids),
+                 f'an id (or non-empty list of ids) in [0, {V})'),
       'pad_id': (pad_id, 0 <= pad_id < V, f'in [0, {V})'),
       'temperature': (temperature, greedy or temperature > 0, '> 0'),
       'top_k': (top_k, isinstance(top_k, int) and 0 <= top_k <= V, f'an int in [0, {V}]'),
       'top_p': (top_p, 0 < top_p <= 1, 'in (0, 1]'),
       'min_p': (min_p, 0 <= min_p <= 1, 'in [0, 1]'),
+      'block_size': (block_size, isinstance(block_size, int) and block_size >= 1,
+                     'a positive int'),
+      'layer_loop': (layer_loop, layer_loop in LAYER_LOOPS, f'one of {list(LAYER_LOOPS)}'),
   }
   for name, (value, ok, valid) in checks.items():
     if not ok:
       raise ValueError(f'sample: {name}={value!r} is invalid; must be {valid}')
   return _sample_jit(params, prompt_tokens_BP, prompt_mask_BP, rng, config=config,
-                     num_samples=num_samples, max_new_tokens=max_new_tokens, eos_id=int(eos_id),
+                     num_samples=num_samples, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
                      pad_id=int(pad_id), temperature=float(temperature), top_k=int(top_k),
-                     top_p=float(top_p), min_p=float(min_p), greedy=bool(greedy))
+                     top_p=float(top_p), min_p=float(min_p), greedy=bool(greedy),
+                     block_size=int(block_size), layer_loop=resolve_layer_loop(layer_loop))
+
+
+def resolve_layer_loop(layer_loop: str) -> str:
+  """'auto' -> 'unroll' on the CPU backend, 'scan' on GPU/TPU; others unchanged."""
+  if layer_loop == 'auto':
+    return 'unroll' if jax.default_backend() == 'cpu' else 'scan'
+  return layer_loop

@@ -43,6 +43,9 @@ LOGICAL_AXIS_RULES = {
     'batch': ('data', 'fsdp'),
     'length': None,
     'cache_length': None,
+    # The stacked-layer axis of parameters and KV caches ([Y, ...]): never sharded (the layer
+    # scan reads one layer at a time).
+    'layers': None,
     # Parameters.
     'vocab': 'tensor',
     'embed': 'fsdp',
@@ -127,12 +130,16 @@ def shard_batch(tree, mesh: Mesh):
   return jax.device_put(tree, batch_shardings(tree, mesh))
 
 
-def cache_shardings(cache: model_lib.KVCache, mesh: Mesh) -> model_lib.KVCache:
-  """Shardings for a `KVCache`: [B, S, K, H] over (batch, -, kv_heads, -)."""
+def cache_shardings(cache, mesh: Mesh):
+  """Shardings for a `model.KVCache` or `model.GroupCache`: keys/values [Y, B, K, S, H] over
+  (-, batch, kv_heads, -, -), masks [B, S] over (batch, -), counters replicated."""
   kv = lambda x: named_sharding(mesh, model_lib.CACHE_AXES, x.shape)
-  return model_lib.KVCache(k=tuple(map(kv, cache.k)), v=tuple(map(kv, cache.v)),
-                           mask_BS=named_sharding(mesh, model_lib.CACHE_MASK_AXES,
-                                                  cache.mask_BS.shape),
+  mask = lambda x: named_sharding(mesh, model_lib.CACHE_MASK_AXES, x.shape)
+  if isinstance(cache, model_lib.GroupCache):
+    return model_lib.GroupCache(prompt_k=kv(cache.prompt_k), prompt_v=kv(cache.prompt_v),
+                                prompt_mask_BP=mask(cache.prompt_mask_BP), k=kv(cache.k),
+                                v=kv(cache.v), length=replicated(mesh))
+  return model_lib.KVCache(k=kv(cache.k), v=kv(cache.v), mask_BS=mask(cache.mask_BS),
                            index=replicated(mesh))
 
 

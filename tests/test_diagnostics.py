@@ -32,7 +32,7 @@ def setup():
   tokens, inm = jnp.asarray(tokens, jnp.int32), jnp.asarray(inm)
   # Behaviour policy = a slightly different policy (an earlier step), so ratios differ from 1
   # but stay well inside GRPO's clip range.
-  noise = jax.tree.map(lambda x: 0.01 * jax.random.normal(jax.random.key(1), x.shape), params)
+  noise = jax.tree.map(lambda x: 0.003 * jax.random.normal(jax.random.key(1), x.shape), params)
   old_params = jax.tree.map(jnp.add, params, noise)
   old = _seq_logps(old_params, cfg, tokens, inm)
   batch = update.Batch(tokens=tokens, input_mask=inm, mask=jnp.ones((G, T)),

@@ -4,6 +4,7 @@ For each architecture a tiny random model is built once per module with `transfo
 saved with `save_pretrained`, and loaded with `jtc.hf_import`. Norm scales and biases are
 perturbed away from their 1/0 initialisation so that a wrongly mapped norm or bias shows up.
 """
+import dataclasses
 import json
 import re
 import shutil
@@ -152,6 +153,84 @@ def test_greedy_generation_matches_transformers(loaded):
 
 
 # ----------------------------------------------------------------------------------------
+# RoPE scaling: Llama-3.1/3.2 "llama3" and "linear", against transformers.
+
+ROPE_SCALINGS = {
+    # Frequencies in all three llama3 regimes at head_dim 16, theta 1e4: wavelengths
+    # 6.3 .. 19,869 against the thresholds 256 / 4 = 64 and 256 / 1 = 256.
+    'llama3': dict(rope_type='llama3', factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=256),
+    'linear': dict(rope_type='linear', factor=3.0),
+}
+
+
+@pytest.fixture(scope='module', params=sorted(ROPE_SCALINGS))
+def rope_scaled(request, tmp_path_factory):
+  """A tiny Llama with RoPE scaling, saved by transformers (which writes rope_parameters)."""
+  torch.manual_seed(7)
+  hf_config = transformers.LlamaConfig(
+      **{**_COMMON, 'rope_theta': 1e4}, head_dim=16, tie_word_embeddings=False,
+      max_position_embeddings=4096, rope_scaling=dict(ROPE_SCALINGS[request.param]))
+  hf_config._attn_implementation = 'eager'
+  hf_model = transformers.LlamaForCausalLM(hf_config).eval()
+  directory = tmp_path_factory.mktemp(f'rope_{request.param}')
+  hf_model.save_pretrained(directory)
+  return request.param, hf_model, directory
+
+
+def test_rope_scaling_logits_and_greedy_generation_match_transformers(rope_scaled):
+  name, hf_model, directory = rope_scaled
+  config, params = hf_import.load_hf_checkpoint(directory)
+  assert config.rope_scaling == name and config.rope_factor == ROPE_SCALINGS[name]['factor']
+  # Positions far apart: the scaled frequencies matter at every one of them.
+  tokens_BL = np.random.default_rng(4).integers(0, config.vocab_size, (2, 40), dtype=np.int32)
+  with torch.no_grad():
+    ref_BLV = hf_model(torch.from_numpy(tokens_BL).long()).logits.numpy()
+  mask_BL = jnp.ones_like(tokens_BL)
+  out = jax.jit(model_lib.forward, static_argnums=1)(
+      params, config, tokens_BL, model_lib.positions_from_mask(mask_BL), mask_BL)
+  assert _rel_err(out.logits_BLV, ref_BLV) <= 1e-4
+  plain = jax.jit(model_lib.forward, static_argnums=1)(
+      params, dataclasses.replace(config, rope_scaling='default'), tokens_BL,
+      model_lib.positions_from_mask(mask_BL), mask_BL)
+  assert _rel_err(plain.logits_BLV, ref_BLV) > 1e-3  # plain RoPE would not have matched
+  prompts = [np.arange(1, 9), np.arange(3, 6)]
+  P, T = 8, 8
+  prompt_BP, pmask_BP = _left_pad(prompts, P)
+  with torch.no_grad():
+    ref = hf_model.generate(
+        input_ids=torch.from_numpy(prompt_BP).long(),
+        attention_mask=torch.from_numpy(pmask_BP).long(), do_sample=False,
+        max_new_tokens=T, min_new_tokens=T, eos_token_id=None, pad_token_id=0)
+  ref_BT = ref[:, P:].numpy()
+  eos_id = int(np.setdiff1d(np.arange(config.vocab_size), ref_BT)[0])
+  got = sampler.sample(params, config, prompt_BP, pmask_BP, rng=jax.random.PRNGKey(0),
+                       num_samples=1, max_new_tokens=T, eos_id=eos_id, pad_id=0, greedy=True)
+  np.testing.assert_array_equal(got.completion, ref_BT)
+
+
+def test_rope_scaling_reads_both_spellings_and_exports_them(rope_scaled, tmp_path):
+  """transformers 4 wrote rope_theta + rope_scaling, transformers 5 writes rope_parameters;
+  both load to the same config, and the export (rope_scaling) loads back in both libraries."""
+  name, _, directory = rope_scaled
+  config, params = hf_import.load_hf_checkpoint(directory)
+  hf = json.loads((directory / 'config.json').read_text())
+  assert 'rope_parameters' in hf
+  old_style = {k: v for k, v in hf.items() if k != 'rope_parameters'}
+  old_style['rope_theta'] = hf['rope_parameters']['rope_theta']
+  old_style['rope_scaling'] = {k: v for k, v in hf['rope_parameters'].items()
+                               if k != 'rope_theta'}
+  assert hf_import.config_from_hf(old_style) == config
+  both = dict(old_style, rope_parameters=hf['rope_parameters'])
+  assert hf_import.config_from_hf(both) == config  # both present and agreeing: fine
+  out = hf_import.export_hf_checkpoint(config, params, tmp_path / 'export')
+  assert hf_import.load_hf_checkpoint(out)[0] == config
+  again = transformers.AutoConfig.from_pretrained(out)
+  assert again.rope_parameters['rope_type'] == name
+  assert again.rope_parameters['factor'] == ROPE_SCALINGS[name]['factor']
+
+
+# ----------------------------------------------------------------------------------------
 # Export and dtypes.
 
 
@@ -175,7 +254,7 @@ def test_bfloat16_checkpoint_loads_bit_exact(tmp_path):
   config, params = hf_import.load_hf_checkpoint(tmp_path)
   assert config.param_dtype == 'bfloat16' and config.dtype == 'bfloat16'
   ref = hf_model.model.layers[1].self_attn.k_proj.weight.detach().float().numpy()  # [K*H, D]
-  got = params['layers_1']['attn']['k']['kernel']  # [D, K, H]
+  got = params['layers']['attn']['k']['kernel'][1]  # [D, K, H] of layer 1
   assert got.dtype == jnp.bfloat16
   np.testing.assert_array_equal(np.asarray(got, np.float32).reshape(config.d_model, -1).T, ref)
   # Upcasting on load is exact; compute dtype can differ from the param dtype.
@@ -238,8 +317,16 @@ KEY = 'model.layers.1.mlp.up_proj.weight'  # [F, D] = [24, 16]
     (dict(config_update=dict(architectures=['GPT2LMHeadModel'])),
      ['GPT2LMHeadModel', 'config.json', 'LlamaForCausalLM', 'Qwen2ForCausalLM',
       'Qwen3ForCausalLM']),
+    (dict(config_update=dict(rope_scaling=dict(rope_type='yarn', factor=8.0))),
+     ['yarn', 'config.json', 'default', 'linear', 'llama3']),
     (dict(config_update=dict(rope_scaling=dict(rope_type='llama3', factor=8.0))),
-     ['llama3', 'config.json']),
+     ['llama3', 'low_freq_factor', 'config.json']),
+    (dict(config_update=dict(rope_scaling=dict(rope_type='linear', factor=2.0),
+                             rope_parameters=dict(rope_type='default', rope_theta=1e4))),
+     ['rope_parameters', 'rope_scaling', 'disagree']),
+    (dict(config_update=dict(rope_theta=1e4, rope_parameters=dict(rope_type='default',
+                                                                  rope_theta=5e5))),
+     ['rope_theta', '10000', '500000']),
     (dict(config_update=dict(attention_bias=True)), ['attention_bias', 'config.json']),
     (dict(drop=[KEY]), ['Missing tensor', KEY]),
     (dict(tensors_update={KEY: np.zeros((16, 24), np.float32)}),
@@ -259,11 +346,24 @@ def test_bad_checkpoint_raises_clear_error(llama_dir, tmp_path, corruption, patt
     assert re.search(pattern, str(info.value)), (pattern, info.value)
 
 
+def test_truncated_safetensors_names_file_and_tensor(llama_dir, tmp_path):
+  bad = _corrupt(llama_dir, tmp_path / 'cut')
+  file = bad / 'model.safetensors'
+  entries = hf_import.read_safetensors_header(file)
+  last = max(entries, key=lambda k: entries[k].end)
+  with open(file, 'r+b') as f:
+    f.truncate(entries[last].end - 3)
+  with pytest.raises(hf_import.CheckpointError) as info:
+    hf_import.load_hf_checkpoint(bad)
+  for pattern in ('model.safetensors', re.escape(last), 'truncated'):
+    assert re.search(pattern, str(info.value)), (pattern, info.value)
+
+
 def test_strict_dtype_false_casts_mixed_checkpoint(llama_dir, tmp_path):
   up = load_file(str(llama_dir / 'model.safetensors'))[KEY]
   bad = _corrupt(llama_dir, tmp_path / 'mixed', tensors_update={KEY: up.astype(np.float16)})
   config, params = hf_import.load_hf_checkpoint(bad, strict_dtype=False)
-  np.testing.assert_array_equal(params['layers_1']['mlp']['up']['kernel'],
+  np.testing.assert_array_equal(params['layers']['mlp']['up']['kernel'][1],
                                 up.astype(np.float16).astype(np.float32).T)
   assert config.param_dtype == 'float32'
 

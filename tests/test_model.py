@@ -19,14 +19,23 @@ CONFIGS = {
     'qwen2_like_bias_mha': ModelConfig.tiny(vocab_size=37, n_layers=2, d_model=32, n_heads=2,
                                             n_kv_heads=2, head_dim=16, d_ff=48, attn_bias=True,
                                             norm_eps=1e-5),
+    # Frequencies in all three llama3 regimes: wavelengths 6.3 .. 19,869 vs thresholds 8, 32.
+    'llama3_rope': ModelConfig.tiny(vocab_size=37, n_layers=3, d_model=32, n_heads=2,
+                                    n_kv_heads=1, head_dim=16, d_ff=48, rope_scaling='llama3',
+                                    rope_factor=8.0, rope_low_freq_factor=1.0,
+                                    rope_high_freq_factor=4.0, rope_original_max_len=32),
+    'linear_rope': ModelConfig.tiny(vocab_size=37, n_layers=1, d_model=32, n_heads=4,
+                                    n_kv_heads=2, head_dim=8, d_ff=48, rope_scaling='linear',
+                                    rope_factor=2.5),
 }
 
 
 def random_params(config, seed=0):
   """Random values (biases and norm scales too) in the layout of `init_params`.
 
-  Filled with numpy from `jax.eval_shape` (tracing only, nothing compiled)."""
-  shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
+  Filled layer by layer with numpy from `jax.eval_shape` (tracing only, nothing compiled)."""
+  shapes = jax.eval_shape(lambda: model_lib.unstack_layers(
+      model_lib.init_params(config, jax.random.key(0))))  # per layer: fan-ins by position
   rng = np.random.default_rng(seed)
 
   def fill(path, leaf):
@@ -40,7 +49,7 @@ def random_params(config, seed=0):
                                                    else shape[0])
       value = rng.standard_normal(shape) / np.sqrt(fan_in)
     return jnp.asarray(value, leaf.dtype)
-  return jax.tree_util.tree_map_with_path(fill, shapes)
+  return model_lib.stack_layers(jax.tree_util.tree_map_with_path(fill, shapes))
 
 
 # ----------------------------------------------------------------------------------------
@@ -51,11 +60,28 @@ def _rms(x, scale, eps):
   return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
 
 
-def _rope(x_H, pos, theta):
+def _inv_freq(c, j):
+  """Frequency j of RoPE, written from the definitions (float64, one frequency at a time)."""
+  f = c.rope_theta ** (-2.0 * j / c.head_dim)
+  if c.rope_scaling == 'linear':
+    return f / c.rope_factor
+  if c.rope_scaling == 'llama3':
+    wavelength = 2 * np.pi / f
+    if wavelength < c.rope_original_max_len / c.rope_high_freq_factor:  # high frequency: kept
+      return f
+    if wavelength > c.rope_original_max_len / c.rope_low_freq_factor:   # low: divided
+      return f / c.rope_factor
+    s = ((c.rope_original_max_len / wavelength - c.rope_low_freq_factor)
+         / (c.rope_high_freq_factor - c.rope_low_freq_factor))
+    return (1 - s) * f / c.rope_factor + s * f
+  return f
+
+
+def _rope(x_H, pos, c):
   H = x_H.shape[0]
   out = np.empty_like(x_H)
   for j in range(H // 2):
-    angle = pos * theta ** (-2.0 * j / H)
+    angle = pos * _inv_freq(c, j)
     a, b = x_H[j], x_H[j + H // 2]
     out[j] = a * np.cos(angle) - b * np.sin(angle)
     out[j + H // 2] = b * np.cos(angle) + a * np.sin(angle)
@@ -63,7 +89,8 @@ def _rope(x_H, pos, theta):
 
 
 def reference_logits(params, c, tokens_BL, mask_BL):
-  p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
+  p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64),
+                             model_lib.unstack_layers(params))
   B, L = tokens_BL.shape
   logits = np.zeros((B, L, c.vocab_size))
   for b in range(B):
@@ -85,9 +112,9 @@ def reference_logits(params, c, tokens_BL, mask_BL):
           q = _rms(q, a['q_norm']['scale'], c.norm_eps)
           k = _rms(k, a['k_norm']['scale'], c.norm_eps)
         for i in real:
-          qi = _rope(q[i], pos[i], c.rope_theta)
+          qi = _rope(q[i], pos[i], c)
           keys = [j for j in real if j <= i]
-          s = np.array([qi @ _rope(k[j], pos[j], c.rope_theta) for j in keys]) / np.sqrt(
+          s = np.array([qi @ _rope(k[j], pos[j], c) for j in keys]) / np.sqrt(
               c.head_dim)
           w = np.exp(s - s.max())
           w /= w.sum()
@@ -151,22 +178,33 @@ def test_param_layout(name):
   layer = {'attn_norm': {'scale': (D,)}, 'attn': attn, 'mlp_norm': {'scale': (D,)},
            'mlp': {'gate': {'kernel': (D, F)}, 'up': {'kernel': (D, F)},
                    'down': {'kernel': (F, D)}}}
-  want = {'embed': {'embedding': (V, D)}, 'final_norm': {'scale': (D,)},
-          **{f'layers_{i}': layer for i in range(c.n_layers)}}
+  stacked = jax.tree_util.tree_map(lambda s: (c.n_layers,) + s, layer,
+                                   is_leaf=lambda x: isinstance(x, tuple))
+  want = {'embed': {'embedding': (V, D)}, 'final_norm': {'scale': (D,)}, 'layers': stacked}
   if not c.tie_embeddings:
     want['lm_head'] = {'kernel': (D, V)}
   assert shapes == want
-  # init: kernels ~ N(0, 1/fan_in), norm scales 1, biases 0.
+  # init: kernels ~ N(0, 1/fan_in), norm scales 1, biases 0; every layer drawn independently.
   np.testing.assert_array_equal(params['final_norm']['scale'], 1.0)
+  np.testing.assert_array_equal(params['layers']['attn_norm']['scale'], 1.0)
   if c.attn_bias:
-    np.testing.assert_array_equal(params['layers_0']['attn']['q']['bias'], 0.0)
-  std = float(jnp.std(params['layers_0']['mlp']['down']['kernel']))
-  assert abs(std * np.sqrt(F) - 1) < 0.1, std
+    np.testing.assert_array_equal(params['layers']['attn']['q']['bias'], 0.0)
+  down = params['layers']['mlp']['down']['kernel']
+  for i in range(c.n_layers):
+    std = float(jnp.std(down[i]))
+    assert abs(std * np.sqrt(F) - 1) < 0.1, (i, std)
+  assert c.n_layers == 1 or not np.array_equal(down[0], down[-1])
+  # The earlier per-layer layout round-trips exactly.
+  old = model_lib.unstack_layers(params)
+  assert sorted(k for k in old if k.startswith('layers_')) == [f'layers_{i}' for i in
+                                                               range(c.n_layers)]
+  assert jax.tree_util.tree_map(jnp.shape, old['layers_0']) == layer
+  jax.tree_util.tree_map(np.testing.assert_array_equal, model_lib.stack_layers(old), params)
   # Every parameter has logical axes of the right rank (raises otherwise).
   model_lib.param_logical_axes(params)
 
 
-@pytest.mark.parametrize('name', ['gqa_tied', 'qwen3_like_untied'])
+@pytest.mark.parametrize('name', ['gqa_tied', 'qwen3_like_untied', 'llama3_rope'])
 def test_kv_cache_decode_matches_full_forward(name):
   """Prefill 4 columns into a cache, then feed the rest one token at a time."""
   config = CONFIGS[name]
@@ -281,7 +319,8 @@ def test_bfloat16_forward_close_to_float32():
 
 @pytest.mark.parametrize('field,value', [('n_kv_heads', 3), ('head_dim', 7), ('dtype', 'fp16'),
                                          ('param_dtype', 'float64'), ('d_model', 0),
-                                         ('rope_theta', -1.0), ('qk_norm', 1)])
+                                         ('rope_theta', -1.0), ('qk_norm', 1),
+                                         ('rope_scaling', 'yarn'), ('rope_factor', 0.0)])
 def test_config_validation_names_field(field, value):
   with pytest.raises(ValueError, match=field):
     ModelConfig.tiny(**{field: value})
@@ -303,3 +342,40 @@ def test_tiny_and_small_presets():
   shapes = jax.eval_shape(lambda: model_lib.init_params(ModelConfig.small_25m(),
                                                         jax.random.key(0)))
   assert 22e6 < model_lib.num_params(shapes) < 28e6
+
+
+def test_llama3_rope_of_llama_3_2_rescales_17_of_32_frequencies():
+  """Llama-3.2 (head_dim 64, theta 5e5, factor 32, thresholds 8192/4 and 8192/1): frequency j
+  is kept iff its wavelength 2 pi theta^(2j/64) < 2048, i.e. j <= 14; the other 17 change."""
+  config = ModelConfig.llama3_1b()
+  plain = model_lib.rope_inv_freq(dataclasses.replace(config, rope_scaling='default'))
+  scaled = model_lib.rope_inv_freq(config)
+  changed = np.flatnonzero(~np.isclose(scaled, plain, rtol=1e-6))
+  np.testing.assert_array_equal(changed, np.arange(15, 32))
+  wavelengths = 2 * np.pi / np.asarray(plain, np.float64)
+  low = wavelengths > 8192  # divided by the factor outright
+  np.testing.assert_allclose(np.asarray(scaled)[low], np.asarray(plain)[low] / 32, rtol=1e-6)
+  np.testing.assert_allclose(model_lib.rope_inv_freq(
+      dataclasses.replace(config, rope_scaling='linear', rope_factor=4.0)), plain / 4, rtol=1e-6)
+
+
+def _num_equations(fn, *args):
+  return len(jax.make_jaxpr(fn)(*args).jaxpr.eqns)
+
+
+@pytest.mark.parametrize('remat', [False, True])
+def test_program_size_does_not_grow_with_depth(remat):
+  """Layers are scanned: the traced init, forward and gradient programs of a 2-layer and a
+  12-layer model have the same number of top-level equations (so compile time is flat)."""
+  sizes = []
+  for n_layers in (2, 12):
+    c = ModelConfig.tiny(vocab_size=37, n_layers=n_layers, d_model=32, n_heads=4, n_kv_heads=2,
+                         head_dim=8, d_ff=48, remat=remat)
+    params = jax.eval_shape(lambda c=c: model_lib.init_params(c, jax.random.key(0)))
+    tokens = jnp.ones((2, 6), jnp.int32)
+    loss = lambda p, c=c: jnp.sum(model_lib.sequence_logprobs(p, c, tokens, tokens,
+                                                              completion_start=3)['logps'])
+    sizes.append((_num_equations(lambda k, c=c: model_lib._init_params_jit.__wrapped__(c, k),
+                                 jax.random.key(0)),
+                  _num_equations(jax.grad(loss), params)))
+  assert sizes[0] == sizes[1], sizes

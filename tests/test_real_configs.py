@@ -25,6 +25,7 @@ from jtc import data as data_lib
 from jtc import hf_import
 from jtc import metric_writer
 from jtc import model as model_lib
+from jtc import rewards
 from jtc import tokenizer as tokenizer_lib
 from jtc import train
 
@@ -99,8 +100,12 @@ def _real_config(name, tiny_hf, **overrides):
     c.policy.checkpoint = tiny_hf['checkpoint']
     c.data.dataset = tiny_hf['dataset']
     c.data.data_dir = tiny_hf['data_dir']
-    for k, v in overrides.items():
-      c[k] = v
+    for k, v in overrides.items():  # dotted keys: 'data.reward'
+      *parents, leaf = k.split('.')
+      node = c
+      for part in parents:
+        node = node[part]
+      node[leaf] = v
   return c
 
 
@@ -127,11 +132,21 @@ def test_real_config_validates_and_documents_its_run(name):
     train.validate_config(c)
 
 
+def even_length_reward(prompts, completions, answers):
+  """1 for a completion with an even number of characters: a deterministic reward of the
+  completion alone that a random policy earns about half the time, so groups split and the
+  update is non-zero (the checkpoint's task reward is 0 for every random completion)."""
+  del prompts, answers
+  return np.asarray([len(c) % 2 == 0 for c in completions], np.float32)
+
+
 @pytest.mark.parametrize('name', REAL)
-def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tmp_path):
+def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tmp_path, monkeypatch):
   workdir = str(tmp_path)
-  c = _real_config(name, tiny_hf)
+  monkeypatch.setitem(rewards.REWARD_FNS, 'test_even_length', even_length_reward)
+  c = _real_config(name, tiny_hf, **{'data.reward': 'test_even_length'})
   trainer = train.Trainer(c, workdir)
+  start_params = jax.tree.map(np.array, trainer.state.params)
   # The HF model, tokenizer (eos/pad from tokenizer_config.json) and chat template are in use.
   assert trainer.model_config.vocab_size == 272 and trainer.model_config.qk_norm
   assert trainer.model_config.param_dtype == 'float32'     # master weights
@@ -155,6 +170,13 @@ def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tmp_path)
   for r in records[1:]:
     assert np.isfinite(r['loss']) and np.isfinite(r['grad_norm']), r
   assert os.path.isdir(os.path.join(workdir, 'checkpoints', '2'))
+  # The update path really ran: some group had unequal rewards, the gradient was non-zero and
+  # the parameters moved (weight decay is 0 in these configs, so only the gradient moves them).
+  assert min(r['adv/frac_zero_std'] for r in records[1:]) < 1, records
+  assert max(r['grad_norm'] for r in records[1:]) > 0, records
+  moved = [np.abs(a - b).max() for a, b in zip(jax.tree.leaves(resumed.state.params),
+                                               jax.tree.leaves(start_params))]
+  assert max(moved) > 0
 
 
 def test_prompts_carry_the_chat_template_and_suffix(tiny_hf):

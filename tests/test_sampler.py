@@ -17,7 +17,8 @@ PROMPTS = [[5, 9, 14, 2], [7], [3, 11, 6, 8, 20, 4]]
 @pytest.fixture(scope='module')
 def params():
   """Random weights (numpy-filled from eval_shape: nothing to compile)."""
-  shapes = jax.eval_shape(lambda: model_lib.init_params(CONFIG, jax.random.key(0)))
+  shapes = jax.eval_shape(lambda: model_lib.unstack_layers(
+      model_lib.init_params(CONFIG, jax.random.key(0))))
   rng = np.random.default_rng(0)
   def fill(path, leaf):
     if path[-1].key == 'scale':
@@ -26,7 +27,7 @@ def params():
     std = 2.0 / np.sqrt(leaf.shape[-1]) if path[-1].key == 'embedding' else 1 / np.sqrt(
         leaf.shape[0] if path[-2].key != 'o' else np.prod(leaf.shape[:-1]))
     return jnp.asarray(std * rng.standard_normal(leaf.shape), jnp.float32)
-  return jax.tree_util.tree_map_with_path(fill, shapes)
+  return model_lib.stack_layers(jax.tree_util.tree_map_with_path(fill, shapes))
 
 
 def left_pad(rows, width):
@@ -176,10 +177,29 @@ def test_compiled_once_per_bucket(params, monkeypatch):
 
 @pytest.mark.parametrize('name,value', [('num_samples', 0), ('max_new_tokens', 0),
                                         ('eos_id', 23), ('pad_id', -1), ('temperature', 0.0),
-                                        ('top_k', 24), ('top_p', 0.0), ('min_p', 1.5)])
+                                        ('top_k', 24), ('top_p', 0.0), ('min_p', 1.5),
+                                        ('block_size', 0), ('layer_loop', 'fused'),
+                                        ('eos_id', [1, 99])])
 def test_bad_arguments_raise(params, name, value):
   tokens, mask = left_pad(PROMPTS, 6)
   kwargs = dict(rng=jax.random.key(0), num_samples=1, max_new_tokens=2, eos_id=EOS, pad_id=PAD)
   kwargs[name] = value
   with pytest.raises(ValueError, match=name):
     sampler_lib.sample(params, CONFIG, tokens, mask, **kwargs)
+
+
+def test_several_eos_ids_each_end_a_row(params):
+  """eos_id may list several ids (a tokenizer's `eos_ids`): a row ends at the first of any."""
+  tokens, mask = left_pad(PROMPTS, 6)
+  kw = dict(rng=jax.random.key(0), num_samples=1, max_new_tokens=6, pad_id=PAD, greedy=True)
+  free = np.asarray(sampler_lib.sample(params, CONFIG, tokens, mask, eos_id=EOS, **kw).completion)
+  eos_ids = sorted({int(free[0, 2]), int(free[1, 3])})
+  out = sampler_lib.sample(params, CONFIG, tokens, mask, eos_id=eos_ids, **kw)
+  comp, got_mask = np.asarray(out.completion), np.asarray(out.completion_mask)
+  for r in range(comp.shape[0]):
+    hits = np.flatnonzero(np.isin(free[r], eos_ids))
+    n = hits[0] + 1 if len(hits) else comp.shape[1]
+    np.testing.assert_array_equal(got_mask[r], np.arange(comp.shape[1]) < n)
+    np.testing.assert_array_equal(comp[r, :n], free[r, :n])
+    assert bool(out.truncated[r]) == (len(hits) == 0)
+  assert not out.truncated[0] and not out.truncated[1]

@@ -30,14 +30,15 @@ CHILD = textwrap.dedent('''
                                         tie_embeddings=False)
     shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
     rng = np.random.default_rng(0)
+    fan_in = lambda x: x.shape[1 if x.ndim >= 3 else 0]  # [Y, in, ...] kernels, else [in, ...]
     params = jax.tree_util.tree_map(
-        lambda x: jnp.asarray(rng.standard_normal(x.shape) / np.sqrt(x.shape[0]), jnp.float32),
+        lambda x: jnp.asarray(rng.standard_normal(x.shape) / np.sqrt(fan_in(x)), jnp.float32),
         shapes)
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
     p_sh = sharding.param_shardings(params, mesh)
     sharded_params = sharding.shard_params(params, mesh)
-    spec = sharded_params['layers_0']['mlp']['gate']['kernel'].sharding.spec
-    assert spec == PS('fsdp', 'tensor'), spec
+    spec = sharded_params['layers']['mlp']['gate']['kernel'].sharding.spec
+    assert spec == PS(None, 'fsdp', 'tensor'), spec  # [Y, D, F]: the layer axis unsharded
     assert sharded_params['embed']['embedding'].sharding.spec == PS('tensor', 'fsdp')
 
     B, P, T = 8, 6, 5
@@ -74,7 +75,7 @@ CHILD = textwrap.dedent('''
         grad_fn, mesh, in_shardings=(p_sh, b_sh(tokens), b_sh(mask), b_sh(comp_mask)),
         out_shardings=(sharding.replicated(mesh), p_sh))(
             sharded_params, *sharding.shard_batch((tokens, mask, comp_mask), mesh))
-    assert g8['layers_0']['attn']['q']['kernel'].sharding.spec == PS('fsdp', 'tensor', None)
+    assert g8['layers']['attn']['q']['kernel'].sharding.spec == PS(None, 'fsdp', 'tensor', None)
     np.testing.assert_allclose(l8, l1, rtol=1e-5, atol=1e-5)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
                            g8, g1)
@@ -93,7 +94,12 @@ CHILD = textwrap.dedent('''
 
     cache = model_lib.init_cache(config, B, P + T)
     c_sh = sharding.cache_shardings(cache, mesh)
-    assert c_sh.k[0].spec == PS(('data', 'fsdp'), None, 'tensor', None), c_sh.k[0].spec
+    assert c_sh.k.spec == PS(None, ('data', 'fsdp'), 'tensor', None, None), c_sh.k.spec
+    _, group = model_lib.prefill(params, config, jnp.asarray(prompt), jnp.asarray(prompt_mask),
+                                 num_samples=2, max_new_tokens=T)
+    g_sh = sharding.cache_shardings(group, mesh)
+    assert g_sh.prompt_k.spec == g_sh.k.spec == c_sh.k.spec
+    assert g_sh.prompt_mask_BP.spec == PS(('data', 'fsdp'), None)
     print('SHARDING_OK')
 ''')
 
@@ -134,7 +140,7 @@ def test_param_axes_cover_every_preset_parameter():
     specs = jax.tree_util.tree_map(
         lambda axes, x: sharding.logical_to_spec(axes, x.shape, FakeMesh()),
         model_lib.param_logical_axes(shapes), shapes, is_leaf=lambda x: isinstance(x, tuple))
-    assert specs['layers_0']['attn']['q']['kernel'] == PartitionSpec('fsdp', 'tensor', None)
+    assert specs['layers']['attn']['q']['kernel'] == PartitionSpec(None, 'fsdp', 'tensor', None)
 
 
 def test_make_mesh_validates_sizes():

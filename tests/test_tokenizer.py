@@ -97,7 +97,7 @@ def test_hf_tokenizer_fallbacks(tmp_path):
 
 
 def test_hf_tokenizer_bad_input(tmp_path):
-    with pytest.raises(ValueError, match="not found"):
+    with pytest.raises(FileNotFoundError, match="not found"):
         tok_lib.HFTokenizer(str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match="unknown tokenizer 'nope'"):
         tok_lib.get_tokenizer("nope")
@@ -113,3 +113,29 @@ def test_from_spec(tmp_path):
     assert tok_lib.from_spec({"kind": "hf", "path": str(tmp_path)}).eos_id is not None
     with pytest.raises(ValueError, match=r"unknown tokenizer kind 'bpe'.*\['char', 'hf'\]"):
         tok_lib.from_spec({"kind": "bpe"})
+
+
+def test_hf_tokenizer_reads_generation_config_eos_ids(tmp_path):
+    """generation_config.json's eos_token_id (an int or a list) adds end-of-generation ids after
+    the tokenizer's own EOS; with no eos_token declared its first id becomes the EOS."""
+    _write_hf(tmp_path, {"eos_token": "</s>", "chat_template": TEMPLATE})
+    vocab = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json")).get_vocab()
+    eos, user, pad = vocab["</s>"], vocab["<|user|>"], vocab["<pad>"]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [user, eos]}))
+    tok = tok_lib.HFTokenizer.from_dir(str(tmp_path))
+    assert tok.eos_id == eos and tok.eos_ids == (eos, user)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": pad}))
+    tok = tok_lib.HFTokenizer.from_dir(str(tmp_path))
+    assert tok.eos_id == pad and tok.eos_ids == (pad,) and tok.pad_id == pad
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [10**6]}))
+    with pytest.raises(ValueError, match="1000000"):
+        tok_lib.HFTokenizer.from_dir(str(tmp_path))
+
+
+def test_hf_tokenizer_renders_message_lists_like_a_prompt(tmp_path):
+    _write_hf(tmp_path, {"eos_token": "</s>", "bos_token": "<s>", "chat_template": TEMPLATE})
+    tok = tok_lib.get_tokenizer(str(tmp_path))
+    assert tok.apply_chat_template([{"role": "user", "content": "hello"}]) == (
+        tok.apply_chat_template("hello"))
+    assert tok.encode("hello world", add_special_tokens=False) == tok.encode("hello world")
