@@ -6,7 +6,7 @@
 For a small model (d_model 256, 4 heads, d_ff 768, V 512) at each depth, in a fresh process
 per depth (no shared compilation caches), it times:
   init       the first `model.init_params` call (tracing + compilation + run);
-  update     `jax.jit(train.update_step).lower(...).compile()` of the default config's loss
+  update     `jax.jit(update_step).lower(...).compile()` of the default config's loss
              (DFPO Min-Replace, AdamW) on 8 sequences x 96 tokens, remat on;
   sampler    the first `sampler.sample` call minus a second (compiled) one: 4 prompts x G=2,
              P=32, T=64, T=1 sampling; with the stacked-layer code once per layer loop
@@ -36,7 +36,6 @@ def _child(n_layers):
   from configs import dfpo_min_replace  # pylint: disable=import-outside-toplevel
   from jtc import model as model_lib  # pylint: disable=import-outside-toplevel
   from jtc import sampler as sampler_lib  # pylint: disable=import-outside-toplevel
-  from jtc import train  # pylint: disable=import-outside-toplevel
 
   mc = model_lib.ModelConfig.tiny(vocab_size=512, n_layers=n_layers, d_model=256, n_heads=4,
                                   n_kv_heads=2, head_dim=64, d_ff=768, remat=True)
@@ -53,11 +52,17 @@ def _child(n_layers):
                mask=jnp.ones((1, B, T), jnp.float32),
                advantages=jnp.asarray(rng.normal(size=(1, B)), jnp.float32),
                old_logps=jnp.full((1, B, T), -1.0, jnp.float32))
-  optimizer = train.make_optimizer(c)
-  state = train.TrainState(step=jnp.array(0, jnp.int32), params=params,
-                           opt_state=optimizer.init(params))
+  try:  # jtc.update (after the trainer restructure) or jtc.train (older checkouts)
+    from jtc import update as update_lib  # pylint: disable=import-outside-toplevel
+    optimizer = update_lib.make_optimizer(c.optim, 1000)
+    batch = update_lib.Batch(**batch)
+  except ImportError:
+    from jtc import train as update_lib  # pylint: disable=import-outside-toplevel
+    optimizer = update_lib.make_optimizer(c)
+  state = update_lib.TrainState(step=jnp.array(0, jnp.int32), params=params,
+                                opt_state=optimizer.init(params))
   update = jax.jit(functools.partial(
-      train.update_step, model_config=mc, optimizer=optimizer, loss_name=c.loss.name,
+      update_lib.update_step, model_config=mc, optimizer=optimizer, loss_name=c.loss.name,
       loss_hparams=c.loss.hparams.to_dict(), completion_start=P, group_size=G))
   start = time.perf_counter()
   update.lower(state, batch).compile()

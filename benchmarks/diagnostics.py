@@ -4,7 +4,7 @@ r"""Cost of `jtc.diagnostics.step_diagnostics` relative to an ordinary update st
   python benchmarks/diagnostics.py --model small_25m    # the 25M benchmark model
   python benchmarks/diagnostics.py --small              # a quick check (B = 2 x 4, T = 16)
 
-Times (median of --repeats, after compilation) one jitted `jtc.train.update_step` (forward,
+Times (median of --repeats, after compilation) one jitted `jtc.update.update_step` (forward,
 backward, AdamW) and one jitted `step_diagnostics` on the same mini-batch, then prints the
 amortised slow-down of logging diagnostics every `--every` update steps (default 10, the
 `diagnostics_every` of configs/common.py):  (every * t_update + t_diag) / (every * t_update).
@@ -28,7 +28,7 @@ import optax  # noqa: E402
 
 from jtc import diagnostics  # noqa: E402
 from jtc import model as model_lib  # noqa: E402
-from jtc import train  # noqa: E402
+from jtc import update as update_lib  # noqa: E402
 from benchmarks.sampler import median_time  # noqa: E402  (the shared timer)
 
 
@@ -64,19 +64,20 @@ def main():
   tokens = jnp.asarray(np.concatenate([prompts, comp], 1), jnp.int32)
   input_mask = jnp.asarray(np.concatenate([np.ones((B, P)), mask], 1), jnp.int32)
   old = model_lib.sequence_logprobs(params, config, tokens, input_mask, completion_start=P)
-  batch = dict(tokens=tokens, input_mask=input_mask, mask=jnp.asarray(mask),
-               advantages=jnp.asarray(rng.normal(size=B), jnp.float32),
-               old_logps=old['logps'] + 0.01 * jnp.asarray(rng.normal(size=(B, T)), jnp.float32))
+  batch = update_lib.Batch(
+      tokens=tokens, input_mask=input_mask, mask=jnp.asarray(mask),
+      advantages=jnp.asarray(rng.normal(size=B), jnp.float32),
+      old_logps=old['logps'] + 0.01 * jnp.asarray(rng.normal(size=(B, T)), jnp.float32))
 
   optimizer = optax.adamw(1e-6)
   update = jax.jit(functools.partial(
-      train.update_step, model_config=config, optimizer=optimizer, loss_name=a.loss,
+      update_lib.update_step, model_config=config, optimizer=optimizer, loss_name=a.loss,
       loss_hparams={}, completion_start=P, group_size=G))
   diag = jax.jit(functools.partial(
       diagnostics.step_diagnostics, model_config=config, loss_name=a.loss, loss_hparams={},
       group_size=G, completion_start=P, mode=a.mode))
-  state = train.TrainState(step=jnp.array(0, jnp.int32), params=params,
-                           opt_state=optimizer.init(params))
+  state = update_lib.TrainState(step=jnp.array(0, jnp.int32), params=params,
+                                opt_state=optimizer.init(params))
   update_batch = jax.tree.map(lambda x: x[None], batch)  # one micro-batch: [n=1, B, ...]
   jax.block_until_ready(update(state, update_batch))
   jax.block_until_ready(diag(params, batch=batch))

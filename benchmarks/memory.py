@@ -31,10 +31,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name -> (ModelConfig preset, trainer overrides).
 MODELS = {
     'tiny': ('tiny', dict(param_dtype='float32', compute_dtype='float32', remat=False)),
-    'qwen3_0_6b': ('qwen3_0_6b', dict(param_dtype='float32', compute_dtype='bfloat16',
-                                      remat=True)),
-    'qwen3_1_7b': ('qwen3_1_7b', dict(param_dtype='float32', compute_dtype='bfloat16',
-                                      remat=True)),
+    'qwen3_0_6b': ('qwen3_0_6b', dict(param_dtype='float32', compute_dtype='bfloat16', remat=True)),
+    'qwen3_1_7b': ('qwen3_1_7b', dict(param_dtype='float32', compute_dtype='bfloat16', remat=True)),
 }
 
 
@@ -61,17 +59,18 @@ def _child(args):
     mc = getattr(model_lib.ModelConfig, preset)(max_seq_len=4096)
   c = dfpo_min_replace.get_config('smoke')
   with c.unlocked():
-    c.prompts_per_step = args.prompts
-    c.minibatch_prompts = args.prompts
-    c.group_size = args.group
-    c.max_new_tokens = args.new_tokens
-    c.prompt_width = 20
-    c.eval_every = 0
-    c.diagnostics_every = 0
+    c.rollout.prompts_per_step = args.prompts
+    c.optim.minibatch_prompts = args.prompts
+    c.rollout.sampling.num_samples = args.group
+    c.rollout.sampling.max_new_tokens = args.new_tokens
+    c.data.prompt_width = 20
+    c.eval.every = 0
+    c.log.diagnostics_every = 0
     c.num_steps = 2
-    for k, v in overrides.items():
-      c[k] = v
-  mc = dataclasses.replace(mc, param_dtype=c.param_dtype, dtype=c.compute_dtype, remat=c.remat)
+    for k, v in overrides.items():  # the `policy` section: dtypes and remat
+      c.policy[k] = v
+  p = c.policy
+  mc = dataclasses.replace(mc, param_dtype=p.param_dtype, dtype=p.compute_dtype, remat=p.remat)
   t0 = time.perf_counter()
   params = model_lib.init_params(mc, jax.random.key(0))
   jax.block_until_ready(params)
@@ -91,8 +90,8 @@ def _child(args):
   peak = (stats or {}).get('peak_bytes_in_use')
   kind, peak_gib = ('device', peak / 2**30) if peak is not None else ('host_rss', rss_gib)
   print(json.dumps(dict(model=args.child, device=f'{jax.default_backend()}:{device.device_kind}',
-                        params=n_params, param_dtype=c.param_dtype,
-                        compute_dtype=c.compute_dtype, remat=c.remat, prompts=args.prompts,
+                        params=n_params, param_dtype=p.param_dtype,
+                        compute_dtype=p.compute_dtype, remat=p.remat, prompts=args.prompts,
                         group=args.group, new_tokens=args.new_tokens, init_s=round(t_init, 2),
                         step1_with_compile=steps[0], step2=steps[1], peak_memory=kind,
                         peak_gib=round(peak_gib, 2), host_rss_gib=round(rss_gib, 2))))

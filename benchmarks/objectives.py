@@ -13,7 +13,6 @@ several rounds and report the median, so machine load affects every loss alike.
 from benchmarks import common  # first: --cpu must act before jax is imported
 
 import argparse
-import functools
 import statistics
 import time
 

@@ -12,7 +12,7 @@ sequences x 128 tokens, float32; about 2 minutes on 2 cores):
 
 0. MFU of the update step at a real model's shape (`--mfu_shape`, default qwen3_0_6b): random
    weights (float32 master, bf16 compute; float32 on CPU), per-block remat, one jitted
-   `jtc.train.update_step` (DFPO Min-Replace, AdamW) on 64 sequences (8 groups of G = 8) x
+   `jtc.update.update_step` (DFPO Min-Replace, AdamW) on 64 sequences (8 groups of G = 8) x
    640 tokens (P = 128, T = 512), median of `--repeats` after compilation (compile time
    printed). Model FLOPs per step (forward + backward, the usual MFU count; remat's extra
    forward is not counted):
@@ -25,7 +25,7 @@ sequences x 128 tokens, float32; about 2 minutes on 2 cores):
 Reports, measured in one run:
 1. The matmul peak of this machine (`benchmarks.sampler.matmul_flops_per_s`: best FLOP/s of a
    jitted f32 [n, n] @ [n, n], best of 10; on a shared machine other jobs only slow a run down).
-2. The jitted, buffer-donating `jtc.train.update_step` (loss, optimiser and mini-batch shape of
+2. The jitted, buffer-donating `jtc.update.update_step` (loss, optimiser and mini-batch shape of
    the config: minibatch_prompts * group_size sequences of L = prompt_width + max_new_tokens
    tokens): seconds per step (median of `--repeats` after a compile call), tokens/s (all B * L
    tokens that go through forward + backward, and the B * T completion tokens), and FLOP/s as
@@ -66,8 +66,10 @@ from benchmarks.sampler import matmul_flops_per_s
 from configs import dfpo_min_replace
 from jtc import checkpoints
 from jtc import model as model_lib
+from jtc import rollout
 from jtc import tokenizer as tokenizer_lib
 from jtc import train
+from jtc import update
 
 CHAR_SPEC = {'kind': 'char'}
 
@@ -87,8 +89,8 @@ MODELS = {'tiny': tiny_for_task, 'small_25m': small_25m_for_task}
 def get_config(small):
   """The default RL config (`configs/dfpo_min_replace.py`), or its smoke variant."""
   c = dfpo_min_replace.get_config('smoke' if small else None)
-  c.diagnostics_every = 0
-  c.eval_every = 0
+  c.log.diagnostics_every = 0
+  c.eval.every = 0
   return c
 
 
@@ -134,22 +136,22 @@ def policies(model_name, workdir):
 def update_batch(params, model_config, *, B, P, T, G, n_micro, seed=0):
   """A mini-batch shaped like the trainer's: B rows of whole groups of G, L = P + T columns.
 
-  Every leaf is [n, B / n, ...] (n micro-batches of whole groups, `train.update_step`'s
+  Every leaf is [n, B / n, ...] (n micro-batches of whole groups, `update.update_step`'s
   layout). Tokens are random, every position is real (no padding) and every completion is
   full length, so each timed step does the most work the shape allows.
   """
   rng = np.random.default_rng(seed)
   tokens_BL = jnp.asarray(rng.integers(1, model_config.vocab_size, (B, P + T)), jnp.int32)
   input_mask_BL = jnp.ones_like(tokens_BL)
-  old = train.behaviour_pass(params, tokens_BL, input_mask_BL, model_config=model_config,
-                             completion_start=P, return_hidden=False)
+  old = rollout.behaviour_pass(params, tokens_BL, input_mask_BL, model_config=model_config,
+                               completion_start=P, return_hidden=False)
   rewards_G = rng.normal(size=(B // G, G))
   adv_B = (rewards_G - rewards_G.mean(-1, keepdims=True)) / rewards_G.std(-1, keepdims=True)
-  batch = dict(tokens=tokens_BL, input_mask=input_mask_BL,
-               mask=jnp.ones((B, T), jnp.float32),
-               advantages=jnp.asarray(adv_B.reshape(B), jnp.float32),
-               old_logps=old['logps'])
-  return jax.tree.map(lambda x: x.reshape((n_micro, B // n_micro) + x.shape[1:]), batch)
+  batch = update.Batch(tokens=tokens_BL, input_mask=input_mask_BL,
+                       mask=jnp.ones((B, T), jnp.float32),
+                       advantages=jnp.asarray(adv_B.reshape(B), jnp.float32),
+                       old_logps=old['logps'])
+  return update.minibatch(batch, jnp.arange(B), num_micro=n_micro)
 
 
 def model_flops(model_config, n_params, *, B, P, T):
@@ -171,29 +173,29 @@ def xla_flops(compiled):
 
 
 def time_update_step(c, *, repeats):
-  """Median seconds per jitted `train.update_step` plus its FLOP counts; returns a dict.
+  """Median seconds per jitted `update.update_step` plus its FLOP counts; returns a dict.
 
-  The policy is `c.init_policy` loaded as the trainer loads it (`train.load_policy`, so the
+  The policy is `c.policy.init` loaded as the trainer loads it (`checkpoints.load_policy`, so the
   config's param/compute dtype, remat and model overrides apply), on one device.
   """
-  G, P, T = c.group_size, c.prompt_width, c.max_new_tokens
-  B = c.minibatch_prompts * G
-  model_config, params, _ = train.load_policy(c)
+  G, P, T = c.rollout.sampling.num_samples, c.data.prompt_width, c.rollout.sampling.max_new_tokens
+  B = c.optim.minibatch_prompts * G
+  model_config, params, _ = checkpoints.load_policy(c.policy)
   params = jax.tree.map(jnp.asarray, params)
-  optimizer = train.make_optimizer(c)
-  n_micro = train.num_microbatches(c)
+  optimizer = update.make_optimizer(c.optim, total_updates=1000)
+  n_micro = update.num_microbatches(c.optim)
   infer_config = dataclasses.replace(model_config, remat=False)
   batch = update_batch(params, infer_config, B=B, P=P, T=T, G=G, n_micro=n_micro)
-  update = jax.jit(functools.partial(
-      train.update_step, model_config=model_config, optimizer=optimizer,
+  step_fn = jax.jit(functools.partial(
+      update.update_step, model_config=model_config, optimizer=optimizer,
       loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(), completion_start=P,
       group_size=G), donate_argnums=(0,))
-  state = train.TrainState(step=jnp.array(0, jnp.int32), params=params,
-                           opt_state=optimizer.init(params))
+  state = update.TrainState(step=jnp.array(0, jnp.int32), params=params,
+                            opt_state=optimizer.init(params))
   n_params = model_lib.num_params(params)
 
   start = time.perf_counter()
-  compiled = update.lower(state, batch).compile()
+  compiled = step_fn.lower(state, batch).compile()
   compile_s = time.perf_counter() - start
   state, metrics = compiled(state, batch)
   jax.block_until_ready((state, metrics))
@@ -223,18 +225,18 @@ def time_mfu(shape, *, B, P, T, G, repeats, n_layers=None, compute_dtype='bfloat
   start = time.perf_counter()
   params = jax.block_until_ready(model_lib.init_params(mc, jax.random.key(0)))
   init_s = time.perf_counter() - start
-  optimizer = train.make_optimizer(c)
+  optimizer = update.make_optimizer(c.optim, total_updates=1000)
   batch = update_batch(params, dataclasses.replace(mc, remat=False), B=B, P=P, T=T, G=G,
                        n_micro=1)
-  update = jax.jit(functools.partial(
-      train.update_step, model_config=mc, optimizer=optimizer, loss_name=c.loss.name,
+  step_fn = jax.jit(functools.partial(
+      update.update_step, model_config=mc, optimizer=optimizer, loss_name=c.loss.name,
       loss_hparams=c.loss.hparams.to_dict(), completion_start=P, group_size=G),
       donate_argnums=(0,))
-  state = train.TrainState(step=jnp.array(0, jnp.int32), params=params,
-                           opt_state=optimizer.init(params))
+  state = update.TrainState(step=jnp.array(0, jnp.int32), params=params,
+                            opt_state=optimizer.init(params))
   n_params = model_lib.num_params(params)
   start = time.perf_counter()
-  compiled = update.lower(state, batch).compile()
+  compiled = step_fn.lower(state, batch).compile()
   compile_s = time.perf_counter() - start
   state, metrics = compiled(state, batch)
   jax.block_until_ready(metrics)
@@ -266,7 +268,7 @@ def time_rl_steps(c, *, n_steps):
       start = time.perf_counter()
       steps.append(trainer.step(step))
       walls.append(time.perf_counter() - start)
-    trainer.ckpt.close()
+    trainer.close()
   return steps, walls
 
 
@@ -328,7 +330,7 @@ def main():
     policy = policies(args.model, policy_dir)
 
     # --- The update step.
-    c.init_policy, label = policy['update']
+    c.policy.init, label = policy['update']
     u = time_update_step(c, repeats=repeats)
     mc = u['model_config']
     print()
@@ -347,15 +349,17 @@ def main():
       return
 
     # --- One RL step of the config.
-    c.init_policy, label = policy['rl']
+    c.policy.init, label = policy['rl']
     steps, walls = time_rl_steps(c, n_steps=rl_steps)
 
   mean = {p: statistics.mean(m[f'time_{p}'] for m in steps) for p in PHASES}
   total = sum(mean.values())
-  n_updates = c.ppo_epochs * (c.prompts_per_step // c.minibatch_prompts)
+  n_updates = update.updates_per_step(c.optim, c.rollout.prompts_per_step)
   print()
-  print(f'RL step ({label}; {c.prompts_per_step} prompts x G={c.group_size}, '
-        f'T<={c.max_new_tokens}, {n_updates} update steps of {c.minibatch_prompts * c.group_size}'
+  G = c.rollout.sampling.num_samples
+  print(f'RL step ({label}; {c.rollout.prompts_per_step} prompts x G={G}, '
+        f'T<={c.rollout.sampling.max_new_tokens}, {n_updates} update steps of '
+        f'{c.optim.minibatch_prompts * G}'
         f' rows; mean of {rl_steps} steps after 1 warm-up step)')
   for p in PHASES:
     print(f'  {p:8s} {mean[p]:8.3f} s  {mean[p] / total:6.1%}')
