@@ -2,48 +2,50 @@
 import setuptools
 
 setuptools.setup(
-    name="jtc",
-    version="0.1.0",
-    description="JAX research codebase for RL of language models with sequence-level rewards.",
-    packages=setuptools.find_packages(include=["jtc", "jtc.*", "configs", "configs.*", "experiments"]),
-    package_data={"jtc": ["assets/**/*"]},
+    name='jtc',
+    version='0.1.0',
+    description='JAX research codebase for RL of language models with sequence-level rewards.',
+    packages=setuptools.find_packages(
+        include=['jtc', 'jtc.*', 'configs', 'configs.*', 'experiments']),
+    package_data={'jtc': ['assets/**/*']},
     include_package_data=True,
-    python_requires=">=3.10",
+    python_requires='>=3.10',
     install_requires=[
-        "jax>=0.5",
-        "flax>=0.10",
-        "optax>=0.2.4",
-        "orbax-checkpoint>=0.11",
-        "grain>=0.2.10",
-        "tensorflow-datasets>=4.9.9",
-        "array-record>=0.7",
-        "ml-collections>=1.0",
-        "chex>=0.1.89",
-        "absl-py",
-        "numpy",
-        "safetensors>=0.4",
-        "tokenizers>=0.20",
-        "tensorboardX>=2.6",
-        "matplotlib>=3.8",
-        "tqdm",
+        'jax>=0.5',
+        'flax>=0.10',
+        'optax>=0.2.4',
+        'orbax-checkpoint>=0.11',
+        'grain>=0.2.10',
+        'tensorflow-datasets>=4.9.9',
+        'array-record>=0.7',
+        'ml-collections>=1.0',
+        'chex>=0.1.89',
+        'absl-py',
+        'numpy',
+        'safetensors>=0.4',
+        'tokenizers>=0.20',
+        'tensorboardX>=2.6',
+        'matplotlib>=3.8',
+        'tqdm',
     ],
     extras_require={
         # Accelerators: the jax wheels for the backend (same jax version as the CPU install).
-        "cuda": ["jax[cuda12]"],          # NVIDIA GPUs, CUDA 12 wheels (driver >= 525)
-        "cuda13": ["jax[cuda13]"],        # NVIDIA GPUs, CUDA 13 wheels
-        "tpu": ["jax[tpu]"],              # Cloud TPU VMs (libtpu)
+        'cuda': ['jax[cuda12]'],  # NVIDIA GPUs, CUDA 12 wheels (driver >= 525)
+        'cuda13': ['jax[cuda13]'],  # NVIDIA GPUs, CUDA 13 wheels
+        'tpu': ['jax[tpu]'],  # Cloud TPU VMs (libtpu)
         # The viewer for the TensorBoard event files the trainer writes (tensorboardX).
-        "tensorboard": ["tensorboard>=2.16"],
-        "test": [
-            "pytest>=8",
-            "hypothesis>=6.100",
-            "nbclient>=0.10",
-            "nbformat>=5.10",
-            "ipykernel>=6",
+        'tensorboard': ['tensorboard>=2.16'],
+        'test': [
+            'pytest>=8',
+            'yapf==0.43.0',  # tests/test_style.py: the one code style (.style.yapf)
+            'hypothesis>=6.100',
+            'nbclient>=0.10',
+            'nbformat>=5.10',
+            'ipykernel>=6',
             # Reference implementations for the Hugging Face import tests.
             # torch==2.13.0 resolves to the CPU build that lies on this machine's disk.
-            "torch==2.13.0",
-            "transformers>=4.51",
+            'torch==2.13.0',
+            'transformers>=4.51',
         ],
     },
 )

@@ -48,10 +48,9 @@ def _child(n_layers):
   B, G, P, T = 8, 4, 32, 64
   rng = np.random.default_rng(0)
   batch = dict(tokens=jnp.asarray(rng.integers(1, 512, (1, B, P + T)), jnp.int32),
-               input_mask=jnp.ones((1, B, P + T), jnp.int32),
-               mask=jnp.ones((1, B, T), jnp.float32),
-               advantages=jnp.asarray(rng.normal(size=(1, B)), jnp.float32),
-               old_logps=jnp.full((1, B, T), -1.0, jnp.float32))
+               input_mask=jnp.ones((1, B, P + T), jnp.int32), mask=jnp.ones((1, B, T), jnp.float32),
+               advantages=jnp.asarray(rng.normal(size=(1, B)), jnp.float32), old_logps=jnp.full(
+                   (1, B, T), -1.0, jnp.float32))
   try:  # jtc.update (after the trainer restructure) or jtc.train (older checkouts)
     from jtc import update as update_lib  # pylint: disable=import-outside-toplevel
     optimizer = update_lib.make_optimizer(c.optim, 1000)
@@ -61,9 +60,10 @@ def _child(n_layers):
     optimizer = update_lib.make_optimizer(c)
   state = update_lib.TrainState(step=jnp.array(0, jnp.int32), params=params,
                                 opt_state=optimizer.init(params))
-  update = jax.jit(functools.partial(
-      update_lib.update_step, model_config=mc, optimizer=optimizer, loss_name=c.loss.name,
-      loss_hparams=c.loss.hparams.to_dict(), completion_start=P, group_size=G))
+  update = jax.jit(
+      functools.partial(update_lib.update_step, model_config=mc, optimizer=optimizer,
+                        loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
+                        completion_start=P, group_size=G))
   start = time.perf_counter()
   update.lower(state, batch).compile()
   out['update_compile_s'] = round(time.perf_counter() - start, 2)
@@ -71,12 +71,11 @@ def _child(n_layers):
   infer = dataclasses.replace(mc, remat=False)
   prompts = jnp.asarray(rng.integers(1, 512, (4, 32)), jnp.int32)
   kw = dict(rng=jax.random.key(1), num_samples=2, max_new_tokens=64, eos_id=0, pad_id=0)
-  loops = ([None] if 'layer_loop' not in inspect.signature(sampler_lib.sample).parameters
-           else ['scan', 'unroll'])
+  loops = ([None] if 'layer_loop' not in inspect.signature(sampler_lib.sample).parameters else
+           ['scan', 'unroll'])
   for loop in loops:
     extra = {} if loop is None else dict(layer_loop=loop)
-    run = lambda: sampler_lib.sample(params, infer, prompts, jnp.ones_like(prompts), **kw,
-                                     **extra)
+    run = lambda: sampler_lib.sample(params, infer, prompts, jnp.ones_like(prompts), **kw, **extra)
     start = time.perf_counter()
     jax.block_until_ready(run())
     first = time.perf_counter() - start
@@ -98,9 +97,10 @@ def main():
     return
   print(f'# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start')
   for depth in [int(d) for d in args.depths.split(',')]:
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), f'--child={depth}']
-                          + (['--cpu'] if args.cpu else []), env=os.environ, capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), f'--child={depth}'] +
+        (['--cpu'] if args.cpu else []), env=os.environ, capture_output=True, text=True,
+        check=False)
     if proc.returncode:
       print(f'depth {depth}: failed\n{proc.stderr[-3000:]}', file=sys.stderr)
       continue

@@ -63,14 +63,16 @@ def relative_time(args):
     return -jnp.sum(out['logps'] * mask_BT) / jnp.sum(mask_BT)
 
   step = jax.jit(jax.value_and_grad(loss))
-  fwd = jax.jit(lambda params: model.sequence_logprobs(
-      params, config, tokens, input_mask, completion_start=p_len, return_hidden=True))
+  fwd = jax.jit(lambda params: model.sequence_logprobs(params, config, tokens, input_mask,
+                                                       completion_start=p_len, return_hidden=True))
   out = fwd(params)
   hidden_BTD, probs_BT = out['hidden'], jnp.exp(out['logps'])
   coeffs = jax.jit(lambda h, p, a, m: delta.token_coefficients(
       h, p, a, m, delta.DeltaOptions(chunk_size=args.chunk_size)))
-  fns = {'loss+grad step': (step, (params,)),
-         'delta lambda': (coeffs, (hidden_BTD, probs_BT, adv_B, mask_BT))}
+  fns = {
+      'loss+grad step': (step, (params,)),
+      'delta lambda': (coeffs, (hidden_BTD, probs_BT, adv_B, mask_BT))
+  }
   for fn, fargs in fns.values():  # compile
     jax.block_until_ready(fn(*fargs))
   med = _median_times(fns, args.rounds)
@@ -84,18 +86,18 @@ def relative_time(args):
 
 def _compiled_memory(n_tokens, dim, length, chunk, dtype):
   b = n_tokens // length
-  shapes = (jax.ShapeDtypeStruct((b, length, dim), dtype),
-            jax.ShapeDtypeStruct((b, length), jnp.float32),
-            jax.ShapeDtypeStruct((b,), jnp.float32),
-            jax.ShapeDtypeStruct((b, length), jnp.float32))
-  fn = jax.jit(lambda h, p, a, m: delta.token_coefficients(
-      h, p, a, m, delta.DeltaOptions(chunk_size=chunk)))
+  shapes = (jax.ShapeDtypeStruct(
+      (b, length, dim), dtype), jax.ShapeDtypeStruct(
+          (b, length), jnp.float32), jax.ShapeDtypeStruct(
+              (b,), jnp.float32), jax.ShapeDtypeStruct((b, length), jnp.float32))
+  fn = jax.jit(
+      lambda h, p, a, m: delta.token_coefficients(h, p, a, m, delta.DeltaOptions(chunk_size=chunk)))
   mem = fn.lower(*shapes).compile().memory_analysis()
   return mem.argument_size_in_bytes, mem.temp_size_in_bytes, mem.output_size_in_bytes
 
 
 def memory_table(args):
-  gib = 2.0 ** 30
+  gib = 2.0**30
   print(f'compiled memory (memory_analysis), D={args.mem_dim}, hidden {args.mem_dtype}, '
         f'T={args.mem_length}; one chunk of v = chunk*D*4 bytes')
   print(f'  {"B*T":>8s} {"chunk":>8s} {"args GiB":>9s} {"temp GiB":>9s} {"out GiB":>8s}')
@@ -113,8 +115,8 @@ def run_full(args):
   # Pseudo-random hidden states built elementwise inside jit (jax.random.normal would hold
   # several full-size temporaries and dominate the peak RSS).
   hidden = jax.jit(lambda: jnp.sin(
-      jax.lax.iota(jnp.float32, n * dim).reshape(b, length, dim) * 0.7548776662
-      + jax.lax.iota(jnp.float32, n * dim).reshape(b, length, dim) ** 0.5).astype(args.mem_dtype))()
+      jax.lax.iota(jnp.float32, n * dim).reshape(b, length, dim) * 0.7548776662 + jax.lax.iota(
+          jnp.float32, n * dim).reshape(b, length, dim)**0.5).astype(args.mem_dtype))()
   probs = jax.random.uniform(jax.random.fold_in(key, 1), (b, length))
   adv = jax.random.normal(jax.random.fold_in(key, 2), (b,))
   mask = jnp.ones((b, length), jnp.float32)
@@ -122,13 +124,13 @@ def run_full(args):
       h, p, a, m, delta.DeltaOptions(chunk_size=args.chunk_size)))
   fn = fn.lower(hidden, probs, adv, mask).compile()
   jax.block_until_ready(hidden)
-  rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+  rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
   t0 = time.perf_counter()
   lam, met = jax.block_until_ready(fn(hidden, probs, adv, mask))
   t1 = time.perf_counter()
   jax.block_until_ready(fn(hidden, probs, adv, mask))
   t2 = time.perf_counter()
-  rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+  rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
   print(f'full size B*T={n} D={dim} {args.mem_dtype}: first call {t1 - t0:.2f} s, '
         f'second {t2 - t1:.2f} s; peak RSS {rss0:.2f} -> {rss1:.2f} GiB '
         f'(hidden alone {hidden.nbytes / 2 ** 30:.2f} GiB); '
@@ -148,8 +150,7 @@ def main():
   parser.add_argument('--mem_dim', type=int, default=4096)
   parser.add_argument('--mem_length', type=int, default=1024)
   parser.add_argument('--mem_dtype', default='float32', choices=['bfloat16', 'float32'])
-  parser.add_argument('--mem_tokens', type=int, nargs='+',
-                      default=[16_384, 65_536, 262_144])
+  parser.add_argument('--mem_tokens', type=int, nargs='+', default=[16_384, 65_536, 262_144])
   parser.add_argument('--run_full', action='store_true',
                       help='also run the estimator at B*T=262,144, D=4,096')
   parser.add_argument('--skip_step', action='store_true', help='skip part 1')

@@ -50,8 +50,8 @@ def main():
   if a.small:
     a.groups, a.group_size, a.max_new_tokens, a.repeats = 2, 4, 16, 3
 
-  config = (model_lib.ModelConfig.tiny(vocab_size=98) if a.model == 'tiny'
-            else model_lib.ModelConfig.small_25m())
+  config = (model_lib.ModelConfig.tiny(
+      vocab_size=98) if a.model == 'tiny' else model_lib.ModelConfig.small_25m())
   G, P, T = a.group_size, a.prompt_width, a.max_new_tokens
   B = a.groups * G
   rng = np.random.default_rng(0)
@@ -70,12 +70,12 @@ def main():
       old_logps=old['logps'] + 0.01 * jnp.asarray(rng.normal(size=(B, T)), jnp.float32))
 
   optimizer = optax.adamw(1e-6)
-  update = jax.jit(functools.partial(
-      update_lib.update_step, model_config=config, optimizer=optimizer, loss_name=a.loss,
-      loss_hparams={}, completion_start=P, group_size=G))
-  diag = jax.jit(functools.partial(
-      diagnostics.step_diagnostics, model_config=config, loss_name=a.loss, loss_hparams={},
-      group_size=G, completion_start=P, mode=a.mode))
+  update = jax.jit(
+      functools.partial(update_lib.update_step, model_config=config, optimizer=optimizer,
+                        loss_name=a.loss, loss_hparams={}, completion_start=P, group_size=G))
+  diag = jax.jit(
+      functools.partial(diagnostics.step_diagnostics, model_config=config, loss_name=a.loss,
+                        loss_hparams={}, group_size=G, completion_start=P, mode=a.mode))
   state = update_lib.TrainState(step=jnp.array(0, jnp.int32), params=params,
                                 opt_state=optimizer.init(params))
   update_batch = jax.tree.map(lambda x: x[None], batch)  # one micro-batch: [n=1, B, ...]

@@ -25,8 +25,8 @@ from jtc import hf_import
 from jtc import model as model_lib
 
 
-def make_hf_generate(config: model_lib.ModelConfig, params, prompt_tokens_BP,
-                     max_new_tokens: int, *, num_threads: int | None = None):
+def make_hf_generate(config: model_lib.ModelConfig, params, prompt_tokens_BP, max_new_tokens: int,
+                     *, num_threads: int | None = None):
   """A callable that runs HF greedy `generate` once on the same weights (or None without
   torch/transformers); call it once to warm up, then time calls (interleaved with others).
 
@@ -48,12 +48,13 @@ def make_hf_generate(config: model_lib.ModelConfig, params, prompt_tokens_BP,
 
   def run():
     with torch.inference_mode():
-      out = hf_model.generate(
-          input_ids=prompt_BP, attention_mask=torch.ones_like(prompt_BP), do_sample=False,
-          max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, eos_token_id=None,
-          pad_token_id=0, use_cache=True)
+      out = hf_model.generate(input_ids=prompt_BP, attention_mask=torch.ones_like(prompt_BP),
+                              do_sample=False, max_new_tokens=max_new_tokens,
+                              min_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0,
+                              use_cache=True)
     assert out.shape == (B, prompt_BP.shape[1] + max_new_tokens), out.shape
     return out.numpy()
+
   return run
 
 

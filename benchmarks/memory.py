@@ -89,12 +89,13 @@ def _child(args):
   stats = device.memory_stats() if jax.default_backend() != 'cpu' else None
   peak = (stats or {}).get('peak_bytes_in_use')
   kind, peak_gib = ('device', peak / 2**30) if peak is not None else ('host_rss', rss_gib)
-  print(json.dumps(dict(model=args.child, device=f'{jax.default_backend()}:{device.device_kind}',
-                        params=n_params, param_dtype=p.param_dtype,
-                        compute_dtype=p.compute_dtype, remat=p.remat, prompts=args.prompts,
-                        group=args.group, new_tokens=args.new_tokens, init_s=round(t_init, 2),
-                        step1_with_compile=steps[0], step2=steps[1], peak_memory=kind,
-                        peak_gib=round(peak_gib, 2), host_rss_gib=round(rss_gib, 2))))
+  print(
+      json.dumps(
+          dict(model=args.child, device=f'{jax.default_backend()}:{device.device_kind}',
+               params=n_params, param_dtype=p.param_dtype, compute_dtype=p.compute_dtype,
+               remat=p.remat, prompts=args.prompts, group=args.group, new_tokens=args.new_tokens,
+               init_s=round(t_init, 2), step1_with_compile=steps[0], step2=steps[1],
+               peak_memory=kind, peak_gib=round(peak_gib, 2), host_rss_gib=round(rss_gib, 2))))
 
 
 def main():
@@ -119,9 +120,11 @@ def main():
   if args.cpu:
     env['JAX_PLATFORMS'] = 'cpu'
   for name in names:
-    cmd = [sys.executable, os.path.abspath(__file__), '--child', name,
-           f'--prompts={args.prompts}', f'--group={args.group}',
-           f'--new_tokens={args.new_tokens}']
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__), '--child', name, f'--prompts={args.prompts}',
+        f'--group={args.group}', f'--new_tokens={args.new_tokens}'
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode:
       print(f'{name}: failed (exit {proc.returncode})\n{proc.stderr[-3000:]}', file=sys.stderr)

@@ -23,8 +23,12 @@ import numpy as np
 from jtc import objectives
 
 CONFIGS = [(name, {}) for name in objectives.LOSSES] + [
-    ('dfpo_pos_orth_proj', {'solver': 'truncate_rebalance'}),
-    ('dfpo_min_replace', {'stop_gradient': False}),
+    ('dfpo_pos_orth_proj', {
+        'solver': 'truncate_rebalance'
+    }),
+    ('dfpo_min_replace', {
+        'stop_gradient': False
+    }),
 ]
 
 
@@ -40,10 +44,12 @@ def make_inputs(b, t, seed=0):
 
 
 def build(name, hparams, group_size):
+
   def f(logps, old, adv, mask, tw):
     return objectives.compute_loss(name, logps=logps, old_logps=old, advantages=adv, mask=mask,
                                    group_size=group_size,
                                    token_weights=tw if name == 'delta' else None, **hparams)[0]
+
   return jax.jit(jax.value_and_grad(f))
 
 

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jtc import decode
 from jtc import model as model_lib
 from jtc import sampler as sampler_lib
 
@@ -82,7 +83,7 @@ def matmul_flops_per_s(n=2048, repeats=10, dtype=jnp.float32):
   a = jnp.ones((n, n), dtype)
   f = jax.jit(lambda a: a @ a)
   jax.block_until_ready(f(a))
-  return 2 * n ** 3 / min(_times(lambda: f(a), repeats))
+  return 2 * n**3 / min(_times(lambda: f(a), repeats))
 
 
 def load_reference_sampler():
@@ -108,6 +109,7 @@ def decode_floor_seconds(config, n_param_bytes, *, B, G, P, T, block_size, bandw
 
 def naive_step_fn(config, P):
   """One token of naive sampling: full forward over the [B, P + T] buffer, no cache."""
+
   @jax.jit
   def step(params, tokens_BL, mask_BL, t):
     logits = model_lib.forward(params, config, tokens_BL, model_lib.positions_from_mask(mask_BL),
@@ -117,6 +119,7 @@ def naive_step_fn(config, P):
     tokens_BL = jax.lax.dynamic_update_slice(tokens_BL, next_B[:, None], (0, P + t))
     mask_BL = jax.lax.dynamic_update_slice(mask_BL, jnp.ones_like(next_B)[:, None], (0, P + t))
     return tokens_BL, mask_BL
+
   return step
 
 
@@ -139,17 +142,19 @@ def logprob_memory(B, T, D, V, chunk):
   chunked = functools.partial(model_lib.token_logprobs, vocab_chunk=chunk)
 
   def loss(fn):
+
     def f(h, w, t):
       logps, ent = fn(h, w, t)
       return -jnp.mean(logps) - 0.01 * jnp.mean(ent)
+
     return jax.grad(f, argnums=(0, 1))
 
   out = {}
   for name, fn in (('chunked', chunked), ('naive', naive)):
     for mode, g in (('fwd', fn), ('fwd+bwd', loss(fn))):
       stats = jax.jit(g).lower(hidden, head, targets).compile().memory_analysis()
-      total = (stats.argument_size_in_bytes + stats.output_size_in_bytes
-               + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
+      total = (stats.argument_size_in_bytes + stats.output_size_in_bytes +
+               stats.temp_size_in_bytes - stats.alias_size_in_bytes)
       out[name, mode] = (total, stats.temp_size_in_bytes)
   return out
 
@@ -157,13 +162,11 @@ def logprob_memory(B, T, D, V, chunk):
 def setups(args):
   """(label, config, B prompts, G, P, T, sampling kwargs) of the chosen size."""
   if args.qwen3_0_6b:
-    return ('Qwen3-0.6B shape, bf16', model_lib.ModelConfig.qwen3_0_6b(max_seq_len=4096),
-            32, 8, 128, 512, dict(temperature=1.0))
+    return ('Qwen3-0.6B shape, bf16', model_lib.ModelConfig.qwen3_0_6b(max_seq_len=4096), 32, 8,
+            128, 512, dict(temperature=1.0))
   if args.small:
-    return ('tiny', model_lib.ModelConfig.tiny(vocab_size=512), 4, 2, 16, 32,
-            dict(greedy=True))
-  return ('small_25m, f32', model_lib.ModelConfig.small_25m(), 32, 1, 64, 256,
-          dict(greedy=True))
+    return ('tiny', model_lib.ModelConfig.tiny(vocab_size=512), 4, 2, 16, 32, dict(greedy=True))
+  return ('small_25m, f32', model_lib.ModelConfig.small_25m(), 32, 1, 64, 256, dict(greedy=True))
 
 
 def _fmt(tps, load):
@@ -198,8 +201,8 @@ def main():
   params['embed']['embedding'] = params['embed']['embedding'].at[EOS].set(0.0)
   n_params = model_lib.num_params(params)
   param_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
-  prompt_BP = jnp.asarray(np.random.default_rng(0).integers(1, config.vocab_size, (B, P)),
-                          jnp.int32)
+  prompt_BP = jnp.asarray(
+      np.random.default_rng(0).integers(1, config.vocab_size, (B, P)), jnp.int32)
   mask_BP = jnp.ones_like(prompt_BP)
   print(f'# jtc sampler benchmark: {label}, {n_params / 1e6:.1f}M params, {B} prompts x G={G}, '
         f'P={P}, T={T}, {sampling}; new: block_size={block_size} layer_loop={layer_loop}')
@@ -214,9 +217,11 @@ def main():
 
   kw = dict(rng=jax.random.key(1), num_samples=G, max_new_tokens=T, eos_id=EOS, pad_id=EOS,
             **sampling)
-  systems = {'new jtc': lambda: sampler_lib.sample(params, config, prompt_BP, mask_BP,
-                                                   block_size=block_size,
-                                                   layer_loop=layer_loop, **kw)}
+  systems = {
+      'new jtc':
+          lambda: sampler_lib.sample(params, config, prompt_BP, mask_BP, block_size=block_size,
+                                     layer_loop=layer_loop, **kw)
+  }
   if not args.skip_old:
     reference = load_reference_sampler()
     old_params = model_lib.unstack_layers(params)
@@ -286,13 +291,13 @@ def main():
     print(f'naive full recompute     {naive_tps:10.1f} tok/s -> new jtc is '
           f'{median["new jtc"] / naive_tps:.1f}x ({n_naive} of {T} steps timed, extrapolated)')
 
-  prefill = jax.jit(lambda p, t, m: model_lib.prefill(p, config, t, m, num_samples=G,
-                                                      max_new_tokens=T, block_size=block_size))
+  prefill = jax.jit(lambda p, t, m: decode.prefill(p, config, t, m, num_samples=G, max_new_tokens=T,
+                                                   block_size=block_size))
   jax.block_until_ready(prefill(params, prompt_BP, mask_BP))
   prefill_s = median_time(lambda: prefill(params, prompt_BP, mask_BP), 3)
   non_embed = n_params - config.vocab_size * config.d_model
-  prefill_flops = 2 * non_embed * B * P + attention_flops(config, B, P, P) + (
-      2 * B * config.d_model * config.vocab_size)
+  prefill_flops = 2 * non_embed * B * P + attention_flops(
+      config, B, P, P) + (2 * B * config.d_model * config.vocab_size)
   print(f'prefill                  {prefill_s * 1e3:8.1f} ms  {prefill_flops / 1e9:8.1f} GFLOP -> '
         f'{prefill_flops / prefill_s / peak_flops:6.1%} of matmul peak')
 

@@ -102,9 +102,12 @@ def random_policy(model_config, workdir, name):
   """Writes a randomly initialised policy bundle (char tokenizer) and returns its path."""
   path = os.path.join(workdir, name)
   checkpoints.save_policy_bundle(
-      path, model_config=model_config,
-      params=model_lib.init_params(model_config, jax.random.key(0)), tokenizer_spec=CHAR_SPEC,
-      meta={'made_by': 'benchmarks/train_step.py', 'kind': 'random init'})
+      path, model_config=model_config, params=model_lib.init_params(model_config,
+                                                                    jax.random.key(0)),
+      tokenizer_spec=CHAR_SPEC, meta={
+          'made_by': 'benchmarks/train_step.py',
+          'kind': 'random init'
+      })
   return path
 
 
@@ -120,18 +123,21 @@ def policies(model_name, workdir):
     if has_base_policy():
       rl = ('base', 'shipped base policy')
     else:
-      rl = (random_policy(tiny_for_task(vocab_size), workdir, 'tiny'),
-            'random tiny policy (no jtc/assets/base_policy yet)')
+      rl = (random_policy(tiny_for_task(vocab_size), workdir,
+                          'tiny'), 'random tiny policy (no jtc/assets/base_policy yet)')
     return {'update': rl, 'rl': rl}
-  return {'update': (random_policy(model_lib.ModelConfig.small_25m(), workdir, 'small_25m'),
-                     'random small_25m preset'),
-          'rl': (random_policy(MODELS[model_name](vocab_size), workdir, f'{model_name}_char'),
-                 f'random {model_name} policy, char vocabulary')}
+  return {
+      'update': (random_policy(model_lib.ModelConfig.small_25m(), workdir,
+                               'small_25m'), 'random small_25m preset'),
+      'rl': (random_policy(MODELS[model_name](vocab_size), workdir,
+                           f'{model_name}_char'), f'random {model_name} policy, char vocabulary')
+  }
 
 
 # ---------------------------------------------------------------------------------------------
 # The update step on its own.
 # ---------------------------------------------------------------------------------------------
+
 
 def update_batch(params, model_config, *, B, P, T, G, n_micro, seed=0):
   """A mini-batch shaped like the trainer's: B rows of whole groups of G, L = P + T columns.
@@ -147,9 +153,8 @@ def update_batch(params, model_config, *, B, P, T, G, n_micro, seed=0):
                                completion_start=P, return_hidden=False)
   rewards_G = rng.normal(size=(B // G, G))
   adv_B = (rewards_G - rewards_G.mean(-1, keepdims=True)) / rewards_G.std(-1, keepdims=True)
-  batch = update.Batch(tokens=tokens_BL, input_mask=input_mask_BL,
-                       mask=jnp.ones((B, T), jnp.float32),
-                       advantages=jnp.asarray(adv_B.reshape(B), jnp.float32),
+  batch = update.Batch(tokens=tokens_BL, input_mask=input_mask_BL, mask=jnp.ones(
+      (B, T), jnp.float32), advantages=jnp.asarray(adv_B.reshape(B), jnp.float32),
                        old_logps=old['logps'])
   return update.minibatch(batch, jnp.arange(B), num_micro=n_micro)
 
@@ -186,10 +191,10 @@ def time_update_step(c, *, repeats):
   n_micro = update.num_microbatches(c.optim)
   infer_config = dataclasses.replace(model_config, remat=False)
   batch = update_batch(params, infer_config, B=B, P=P, T=T, G=G, n_micro=n_micro)
-  step_fn = jax.jit(functools.partial(
-      update.update_step, model_config=model_config, optimizer=optimizer,
-      loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(), completion_start=P,
-      group_size=G), donate_argnums=(0,))
+  step_fn = jax.jit(
+      functools.partial(update.update_step, model_config=model_config, optimizer=optimizer,
+                        loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
+                        completion_start=P, group_size=G), donate_argnums=(0,))
   state = update.TrainState(step=jnp.array(0, jnp.int32), params=params,
                             opt_state=optimizer.init(params))
   n_params = model_lib.num_params(params)
@@ -207,8 +212,8 @@ def time_update_step(c, *, repeats):
     times.append(time.perf_counter() - start)
   return dict(B=B, L=P + T, T=T, n_micro=n_micro, model_config=model_config, n_params=n_params,
               seconds=statistics.median(times), compile_s=compile_s, xla_flops=xla_flops(compiled),
-              model_flops=model_flops(model_config, n_params, B=B, P=P, T=T),
-              loss=float(metrics['loss']))
+              model_flops=model_flops(model_config, n_params, B=B, P=P,
+                                      T=T), loss=float(metrics['loss']))
 
 
 MFU_SHAPES = ('qwen3_0_6b', 'qwen3_1_7b')
@@ -226,12 +231,11 @@ def time_mfu(shape, *, B, P, T, G, repeats, n_layers=None, compute_dtype='bfloat
   params = jax.block_until_ready(model_lib.init_params(mc, jax.random.key(0)))
   init_s = time.perf_counter() - start
   optimizer = update.make_optimizer(c.optim, total_updates=1000)
-  batch = update_batch(params, dataclasses.replace(mc, remat=False), B=B, P=P, T=T, G=G,
-                       n_micro=1)
-  step_fn = jax.jit(functools.partial(
-      update.update_step, model_config=mc, optimizer=optimizer, loss_name=c.loss.name,
-      loss_hparams=c.loss.hparams.to_dict(), completion_start=P, group_size=G),
-      donate_argnums=(0,))
+  batch = update_batch(params, dataclasses.replace(mc, remat=False), B=B, P=P, T=T, G=G, n_micro=1)
+  step_fn = jax.jit(
+      functools.partial(update.update_step, model_config=mc, optimizer=optimizer,
+                        loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
+                        completion_start=P, group_size=G), donate_argnums=(0,))
   state = update.TrainState(step=jnp.array(0, jnp.int32), params=params,
                             opt_state=optimizer.init(params))
   n_params = model_lib.num_params(params)
@@ -247,8 +251,7 @@ def time_mfu(shape, *, B, P, T, G, repeats, n_layers=None, compute_dtype='bfloat
     jax.block_until_ready(metrics)
     times.append(time.perf_counter() - start)
   return dict(model_config=mc, n_params=n_params, init_s=init_s, compile_s=compile_s,
-              seconds=statistics.median(times),
-              flops=model_flops(mc, n_params, B=B, P=P, T=T))
+              seconds=statistics.median(times), flops=model_flops(mc, n_params, B=B, P=P, T=T))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,8 +313,7 @@ def main():
     mfu_peak = matmul_flops_per_s(n=n_mfu, dtype=dt)
     B, G, P, T = (4, 4, 32, 96) if small else (64, 8, 128, 512)
     u = time_mfu(args.mfu_shape, B=B, P=P, T=T, G=G, repeats=2 if small else 5,
-                 n_layers=2 if small else None,
-                 compute_dtype='float32' if cpu else 'bfloat16')
+                 n_layers=2 if small else None, compute_dtype='float32' if cpu else 'bfloat16')
     mc, s_ = u['model_config'], u['seconds']
     print()
     print(f'MFU of the update step, {args.mfu_shape} shape{" with 2 layers" if small else ""} '

@@ -60,16 +60,19 @@ def set_loss(c, name, **overrides):
   hparams.update(overrides)
   # A hyper-parameter that defaults to None (off) becomes a float placeholder, so that
   # `--config.loss.hparams.global_scale=0.5` can still set it from the command line.
-  hparams = {k: ml_collections.config_dict.placeholder(float) if v is None else v
-             for k, v in hparams.items()}
+  hparams = {
+      k: ml_collections.config_dict.placeholder(float) if v is None else v
+      for k, v in hparams.items()
+  }
   c.loss.name = name
   c.loss.hparams = ConfigDict(hparams)
 
 
 def sampling(num_samples, max_new_tokens, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
   """A `sampling` section: the keyword arguments of `jtc.sampler.sample`."""
-  return ConfigDict(dict(num_samples=num_samples, max_new_tokens=max_new_tokens,
-                         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p))
+  return ConfigDict(
+      dict(num_samples=num_samples, max_new_tokens=max_new_tokens, temperature=temperature,
+           top_k=top_k, top_p=top_p, min_p=min_p))
 
 
 def get_config(arg=None):
@@ -77,8 +80,8 @@ def get_config(arg=None):
   args = parse_arg(arg)
   c = ConfigDict()
   c.seed = 0
-  c.num_steps = 200                    # RL steps (one rollout batch each)
-  c.token_budget = 0                   # stop once this many tokens were generated (0 = off)
+  c.num_steps = 200  # RL steps (one rollout batch each)
+  c.token_budget = 0  # stop once this many tokens were generated (0 = off)
 
   c.policy = ConfigDict()
   # A jtc policy bundle: 'base' (shipped, arithmetic), 'phrasing' (shipped) or a directory
@@ -87,84 +90,84 @@ def get_config(arg=None):
   # A Hugging Face model dir (Qwen3/Qwen2/Llama) instead: weights, tokenizer, chat template and
   # eos/pad ids from it.
   c.policy.checkpoint = ''
-  c.policy.overrides = ConfigDict()    # ModelConfig fields, e.g. .overrides.dtype=bfloat16
-  c.policy.param_dtype = ''            # master weights + AdamW state: float32 | bfloat16 | ''
-  c.policy.compute_dtype = ''          # matmuls (log-probs are float32 whatever this is)
-  c.policy.remat = False               # jax.checkpoint every Transformer block in the update
-  c.policy.ref_param_dtype = ''        # dtype of the frozen KL reference (kept only if kl_coef > 0)
+  c.policy.overrides = ConfigDict()  # ModelConfig fields, e.g. .overrides.dtype=bfloat16
+  c.policy.param_dtype = ''  # master weights + AdamW state: float32 | bfloat16 | ''
+  c.policy.compute_dtype = ''  # matmuls (log-probs are float32 whatever this is)
+  c.policy.remat = False  # jax.checkpoint every Transformer block in the update
+  c.policy.ref_param_dtype = ''  # dtype of the frozen KL reference (kept only if kl_coef > 0)
 
   c.data = ConfigDict()
-  c.data.task = 'arithmetic'           # a name from jtc.tasks
+  c.data.task = 'arithmetic'  # a name from jtc.tasks
   # Question/answer JSONL file or dir of <split>.jsonl instead of a task (GSM8K '#### x' and
   # MATH '\boxed{x}' answers are understood).
   c.data.dataset = ''
-  c.data.eval_dataset = ''             # held-out JSONL ('' = the dataset's test split)
-  c.data.data_dir = ''                 # '' = $JTC_DATA_DIR or ~/.cache/jtc/data
-  c.data.reward = ''                   # a jtc.rewards.REWARD_FNS name ('' = the task's own)
-  c.data.prompt_width = 20             # P: prompts (with BOS) are left-padded to this width
-  c.data.prompt_suffix = ''            # appended to every question before the chat template
-  c.data.chat_template = True          # wrap prompts with the tokenizer's chat template
+  c.data.eval_dataset = ''  # held-out JSONL ('' = the dataset's test split)
+  c.data.data_dir = ''  # '' = $JTC_DATA_DIR or ~/.cache/jtc/data
+  c.data.reward = ''  # a jtc.rewards.REWARD_FNS name ('' = the task's own)
+  c.data.prompt_width = 20  # P: prompts (with BOS) are left-padded to this width
+  c.data.prompt_suffix = ''  # appended to every question before the chat template
+  c.data.chat_template = True  # wrap prompts with the tokenizer's chat template
 
   c.rollout = ConfigDict()
-  c.rollout.prompts_per_step = 16      # groups per RL step
-  c.rollout.chunk_prompts = 0          # prompts per sampler / scoring call (0 = all at once)
+  c.rollout.prompts_per_step = 16  # groups per RL step
+  c.rollout.chunk_prompts = 0  # prompts per sampler / scoring call (0 = all at once)
   c.rollout.behaviour_logps = 'recompute'  # recompute | sampler: old log-probs for the ratios
   c.rollout.sampling = sampling(8, 32)  # G completions per prompt, T new tokens, temperature 1
 
   c.advantage = ConfigDict()
-  c.advantage.name = 'grpo'            # grpo | dr_grpo | rloo
+  c.advantage.name = 'grpo'  # grpo | dr_grpo | rloo
   c.advantage.eps = 1e-6
   c.advantage.std_ddof = 0
   c.advantage.batch_normalize = False
 
-  c.loss = ConfigDict()                # jtc.objectives.compute_loss: name + hyper-parameters
+  c.loss = ConfigDict()  # jtc.objectives.compute_loss: name + hyper-parameters
   c.loss.name = 'grpo'
   c.loss.hparams = ConfigDict()
 
-  c.token_weights = ''                 # '' | 'delta': a plug-in producing per-token loss weights
-  c.delta = ConfigDict()               # its options (jtc.delta.options_for)
-  c.delta.ablation = 'full'            # a name in jtc.delta.DELTA_ABLATIONS
+  c.token_weights = ''  # '' | 'delta': a plug-in producing per-token loss weights
+  c.delta = ConfigDict()  # its options (jtc.delta.options_for)
+  c.delta.ablation = 'full'  # a name in jtc.delta.DELTA_ABLATIONS
   c.delta.lam_min = 0.8
   c.delta.lam_max = 1.2
   c.delta.num_refine = 1
   c.delta.scope = 'batch'
 
-  c.optim = ConfigDict()               # paper Appendix I: AdamW, warm-up 3%, cosine to 0.2 x peak
-  c.optim.learning_rate = 2e-4         # peak; the paper's 8e-7 is for 32B models
+  c.optim = ConfigDict()  # paper Appendix I: AdamW, warm-up 3%, cosine to 0.2 x peak
+  c.optim.learning_rate = 2e-4  # peak; the paper's 8e-7 is for 32B models
   c.optim.warmup_frac = 0.03
   c.optim.min_lr_ratio = 0.2
   c.optim.weight_decay = 0.0
   c.optim.adam_b1 = 0.9
   c.optim.adam_b2 = 0.999
-  c.optim.grad_clip = 1.0              # global-norm clip (0 = off)
-  c.optim.ppo_epochs = 1               # mu: passes over each rollout batch
-  c.optim.minibatch_prompts = 8        # groups per optimiser step (whole groups stay together)
-  c.optim.microbatch_prompts = 0       # groups per micro-batch (gradient accumulation; 0 = off)
+  c.optim.grad_clip = 1.0  # global-norm clip (0 = off)
+  c.optim.ppo_epochs = 1  # mu: passes over each rollout batch
+  c.optim.minibatch_prompts = 8  # groups per optimiser step (whole groups stay together)
+  c.optim.microbatch_prompts = 0  # groups per micro-batch (gradient accumulation; 0 = off)
 
   c.dapo = ConfigDict()
-  c.dapo.dynamic_sampling = False      # drop zero-variance groups and refill the batch
-  c.dapo.dynamic_sampling_rounds = 3   # at most this many extra rollout rounds per step
-  c.dapo.mask_truncated = False        # overlong filtering: truncated completions get no gradient
-  c.dapo.overlong_buffer = 0           # soft overlong punishment over the last N tokens (0 = off)
+  c.dapo.dynamic_sampling = False  # drop zero-variance groups and refill the batch
+  c.dapo.dynamic_sampling_rounds = 3  # at most this many extra rollout rounds per step
+  c.dapo.mask_truncated = False  # overlong filtering: truncated completions get no gradient
+  c.dapo.overlong_buffer = 0  # soft overlong punishment over the last N tokens (0 = off)
   c.dapo.overlong_penalty = 1.0
 
-  c.eval = ConfigDict()                # held-out avg@k
-  c.eval.every = 50                    # RL steps between evaluations (0 = never)
+  c.eval = ConfigDict()  # held-out avg@k
+  c.eval.every = 50  # RL steps between evaluations (0 = never)
   c.eval.problems = 256
-  c.eval.sampling = sampling(4, 32)    # k samples per problem, T new tokens, temperature 1
-  c.eval.probe_problems = 64           # problems of the exact format probe (Cor. 3.2; 0 = off)
+  c.eval.sampling = sampling(4, 32)  # k samples per problem, T new tokens, temperature 1
+  c.eval.probe_problems = 64  # problems of the exact format probe (Cor. 3.2; 0 = off)
 
   c.log = ConfigDict()
-  c.log.diagnostics_every = 10         # jtc.diagnostics.step_diagnostics (0 = off)
-  c.log.diagnostics_mode = 'proxy'     # proxy (LM-head gradient norms) | exact (small models)
+  c.log.diagnostics_every = 10  # jtc.diagnostics.step_diagnostics (0 = off)
+  c.log.diagnostics_mode = 'proxy'  # proxy (LM-head gradient norms) | exact (small models)
   c.log.ckpt_every = 25
   c.log.keep_checkpoints = 3
-  c.log.progress_every = 10            # a progress line when stderr is not a terminal
+  c.log.progress_every = 10  # a progress line when stderr is not a terminal
 
   c.mesh = ConfigDict()
-  c.mesh.data = -1                     # devices on the data axis (-1 = all remaining)
-  c.mesh.fsdp = 1                      # devices sharding params + optimiser state (FSDP) and batch
-  c.mesh.tensor = 1                    # devices sharding heads / MLP / vocab (tensor parallel)
+  c.mesh.data = -1  # devices on the data axis (-1 = all remaining)
+  c.mesh.fsdp = 1  # devices sharding params + optimiser state (FSDP) and batch
+  c.mesh.tensor = 1  # devices sharding heads / MLP / vocab (tensor parallel)
 
   if args.get('runlocal'):
     c.num_steps = 10

@@ -13,5 +13,5 @@ def get_config(arg=None):
   c = common.get_config(arg)
   c.advantage.name = 'grpo'
   common.set_loss(c, 'delta', eps_low=0.2, eps_high=0.28)
-  c.token_weights = 'delta'            # the DelTA coefficients, options in c.delta
+  c.token_weights = 'delta'  # the DelTA coefficients, options in c.delta
   return c

@@ -21,10 +21,9 @@ from experiments import stats
 from jtc import curves
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMOOTH_STEPS = 5                  # trailing mean of the reward before compute_at_threshold
+SMOOTH_STEPS = 5  # trailing mean of the reward before compute_at_threshold
 MIN_SEEDS_FOR_VERDICT = 8
 ALPHA = 0.05
-
 
 # ---------------------------------------------------------------------------------------------
 # Per-run scalars: '<extractor>:<key>' (a key starting with '~' = first curve containing it).
@@ -38,7 +37,7 @@ def curve(summary, key):
     matches = sorted(k for k in stored if key[1:] in k)
     matches = [k for k in matches if 'high' in k] or matches
     key = matches[0] if matches else key
-  elif key.endswith('@'):                         # 'eval/avg@' -> 'eval/avg@K'
+  elif key.endswith('@'):  # 'eval/avg@' -> 'eval/avg@K'
     matches = sorted(k for k in stored if k.startswith(key))
     key = matches[0] if matches else key
   c = stored.get(key)
@@ -88,8 +87,8 @@ def _compute_at(summary, key, *, threshold=None):
   if v is None or cv is None:
     return float('nan')
   compute = np.interp(steps, cs, cv)
-  out = float(curves.compute_at_threshold(v, compute, threshold, smooth=SMOOTH_STEPS,
-                                          interpolate=True))
+  out = float(
+      curves.compute_at_threshold(v, compute, threshold, smooth=SMOOTH_STEPS, interpolate=True))
   return out if np.isfinite(out) else float('nan')
 
 
@@ -122,8 +121,8 @@ def auto_threshold(summaries, key, *, window=SMOOTH_STEPS):
   for s in summaries:
     _, v = curve(s, key)
     if v is not None:
-      by_label.setdefault((s.get('group', ''), s['label']), []).append(
-          curves.trailing_mean(v, window)[-1])
+      by_label.setdefault((s.get('group', ''), s['label']),
+                          []).append(curves.trailing_mean(v, window)[-1])
   if not by_label:
     return float('nan')
   return 0.9 * min(float(np.mean(v)) for v in by_label.values())
@@ -219,15 +218,16 @@ def build_table(sweep, table, summaries):
   if table.prediction:
     lines += [f'Prediction (from the paper, written before the run): {table.prediction}', '']
   if threshold is not None:
-    lines += [f'Threshold: {table.metric.partition(":")[2]} >= {threshold:.4g} '
-              f'({"auto" if table.threshold == "auto" else "fixed"}).', '']
+    lines += [
+        f'Threshold: {table.metric.partition(":")[2]} >= {threshold:.4g} '
+        f'({"auto" if table.threshold == "auto" else "fixed"}).', ''
+    ]
   unit = f' {table.unit}' if table.unit else ''
   if table.by_group:
     others = [l for l in labels if l != baseline]
     head = ['Group'] + [f'{l}{unit}' for l in labels]
     for o in others:
-      head += [f'{o} - {baseline}', 'p (sign-flip)', 'p (bootstrap)', 'seeds', 'paper',
-               'verdict']
+      head += [f'{o} - {baseline}', 'p (sign-flip)', 'p (bootstrap)', 'seeds', 'paper', 'verdict']
     lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for g in groups:
       base = values.get((g, baseline), {})
@@ -236,15 +236,22 @@ def build_table(sweep, table, summaries):
       cells += [_ci_str(*rows[l]['value'], table.scale, digits) for l in labels]
       for o in others:
         r = rows[o]
-        cells += [_ci_str(*r['diff'], table.scale, digits), _p_str(r['p']), _p_str(r['p_boot']),
-                  str(r['n_pairs']), paper.get(g, ''),
-                  verdict(r['diff'][0], r['p'], r['n_pairs'], expect.get((g, o), expect.get(g)))]
+        cells += [
+            _ci_str(*r['diff'], table.scale, digits),
+            _p_str(r['p']),
+            _p_str(r['p_boot']),
+            str(r['n_pairs']),
+            paper.get(g, ''),
+            verdict(r['diff'][0], r['p'], r['n_pairs'], expect.get((g, o), expect.get(g)))
+        ]
       lines.append('| ' + ' | '.join(cells) + ' |')
   else:
     base = values.get(('', baseline), {})
     diff_head = f'ratio to {baseline}' if table.normalize else f'diff vs {baseline}'
-    head = ['Method', f'value{unit}', diff_head, 'p (sign-flip)', 'p (bootstrap)', 'seeds',
-            'paper', 'verdict']
+    head = [
+        'Method', f'value{unit}', diff_head, 'p (sign-flip)', 'p (bootstrap)', 'seeds', 'paper',
+        'verdict'
+    ]
     lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for l in labels:
       vals = values.get(('', l), {})
@@ -258,9 +265,10 @@ def build_table(sweep, table, summaries):
           l + (' (baseline)' if is_base else ''),
           _ci_str(*row['value'], table.scale if not table.normalize else 1.0, digits),
           '' if is_base else _ci_str(*diff, 1.0 if table.normalize else table.scale, digits),
-          '' if is_base else _p_str(row['p']), '' if is_base else _p_str(row['p_boot']),
-          seeds_str, paper.get(l, ''),
-          '' if is_base else verdict(effect, row['p'], row['n_pairs'], expect.get(l))]) + ' |')
+          '' if is_base else _p_str(row['p']), '' if is_base else _p_str(row['p_boot']), seeds_str,
+          paper.get(l,
+                    ''), '' if is_base else verdict(effect, row['p'], row['n_pairs'], expect.get(l))
+      ]) + ' |')
   lines += ['']
   return lines
 
@@ -275,7 +283,6 @@ STATS_NOTE = (
     'threshold). `verdict`: agrees / DISAGREES with the paper\'s predicted sign only with at '
     f'least {MIN_SEEDS_FOR_VERDICT} paired seeds and sign-flip p < {ALPHA}; otherwise '
     'inconclusive (the sign it shows is reported).')
-
 
 # ---------------------------------------------------------------------------------------------
 # Curves (the figure code is jtc.plot's).
@@ -352,8 +359,8 @@ def plot_curves(sweep, summaries, out_path):
 def code_revision():
   """'<sha>' or '<sha> (dirty)'; 'unknown' outside a git checkout or without commits."""
   try:
-    sha = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout.strip()
+    sha = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.strip()
     dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout.strip()
   except (OSError, subprocess.CalledProcessError):
@@ -398,36 +405,42 @@ def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures
   `--tables-only` command that rebuilt the file, if any. Only summaries of the sweep's own runs
   and num_steps count.
   """
-  by_name = {r.name: r for r in sweep.runs}       # labels and groups: as the sweep says now
-  summaries = [dict(s, label=by_name[s['run']].label, group=by_name[s['run']].group)
-               for s in load_summaries(results_dir)
-               if s['run'] in by_name and s['num_steps'] == sweep.num_steps]
+  by_name = {r.name: r for r in sweep.runs}  # labels and groups: as the sweep says now
+  summaries = [
+      dict(s, label=by_name[s['run']].label, group=by_name[s['run']].group)
+      for s in load_summaries(results_dir)
+      if s['run'] in by_name and s['num_steps'] == sweep.num_steps
+  ]
   stale = len(load_summaries(results_dir)) - len(summaries)
   seeds = sorted({s['seed'] for s in summaries})
   run_wall = sum(s.get('wall_time_s') or 0.0 for s in summaries)
-  lines = [f'# {sweep.name}{" (smoke)" if sweep.smoke else ""}', '', sweep.description, '',
-           f'- Command: `{command}`',
-           f'- Code revision: `{revision or code_revision()}`',
-           *([f'- Tables rebuilt from the per-run summaries by `{rebuilt_by}` at revision '
-              f'`{code_revision()}`'] if rebuilt_by else []),
-           f'- Wall time of the sweep: {wall_time_s / 60:.1f} min; summed wall time of '
-           f'the runs: {run_wall / 60:.1f} min',
-           f'- Runs: {len(summaries)} summaries ({len(sweep.runs)} configs x seeds {seeds}), '
-           f'{sweep.num_steps} RL steps each; shared overrides: '
-           f'`{" ".join(f"--config.{k}={fmt_value(v)}" for k, v in sweep.shared) or "none"}`'
-           + (f'; config arg `:{sweep.config_arg}`' if sweep.config_arg else ''),
-           '- Compute matching: equal RL steps, prompts x G per step, max tokens and update '
-           'steps within a comparison (see experiments/sweeps.py); generated tokens per run:']
+  lines = [
+      f'# {sweep.name}{" (smoke)" if sweep.smoke else ""}', '', sweep.description, '',
+      f'- Command: `{command}`', f'- Code revision: `{revision or code_revision()}`', *([
+          f'- Tables rebuilt from the per-run summaries by `{rebuilt_by}` at revision '
+          f'`{code_revision()}`'
+      ] if rebuilt_by else []),
+      f'- Wall time of the sweep: {wall_time_s / 60:.1f} min; summed wall time of '
+      f'the runs: {run_wall / 60:.1f} min',
+      f'- Runs: {len(summaries)} summaries ({len(sweep.runs)} configs x seeds {seeds}), '
+      f'{sweep.num_steps} RL steps each; shared overrides: '
+      f'`{" ".join(f"--config.{k}={fmt_value(v)}" for k, v in sweep.shared) or "none"}`' +
+      (f'; config arg `:{sweep.config_arg}`' if sweep.config_arg else ''),
+      '- Compute matching: equal RL steps, prompts x G per step, max tokens and update '
+      'steps within a comparison (see experiments/sweeps.py); generated tokens per run:'
+  ]
   tok = {}
   for s in summaries:
-    tok.setdefault(f'{s["label"]} {s.get("group", "")}'.strip(), []).append(
-        s['compute'].get('compute/generated_tokens', float('nan')))
+    tok.setdefault(f'{s["label"]} {s.get("group", "")}'.strip(),
+                   []).append(s['compute'].get('compute/generated_tokens', float('nan')))
   lines += [f'  {k}: {np.mean(v):.0f}' for k, v in tok.items()]
   reused = sorted({s['reused_from'] for s in summaries if s.get('reused_from')})
   if reused:
     n = sum(1 for s in summaries if s.get('reused_from'))
-    lines += [f'- {n} of these runs have exactly the settings of runs in {", ".join(reused)} '
-              'and were reused from there, not re-run (their summaries say `reused_from`).']
+    lines += [
+        f'- {n} of these runs have exactly the settings of runs in {", ".join(reused)} '
+        'and were reused from there, not re-run (their summaries say `reused_from`).'
+    ]
   if stale:
     lines += [f'- {stale} summaries with other settings (e.g. another num_steps) were ignored.']
   lines += ['', '## Tables', '']
@@ -441,8 +454,10 @@ def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures
     png = os.path.join(results_dir, 'curves.png')
     plot_curves(sweep, summaries, png)
     rel = os.path.relpath(png, os.path.dirname(md_path))
-    lines += ['## Curves', '', f'![curves]({rel})', '',
-              'Mean over seeds, shaded +- one standard error.', '']
+    lines += [
+        '## Curves', '', f'![curves]({rel})', '', 'Mean over seeds, shaded +- one standard error.',
+        ''
+    ]
   if failures:
     lines += ['## Failed runs', '']
     for run_id, detail in sorted(failures.items()):
@@ -450,8 +465,11 @@ def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures
   notes = md_path[:-len('.md')] + '.notes.md'
   if os.path.exists(notes):
     with open(notes) as f:
-      lines += [f'## Discussion (written by hand in {os.path.basename(notes)}; kept when the '
-                'tables are rebuilt)', '', f.read().strip(), '']
+      lines += [
+          f'## Discussion (written by hand in {os.path.basename(notes)}; kept when the '
+          'tables are rebuilt)', '',
+          f.read().strip(), ''
+      ]
   with open(md_path, 'w') as f:
     f.write('\n'.join(lines) + '\n')
   return md_path

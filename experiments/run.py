@@ -54,15 +54,15 @@ MAX_CURVE_POINTS = 1000
 STDERR_TAIL_LINES = 25
 CURVE_KEYS = ('reward_mean', 'reward_std', 'accuracy', 'entropy', 'asym', 'format/entropy',
               'response_length', 'approx_kl', 'clip_frac_high', 'clip_frac_low', 'asym_gated',
-              'coef_mass_vs_gspo', 'frac_traj_gated',
-              'compute/generated_tokens', 'compute/update_steps', 'compute/rollouts',
-              'compute/prompts', 'time_sample', 'time_update')
+              'coef_mass_vs_gspo', 'frac_traj_gated', 'compute/generated_tokens',
+              'compute/update_steps', 'compute/rollouts', 'compute/prompts', 'time_sample',
+              'time_update')
 CURVE_PATTERNS = ('eval/', 'energy', 'diag/', 'delta/')
-
 
 # ---------------------------------------------------------------------------------------------
 # Run specs and commands.
 # ---------------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
@@ -72,7 +72,7 @@ class RunSpec:
   seed: int
   num_steps: int
   config_arg: str
-  overrides: tuple        # ((key, value), ...): shared + run overrides + seed + num_steps
+  overrides: tuple  # ((key, value), ...): shared + run overrides + seed + num_steps
 
   @property
   def run_id(self):
@@ -99,18 +99,20 @@ def override_flags(spec):
 
 def trainer_command(spec, workdir):
   """The `python -m jtc.train` argv of `spec` (the default command factory)."""
-  return [sys.executable, '-m', 'jtc.train', f'--config={spec.config_path}',
-          f'--workdir={workdir}'] + override_flags(spec)
+  return [
+      sys.executable, '-m', 'jtc.train', f'--config={spec.config_path}', f'--workdir={workdir}'
+  ] + override_flags(spec)
 
 
 def make_specs(sweep, seeds):
   specs = []
-  for seed in range(seeds):                       # seed-major: partial sweeps stay balanced
+  for seed in range(seeds):  # seed-major: partial sweeps stay balanced
     for run in sweep.runs:
-      overrides = (tuple(sweep.shared) + tuple(run.overrides)
-                   + (('seed', seed), ('num_steps', sweep.num_steps)))
-      specs.append(RunSpec(sweep=sweep.name, run=run, seed=seed, num_steps=sweep.num_steps,
-                           config_arg=sweep.config_arg, overrides=overrides))
+      overrides = (tuple(sweep.shared) + tuple(run.overrides) + (('seed', seed),
+                                                                 ('num_steps', sweep.num_steps)))
+      specs.append(
+          RunSpec(sweep=sweep.name, run=run, seed=seed, num_steps=sweep.num_steps,
+                  config_arg=sweep.config_arg, overrides=overrides))
   return specs
 
 
@@ -147,6 +149,7 @@ def validate_spec(spec):
 # ---------------------------------------------------------------------------------------------
 # Per-run summaries.
 # ---------------------------------------------------------------------------------------------
+
 
 def read_metrics(workdir):
   """Records of `<workdir>/metrics.jsonl` (a torn last line is ignored)."""
@@ -187,13 +190,27 @@ def is_finished(records, num_steps):
 def make_summary(spec, workdir, records, *, wall_time_s, command):
   final = next((r for r in reversed(records) if r.get('step') == spec.num_steps), records[-1])
   return {
-      'sweep': spec.sweep, 'run': spec.run.name, 'label': spec.run.label,
-      'group': spec.run.group, 'config': spec.run.config, 'config_arg': spec.config_arg,
-      'seed': spec.seed, 'num_steps': spec.num_steps, 'key': spec.key,
-      'overrides': {k: v for k, v in spec.overrides}, 'command': shlex.join(command),
-      'workdir': workdir, 'wall_time_s': wall_time_s,
-      'final': {k: v for k, v in final.items() if _is_number(v)},
-      'compute': {k: v for k, v in final.items() if k.startswith('compute/')},
+      'sweep': spec.sweep,
+      'run': spec.run.name,
+      'label': spec.run.label,
+      'group': spec.run.group,
+      'config': spec.run.config,
+      'config_arg': spec.config_arg,
+      'seed': spec.seed,
+      'num_steps': spec.num_steps,
+      'key': spec.key,
+      'overrides': {
+          k: v for k, v in spec.overrides
+      },
+      'command': shlex.join(command),
+      'workdir': workdir,
+      'wall_time_s': wall_time_s,
+      'final': {
+          k: v for k, v in final.items() if _is_number(v)
+      },
+      'compute': {
+          k: v for k, v in final.items() if k.startswith('compute/')
+      },
       'curves': extract_curves(records),
   }
 
@@ -238,6 +255,7 @@ def _write_json(path, obj):
 # Launching.
 # ---------------------------------------------------------------------------------------------
 
+
 def _say(*args):
   print(*args, flush=True)
 
@@ -249,8 +267,7 @@ def _tail(path, n=STDERR_TAIL_LINES):
     return ''.join(f.readlines()[-n:])
 
 
-def execute(spec, *, results_dir, workroot, make_command=trainer_command, log=_say,
-            replace=False):
+def execute(spec, *, results_dir, workroot, make_command=trainer_command, log=_say, replace=False):
   """Runs (or resumes, skips, reuses) one spec: ('skipped'|'reused'|'ok'|'failed', detail).
 
   A summary of the same run id with OTHER settings is never replaced without ``replace``: the
@@ -289,8 +306,8 @@ def execute(spec, *, results_dir, workroot, make_command=trainer_command, log=_s
     records = read_metrics(workdir)
     failed_path = os.path.join(results_dir, 'runs', f'{spec.run_id}.failed.txt')
     if rc != 0 or not is_finished(records, spec.num_steps):
-      why = (f'exit status {rc}' if rc != 0 else
-             f'exit status 0 but metrics.jsonl has no step {spec.num_steps}')
+      why = (f'exit status {rc}'
+             if rc != 0 else f'exit status 0 but metrics.jsonl has no step {spec.num_steps}')
       detail = f'{why}\n$ {shlex.join(command)}\n{_tail(os.path.join(workdir, "stderr.log"))}'
       os.makedirs(os.path.dirname(failed_path), exist_ok=True)
       with open(failed_path, 'w') as f:
@@ -310,7 +327,7 @@ def run_sweep(sweep, *, seeds, jobs, results_dir, workroot, make_command=trainer
   results = {}
   invalid = {}
   if validate:
-    for spec in specs[:len(sweep.runs)]:       # the configs differ by run, not by seed
+    for spec in specs[:len(sweep.runs)]:  # the configs differ by run, not by seed
       try:
         validate_spec(spec)
       except ValueError as e:
@@ -322,7 +339,7 @@ def run_sweep(sweep, *, seeds, jobs, results_dir, workroot, make_command=trainer
   specs = [s for s in specs if s.run.name not in invalid]
   lock = threading.Lock()
 
-  def locked_log(*args):                           # one line at a time from parallel runs
+  def locked_log(*args):  # one line at a time from parallel runs
     with lock:
       log(*args)
 
@@ -334,8 +351,8 @@ def run_sweep(sweep, *, seeds, jobs, results_dir, workroot, make_command=trainer
       status, detail = 'failed', f'{type(e).__name__}: {e}'
     with lock:
       results[spec.run_id] = (status, detail)
-      log(f'[{spec.run_id}] {status} ({len(results)}/{total})'
-          + (f'\n{detail}' if status == 'failed' else ''))
+      log(f'[{spec.run_id}] {status} ({len(results)}/{total})' +
+          (f'\n{detail}' if status == 'failed' else ''))
 
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
     list(pool.map(one, specs))
@@ -357,10 +374,10 @@ def main(argv=None, *, make_command=trainer_command, results_root=RESULTS_DIR):
   parser = argparse.ArgumentParser(
       prog='python -m experiments.run', description=__doc__.split('\n\n')[0],
       epilog='Results go to experiments/results/<sweep>.md (tables, discussion) and '
-             'experiments/results/<sweep>/ (per-run summaries runs/*.json, curves.png, '
-             'invocation.json); --smoke and resized sweeps (--num-steps) go under '
-             'experiments/results/smoke/ and experiments/results/scratch/ instead. Trainer '
-             'workdirs go to --workroot.')
+      'experiments/results/<sweep>/ (per-run summaries runs/*.json, curves.png, '
+      'invocation.json); --smoke and resized sweeps (--num-steps) go under '
+      'experiments/results/smoke/ and experiments/results/scratch/ instead. Trainer '
+      'workdirs go to --workroot.')
   parser.add_argument('sweep', help=f'one of {sorted(sweeps_lib.SWEEPS)}')
   parser.add_argument('--seeds', type=int, default=None,
                       help="seeds 0..N-1 per config (default: the sweep's own)")
@@ -370,14 +387,16 @@ def main(argv=None, *, make_command=trainer_command, results_root=RESULTS_DIR):
                       help='the seconds-long form of the sweep (results under smoke/)')
   parser.add_argument('--workroot', default=DEFAULT_WORKROOT,
                       help=f'where trainer workdirs go (default {DEFAULT_WORKROOT})')
-  parser.add_argument('--num-steps', type=int, default=None,
-                      help="replaces the sweep's num_steps knob; unless it equals the sweep's "
-                           'own, results go under scratch/ (see --canonical)')
+  parser.add_argument(
+      '--num-steps', type=int, default=None,
+      help="replaces the sweep's num_steps knob; unless it equals the sweep's "
+      'own, results go under scratch/ (see --canonical)')
   parser.add_argument('--canonical', action='store_true',
                       help='write a resized sweep to the committed results anyway')
-  parser.add_argument('--replace', action='store_true',
-                      help='re-run and replace per-run summaries written with other settings '
-                           '(refused otherwise)')
+  parser.add_argument(
+      '--replace', action='store_true',
+      help='re-run and replace per-run summaries written with other settings '
+      '(refused otherwise)')
   parser.add_argument('--results-root', default=results_root,
                       help=f'root of the results files (default {results_root})')
   parser.add_argument('--tables-only', action='store_true',
@@ -388,39 +407,41 @@ def main(argv=None, *, make_command=trainer_command, results_root=RESULTS_DIR):
   sweep = sweeps_lib.get_sweep(args.sweep, smoke=args.smoke, num_steps=args.num_steps)
   resized = sweep.num_steps != sweeps_lib.get_sweep(args.sweep, smoke=args.smoke).num_steps
   seeds = args.seeds or sweep.seeds
-  results_dir, md_path = result_paths(sweep.name, smoke=args.smoke,
-                                      scratch=resized and not args.canonical,
-                                      results_root=args.results_root)
+  results_dir, md_path = result_paths(sweep.name, smoke=args.smoke, scratch=resized and
+                                      not args.canonical, results_root=args.results_root)
   os.makedirs(results_dir, exist_ok=True)
   command = 'python -m experiments.run ' + shlex.join(sys.argv[1:] if argv is None else argv)
   t0 = time.time()
   invocation_path = os.path.join(results_dir, 'invocation.json')
   invocation = {'command': command, 'wall_time_s': 0.0, 'revision': None}
-  if os.path.exists(invocation_path):              # the sweep's own command and wall time
+  if os.path.exists(invocation_path):  # the sweep's own command and wall time
     with open(invocation_path) as f:
       invocation = json.load(f)
   if args.tables_only:
     failures = report.failures_on_disk(results_dir)
   else:
     est = sweeps_lib.estimate_seconds(sweep, seeds=seeds)
-    print(f'{sweep.name}: {len(sweep.runs)} configs x {seeds} seeds, {sweep.num_steps} steps; '
-          f'estimated {est / 60:.0f} min of machine time; results in {md_path}', flush=True)
+    print(
+        f'{sweep.name}: {len(sweep.runs)} configs x {seeds} seeds, {sweep.num_steps} steps; '
+        f'estimated {est / 60:.0f} min of machine time; results in {md_path}', flush=True)
     results = run_sweep(sweep, seeds=seeds, jobs=args.jobs, results_dir=results_dir,
-                        workroot=args.workroot, make_command=make_command,
-                        replace=args.replace)
+                        workroot=args.workroot, make_command=make_command, replace=args.replace)
     failures = {k: d for k, (s, d) in results.items() if s == 'failed'}
     if all(status == 'skipped' for status, _ in results.values()) and os.path.exists(md_path):
       print(f'nothing new: every run was already summarised; {md_path} left as it is')
       return 0
-    invocation = {'command': command, 'wall_time_s': time.time() - t0,
-                  'revision': report.code_revision()}
+    invocation = {
+        'command': command,
+        'wall_time_s': time.time() - t0,
+        'revision': report.code_revision()
+    }
     _write_json(invocation_path, invocation)
-  path = report.write_results(
-      sweep, results_dir=results_dir, md_path=md_path, command=invocation['command'],
-      wall_time_s=invocation['wall_time_s'], revision=invocation['revision'], failures=failures,
-      rebuilt_by=command if args.tables_only else None)
-  print(f'wrote {path}' + (f'; {len(failures)} run(s) FAILED: {sorted(failures)}'
-                           if failures else ''))
+  path = report.write_results(sweep, results_dir=results_dir, md_path=md_path,
+                              command=invocation['command'], wall_time_s=invocation['wall_time_s'],
+                              revision=invocation['revision'], failures=failures,
+                              rebuilt_by=command if args.tables_only else None)
+  print(f'wrote {path}' +
+        (f'; {len(failures)} run(s) FAILED: {sorted(failures)}' if failures else ''))
   return 1 if failures else 0
 
 

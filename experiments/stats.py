@@ -27,9 +27,9 @@ import numpy as np
 
 DEFAULT_RESAMPLES = 10_000
 MAX_EXACT_PAIRS = 20  # paired_signflip_pvalue enumerates all 2^n sign patterns up to this n
-_TIE_TOL = 1e-9       # a pattern's |sum| within this x sum|d| of the observed one is a tie
+_TIE_TOL = 1e-9  # a pattern's |sum| within this x sum|d| of the observed one is a tie
 _PATTERN_CHUNK = 1 << 16  # sign patterns scored per vectorised block (bounds memory)
-_ZERO_TOL = 1e-12     # |mean(x - y)| below this x max|x|, |y| counts as exactly 0
+_ZERO_TOL = 1e-12  # |mean(x - y)| below this x max|x|, |y| counts as exactly 0
 
 
 def _as_1d(x, name):
@@ -89,7 +89,7 @@ def paired_bootstrap_pvalue(x, y, *, num_resamples=DEFAULT_RESAMPLES, seed=0):
     return float('nan')
   observed = abs(d.mean())
   if observed <= _ZERO_TOL * max(np.abs(x).max(), np.abs(y).max(), 1e-300):
-    return 1.0                                 # no difference beyond float rounding
+    return 1.0  # no difference beyond float rounding
   means = _resampled_means(d - d.mean(), num_resamples=num_resamples, seed=seed)
   extreme = np.count_nonzero(np.abs(means) >= observed)
   return float((1 + extreme) / (1 + num_resamples))
@@ -128,7 +128,7 @@ def min_attainable_p(n, *, num_resamples=DEFAULT_RESAMPLES):
   if n < 2:
     return float('nan')
   if n <= MAX_EXACT_PAIRS:
-    return 2.0 ** (1 - n)
+    return 2.0**(1 - n)
   return 1.0 / (1 + num_resamples)
 
 
@@ -163,7 +163,7 @@ def paired_signflip_pvalue(x, y, *, num_resamples=DEFAULT_RESAMPLES, seed=0):
     return float('nan')
   observed = abs(d.sum())
   if observed <= n * _ZERO_TOL * max(np.abs(x).max(), np.abs(y).max(), 1e-300):
-    return 1.0                                 # no difference beyond float rounding
+    return 1.0  # no difference beyond float rounding
   threshold = observed - _TIE_TOL * np.abs(d).sum()
   if n <= MAX_EXACT_PAIRS:
     extreme = 0

@@ -48,11 +48,11 @@ EVAL_SECONDS = 2.0
 @dataclasses.dataclass(frozen=True)
 class Run:
   """One row of a sweep: `configs/<config>.py` with `--config.<key>=<value>` overrides."""
-  name: str                      # unique, filesystem-safe id inside the sweep
-  config: str                    # method config name, e.g. 'gspo'
-  label: str                     # row label in the tables, e.g. 'DFPO (Min-Replace)'
-  overrides: tuple = ()          # ((key, value), ...) on top of the sweep's shared overrides
-  group: str = ''                # Table 4: 'G=2', ...; comparisons are within a group
+  name: str  # unique, filesystem-safe id inside the sweep
+  config: str  # method config name, e.g. 'gspo'
+  label: str  # row label in the tables, e.g. 'DFPO (Min-Replace)'
+  overrides: tuple = ()  # ((key, value), ...) on top of the sweep's shared overrides
+  group: str = ''  # Table 4: 'G=2', ...; comparisons are within a group
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,19 +60,19 @@ class Table:
   """One results table. `metric` is '<extractor>:<metric key>' (see report.EXTRACTORS)."""
   title: str
   metric: str
-  unit: str = ''                 # column header suffix, e.g. '(%)'
-  scale: float = 1.0             # multiply values for display (100 for accuracies)
+  unit: str = ''  # column header suffix, e.g. '(%)'
+  scale: float = 1.0  # multiply values for display (100 for accuracies)
   higher_is_better: bool = True
-  normalize: bool = False        # Table 2: divide by the baseline's mean (ratio of means)
-  threshold: object = None       # compute_at: a float, or 'auto' (see report.auto_threshold)
-  by_group: bool = False         # Table 4 layout: one row per group, columns per label
-  rows: tuple = ()               # labels to show ('' = all runs of the sweep)
-  paper: tuple = ()              # ((label or group, value string), ...) the paper's numbers
-  expect: tuple = ()             # ((label, group or (group, label), '>' | '<'), ...): the
-                                 # paper's direction vs the baseline ('>' = larger)
-  baseline: str = ''             # label compared against; '' = the sweep's baseline
-  prediction: str = ''           # the paper's prediction (metric, sign), written before the run
-  digits: object = None          # decimals shown (None: 3 for ratios and raw values, else 1)
+  normalize: bool = False  # Table 2: divide by the baseline's mean (ratio of means)
+  threshold: object = None  # compute_at: a float, or 'auto' (see report.auto_threshold)
+  by_group: bool = False  # Table 4 layout: one row per group, columns per label
+  rows: tuple = ()  # labels to show ('' = all runs of the sweep)
+  paper: tuple = ()  # ((label or group, value string), ...) the paper's numbers
+  expect: tuple = ()  # ((label, group or (group, label), '>' | '<'), ...): the
+  # paper's direction vs the baseline ('>' = larger)
+  baseline: str = ''  # label compared against; '' = the sweep's baseline
+  prediction: str = ''  # the paper's prediction (metric, sign), written before the run
+  digits: object = None  # decimals shown (None: 3 for ratios and raw values, else 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,15 +80,15 @@ class Sweep:
   name: str
   description: str
   runs: tuple
-  baseline: str                  # label of the baseline run (per group when grouped)
+  baseline: str  # label of the baseline run (per group when grouped)
   tables: tuple
-  num_steps: int                 # THE sizing knob
-  seeds: int                     # default number of seeds
-  shared: tuple = ()             # ((key, value), ...) overrides applied to every run
-  config_arg: str = ''           # '' | 'smoke'
+  num_steps: int  # THE sizing knob
+  seeds: int  # default number of seeds
+  shared: tuple = ()  # ((key, value), ...) overrides applied to every run
+  config_arg: str = ''  # '' | 'smoke'
   curve_keys: tuple = ('reward_mean', 'accuracy', 'entropy', 'asym', 'format/entropy',
                        'response_length')
-  plot_x: str = 'step'           # or 'compute/generated_tokens'
+  plot_x: str = 'step'  # or 'compute/generated_tokens'
   smoke: bool = False
 
   def run_by_name(self, name):
@@ -111,14 +111,13 @@ def estimate_seconds(sweep, *, seeds=None, step_seconds=STEP_SECONDS):
 # ---------------------------------------------------------------------------------------------
 
 SEEDS = 8
-FINAL_AVG = 'final:eval/avg@'    # the eval/avg@K key, K = config.eval.sampling.num_samples
+FINAL_AVG = 'final:eval/avg@'  # the eval/avg@K key, K = config.eval.sampling.num_samples
 BETTER, LOWER = '>', '<'
 GATED = (('loss.hparams.clip_gating', 'gspo'),)
 
 GSPO = Run('gspo', 'gspo', 'GSPO')
 DFPO_MIN = Run('dfpo_min_replace', 'dfpo_min_replace', 'DFPO (Min-Replace)')
-DFPO_GATED = Run('dfpo_min_replace_gated', 'dfpo_min_replace', 'DFPO (Min-Replace, gated)',
-                 GATED)
+DFPO_GATED = Run('dfpo_min_replace_gated', 'dfpo_min_replace', 'DFPO (Min-Replace, gated)', GATED)
 GRPO = Run('grpo', 'grpo', 'GRPO')
 GRPO_FIX = Run('grpo_fix', 'grpo_fix', 'GRPO-fix')
 DFPO_LABELS = (DFPO_MIN.label, DFPO_GATED.label)
@@ -148,8 +147,9 @@ def _expect(runs, labels, op):
 
 
 def _lr_runs(runs, smoke):
-  out = [at(r, f'lr={name}', ('optim.learning_rate', lr)) for name, lr in LEARNING_RATES
-         for r in runs]
+  out = [
+      at(r, f'lr={name}', ('optim.learning_rate', lr)) for name, lr in LEARNING_RATES for r in runs
+  ]
   return tuple(r for r in out if not smoke or r.group == 'lr=1e-4')
 
 
@@ -169,25 +169,28 @@ TABLE1_PREDICTION = ('paper Table 1 (AIME25 avg@32, Qwen3-32B): DFPO (Min-Replac
 def table1(smoke=False):
   runs = _lr_runs(TABLE1_RUNS, smoke)
   return _sweep(
-      'table1', smoke,
+      'table1',
+      smoke,
       description=('Paper Table 1: held-out avg@k after compute-matched RL from the same base '
                    'policy, at two peak learning rates (1e-4, the best DFPO rate of the first '
                    'stepsize control, and the default 2e-4), with DFPO under both readings of '
                    "GSPO's clip (literal Eq. 68: no trajectory is switched off; gated: GSPO's "
                    'gating kept, Theorem C.1). 8 seeds.'),
-      runs=runs, baseline='GSPO',
-      tables=(Table('Held-out accuracy vs GSPO (Table 1), by learning rate', FINAL_AVG,
-                    unit='(%)', scale=100.0, by_group=True, prediction=TABLE1_PREDICTION,
-                    paper=(('lr=1e-4', 'DFPO +5.6, GRPO-fix +3.7'),
-                           ('lr=2e-4', 'DFPO +5.6, GRPO-fix +3.7')),
-                    expect=_expect(runs, DFPO_LABELS + ('GRPO-fix',), BETTER)),
+      runs=runs,
+      baseline='GSPO',
+      tables=(Table(
+          'Held-out accuracy vs GSPO (Table 1), by learning rate', FINAL_AVG, unit='(%)',
+          scale=100.0, by_group=True, prediction=TABLE1_PREDICTION,
+          paper=(('lr=1e-4', 'DFPO +5.6, GRPO-fix +3.7'), ('lr=2e-4', 'DFPO +5.6, GRPO-fix +3.7')),
+          expect=_expect(runs, DFPO_LABELS + ('GRPO-fix',), BETTER)),
               Table('Held-out accuracy: GRPO-fix vs GRPO (symmetric clip), by learning rate',
                     FINAL_AVG, unit='(%)', scale=100.0, by_group=True, baseline='GRPO',
                     rows=('GRPO', 'GRPO-fix'), prediction=TABLE1_PREDICTION,
                     paper=(('lr=1e-4', '+3.7'), ('lr=2e-4', '+3.7')),
                     expect=_expect(runs, ('GRPO-fix',), BETTER)),
-              Table('Effective step: |coefficient| mass relative to GSPO on the same '
-                    'mini-batch, mean over training', 'mean:coef_mass_vs_gspo', by_group=True),
+              Table(
+                  'Effective step: |coefficient| mass relative to GSPO on the same '
+                  'mini-batch, mean over training', 'mean:coef_mass_vs_gspo', by_group=True),
               Table('Trajectories whose gradient is switched off, mean over training',
                     'mean:frac_traj_gated', by_group=True),
               Table('Policy change per update: k3 KL(behaviour || updated), mean over training',
@@ -203,12 +206,14 @@ def mechanism(smoke=False):
           'lower Asym (Eq. 23) and less gradient energy on high-frequency tokens (Eq. 24) '
           'than GSPO (resp. GRPO).')
   return _sweep(
-      'mechanism', smoke,
+      'mechanism',
+      smoke,
       description=('Paper Sec. 6.1 mechanism diagnostics over training, from the table1 runs: '
                    'the shared-token net gradient and residual (Prop. 3.1), Asym (Eq. 23 with '
                    "Eq. 14's weights), high-frequency Energy (Eq. 24), all measured where the "
                    'update is off-policy (every mini-batch after the first of a step).'),
-      runs=runs, baseline='GSPO',
+      runs=runs,
+      baseline='GSPO',
       curve_keys=('diag/shared_net_share', 'diag/shared_residual', 'asym', 'diag/energy_b0',
                   'coef_mass_vs_gspo', 'entropy'),
       tables=(Table('Net gradient on whole-group-shared tokens / total (diag/shared_net_share)',
@@ -232,18 +237,21 @@ def table2(smoke=False):
           'compute (0.91x GSPO) and its reward curve is smoother (Jitter2 lower, Eq. 21).')
   expect = lambda op: _expect(runs, DFPO_LABELS, op)
   return _sweep(
-      'table2', smoke,
+      'table2',
+      smoke,
       description=('Paper Table 2 / Figure 2: generated tokens to reach a training-reward '
                    'threshold (x GSPO, per learning rate) and Jitter2 (Eq. 20) of the per-step '
                    'reward; the table1 runs. Thresholds fixed before the run: 0.60 and 0.65 '
                    '(5-step trailing mean; jtc.curves.compute_at_threshold).'),
-      runs=runs, baseline='GSPO', plot_x='compute/generated_tokens',
-      tables=tuple(Table(f'Generated tokens to reach training reward {thr:.2f}',
-                         'compute_at:reward_mean', threshold=thr, by_group=True,
-                         unit='(tokens)', digits=0, prediction=pred, expect=expect(LOWER))
-                   for thr in (0.60, 0.65)) + (
-                       Table('Jitter2 of the reward curve (Eq. 20-21)', 'jitter2:reward_mean',
-                             by_group=True, prediction=pred, expect=expect(LOWER)),),
+      runs=runs,
+      baseline='GSPO',
+      plot_x='compute/generated_tokens',
+      tables=tuple(
+          Table(f'Generated tokens to reach training reward {thr:.2f}', 'compute_at:reward_mean',
+                threshold=thr, by_group=True, unit='(tokens)', digits=0, prediction=pred,
+                expect=expect(LOWER)) for thr in (0.60, 0.65)) +
+      (Table('Jitter2 of the reward curve (Eq. 20-21)', 'jitter2:reward_mean', by_group=True,
+             prediction=pred, expect=expect(LOWER)),),
   )
 
 
@@ -256,59 +264,65 @@ def table3(smoke=False):
                (('loss.hparams.global_scale', 0.5),))
   scaled_gated = Run('dfpo_scale_0.5_gated', 'dfpo_min_replace', 'DFPO (scale by 0.5, gated)',
                      (('loss.hparams.global_scale', 0.5),) + GATED)
-  runs = tuple(at(r, 'lr=1e-4', lr) for r in (GSPO, DFPO_MIN, DFPO_GATED, no_sg, scaled,
-                                              scaled_gated))
+  runs = tuple(
+      at(r, 'lr=1e-4', lr) for r in (GSPO, DFPO_MIN, DFPO_GATED, no_sg, scaled, scaled_gated))
   pred = ('paper Table 3: DFPO without stop-gradient (75.6) and DFPO scaled by 0.5 (75.1) '
           'are below DFPO (82.5); "not solely a smaller effective step size".')
   return _sweep(
-      'table3', smoke,
+      'table3',
+      smoke,
       description=('Paper Table 3 at peak learning rate 1e-4: DFPO (Min-Replace) without the '
                    'stop-gradient on the transform, and with the transform replaced by a global '
                    "0.5 scale, under both readings of GSPO's clip (gated: exactly 0.5 x GSPO's "
                    'gradient). Baseline: DFPO (Min-Replace), literal.'),
-      runs=runs, baseline='DFPO (Min-Replace)',
-      tables=(Table('Held-out accuracy vs DFPO (Table 3)', FINAL_AVG, unit='(%)', scale=100.0,
-                    by_group=True, prediction=pred,
-                    paper=(('lr=1e-4', 'no stop-grad -6.9, scale -7.4'),),
-                    expect=_expect(runs, ('DFPO (no stop-grad)', 'DFPO (scale by 0.5)'), LOWER)
-                    + _expect(runs, ('GSPO',), LOWER)),
+      runs=runs,
+      baseline='DFPO (Min-Replace)',
+      tables=(Table(
+          'Held-out accuracy vs DFPO (Table 3)', FINAL_AVG, unit='(%)', scale=100.0, by_group=True,
+          prediction=pred, paper=(('lr=1e-4', 'no stop-grad -6.9, scale -7.4'),),
+          expect=_expect(runs, ('DFPO (no stop-grad)', 'DFPO (scale by 0.5)'), LOWER) +
+          _expect(runs, ('GSPO',), LOWER)),
               Table('The scaled rows against gated DFPO', FINAL_AVG, unit='(%)', scale=100.0,
                     by_group=True, baseline='DFPO (Min-Replace, gated)',
                     rows=('DFPO (Min-Replace, gated)', 'DFPO (scale by 0.5, gated)'),
                     prediction=pred, expect=_expect(runs, ('DFPO (scale by 0.5, gated)',), LOWER)),
-              Table('Effective step relative to GSPO, mean over training',
-                    'mean:coef_mass_vs_gspo', by_group=True)),
+              Table('Effective step relative to GSPO, mean over training', 'mean:coef_mass_vs_gspo',
+                    by_group=True)),
   )
 
 
-OFFPOLICY = (('mb=1', (('optim.minibatch_prompts', 16),)),       # one update: on-policy
-             ('mb=2', ()),                                         # the table1 runs
-             ('mb=8', (('optim.minibatch_prompts', 2),)),
-             ('mb=2,epochs=2', (('optim.ppo_epochs', 2),)))
+OFFPOLICY = (
+    ('mb=1', (('optim.minibatch_prompts', 16),)),  # one update: on-policy
+    ('mb=2', ()),  # the table1 runs
+    ('mb=8', (('optim.minibatch_prompts', 2),)),
+    ('mb=2,epochs=2', (('optim.ppo_epochs', 2),)))
 
 
 def offpolicy(smoke=False):
   """How far off-policy the updates are: mini-batches per step and PPO epochs, at lr 1e-4."""
   lr = ('optim.learning_rate', 1e-4)
-  runs = tuple(at(r, group, lr, *ov) for group, ov in OFFPOLICY
-               for r in (GSPO, DFPO_MIN, DFPO_GATED))
+  runs = tuple(
+      at(r, group, lr, *ov) for group, ov in OFFPOLICY for r in (GSPO, DFPO_MIN, DFPO_GATED))
   if smoke:
     runs = tuple(r for r in runs if r.group in ('mb=1', 'mb=2'))
-  pred = ("paper App. B / D: DFPO differs from GSPO only off-policy (on-policy every ratio is 1 "
+  pred = ('paper App. B / D: DFPO differs from GSPO only off-policy (on-policy every ratio is 1 '
           'and the transforms are the identity), so DFPO - GSPO should be 0 at mb=1 and '
           'grow in the paper\'s direction (DFPO > GSPO) as updates go further off-policy.')
   return _sweep(
-      'offpolicy', smoke,
+      'offpolicy',
+      smoke,
       description=('The off-policy axis at peak learning rate 1e-4: mini-batches per RL step '
                    '(mb=1: one update per step, exactly on-policy; 2: the default and the '
                    'table1 runs; 8) and two PPO epochs; GSPO vs DFPO (Min-Replace) under both '
                    'readings. mb=1 is a negative control: DFPO and GSPO must coincide there.'),
-      runs=runs, baseline='GSPO',
-      tables=(Table('Held-out accuracy vs GSPO by off-policy setting', FINAL_AVG, unit='(%)',
-                    scale=100.0, by_group=True, prediction=pred,
-                    expect=tuple(e for e in _expect(runs, DFPO_LABELS, BETTER) if e[0][0] != 'mb=1')),
-              Table('Effective step relative to GSPO, mean over training',
-                    'mean:coef_mass_vs_gspo', by_group=True),
+      runs=runs,
+      baseline='GSPO',
+      tables=(Table(
+          'Held-out accuracy vs GSPO by off-policy setting', FINAL_AVG, unit='(%)', scale=100.0,
+          by_group=True, prediction=pred,
+          expect=tuple(e for e in _expect(runs, DFPO_LABELS, BETTER) if e[0][0] != 'mb=1')),
+              Table('Effective step relative to GSPO, mean over training', 'mean:coef_mass_vs_gspo',
+                    by_group=True),
               Table('Policy change per update: k3 KL(behaviour || updated), mean over training',
                     'mean:approx_kl', unit='(x 1e-5)', scale=1e5, by_group=True)),
   )
@@ -335,7 +349,11 @@ def drift(smoke=False):
               'exchangeable objectives, so diag/shared_net_share is lower for DFPO and GRPO-fix '
               'than for GSPO.')
   return _sweep(
-      'drift', smoke, num_steps=n, seeds=1 if smoke else SEEDS, shared=PHRASING + shared,
+      'drift',
+      smoke,
+      num_steps=n,
+      seeds=1 if smoke else SEEDS,
+      shared=PHRASING + shared,
       description=('Drift between exactly equivalent solutions and the learning tax on shared '
                    'tokens, on the phrasing task (jtc/tasks/phrasing.py: identical reasoning, '
                    'then one of three equally long phrasings; every completion starts with the '
@@ -343,10 +361,10 @@ def drift(smoke=False):
                    f'{n} RL steps at the default learning rate 2e-4. The phrasing entropy and '
                    'log-shares are exact (eval/probe/*: log-probs of the three correct solutions '
                    'of 64 fixed held-out problems), not sampled.'),
-      runs=runs, baseline='GSPO',
+      runs=runs,
+      baseline='GSPO',
       curve_keys=('eval/probe/format_entropy', 'eval/probe/scaffold_logprob',
-                  'diag/shared_net_share', 'diag/shared_energy', 'format/entropy',
-                  'reward_mean'),
+                  'diag/shared_net_share', 'diag/shared_energy', 'format/entropy', 'reward_mean'),
       tables=(Table('Change of the exact phrasing entropy over training (nats)',
                     'change:eval/probe/format_entropy', prediction=pred_drift, digits=4,
                     expect=(('DFPO (Min-Replace)', BETTER), ('GRPO-fix', BETTER))),
@@ -355,9 +373,9 @@ def drift(smoke=False):
               Table('Net gradient on whole-group-shared tokens / total, mean over training',
                     'mean:diag/shared_net_share', prediction=pred_tax, digits=4,
                     expect=(('DFPO (Min-Replace)', LOWER), ('GRPO-fix', LOWER))),
-              Table('Change of log pi(scaffold) over training', 
-                    'change:eval/probe/scaffold_logprob', digits=4),
-              Table('Held-out accuracy', FINAL_AVG, unit='(%)', scale=100.0)),
+              Table('Change of log pi(scaffold) over training',
+                    'change:eval/probe/scaffold_logprob',
+                    digits=4), Table('Held-out accuracy', FINAL_AVG, unit='(%)', scale=100.0)),
   )
 
 
@@ -368,8 +386,8 @@ DELTA_RUNS = (('full', 'DelTA'), ('no_normalization', 'w/o lambda-norm'),
 
 def delta(smoke=False):
   dapo = Run('dapo', 'dapo', 'DAPO')
-  runs = (dapo,) + tuple(Run(f'delta_{a}', 'delta', lab, (('delta.ablation', a),))
-                         for a, lab in DELTA_RUNS)
+  runs = (dapo,) + tuple(
+      Run(f'delta_{a}', 'delta', lab, (('delta.ablation', a),)) for a, lab in DELTA_RUNS)
   if smoke:
     runs = tuple(r for r in runs if r.name in ('dapo', 'delta_full', 'delta_no_normalization',
                                                'delta_select_top', 'delta_select_random'))
@@ -380,23 +398,26 @@ def delta(smoke=False):
   pred_sel = ('DelTA paper Figure 3: training on the top-lambda half of the tokens beats the '
               'bottom-lambda half (which collapses); random 50% stays near DAPO.')
   return _sweep(
-      'delta', smoke, shared=_shared(_steps(smoke), ('dapo.dynamic_sampling', False),
-                                     ('dapo.overlong_buffer', 8)),
+      'delta',
+      smoke,
+      shared=_shared(_steps(smoke), ('dapo.dynamic_sampling', False), ('dapo.overlong_buffer', 8)),
       description=('DelTA paper: DAPO vs DelTA, the two component ablations whose instrument was '
                    'fixed (w/o lambda-norm now trains on sum(lambda ppo) / N; the fixed gamma is '
                    'stated in units of E||v||^2), and Figure 3 hard selection of half of the '
                    'tokens of EACH advantage side by lambda. Dynamic sampling off for all methods '
                    '(as in the DelTA paper), overlong shaping on for all.'),
-      runs=runs, baseline='DAPO',
+      runs=runs,
+      baseline='DAPO',
       tables=(Table('DelTA vs DAPO (DelTA Table 3)', FINAL_AVG, unit='(%)', scale=100.0,
                     rows=('DAPO', 'DelTA'), prediction=pred,
                     paper=(('DAPO', '19.05'), ('DelTA', '23.27')), expect=(('DelTA', BETTER),)),
-              Table('Components against full DelTA (DelTA Table 4)', FINAL_AVG, unit='(%)',
-                    scale=100.0, baseline='DelTA', prediction=pred,
-                    rows=rows('DelTA', 'w/o lambda-norm', 'w/o adaptive gamma'),
-                    paper=(('DelTA', '23.27'), ('w/o lambda-norm', '21.39'),
-                           ('w/o adaptive gamma', '21.19')),
-                    expect=(('w/o lambda-norm', LOWER), ('w/o adaptive gamma', LOWER))),
+              Table(
+                  'Components against full DelTA (DelTA Table 4)', FINAL_AVG, unit='(%)',
+                  scale=100.0, baseline='DelTA', prediction=pred,
+                  rows=rows('DelTA', 'w/o lambda-norm', 'w/o adaptive gamma'),
+                  paper=(('DelTA', '23.27'), ('w/o lambda-norm', '21.39'), ('w/o adaptive gamma',
+                                                                            '21.19')),
+                  expect=(('w/o lambda-norm', LOWER), ('w/o adaptive gamma', LOWER))),
               Table('Token selection (DelTA Figure 3), against the random half', FINAL_AVG,
                     unit='(%)', scale=100.0, baseline='Random 50% tokens', prediction=pred_sel,
                     rows=rows('Random 50% tokens', 'Top-lambda tokens', 'Bottom-lambda tokens'),

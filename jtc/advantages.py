@@ -75,8 +75,7 @@ def _check_args(name, rewards_B, group_size, eps, std_ddof):
     raise ValueError(f'eps={eps!r} must be >= 0')
 
 
-def compute_advantages(name, rewards_B, *, group_size, eps=1e-6, std_ddof=0,
-                       batch_normalize=False):
+def compute_advantages(name, rewards_B, *, group_size, eps=1e-6, std_ddof=0, batch_normalize=False):
   """Group-relative advantages of contiguous groups.
 
   Args:

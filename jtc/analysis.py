@@ -24,7 +24,6 @@ import numpy as np
 from jtc import data as data_lib
 from jtc import model as model_lib
 
-
 # ---------------------------------------------------------------------------------------------
 # KL drift at a context (Prop. 3.1, Eq. 3).
 # ---------------------------------------------------------------------------------------------
@@ -58,9 +57,13 @@ def kl_drift(logp_fn, params, direction, *, step_size):
   moved = jax.tree.map(lambda p, g: p + step_size * g, params, direction)
   kl = _kl(logp_fn(moved), logp_V)
   gfg = fisher_quadratic(logp_fn, params, direction)
-  predicted = 0.5 * step_size ** 2 * gfg
-  return {'kl': kl, 'predicted': predicted, 'gFg': gfg,
-          'ratio': kl / jnp.where(predicted > 0, predicted, 1.0)}
+  predicted = 0.5 * step_size**2 * gfg
+  return {
+      'kl': kl,
+      'predicted': predicted,
+      'gFg': gfg,
+      'ratio': kl / jnp.where(predicted > 0, predicted, 1.0)
+  }
 
 
 def context_logprobs_fn(config, tokens_L, input_mask_L, *, position):
@@ -79,8 +82,7 @@ def context_logprobs_fn(config, tokens_L, input_mask_L, *, position):
   return fn
 
 
-def kl_drift_at_context(params, config, tokens_L, input_mask_L, *, position, direction,
-                        step_size):
+def kl_drift_at_context(params, config, tokens_L, input_mask_L, *, position, direction, step_size):
   """`kl_drift` for the model's next-token distribution after ``tokens_L[:position]``."""
   fn = context_logprobs_fn(config, tokens_L, input_mask_L, position=position)
   return kl_drift(fn, params, direction, step_size=step_size)
@@ -103,7 +105,8 @@ def completion_logprobs(params, config, tokenizer, prompts, completions, *, prom
   F = len(completions[0])
   if not prompts or any(len(c) != F for c in completions) or F == 0:
     raise ValueError('need one non-empty list of F completions per prompt, the same F for all')
-  ids = [[tokenizer.encode(c) + ([tokenizer.eos_id] if append_eos else []) for c in cs]
+  ids = [[tokenizer.encode(c) + ([tokenizer.eos_id] if append_eos else [])
+          for c in cs]
          for cs in completions]
   T = width or max(len(x) for cs in ids for x in cs)
   if max(len(x) for cs in ids for x in cs) > T:
@@ -147,10 +150,9 @@ def format_probe(params, config, tokenizer, examples, formats, *, prompt_width, 
   ``scaffold`` every solution starts with, 'scaffold_logprob' (mean log pi(scaffold | x): the
   shared tokens' probability, whose change over training is the learning tax on them).
   """
-  logps_NFT, _ = completion_logprobs(
-      params, config, tokenizer, [e['prompt'] for e in examples],
-      [[e['solutions'][f] for f in formats] for e in examples], prompt_width=prompt_width,
-      width=width)
+  logps_NFT, _ = completion_logprobs(params, config, tokenizer, [e['prompt'] for e in examples],
+                                     [[e['solutions'][f] for f in formats] for e in examples],
+                                     prompt_width=prompt_width, width=width)
   x_NF = logps_NFT.sum(-1).astype(np.float64)
   x_NF = x_NF - x_NF.max(-1, keepdims=True)
   q_NF = x_NF - np.log(np.exp(x_NF).sum(-1, keepdims=True))  # log q_f
@@ -215,8 +217,12 @@ def format_accuracy(task, texts, correct_B):
   Wilson 95% CI)}, and the chi-square test of independence of form and correctness (p-value;
   a small p says the forms are not equally easy). Samples of no form are left out."""
   names = [task.format_of(t) for t in texts]
-  table = np.array([[sum(1 for n, ok in zip(names, correct_B) if n == f and ok == c)
-                     for c in (True, False)] for f in task.formats], np.float64)
+  table = np.array(
+      [[sum(1
+            for n, ok in zip(names, correct_B)
+            if n == f and ok == c)
+        for c in (True, False)]
+       for f in task.formats], np.float64)
   out = {}
   for f, (k, miss) in zip(task.formats, table):
     n = k + miss
@@ -224,5 +230,5 @@ def format_accuracy(task, texts, correct_B):
   used = table[table.sum(1) > 0]
   expected = used.sum(1, keepdims=True) * used.sum(0, keepdims=True) / used.sum()
   ok = expected > 0
-  stat = float((((used - expected) ** 2)[ok] / expected[ok]).sum())
+  stat = float((((used - expected)**2)[ok] / expected[ok]).sum())
   return out, chi2_sf(stat, (used.shape[0] - 1) * (used.shape[1] - 1))

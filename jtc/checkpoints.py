@@ -37,8 +37,10 @@ from jtc import tokenizer as tokenizer_lib
 BASE_POLICY_DIR = os.path.join(os.path.dirname(__file__), 'assets', 'base_policy')
 # Policy bundles shipped with jtc, by name: the arithmetic base policy and the one of the
 # phrasing task (configs/sft_phrasing.py).
-SHIPPED = {'base': BASE_POLICY_DIR,
-           'phrasing': os.path.join(os.path.dirname(__file__), 'assets', 'phrasing_policy')}
+SHIPPED = {
+    'base': BASE_POLICY_DIR,
+    'phrasing': os.path.join(os.path.dirname(__file__), 'assets', 'phrasing_policy')
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,10 +104,10 @@ def load_policy_bundle(name_or_path):
   # conversion only stacks them (values unchanged).
   params = flax.serialization.from_state_dict(template, model_lib.stack_layers(raw))
   mismatched = [
-      f'{jax.tree_util.keystr(p)}: {getattr(x, "shape", None)} != {t.shape}'
-      for (p, x), t in zip(jax.tree_util.tree_leaves_with_path(params),
-                           jax.tree_util.tree_leaves(template))
-      if getattr(x, 'shape', None) != t.shape]
+      f'{jax.tree_util.keystr(p)}: {getattr(x, "shape", None)} != {t.shape}' for (p, x), t in zip(
+          jax.tree_util.tree_leaves_with_path(params), jax.tree_util.tree_leaves(template))
+      if getattr(x, 'shape', None) != t.shape
+  ]
   if mismatched:
     raise ValueError(f'{path!r}: params.msgpack does not match model.json: {mismatched[:3]}')
   return PolicyBundle(model_config=model_config, params=params,
@@ -129,8 +131,8 @@ def check_policy_config(policy):
 
 def cast_floats(tree, dtype):
   """Every floating leaf of ``tree`` as ``dtype`` (integer leaves unchanged)."""
-  return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                      tree)
+  return jax.tree.map(lambda x: x.astype(dtype)
+                      if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
 def load_policy(policy):
@@ -139,15 +141,18 @@ def load_policy(policy):
   params are cast to the master `param_dtype`)."""
   from jtc import hf_import  # pylint: disable=import-outside-toplevel
   if policy.checkpoint:
-    model_config, params = hf_import.load_hf_checkpoint(
-        policy.checkpoint, param_dtype=policy.param_dtype or None,
-        dtype=policy.compute_dtype or None, as_numpy=True)
+    model_config, params = hf_import.load_hf_checkpoint(policy.checkpoint,
+                                                        param_dtype=policy.param_dtype or None,
+                                                        dtype=policy.compute_dtype or None,
+                                                        as_numpy=True)
     tokenizer = tokenizer_lib.HFTokenizer.from_dir(policy.checkpoint)
   else:
     bundle = load_policy_bundle(policy.init)
     model_config, params, tokenizer = bundle.model_config, bundle.params, bundle.tokenizer
-  overrides = {k: v for k, v in (('param_dtype', policy.param_dtype),
-                                 ('dtype', policy.compute_dtype), ('remat', policy.remat)) if v}
+  overrides = {
+      k: v for k, v in (('param_dtype', policy.param_dtype), ('dtype', policy.compute_dtype),
+                        ('remat', policy.remat)) if v
+  }
   model_config = dataclasses.replace(model_config, **overrides, **dict(policy.overrides))
   params = cast_floats(jax.device_get(params), model_config.jnp_param_dtype)
   for name in ('eos_id', 'pad_id'):
@@ -174,8 +179,7 @@ def _shapes(tree):
   """{path: shape} of a pytree's leaves; paths as tuples of names, so a stored metadata tree
   (nested dicts and lists) and a template (dataclasses, named tuples) compare equal."""
   leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
-  return {tuple(_key_name(k) for k in path): tuple(getattr(x, 'shape', ()))
-          for path, x in leaves}
+  return {tuple(_key_name(k) for k in path): tuple(getattr(x, 'shape', ())) for path, x in leaves}
 
 
 class TrainCheckpointer:
@@ -192,18 +196,19 @@ class TrainCheckpointer:
     self.directory = os.path.abspath(directory)
     # Handlers registered up front, so a step's metadata can be read before any restore.
     self.manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                             enable_async_checkpointing=False),
-        item_names=('state', 'run', 'extra'),
-        item_handlers={'state': ocp.StandardCheckpointHandler(),
-                       'run': ocp.StandardCheckpointHandler(),
-                       'extra': ocp.JsonCheckpointHandler()})
+        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                                             enable_async_checkpointing=False),
+        item_names=('state', 'run', 'extra'), item_handlers={
+            'state': ocp.StandardCheckpointHandler(),
+            'run': ocp.StandardCheckpointHandler(),
+            'extra': ocp.JsonCheckpointHandler()
+        })
 
   def save(self, step, *, state, run_state, extra):
-    self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), run=ocp.args.StandardSave(run_state),
-        extra=ocp.args.JsonSave(extra)), force=True)
+    self.manager.save(
+        step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                      run=ocp.args.StandardSave(run_state),
+                                      extra=ocp.args.JsonSave(extra)), force=True)
     self.manager.wait_until_finished()
 
   def _check_fits(self, step, name, template):
@@ -238,8 +243,9 @@ class TrainCheckpointer:
     os.rename(src, dst)
     self.manager.reload()
     reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else ''
-    print(f'warning: checkpoint step {step} is unreadable ({type(error).__name__}: {reason}); '
-          f'moved to {dst}, resuming from the previous step', file=sys.stderr)
+    print(
+        f'warning: checkpoint step {step} is unreadable ({type(error).__name__}: {reason}); '
+        f'moved to {dst}, resuming from the previous step', file=sys.stderr)
 
   def restore_latest(self, state_template, run_template):
     """(state, run_state, extra) of the newest readable step, or None if there is none."""
@@ -247,9 +253,10 @@ class TrainCheckpointer:
       self._check_fits(step, 'state', state_template)
       self._check_fits(step, 'run', run_template)
       try:
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(state_template),
-            run=ocp.args.StandardRestore(run_template), extra=ocp.args.JsonRestore()))
+        restored = self.manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(state_template),
+                                          run=ocp.args.StandardRestore(run_template),
+                                          extra=ocp.args.JsonRestore()))
       except Exception as e:  # pylint: disable=broad-except
         self._move_aside(step, e)
         continue

@@ -22,8 +22,7 @@ def positive_int(key, value):
     raise ValueError(f'{key}={value!r} must be an int >= 1')
 
 
-def in_range(key, value, *, low=None, high=None, low_open=False, high_open=False,
-             integer=False):
+def in_range(key, value, *, low=None, high=None, low_open=False, high_open=False, integer=False):
   """``value`` must lie in the interval [low, high] (open where asked; None = unbounded)."""
   kind = int if integer else (int, float)
   ok = not isinstance(value, bool) and isinstance(value, kind)

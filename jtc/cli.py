@@ -25,15 +25,19 @@ from ml_collections import config_flags
 from jtc import checks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOT_METHODS = {'common.py': 'the defaults every method config shares',
-               'base.py': 'the settings the real-model configs share'}
+NOT_METHODS = {
+    'common.py': 'the defaults every method config shares',
+    'base.py': 'the settings the real-model configs share'
+}
 
 
 def methods():
   """The method configs: configs/<name>.py (not common.py, __init__.py or the sft_*.py)."""
-  return sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, 'configs', '*.py'))
-                if os.path.basename(p) not in ('__init__.py', *NOT_METHODS)
-                and not os.path.basename(p).startswith('sft_'))
+  return sorted(
+      os.path.basename(p)[:-3]
+      for p in glob.glob(os.path.join(REPO, 'configs', '*.py'))
+      if os.path.basename(p) not in ('__init__.py',
+                                     *NOT_METHODS) and not os.path.basename(p).startswith('sft_'))
 
 
 def define_train_flags():
@@ -43,12 +47,15 @@ def define_train_flags():
       f'{", ".join(methods())}, or configs/real/*.py; override any key with '
       '--config.<section>.<key>=value (every key is documented in configs/common.py).',
       lock_config=True)
-  flags.DEFINE_string('workdir', None, 'Where checkpoints, config.json and metrics.jsonl go; '
-                      'a workdir holding a run of the same config resumes it.')
-  flags.DEFINE_integer('kill_after_step', -1, 'Testing aid: SIGKILL this process right after '
-                       'the checkpoint of this step is written (-1 = never).')
-  flags.DEFINE_bool('allow_config_change', False, 'Resume a workdir whose run was made with '
-                    'another config (the differing keys are listed when this is refused).')
+  flags.DEFINE_string(
+      'workdir', None, 'Where checkpoints, config.json and metrics.jsonl go; '
+      'a workdir holding a run of the same config resumes it.')
+  flags.DEFINE_integer(
+      'kill_after_step', -1, 'Testing aid: SIGKILL this process right after '
+      'the checkpoint of this step is written (-1 = never).')
+  flags.DEFINE_bool(
+      'allow_config_change', False, 'Resume a workdir whose run was made with '
+      'another config (the differing keys are listed when this is refused).')
   flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -172,8 +179,9 @@ class Progress:
     elif self.every and (step % self.every == 0 or step == self.total):
       rate = (step - self.start) / max(time.perf_counter() - self.t0, 1e-9)
       eta = (self.total - step) / max(rate, 1e-9)
-      print(f'step {step}/{self.total} reward {reward:.3f} accuracy {acc:.3f} '
-            f'{rate:.2f} steps/s ETA {eta / 60:.1f} min', file=sys.stderr, flush=True)
+      print(
+          f'step {step}/{self.total} reward {reward:.3f} accuracy {acc:.3f} '
+          f'{rate:.2f} steps/s ETA {eta / 60:.1f} min', file=sys.stderr, flush=True)
 
   def close(self):
     if self.bar is not None:
@@ -201,7 +209,9 @@ def _train(trainer_cls, argv):
   except (ValueError, workdir_lib.WorkdirError, checkpoints.CheckpointMismatch) as e:
     _fail(str(e))
   last, stopped = trainer.run(kill_after_step=flags.FLAGS.kill_after_step)
-  print(json.dumps({k: v for k, v in last.items() if 'eval' in k or k in (
-      'step', 'reward_mean', 'accuracy')}))
+  print(
+      json.dumps({
+          k: v for k, v in last.items() if 'eval' in k or k in ('step', 'reward_mean', 'accuracy')
+      }))
   if stopped:
     sys.exit(128 + signal.Signals[stopped].value)

@@ -94,7 +94,10 @@ def entropy_trend(curve, steps=None):
     raise ValueError('steps must not all be equal')
   slope, intercept = np.polyfit(x, m, 1)
   resid = m - (slope * x + intercept)
-  ss = np.sum((m - m.mean()) ** 2)
-  return {'slope': float(slope), 'intercept': float(intercept),
-          'rel_slope': float(slope / m.mean()) if m.mean() != 0 else float('nan'),
-          'r2': float(1.0 - np.sum(resid ** 2) / ss) if ss > 0 else 1.0}
+  ss = np.sum((m - m.mean())**2)
+  return {
+      'slope': float(slope),
+      'intercept': float(intercept),
+      'rel_slope': float(slope / m.mean()) if m.mean() != 0 else float('nan'),
+      'r2': float(1.0 - np.sum(resid**2) / ss) if ss > 0 else 1.0
+  }

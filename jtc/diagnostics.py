@@ -73,10 +73,12 @@ def loss_coefficients(logps_BT, *, loss_name, old_logps, advantages, mask, group
 
 
 def _row_logps_fn(config, tokens_L, input_mask_L, completion_start):
+
   def fn(params):
     out = model_lib.sequence_logprobs(params, config, tokens_L[None], input_mask_L[None],
                                       completion_start=completion_start)
     return out['logps'][0]
+
   return fn
 
 
@@ -93,8 +95,9 @@ def exact_grad_norms(params, config, tokens_BL, input_mask_BL, *, completion_sta
   def row(args):
     tokens_L, mask_L = args
     jac = jax.jacrev(_row_logps_fn(config, tokens_L, mask_L, completion_start))(params)
-    sq_T = sum(jnp.sum(jnp.square(x.astype(jnp.float32)).reshape(x.shape[0], -1), axis=-1)
-               for x in jax.tree_util.tree_leaves(jac))
+    sq_T = sum(
+        jnp.sum(jnp.square(x.astype(jnp.float32)).reshape(x.shape[0], -1), axis=-1)
+        for x in jax.tree_util.tree_leaves(jac))
     return jnp.sqrt(sq_T)
 
   return jax.lax.map(row, (tokens_BL, input_mask_BL))
@@ -123,11 +126,10 @@ def lm_head_grad_norms(hidden_BTD, head_DV, targets_BT, *, logps_BT=None, vocab_
   """
   chex.assert_rank([hidden_BTD, head_DV, targets_BT], [3, 2, 2])
   if logps_BT is None:
-    logps_BT, _ = model_lib.token_logprobs(hidden_BTD, head_DV, targets_BT,
-                                           vocab_chunk=vocab_chunk)
+    logps_BT, _ = model_lib.token_logprobs(hidden_BTD, head_DV, targets_BT, vocab_chunk=vocab_chunk)
   hidden_BTD = hidden_BTD.astype(jnp.float32)
-  logps2_BT, _ = model_lib.token_logprobs(2.0 * hidden_BTD, head_DV.astype(jnp.float32),
-                                          targets_BT, vocab_chunk=vocab_chunk)
+  logps2_BT, _ = model_lib.token_logprobs(2.0 * hidden_BTD, head_DV.astype(jnp.float32), targets_BT,
+                                          vocab_chunk=vocab_chunk)
   p_BT = jnp.exp(logps_BT)
   sum_p2_BT = jnp.exp(jnp.minimum(2.0 * logps_BT - logps2_BT, 0.0))
   dist_sq_BT = jnp.maximum(1.0 - 2.0 * p_BT + sum_p2_BT, 0.0)
@@ -166,8 +168,8 @@ def update_token_counts(counts_V, token_ids_BT, mask_BT):
   """counts_V plus the occurrences of every real token of the batch (jit-able)."""
   chex.assert_rank([counts_V, token_ids_BT, mask_BT], [1, 2, 2])
   chex.assert_equal_shape([token_ids_BT, mask_BT])
-  return counts_V.at[token_ids_BT.reshape(-1)].add(
-      (jnp.asarray(mask_BT) > 0).reshape(-1).astype(counts_V.dtype))
+  return counts_V.at[token_ids_BT.reshape(-1)].add((jnp.asarray(mask_BT)
+                                                    > 0).reshape(-1).astype(counts_V.dtype))
 
 
 def token_frequency_buckets(token_ids_BT, mask_BT, counts_V, *, num_buckets=3):
@@ -297,8 +299,7 @@ def net_gradient(params, config, tokens_BL, input_mask_BL, weights_BT, *, comple
   return jax.grad(fn)(params)
 
 
-def position_net_grad_norms(params, config, tokens_BL, input_mask_BL, coef_BT, *,
-                            completion_start):
+def position_net_grad_norms(params, config, tokens_BL, input_mask_BL, coef_BT, *, completion_start):
   """[T] exact || sum_b c_{b,t} grad log pi_{b,t} ||: the net gradient of each completion
   position over the given rows (pass one group). One `net_gradient` (a backward pass) per
   position, in sequence (`jax.lax.map`)."""
@@ -309,8 +310,8 @@ def position_net_grad_norms(params, config, tokens_BL, input_mask_BL, coef_BT, *
     weights_BT = coef_BT * (jnp.arange(T) == t)[None, :]
     grads = net_gradient(params, config, tokens_BL, input_mask_BL, weights_BT,
                          completion_start=completion_start)
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32)))
-                        for x in jax.tree_util.tree_leaves(grads)))
+    return jnp.sqrt(
+        sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree_util.tree_leaves(grads)))
 
   return jax.lax.map(one, jnp.arange(T))
 
@@ -361,10 +362,10 @@ def step_diagnostics(params, model_config, batch, *, loss_name, loss_hparams, gr
   out = model_lib.sequence_logprobs(params, model_config, tokens_BL, input_mask_BL,
                                     completion_start=completion_start,
                                     return_hidden=mode == 'proxy')
-  coef_BT, metrics = loss_coefficients(
-      out['logps'], loss_name=loss_name, old_logps=batch.old_logps,
-      advantages=batch.advantages, mask=mask_BT, group_size=group_size,
-      ref_logps=batch.ref_logps, token_weights=batch.token_weights, **hp)
+  coef_BT, metrics = loss_coefficients(out['logps'], loss_name=loss_name, old_logps=batch.old_logps,
+                                       advantages=batch.advantages, mask=mask_BT,
+                                       group_size=group_size, ref_logps=batch.ref_logps,
+                                       token_weights=batch.token_weights, **hp)
   targets_BT = tokens_BL[:, completion_start:]
   if mode == 'proxy':
     norms_BT = lm_head_grad_norms(out['hidden'], model_lib.lm_head_DV(params, model_config),
@@ -376,19 +377,22 @@ def step_diagnostics(params, model_config, batch, *, loss_name, loss_hparams, gr
   if token_counts is None:
     token_counts = update_token_counts(jnp.zeros((model_config.vocab_size,), jnp.float32),
                                        targets_BT, mask_BT)
-  bucket_BT = token_frequency_buckets(targets_BT, mask_BT, token_counts,
-                                      num_buckets=num_buckets)
+  bucket_BT = token_frequency_buckets(targets_BT, mask_BT, token_counts, num_buckets=num_buckets)
   energy_K = energy_by_frequency(tok_norms_BT, bucket_BT, mask_BT, num_buckets=num_buckets)
   shared_BT = shared_context_mask(tokens_BL, input_mask_BL, mask_BT, group_size=group_size,
                                   completion_start=completion_start)
   res = shared_token_residual(coef_BT, norms_BT, shared_BT, mask_BT, group_size=group_size)
   real_BT = jnp.asarray(mask_BT) > 0
-  diag = {'diag/asym': metrics['asym'], 'diag/asym_gated': metrics['asym_gated'],
-          'diag/coef_mass_vs_gspo': metrics['coef_mass_vs_gspo'],
-          'diag/frac_traj_gated': metrics['frac_traj_gated'],
-          'diag/approx_kl': metrics['approx_kl'],
-          'diag/coef_abs_mean': jnp.sum(jnp.abs(coef_BT)) / jnp.maximum(jnp.sum(real_BT), 1)}
+  diag = {
+      'diag/asym': metrics['asym'],
+      'diag/asym_gated': metrics['asym_gated'],
+      'diag/coef_mass_vs_gspo': metrics['coef_mass_vs_gspo'],
+      'diag/frac_traj_gated': metrics['frac_traj_gated'],
+      'diag/approx_kl': metrics['approx_kl'],
+      'diag/coef_abs_mean': jnp.sum(jnp.abs(coef_BT)) / jnp.maximum(jnp.sum(real_BT), 1)
+  }
   diag.update({f'diag/energy_b{k}': energy_K[k] for k in range(num_buckets)})
-  diag.update({f'diag/shared_{k}' if not k.startswith('shared') else f'diag/{k}': v
-               for k, v in res.items()})
+  diag.update({
+      f'diag/shared_{k}' if not k.startswith('shared') else f'diag/{k}': v for k, v in res.items()
+  })
   return {k: jnp.asarray(v, jnp.float32) for k, v in diag.items()}

@@ -55,24 +55,35 @@ from jtc import tokenizer as tokenizer_lib
 Params = dict[str, Any]
 PathLike = str | os.PathLike
 
-CONFIG_FILE = "config.json"
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
+CONFIG_FILE = 'config.json'
+INDEX_FILE = 'model.safetensors.index.json'
+SINGLE_FILE = 'model.safetensors'
 
 # safetensors dtype code -> numpy dtype. Only floating point weights are loadable.
 _SAFETENSORS_DTYPES: dict[str, np.dtype] = {
-    "F32": np.dtype(np.float32),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
+    'F32': np.dtype(np.float32),
+    'F16': np.dtype(np.float16),
+    'BF16': np.dtype(ml_dtypes.bfloat16),
 }
 # Codes that exist in the format but that we refuse (quantised / integer tensors).
 _KNOWN_UNSUPPORTED_DTYPES = (
-    "F64", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2",
+    'F64',
+    'I64',
+    'I32',
+    'I16',
+    'I8',
+    'U64',
+    'U32',
+    'U16',
+    'U8',
+    'BOOL',
+    'F8_E4M3',
+    'F8_E5M2',
 )
 # config.json "torch_dtype"/"dtype" value -> safetensors code.
-_HF_DTYPE_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+_HF_DTYPE_NAMES = {'float32': 'F32', 'float16': 'F16', 'bfloat16': 'BF16'}
 # jtc dtype names (ModelConfig.param_dtype / dtype) -> numpy dtype.
-_JTC_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+_JTC_DTYPES = {'float32': np.dtype(np.float32), 'bfloat16': np.dtype(ml_dtypes.bfloat16)}
 
 
 class CheckpointError(ValueError):
@@ -86,121 +97,125 @@ class CheckpointError(ValueError):
 
 def _llama_flags(hf: Mapping[str, Any]) -> dict[str, bool]:
   # Llama's `attention_bias` also puts a bias on o_proj, which jtc has no slot for.
-  _require_false(hf, "attention_bias", "LlamaForCausalLM")
-  _require_false(hf, "mlp_bias", "LlamaForCausalLM")
+  _require_false(hf, 'attention_bias', 'LlamaForCausalLM')
+  _require_false(hf, 'mlp_bias', 'LlamaForCausalLM')
   return dict(qk_norm=False, attn_bias=False)
 
 
 def _qwen2_flags(hf: Mapping[str, Any]) -> dict[str, bool]:
   # Qwen2 always has biases on q/k/v (never on o_proj or the MLP).
-  _require_false(hf, "use_sliding_window", "Qwen2ForCausalLM")
+  _require_false(hf, 'use_sliding_window', 'Qwen2ForCausalLM')
   return dict(qk_norm=False, attn_bias=True)
 
 
 def _qwen3_flags(hf: Mapping[str, Any]) -> dict[str, bool]:
   # Qwen3's `attention_bias` would also put a bias on o_proj.
-  _require_false(hf, "attention_bias", "Qwen3ForCausalLM")
-  _require_false(hf, "use_sliding_window", "Qwen3ForCausalLM")
+  _require_false(hf, 'attention_bias', 'Qwen3ForCausalLM')
+  _require_false(hf, 'use_sliding_window', 'Qwen3ForCausalLM')
   return dict(qk_norm=True, attn_bias=False)
 
 
 SUPPORTED_ARCHITECTURES: dict[str, Callable[[Mapping[str, Any]], dict[str, bool]]] = {
-    "LlamaForCausalLM": _llama_flags,
-    "Qwen2ForCausalLM": _qwen2_flags,
-    "Qwen3ForCausalLM": _qwen3_flags,
+    'LlamaForCausalLM': _llama_flags,
+    'Qwen2ForCausalLM': _qwen2_flags,
+    'Qwen3ForCausalLM': _qwen3_flags,
 }
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_MODEL_TYPES = {
+    'llama': 'LlamaForCausalLM',
+    'qwen2': 'Qwen2ForCausalLM',
+    'qwen3': 'Qwen3ForCausalLM'
+}
 
 
 def _require_false(hf: Mapping[str, Any], key: str, arch: str) -> None:
   if hf.get(key):
     raise CheckpointError(
-        f"{arch} with {key}={hf[key]!r} in {CONFIG_FILE} is not supported by jtc.model "
-        f"(only {key}=false).")
+        f'{arch} with {key}={hf[key]!r} in {CONFIG_FILE} is not supported by jtc.model '
+        f'(only {key}=false).')
 
 
 def _architecture(hf: Mapping[str, Any]) -> str:
-  archs = hf.get("architectures") or []
-  if not archs and hf.get("model_type") in _MODEL_TYPES:
-    archs = [_MODEL_TYPES[hf["model_type"]]]
+  archs = hf.get('architectures') or []
+  if not archs and hf.get('model_type') in _MODEL_TYPES:
+    archs = [_MODEL_TYPES[hf['model_type']]]
   if len(archs) != 1 or archs[0] not in SUPPORTED_ARCHITECTURES:
     raise CheckpointError(
         f"Unsupported architecture {archs!r} (model_type={hf.get('model_type')!r}) in "
-        f"{CONFIG_FILE}; supported: {sorted(SUPPORTED_ARCHITECTURES)}.")
+        f'{CONFIG_FILE}; supported: {sorted(SUPPORTED_ARCHITECTURES)}.')
   return archs[0]
 
 
 _ROPE_KEYS = {  # HF key -> ModelConfig field, per rope_type
-    "linear": {"factor": "rope_factor"},
-    "llama3": {"factor": "rope_factor", "low_freq_factor": "rope_low_freq_factor",
-               "high_freq_factor": "rope_high_freq_factor",
-               "original_max_position_embeddings": "rope_original_max_len"},
+    'linear': {'factor': 'rope_factor'},
+    'llama3': {'factor': 'rope_factor', 'low_freq_factor': 'rope_low_freq_factor',
+               'high_freq_factor': 'rope_high_freq_factor',
+               'original_max_position_embeddings': 'rope_original_max_len'},
 }
 
 
 def _rope_type(rope: Mapping[str, Any]) -> str:
-  return rope.get("rope_type", rope.get("type", "default"))
+  return rope.get('rope_type', rope.get('type', 'default'))
 
 
 def _rope_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
   """ModelConfig RoPE fields from ``rope_theta`` + ``rope_scaling`` (transformers 4) or
   ``rope_parameters`` (transformers 5, theta inside); both may be present only if they agree."""
-  params = hf.get("rope_parameters") or {}
-  scaling = hf.get("rope_scaling") or {}
+  params = hf.get('rope_parameters') or {}
+  scaling = hf.get('rope_scaling') or {}
   if params and scaling:
-    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    keys = ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings')
     a = (_rope_type(params), *(params.get(k) for k in keys))
     b = (_rope_type(scaling), *(scaling.get(k) for k in keys))
     if a != b:
-      raise CheckpointError(
-          f"{CONFIG_FILE} has both rope_parameters={dict(params)!r} and "
-          f"rope_scaling={dict(scaling)!r}, and they disagree; keep one of them.")
+      raise CheckpointError(f'{CONFIG_FILE} has both rope_parameters={dict(params)!r} and '
+                            f'rope_scaling={dict(scaling)!r}, and they disagree; keep one of them.')
   rope = params or scaling
-  theta_top, theta_in = hf.get("rope_theta"), rope.get("rope_theta")
+  theta_top, theta_in = hf.get('rope_theta'), rope.get('rope_theta')
   if theta_top is not None and theta_in is not None and float(theta_top) != float(theta_in):
-    raise CheckpointError(f"{CONFIG_FILE} has rope_theta={theta_top!r} but rope_parameters."
-                          f"rope_theta={theta_in!r}; keep one of them.")
+    raise CheckpointError(f'{CONFIG_FILE} has rope_theta={theta_top!r} but rope_parameters.'
+                          f'rope_theta={theta_in!r}; keep one of them.')
   theta = theta_top if theta_top is not None else theta_in
   if theta is None:
-    raise CheckpointError(f"{CONFIG_FILE} has neither 'rope_theta' nor 'rope_parameters.rope_theta'.")
+    raise CheckpointError(
+        f"{CONFIG_FILE} has neither 'rope_theta' nor 'rope_parameters.rope_theta'.")
   rope_type = _rope_type(rope)
-  supported = ["default", *_ROPE_KEYS]
+  supported = ['default', *_ROPE_KEYS]
   if rope_type not in supported:
     raise CheckpointError(
-        f"RoPE scaling rope_type={rope_type!r} in {CONFIG_FILE} is not supported by "
-        f"jtc.model; supported: {supported}.")
+        f'RoPE scaling rope_type={rope_type!r} in {CONFIG_FILE} is not supported by '
+        f'jtc.model; supported: {supported}.')
   fields: dict[str, Any] = dict(rope_theta=float(theta), rope_scaling=rope_type)
   for key, field in _ROPE_KEYS.get(rope_type, {}).items():
     if rope.get(key) is None:
-      raise CheckpointError(f"RoPE scaling rope_type={rope_type!r} in {CONFIG_FILE} needs "
-                            f"{key!r}; it has {sorted(rope)}.")
-    fields[field] = int(rope[key]) if field == "rope_original_max_len" else float(rope[key])
+      raise CheckpointError(f'RoPE scaling rope_type={rope_type!r} in {CONFIG_FILE} needs '
+                            f'{key!r}; it has {sorted(rope)}.')
+    fields[field] = int(rope[key]) if field == 'rope_original_max_len' else float(rope[key])
   return fields
 
 
 def _rope_scaling_for_hf(config: model_lib.ModelConfig) -> dict[str, Any] | None:
   """Inverse of `_rope_fields` (the ``rope_scaling`` dict, None for plain RoPE)."""
-  if config.rope_scaling == "default":
+  if config.rope_scaling == 'default':
     return None
-  out: dict[str, Any] = {"rope_type": config.rope_scaling}
+  out: dict[str, Any] = {'rope_type': config.rope_scaling}
   for key, field in _ROPE_KEYS[config.rope_scaling].items():
     out[key] = getattr(config, field)
   return out
 
 
 def _hf_dtype_code(hf: Mapping[str, Any]) -> str | None:
-  name = hf.get("torch_dtype", hf.get("dtype"))
+  name = hf.get('torch_dtype', hf.get('dtype'))
   if name is None:
     return None
   if name not in _HF_DTYPE_NAMES:
     raise CheckpointError(
-        f"Unsupported dtype {name!r} in {CONFIG_FILE}; supported: {sorted(_HF_DTYPE_NAMES)}.")
+        f'Unsupported dtype {name!r} in {CONFIG_FILE}; supported: {sorted(_HF_DTYPE_NAMES)}.')
   return _HF_DTYPE_NAMES[name]
 
 
 def _check_jtc_dtype(name: str, what: str) -> str:
   if name not in _JTC_DTYPES:
-    raise ValueError(f"Unsupported {what}={name!r}; valid: {sorted(_JTC_DTYPES)}.")
+    raise ValueError(f'Unsupported {what}={name!r}; valid: {sorted(_JTC_DTYPES)}.')
   return name
 
 
@@ -218,69 +233,82 @@ def config_from_hf(hf_config: Mapping[str, Any], *, param_dtype: str | None = No
   """
   hf = hf_config
   flags = SUPPORTED_ARCHITECTURES[_architecture(hf)](hf)
-  act = hf.get("hidden_act", "silu")
-  if act not in ("silu", "swish"):
-    raise CheckpointError(f"hidden_act={act!r} in {CONFIG_FILE} is not supported; supported: ['silu'].")
-  required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-              "num_attention_heads", "rms_norm_eps")
+  act = hf.get('hidden_act', 'silu')
+  if act not in ('silu', 'swish'):
+    raise CheckpointError(
+        f"hidden_act={act!r} in {CONFIG_FILE} is not supported; supported: ['silu'].")
+  required = ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers',
+              'num_attention_heads', 'rms_norm_eps')
   missing = [k for k in required if k not in hf]
   if missing:
-    raise CheckpointError(f"{CONFIG_FILE} is missing keys {missing}.")
-  n_heads = int(hf["num_attention_heads"])
-  head_dim = hf.get("head_dim") or hf["hidden_size"] // n_heads
+    raise CheckpointError(f'{CONFIG_FILE} is missing keys {missing}.')
+  n_heads = int(hf['num_attention_heads'])
+  head_dim = hf.get('head_dim') or hf['hidden_size'] // n_heads
   if param_dtype is None:
-    param_dtype = "bfloat16" if _hf_dtype_code(hf) == "BF16" else "float32"
-  _check_jtc_dtype(param_dtype, "param_dtype")
-  dtype = _check_jtc_dtype(dtype or param_dtype, "dtype")
+    param_dtype = 'bfloat16' if _hf_dtype_code(hf) == 'BF16' else 'float32'
+  _check_jtc_dtype(param_dtype, 'param_dtype')
+  dtype = _check_jtc_dtype(dtype or param_dtype, 'dtype')
   return model_lib.ModelConfig(
-      vocab_size=int(hf["vocab_size"]),
-      d_model=int(hf["hidden_size"]),
-      n_layers=int(hf["num_hidden_layers"]),
+      vocab_size=int(hf['vocab_size']),
+      d_model=int(hf['hidden_size']),
+      n_layers=int(hf['num_hidden_layers']),
       n_heads=n_heads,
-      n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
+      n_kv_heads=int(hf.get('num_key_value_heads') or n_heads),
       head_dim=int(head_dim),
-      d_ff=int(hf["intermediate_size"]),
+      d_ff=int(hf['intermediate_size']),
       **_rope_fields(hf),
-      norm_eps=float(hf["rms_norm_eps"]),
-      qk_norm=flags["qk_norm"],
-      attn_bias=flags["attn_bias"],
-      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      norm_eps=float(hf['rms_norm_eps']),
+      qk_norm=flags['qk_norm'],
+      attn_bias=flags['attn_bias'],
+      tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
       param_dtype=param_dtype,
       dtype=dtype,
-      max_seq_len=int(max_seq_len or hf.get("max_position_embeddings", 4096)),
+      max_seq_len=int(max_seq_len or hf.get('max_position_embeddings', 4096)),
   )
 
 
 def architecture_for(config: model_lib.ModelConfig) -> str:
   """The HF architecture that represents `config` (used by the exporter)."""
   if config.qk_norm and config.attn_bias:
-    raise ValueError("No supported HF architecture has both qk_norm and attn_bias "
-                     f"(supported: {sorted(SUPPORTED_ARCHITECTURES)}).")
+    raise ValueError('No supported HF architecture has both qk_norm and attn_bias '
+                     f'(supported: {sorted(SUPPORTED_ARCHITECTURES)}).')
   if config.qk_norm:
-    return "Qwen3ForCausalLM"
+    return 'Qwen3ForCausalLM'
   if config.attn_bias:
-    return "Qwen2ForCausalLM"
-  return "LlamaForCausalLM"
+    return 'Qwen2ForCausalLM'
+  return 'LlamaForCausalLM'
 
 
-def hf_config_from(config: model_lib.ModelConfig, *, torch_dtype: str = "float32") -> dict[str, Any]:
+def hf_config_from(config: model_lib.ModelConfig, *,
+                   torch_dtype: str = 'float32') -> dict[str, Any]:
   """Inverse of `config_from_hf`: a ``config.json`` dict for `config`."""
   arch = architecture_for(config)
   model_type = {v: k for k, v in _MODEL_TYPES.items()}[arch]
   hf: dict[str, Any] = dict(
-      architectures=[arch], model_type=model_type,
-      vocab_size=config.vocab_size, hidden_size=config.d_model,
-      intermediate_size=config.d_ff, num_hidden_layers=config.n_layers,
-      num_attention_heads=config.n_heads, num_key_value_heads=config.n_kv_heads,
-      head_dim=config.head_dim, hidden_act="silu",
-      max_position_embeddings=config.max_seq_len, rms_norm_eps=config.norm_eps,
-      rope_theta=config.rope_theta, rope_scaling=_rope_scaling_for_hf(config),
-      tie_word_embeddings=config.tie_embeddings, torch_dtype=torch_dtype,
-      use_cache=True, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+      architectures=[arch],
+      model_type=model_type,
+      vocab_size=config.vocab_size,
+      hidden_size=config.d_model,
+      intermediate_size=config.d_ff,
+      num_hidden_layers=config.n_layers,
+      num_attention_heads=config.n_heads,
+      num_key_value_heads=config.n_kv_heads,
+      head_dim=config.head_dim,
+      hidden_act='silu',
+      max_position_embeddings=config.max_seq_len,
+      rms_norm_eps=config.norm_eps,
+      rope_theta=config.rope_theta,
+      rope_scaling=_rope_scaling_for_hf(config),
+      tie_word_embeddings=config.tie_embeddings,
+      torch_dtype=torch_dtype,
+      use_cache=True,
+      bos_token_id=None,
+      eos_token_id=None,
+      pad_token_id=None,
   )
-  if arch != "Qwen2ForCausalLM":
+  if arch != 'Qwen2ForCausalLM':
     hf.update(attention_bias=False)
-  if arch == "LlamaForCausalLM":
+  if arch == 'LlamaForCausalLM':
     hf.update(mlp_bias=False)
   else:
     hf.update(use_sliding_window=False, sliding_window=None)
@@ -335,40 +363,40 @@ def tensor_specs(config: model_lib.ModelConfig) -> list[_TensorSpec]:
   """Every tensor a checkpoint of `config` must contain, in file order."""
   V, D, F = config.vocab_size, config.d_model, config.d_ff
   N, K, H = config.n_heads, config.n_kv_heads, config.head_dim
-  specs = [_TensorSpec("model.embed_tokens.weight", ("embed", "embedding"), (V, D), _same, _same)]
+  specs = [_TensorSpec('model.embed_tokens.weight', ('embed', 'embedding'), (V, D), _same, _same)]
   for i in range(config.n_layers):
-    hf = f"model.layers.{i}."
+    hf = f'model.layers.{i}.'
     layer = lambda key, path, shape, to_jtc, to_hf: specs.append(
-        _TensorSpec(hf + key, ("layers", *path), shape, to_jtc, to_hf, layer=i))
-    for name, heads in [("q", N), ("k", K), ("v", K)]:
-      layer(f"self_attn.{name}_proj.weight", ("attn", name, "kernel"), (heads * H, D),
+        _TensorSpec(hf + key, ('layers', *path), shape, to_jtc, to_hf, layer=i))
+    for name, heads in [('q', N), ('k', K), ('v', K)]:
+      layer(f'self_attn.{name}_proj.weight', ('attn', name, 'kernel'), (heads * H, D),
             *_in_proj(heads, H))
       if config.attn_bias:
-        layer(f"self_attn.{name}_proj.bias", ("attn", name, "bias"), (heads * H,),
+        layer(f'self_attn.{name}_proj.bias', ('attn', name, 'bias'), (heads * H,),
               *_in_bias(heads, H))
-    layer("self_attn.o_proj.weight", ("attn", "o", "kernel"), (D, N * H), *_out_proj(N, H))
+    layer('self_attn.o_proj.weight', ('attn', 'o', 'kernel'), (D, N * H), *_out_proj(N, H))
     if config.qk_norm:
-      for name in ("q_norm", "k_norm"):
-        layer(f"self_attn.{name}.weight", ("attn", name, "scale"), (H,), _same, _same)
-    for name in ("gate", "up"):
-      layer(f"mlp.{name}_proj.weight", ("mlp", name, "kernel"), (F, D), _transpose, _transpose)
-    layer("mlp.down_proj.weight", ("mlp", "down", "kernel"), (D, F), _transpose, _transpose)
-    layer("input_layernorm.weight", ("attn_norm", "scale"), (D,), _same, _same)
-    layer("post_attention_layernorm.weight", ("mlp_norm", "scale"), (D,), _same, _same)
-  specs.append(_TensorSpec("model.norm.weight", ("final_norm", "scale"), (D,), _same, _same))
+      for name in ('q_norm', 'k_norm'):
+        layer(f'self_attn.{name}.weight', ('attn', name, 'scale'), (H,), _same, _same)
+    for name in ('gate', 'up'):
+      layer(f'mlp.{name}_proj.weight', ('mlp', name, 'kernel'), (F, D), _transpose, _transpose)
+    layer('mlp.down_proj.weight', ('mlp', 'down', 'kernel'), (D, F), _transpose, _transpose)
+    layer('input_layernorm.weight', ('attn_norm', 'scale'), (D,), _same, _same)
+    layer('post_attention_layernorm.weight', ('mlp_norm', 'scale'), (D,), _same, _same)
+  specs.append(_TensorSpec('model.norm.weight', ('final_norm', 'scale'), (D,), _same, _same))
   if not config.tie_embeddings:
-    specs.append(_TensorSpec("lm_head.weight", ("lm_head", "kernel"), (V, D), _transpose, _transpose))
+    specs.append(
+        _TensorSpec('lm_head.weight', ('lm_head', 'kernel'), (V, D), _transpose, _transpose))
   return specs
 
 
 def _spec_name(spec: _TensorSpec) -> str:
   """'layers/attn/q/kernel[3]' or 'embed/embedding' (for error messages)."""
-  return "/".join(spec.jtc_path) + ("" if spec.layer is None else f"[{spec.layer}]")
+  return '/'.join(spec.jtc_path) + ('' if spec.layer is None else f'[{spec.layer}]')
 
 
 # Tensors some checkpoints carry that carry no information for jtc.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
+_IGNORED_SUFFIXES = ('rotary_emb.inv_freq',)
 
 # ----------------------------------------------------------------------------
 # Safetensors reading (no torch, bf16-safe).
@@ -388,28 +416,27 @@ def read_safetensors_header(file: PathLike) -> dict[str, _TensorEntry]:
   """Parses a safetensors header: {key: (dtype code, shape, absolute byte range)}."""
   file = pathlib.Path(file)
   size = file.stat().st_size
-  with open(file, "rb") as f:
+  with open(file, 'rb') as f:
     raw_len = f.read(8)
     if len(raw_len) != 8:
-      raise CheckpointError(f"{file} is not a safetensors file (shorter than 8 bytes).")
-    header_len = int.from_bytes(raw_len, "little")
+      raise CheckpointError(f'{file} is not a safetensors file (shorter than 8 bytes).')
+    header_len = int.from_bytes(raw_len, 'little')
     if header_len > size - 8:
-      raise CheckpointError(f"{file} is not a safetensors file (header length {header_len} "
-                            f"exceeds file size {size}).")
+      raise CheckpointError(f'{file} is not a safetensors file (header length {header_len} '
+                            f'exceeds file size {size}).')
     try:
       header = json.loads(f.read(header_len))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise CheckpointError(f"{file} has an unreadable safetensors header: {e}") from e
-  header.pop("__metadata__", None)
+      raise CheckpointError(f'{file} has an unreadable safetensors header: {e}') from e
+  header.pop('__metadata__', None)
   entries = {}
   for key, info in header.items():
-    begin, end = info["data_offsets"]
-    entry = _TensorEntry(file, info["dtype"], tuple(info["shape"]),
-                         8 + header_len + begin, 8 + header_len + end)
+    begin, end = info['data_offsets']
+    entry = _TensorEntry(file, info['dtype'], tuple(info['shape']), 8 + header_len + begin,
+                         8 + header_len + end)
     if not 8 + header_len <= entry.begin <= entry.end <= size:
-      raise CheckpointError(
-          f"{file} is truncated or corrupt: tensor {key!r} occupies bytes "
-          f"[{entry.begin}, {entry.end}) but the file has {size} bytes.")
+      raise CheckpointError(f'{file} is truncated or corrupt: tensor {key!r} occupies bytes '
+                            f'[{entry.begin}, {entry.end}) but the file has {size} bytes.')
     entries[key] = entry
   return entries
 
@@ -417,47 +444,47 @@ def read_safetensors_header(file: PathLike) -> dict[str, _TensorEntry]:
 def read_tensor(entry: _TensorEntry, key: str) -> np.ndarray:
   """Memory-maps one tensor as a numpy array of its stored dtype (bf16 via ml_dtypes)."""
   if entry.dtype not in _SAFETENSORS_DTYPES:
-    raise CheckpointError(
-        f"Unsupported dtype {entry.dtype!r} for tensor {key!r} in {entry.file}; "
-        f"supported: {sorted(_SAFETENSORS_DTYPES)}.")
+    raise CheckpointError(f'Unsupported dtype {entry.dtype!r} for tensor {key!r} in {entry.file}; '
+                          f'supported: {sorted(_SAFETENSORS_DTYPES)}.')
   np_dtype = _SAFETENSORS_DTYPES[entry.dtype]
   n = math.prod(entry.shape)
   if entry.end - entry.begin != n * np_dtype.itemsize:
     raise CheckpointError(
-        f"Tensor {key!r} in {entry.file}: byte range {entry.end - entry.begin} does not match "
-        f"shape {list(entry.shape)} of {entry.dtype}.")
+        f'Tensor {key!r} in {entry.file}: byte range {entry.end - entry.begin} does not match '
+        f'shape {list(entry.shape)} of {entry.dtype}.')
   if n == 0:
     return np.zeros(entry.shape, np_dtype)
-  return np.memmap(entry.file, dtype=np_dtype, mode="r", offset=entry.begin,
-                   shape=entry.shape)
+  return np.memmap(entry.file, dtype=np_dtype, mode='r', offset=entry.begin, shape=entry.shape)
 
 
 def _tensor_index(path: pathlib.Path) -> dict[str, _TensorEntry]:
   """{key: entry} over all safetensors files of a checkpoint directory."""
   index_file = path / INDEX_FILE
   if index_file.exists():
-    weight_map = json.loads(index_file.read_text())["weight_map"]
+    weight_map = json.loads(index_file.read_text())['weight_map']
     files = sorted(set(weight_map.values()))
     for name in files:
       if not (path / name).exists():
-        raise CheckpointError(f"{index_file} lists shard {name!r}, which does not exist in {path}.")
+        raise CheckpointError(f'{index_file} lists shard {name!r}, which does not exist in {path}.')
   else:
     weight_map = None
-    files = sorted(p.name for p in path.glob("*.safetensors"))
+    files = sorted(p.name for p in path.glob('*.safetensors'))
     if not files:
-      raise CheckpointError(f"No *.safetensors files (and no {INDEX_FILE}) in {path}.")
+      raise CheckpointError(f'No *.safetensors files (and no {INDEX_FILE}) in {path}.')
   entries: dict[str, _TensorEntry] = {}
   for name in files:
     for key, entry in read_safetensors_header(path / name).items():
       if key in entries:
-        raise CheckpointError(f"Tensor {key!r} appears in both {entries[key].file} and {entry.file}.")
+        raise CheckpointError(
+            f'Tensor {key!r} appears in both {entries[key].file} and {entry.file}.')
       if weight_map is not None and weight_map.get(key) not in (None, name):
-        raise CheckpointError(f"{index_file} maps {key!r} to {weight_map[key]!r}, but it is in {name!r}.")
+        raise CheckpointError(
+            f'{index_file} maps {key!r} to {weight_map[key]!r}, but it is in {name!r}.')
       entries[key] = entry
   if weight_map is not None:
     lost = sorted(set(weight_map) - set(entries))
     if lost:
-      raise CheckpointError(f"{index_file} lists tensors not found in their shards: {lost[:5]}.")
+      raise CheckpointError(f'{index_file} lists tensors not found in their shards: {lost[:5]}.')
   return entries
 
 
@@ -473,9 +500,8 @@ def _get_path(tree: Mapping, path: Sequence[str]) -> Any:
   return tree
 
 
-def load_hf_checkpoint(path: PathLike, *, param_dtype: str | None = None,
-                       dtype: str | None = None, max_seq_len: int | None = None,
-                       strict_dtype: bool = True,
+def load_hf_checkpoint(path: PathLike, *, param_dtype: str | None = None, dtype: str | None = None,
+                       max_seq_len: int | None = None, strict_dtype: bool = True,
                        as_numpy: bool = False) -> tuple[model_lib.ModelConfig, Params]:
   """Loads an HF Llama / Qwen2 / Qwen3 checkpoint directory into jtc.
 
@@ -502,43 +528,42 @@ def load_hf_checkpoint(path: PathLike, *, param_dtype: str | None = None,
   path = pathlib.Path(path)
   config_file = path / CONFIG_FILE
   if not config_file.exists():
-    raise FileNotFoundError(f"No {CONFIG_FILE} in {path}.")
+    raise FileNotFoundError(f'No {CONFIG_FILE} in {path}.')
   hf = json.loads(config_file.read_text())
   try:
     config = config_from_hf(hf, param_dtype=param_dtype, dtype=dtype, max_seq_len=max_seq_len)
   except CheckpointError as e:
-    raise CheckpointError(f"{config_file}: {e}") from e
+    raise CheckpointError(f'{config_file}: {e}') from e
   declared = _hf_dtype_code(hf) if strict_dtype else None
   target = _JTC_DTYPES[config.param_dtype]
 
   entries = _tensor_index(path)
   specs = tensor_specs(config)
   wanted = {s.hf_key for s in specs}
-  unexpected = sorted(
-      k for k in entries
-      if k not in wanted and not k.endswith(_IGNORED_SUFFIXES)
-      and not (config.tie_embeddings and k == "lm_head.weight"))
+  unexpected = sorted(k for k in entries
+                      if k not in wanted and not k.endswith(_IGNORED_SUFFIXES) and
+                      not (config.tie_embeddings and k == 'lm_head.weight'))
   if unexpected:
     raise CheckpointError(
         f"Unexpected tensors for {hf['architectures'][0] if hf.get('architectures') else hf.get('model_type')} "
         f"in {path}: {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''} "
-        f"(first in {entries[unexpected[0]].file.name}).")
+        f'(first in {entries[unexpected[0]].file.name}).')
 
   params: Params = {}
   Y = config.n_layers
   for spec in specs:
     if spec.hf_key not in entries:
-      raise CheckpointError(f"Missing tensor {spec.hf_key!r} in {path} "
-                            f"(looked in {sorted({e.file.name for e in entries.values()})}).")
+      raise CheckpointError(f'Missing tensor {spec.hf_key!r} in {path} '
+                            f'(looked in {sorted({e.file.name for e in entries.values()})}).')
     entry = entries[spec.hf_key]
     if entry.shape != spec.hf_shape:
       raise CheckpointError(
-          f"Tensor {spec.hf_key!r} in {entry.file} has shape {list(entry.shape)}, expected "
-          f"{list(spec.hf_shape)} from {config_file.name}.")
+          f'Tensor {spec.hf_key!r} in {entry.file} has shape {list(entry.shape)}, expected '
+          f'{list(spec.hf_shape)} from {config_file.name}.')
     if declared is not None and entry.dtype != declared and entry.dtype in _SAFETENSORS_DTYPES:
       raise CheckpointError(
-          f"dtype mismatch: tensor {spec.hf_key!r} in {entry.file} is {entry.dtype}, but "
-          f"{CONFIG_FILE} declares {declared} (pass strict_dtype=False to cast anyway).")
+          f'dtype mismatch: tensor {spec.hf_key!r} in {entry.file} is {entry.dtype}, but '
+          f'{CONFIG_FILE} declares {declared} (pass strict_dtype=False to cast anyway).')
     value = spec.to_jtc(read_tensor(entry, spec.hf_key)).astype(target)
     if spec.layer is None:
       _set_path(params, spec.jtc_path, value)
@@ -570,7 +595,7 @@ def export_hf_checkpoint(config: model_lib.ModelConfig, params: Params, path: Pa
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   torch_dtype = torch_dtype or config.param_dtype
   if torch_dtype not in _HF_DTYPE_NAMES:
-    raise ValueError(f"Unsupported torch_dtype={torch_dtype!r}; valid: {sorted(_HF_DTYPE_NAMES)}.")
+    raise ValueError(f'Unsupported torch_dtype={torch_dtype!r}; valid: {sorted(_HF_DTYPE_NAMES)}.')
   np_dtype = _SAFETENSORS_DTYPES[_HF_DTYPE_NAMES[torch_dtype]]
   path = pathlib.Path(path)
   path.mkdir(parents=True, exist_ok=True)
@@ -581,20 +606,22 @@ def export_hf_checkpoint(config: model_lib.ModelConfig, params: Params, path: Pa
       try:
         host[spec.jtc_path] = np.asarray(jax.device_get(_get_path(params, spec.jtc_path)))
       except KeyError as e:
-        raise ValueError(f"params has no {'/'.join(spec.jtc_path)} (needed for {spec.hf_key}).") from e
+        raise ValueError(
+            f"params has no {'/'.join(spec.jtc_path)} (needed for {spec.hf_key}).") from e
     value = host[spec.jtc_path]
     if spec.layer is not None:
       if value.ndim == 0 or value.shape[0] != config.n_layers:
         raise ValueError(f"params/{'/'.join(spec.jtc_path)} has shape {list(value.shape)}; "
-                         f"expected a leading layer axis of n_layers={config.n_layers}.")
+                         f'expected a leading layer axis of n_layers={config.n_layers}.')
       value = value[spec.layer]
     hf_value = np.ascontiguousarray(spec.to_hf(value).astype(np_dtype))
     if hf_value.shape != spec.hf_shape:
-      raise ValueError(f"params/{_spec_name(spec)} has shape {list(value.shape)}, which "
-                       f"does not map to {spec.hf_key} {list(spec.hf_shape)}.")
+      raise ValueError(f'params/{_spec_name(spec)} has shape {list(value.shape)}, which '
+                       f'does not map to {spec.hf_key} {list(spec.hf_shape)}.')
     tensors[spec.hf_key] = hf_value
-  save_file(tensors, str(path / SINGLE_FILE), metadata={"format": "pt"})
-  (path / CONFIG_FILE).write_text(json.dumps(hf_config_from(config, torch_dtype=torch_dtype), indent=2))
+  save_file(tensors, str(path / SINGLE_FILE), metadata={'format': 'pt'})
+  (path / CONFIG_FILE).write_text(
+      json.dumps(hf_config_from(config, torch_dtype=torch_dtype), indent=2))
   return path
 
 

@@ -106,7 +106,6 @@ KL_ESTIMATORS = {'k1': kl_k1, 'k2': kl_k2, 'k3': kl_k3}
 
 _COMMON_HPARAMS = {'kl_coef': 0.0, 'kl_estimator': 'k3', 'entropy_coef': 0.0}
 
-
 # ---------------------------------------------------------------------------------------------
 # Entry point.
 # ---------------------------------------------------------------------------------------------
@@ -164,8 +163,8 @@ def check_hparams(name, hparams):
   return hp
 
 
-def _check_arrays(name, logps, old_logps, advantages, mask, group_size, ref_logps,
-                  token_weights, entropy):
+def _check_arrays(name, logps, old_logps, advantages, mask, group_size, ref_logps, token_weights,
+                  entropy):
   if jnp.ndim(logps) != 2:
     raise ValueError(f'logps must have shape [B, T], got {jnp.shape(logps)}')
   shape = jnp.shape(logps)
@@ -244,10 +243,12 @@ def _effective_step(name, hp, inp, aggregate):
   live_B = (inp.adv_B != 0) & jnp.any(inp.mask_BT > 0, axis=-1)
   gated_B = live_B & jnp.all(coef_BT == 0, axis=-1)
   return {
-      'coef_mass': mass,
-      'coef_mass_vs_gspo': jnp.where(gspo_mass > 0, mass / jnp.where(gspo_mass > 0, gspo_mass, 1.0),
-                                     1.0),
-      'frac_traj_gated': jnp.sum(gated_B) / jnp.maximum(jnp.sum(live_B), 1),
+      'coef_mass':
+          mass,
+      'coef_mass_vs_gspo':
+          jnp.where(gspo_mass > 0, mass / jnp.where(gspo_mass > 0, gspo_mass, 1.0), 1.0),
+      'frac_traj_gated':
+          jnp.sum(gated_B) / jnp.maximum(jnp.sum(live_B), 1),
   }
 
 
@@ -259,20 +260,30 @@ def _metrics(sur, inp, ratio_BT, s_B):
   adv_MG = inp.adv_B.reshape(-1, inp.group_size)
   real_B = jnp.any(real_BT, axis=-1)
   return {
-      'clip_frac_low': jnp.sum(sur.clip_low_BT * mask_BT) / n,
-      'clip_frac_high': jnp.sum(sur.clip_high_BT * mask_BT) / n,
-      'ratio_mean': jnp.sum(ratio_BT * mask_BT) / n,
-      'ratio_min': jnp.where(any_real, jnp.min(jnp.where(real_BT, ratio_BT, jnp.inf)), 1.0),
-      'ratio_max': jnp.where(any_real, jnp.max(jnp.where(real_BT, ratio_BT, -jnp.inf)), 1.0),
-      'seq_ratio_mean': jnp.mean(s_B),
-      'seq_ratio_min': jnp.where(jnp.any(real_B), jnp.min(jnp.where(real_B, s_B, jnp.inf)), 1.0),
-      'seq_ratio_max': jnp.where(jnp.any(real_B), jnp.max(jnp.where(real_B, s_B, -jnp.inf)),
-                                 1.0),
-      'approx_kl': jnp.sum((ratio_BT - 1.0 - inp.log_ratio_BT) * mask_BT) / n,
-      'asym': asym(sur.w_B, inp.adv_B, group_size=inp.group_size)[1],
-      'asym_gated': asym(sur.w_grad_B, inp.adv_B, group_size=inp.group_size)[1],
-      'frac_degenerate_groups': jnp.mean(
-          (jnp.max(adv_MG, axis=-1) == jnp.min(adv_MG, axis=-1)).astype(jnp.float32)),
+      'clip_frac_low':
+          jnp.sum(sur.clip_low_BT * mask_BT) / n,
+      'clip_frac_high':
+          jnp.sum(sur.clip_high_BT * mask_BT) / n,
+      'ratio_mean':
+          jnp.sum(ratio_BT * mask_BT) / n,
+      'ratio_min':
+          jnp.where(any_real, jnp.min(jnp.where(real_BT, ratio_BT, jnp.inf)), 1.0),
+      'ratio_max':
+          jnp.where(any_real, jnp.max(jnp.where(real_BT, ratio_BT, -jnp.inf)), 1.0),
+      'seq_ratio_mean':
+          jnp.mean(s_B),
+      'seq_ratio_min':
+          jnp.where(jnp.any(real_B), jnp.min(jnp.where(real_B, s_B, jnp.inf)), 1.0),
+      'seq_ratio_max':
+          jnp.where(jnp.any(real_B), jnp.max(jnp.where(real_B, s_B, -jnp.inf)), 1.0),
+      'approx_kl':
+          jnp.sum((ratio_BT - 1.0 - inp.log_ratio_BT) * mask_BT) / n,
+      'asym':
+          asym(sur.w_B, inp.adv_B, group_size=inp.group_size)[1],
+      'asym_gated':
+          asym(sur.w_grad_B, inp.adv_B, group_size=inp.group_size)[1],
+      'frac_degenerate_groups':
+          jnp.mean((jnp.max(adv_MG, axis=-1) == jnp.min(adv_MG, axis=-1)).astype(jnp.float32)),
   }
 
 

@@ -35,8 +35,8 @@ import numpy as np
 from jtc import curves
 from jtc import metric_writer
 
-DEFAULT_KEYS = ('reward_mean', 'accuracy', 'entropy', 'response_length', 'asym',
-                'clip_frac_high', 'approx_kl', 'format/entropy')
+DEFAULT_KEYS = ('reward_mean', 'accuracy', 'entropy', 'response_length', 'asym', 'clip_frac_high',
+                'approx_kl', 'format/entropy')
 
 # key -> (panel title, y-axis label).
 KNOWN_KEYS = {
@@ -75,18 +75,25 @@ KNOWN_KEYS = {
     'diag/shared_energy': ('Gradient mass on shared tokens', 'share of gradient mass'),
     'diag/shared_frac': ('Shared tokens', 'fraction of tokens'),
 }
-_PREFIXES = {'eval': 'Held-out', 'diag': 'Diagnostic', 'adv': 'Advantages', 'compute': 'Compute',
-             'delta': 'DelTA', 'format': 'Format'}
+_PREFIXES = {
+    'eval': 'Held-out',
+    'diag': 'Diagnostic',
+    'adv': 'Advantages',
+    'compute': 'Compute',
+    'delta': 'DelTA',
+    'format': 'Format'
+}
 _PATTERNS = (
     (re.compile(r'eval/avg@(\d+)'), lambda m: (f'Held-out accuracy (avg@{m[1]})', 'accuracy')),
-    (re.compile(r'eval/format/(\w+)'),
-     lambda m: (f"Held-out share of the '{m[1]}' format", 'fraction of correct')),
-    (re.compile(r'format/(\w+)'), lambda m: (f"Share of the '{m[1]}' format", 'fraction of correct')),
-    (re.compile(r'diag/energy_b(\d+)'),
-     lambda m: (f'Gradient energy in frequency bucket {m[1]} (b0 = frequent)', 'share of energy')),
+    (re.compile(r'eval/format/(\w+)'), lambda m:
+     (f"Held-out share of the '{m[1]}' format", 'fraction of correct')),
+    (re.compile(r'format/(\w+)'), lambda m:
+     (f"Share of the '{m[1]}' format", 'fraction of correct')),
+    (re.compile(r'diag/energy_b(\d+)'), lambda m:
+     (f'Gradient energy in frequency bucket {m[1]} (b0 = frequent)', 'share of energy')),
 )
 _SPARSE_MAX_POINTS = 25  # a curve with at most this many points, or logged at step gaps > 1,
-                         # is sparse: markers, no smoothing
+# is sparse: markers, no smoothing
 
 
 def describe(key):
@@ -110,9 +117,8 @@ def describe(key):
 
 def series(records, key):
   """(steps, values) of `key` over the records that have a finite number for it."""
-  pts = [(r['step'], r[key]) for r in records
-         if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
-         and np.isfinite(r[key])]
+  pts = [(r['step'], r[key]) for r in records if isinstance(r.get(key), (int, float)) and
+         not isinstance(r.get(key), bool) and np.isfinite(r[key])]
   if not pts:
     return np.zeros(0), np.zeros(0)
   steps, values = zip(*pts)
@@ -150,9 +156,10 @@ def run_labels(workdirs):
 
 def available_keys(runs):
   """Sorted keys with at least one finite number in some run (what `--keys` may name)."""
-  return sorted({k for recs in runs.values() for r in recs for k, v in r.items()
-                 if k != 'step' and isinstance(v, (int, float)) and not isinstance(v, bool)
-                 and np.isfinite(v)})
+  return sorted({
+      k for recs in runs.values() for r in recs for k, v in r.items()
+      if k != 'step' and isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+  })
 
 
 def _read_runs(workdirs):
@@ -225,16 +232,16 @@ def make_figure(runs, keys=None, *, smooth=1):
   handles = [mlines.Line2D([], [], color=c, ls=ls, lw=1.5) for c, ls in run_styles]
   fig.tight_layout(h_pad=1.2)
   if empty and len(runs) <= 8 * len(empty):  # an unused panel slot holds the legend
-    empty[0].legend(handles, list(runs), loc='center left', fontsize=8, frameon=False,
-                    title='runs', title_fontsize=8)
+    empty[0].legend(handles, list(runs), loc='center left', fontsize=8, frameon=False, title='runs',
+                    title_fontsize=8)
   else:  # below all panels, outside every axes
     ncol = min(len(runs), 3 if max(map(len, runs)) > 30 else 5)
     fig.legend(handles, list(runs), loc='upper center', bbox_to_anchor=(0.5, 0.0), ncol=ncol,
                fontsize=8, frameon=False)
   if smooth > 1:
-    fig.text(0.5, 1.0, f'trailing mean of {smooth} points, raw values faint; '
-             'sparse curves (markers) unsmoothed', ha='center', va='bottom', fontsize=7,
-             color='0.35')
+    fig.text(
+        0.5, 1.0, f'trailing mean of {smooth} points, raw values faint; '
+        'sparse curves (markers) unsmoothed', ha='center', va='bottom', fontsize=7, color='0.35')
   return fig
 
 
@@ -275,8 +282,9 @@ def plot_token_clouds(workdirs, out):
       items = cloud[side]
       ax.bar(range(len(items)), [it['mean_lambda'] for it in items], color=color)
       ax.set_xticks(range(len(items)), [repr(it['token'])[1:-1] for it in items], fontsize=7)
-      ax.set_ylim(min([it['mean_lambda'] for it in items] + [1.0]) - 0.05,
-                  max([it['mean_lambda'] for it in items] + [1.0]) + 0.05)
+      ax.set_ylim(
+          min([it['mean_lambda'] for it in items] + [1.0]) - 0.05,
+          max([it['mean_lambda'] for it in items] + [1.0]) + 0.05)
       ax.set_title(f'{name}: {side} tokens by mean lambda', fontsize=9)
       ax.set_ylabel('mean lambda', fontsize=8)
   fig.tight_layout()
@@ -289,9 +297,9 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('workdirs', nargs='+')
   parser.add_argument('--out', default='curves.png')
-  parser.add_argument('--keys', default=None,
-                      help='comma-separated metric keys (default: held-out accuracy and '
-                      f'those of {",".join(DEFAULT_KEYS)} that the runs log)')
+  parser.add_argument(
+      '--keys', default=None, help='comma-separated metric keys (default: held-out accuracy and '
+      f'those of {",".join(DEFAULT_KEYS)} that the runs log)')
   parser.add_argument('--smooth', type=int, default=1,
                       help='trailing-mean window in logged points (default 1: no smoothing)')
   args = parser.parse_args(argv)

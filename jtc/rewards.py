@@ -8,7 +8,7 @@ Every reward function has one interface::
 so the trainer never needs to know which verifier it runs (``get_reward_fn(name)``).
 
 Nothing here calls ``eval``/``exec`` on model output: arithmetic expressions go through a small
-tokenizer + recursive-descent parser (``parse_expression``) with limits on length, nesting
+tokenizer + recursive-descent parser (``jtc.expressions``) with limits on length, nesting
 depth, exponent size and the bit size of intermediate values, so no input can hang it.
 
 Answer extraction rule (``extract_answer``), first rule that fires wins:
@@ -38,83 +38,77 @@ drops what math verifiers treat as decoration of a number (``answer_number_text`
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 from fractions import Fraction
 from typing import Callable, Sequence
 
 import numpy as np
 
+from jtc import expressions
+
 RewardFn = Callable[[Sequence[str], Sequence[str], Sequence[str]], np.ndarray]
 
 # Bounds that keep every verifier fast on any input.
 MAX_NUMBER_CHARS = 64  # a numeric answer longer than this is not parsed as a number
-MAX_EXPRESSION_CHARS = 256  # longer expressions are rejected, not parsed
-MAX_EXPRESSION_DEPTH = 32  # nested parentheses / unary signs / powers
-MAX_EXPONENT = 16  # |e| in a ** e
-MAX_VALUE_BITS = 4096  # numerator and denominator bit length of every intermediate value
 _MAX_BOXED_TRIES = 8  # how many trailing \boxed{ occurrences are tried for balanced braces
-
 
 # ----------------------------------------------------------------------------- numbers
 
+_INT_RE = re.compile(r'[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)')
+_DEC_RE = re.compile(r'[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)?\.\d+|[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)\.?')
+_FRAC_RE = re.compile(r'([+-]?\d+)\s*/\s*([+-]?\d+)')
+_TEX_FRAC_RE = re.compile(r'([+-]?)\\[dt]?frac\{([+-]?\d+)\}\{([+-]?\d+)\}')
 
-_INT_RE = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)")
-_DEC_RE = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)?\.\d+|[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)\.?")
-_FRAC_RE = re.compile(r"([+-]?\d+)\s*/\s*([+-]?\d+)")
-_TEX_FRAC_RE = re.compile(r"([+-]?)\\[dt]?frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
-
-
-_DASHES = "\u2212\u2012\u2013\u2014\u2015\ufe63\uff0d"
-_DASH_TABLE = str.maketrans({c: "-" for c in _DASHES})
+_DASHES = '\u2212\u2012\u2013\u2014\u2015\ufe63\uff0d'
+_DASH_TABLE = str.maketrans({c: '-' for c in _DASHES})
 
 
 def normalize_dashes(text: str) -> str:
-    """Replaces Unicode minus signs and dashes (U+2212, U+2012-U+2015, U+FE63, U+FF0D) by ``-``."""
-    return text.translate(_DASH_TABLE)
+  """Replaces Unicode minus signs and dashes (U+2212, U+2012-U+2015, U+FE63, U+FF0D) by ``-``."""
+  return text.translate(_DASH_TABLE)
 
 
 def _strip_answer_text(text: str) -> str:
-    """Removes wrappers that never change a value: $, \\text{}, \\!, spaces, trailing period;
+  """Removes wrappers that never change a value: $, \\text{}, \\!, spaces, trailing period;
     Unicode minus signs become ``-``."""
-    s = normalize_dashes(text).strip()
-    s = s.replace("\\!", "").replace("\\,", "").replace("\\ ", "")
-    s = re.sub(r"\\(?:text|mathrm|textbf|mathbf)\{([^{}]*)\}", r"\1", s)
-    s = s.replace("\\left", "").replace("\\right", "")
-    s = s.strip().rstrip(".").strip().strip("$").strip().rstrip(".").strip()
-    return s.replace(" ", "")
+  s = normalize_dashes(text).strip()
+  s = s.replace('\\!', '').replace('\\,', '').replace('\\ ', '')
+  s = re.sub(r'\\(?:text|mathrm|textbf|mathbf)\{([^{}]*)\}', r'\1', s)
+  s = s.replace('\\left', '').replace('\\right', '')
+  s = s.strip().rstrip('.').strip().strip('$').strip().rstrip('.').strip()
+  return s.replace(' ', '')
 
 
 # A unit after a number: \text{ apples}, \mbox{cm}, \mathrm{kg} (letters, spaces, dots only).
-_UNIT_TEXT_RE = re.compile(r"\s*\\(?:text|textrm|mbox|mathrm)\s*\{\s*[A-Za-z][A-Za-z .]*\}\s*$")
-_DEGREE_RE = re.compile(r"\^\s*(?:\\circ|\{\s*\\circ\s*\})\s*$")
-_PERCENT_RE = re.compile(r"(?:\\,|\\!|\\ |\s)*\\?%\s*$")
-_VARIABLE_LHS_RE = re.compile(r"[A-Za-z](?:_\{?[A-Za-z0-9]{1,4}\}?)?=")
-_FRAC_SHORTHAND_RE = re.compile(r"(\\[dt]?frac)\s*(\d)")  # \frac34 -> \frac{3}4
-_FRAC_SHORTHAND_DEN_RE = re.compile(r"(\\[dt]?frac\{[^{}]*\})\s*(\d)")  # \frac{3}4 -> \frac{3}{4}
+_UNIT_TEXT_RE = re.compile(r'\s*\\(?:text|textrm|mbox|mathrm)\s*\{\s*[A-Za-z][A-Za-z .]*\}\s*$')
+_DEGREE_RE = re.compile(r'\^\s*(?:\\circ|\{\s*\\circ\s*\})\s*$')
+_PERCENT_RE = re.compile(r'(?:\\,|\\!|\\ |\s)*\\?%\s*$')
+_VARIABLE_LHS_RE = re.compile(r'[A-Za-z](?:_\{?[A-Za-z0-9]{1,4}\}?)?=')
+_FRAC_SHORTHAND_RE = re.compile(r'(\\[dt]?frac)\s*(\d)')  # \frac34 -> \frac{3}4
+_FRAC_SHORTHAND_DEN_RE = re.compile(r'(\\[dt]?frac\{[^{}]*\})\s*(\d)')  # \frac{3}4 -> \frac{3}{4}
 
 
 def answer_number_text(text: str) -> str:
-    """The number part of an answer: variable ``x =``, text units, ``\\$``, degrees and percent
+  """The number part of an answer: variable ``x =``, text units, ``\\$``, degrees and percent
     signs removed and ``\\frac34`` written ``\\frac{3}{4}`` (see the module docstring); then
     ``_strip_answer_text``. Text without those decorations is only stripped."""
-    s = normalize_dashes(text).strip().rstrip(".").strip().strip("$").strip()
-    for _ in range(2):  # "5\,\% \text{ off}" has two trailing decorations
-        s = _UNIT_TEXT_RE.sub("", s)
-        s = _DEGREE_RE.sub("", s)
-        s = _PERCENT_RE.sub("", s)
-    s = s.replace("\\$", "")
-    s = _FRAC_SHORTHAND_RE.sub(r"\1{\2}", s)
-    s = _FRAC_SHORTHAND_DEN_RE.sub(r"\1{\2}", s)
-    s = _strip_answer_text(s)
-    lhs = _VARIABLE_LHS_RE.match(s)
-    if lhs is not None:
-        s = s[lhs.end():]
-    return s
+  s = normalize_dashes(text).strip().rstrip('.').strip().strip('$').strip()
+  for _ in range(2):  # "5\,\% \text{ off}" has two trailing decorations
+    s = _UNIT_TEXT_RE.sub('', s)
+    s = _DEGREE_RE.sub('', s)
+    s = _PERCENT_RE.sub('', s)
+  s = s.replace('\\$', '')
+  s = _FRAC_SHORTHAND_RE.sub(r'\1{\2}', s)
+  s = _FRAC_SHORTHAND_DEN_RE.sub(r'\1{\2}', s)
+  s = _strip_answer_text(s)
+  lhs = _VARIABLE_LHS_RE.match(s)
+  if lhs is not None:
+    s = s[lhs.end():]
+  return s
 
 
 def parse_number(text: str | None) -> Fraction | None:
-    """Parses an integer, decimal or fraction answer into an exact ``Fraction``.
+  """Parses an integer, decimal or fraction answer into an exact ``Fraction``.
 
     Accepts ``42``, ``-42`` (also with a Unicode minus), ``+42``, ``1,234`` (thousands commas),
     ``3.50``, ``.5``, ``3/4``, ``3 / 4``, ``\\frac{3}{4}`` (also ``\\dfrac``/``\\tfrac`` and the
@@ -123,358 +117,184 @@ def parse_number(text: str | None) -> Fraction | None:
     ``\\$5``, ``5\\%``, ``30^\\circ``). Returns ``None`` for anything else (including strings
     longer than ``MAX_NUMBER_CHARS`` and zero denominators). Never raises.
     """
-    if text is None or not isinstance(text, str):
-        return None
-    if len(text) > 4 * MAX_NUMBER_CHARS:
-        return None
-    s = answer_number_text(text)
-    if not s or len(s) > MAX_NUMBER_CHARS:
-        return None
-    m = _TEX_FRAC_RE.fullmatch(s)
-    if m:
-        num, den = int(m.group(2)), int(m.group(3))
-        if den == 0:
-            return None
-        value = Fraction(num, den)
-        return -value if m.group(1) == "-" else value
-    m = _FRAC_RE.fullmatch(s)
-    if m:
-        num, den = int(m.group(1)), int(m.group(2))
-        return None if den == 0 else Fraction(num, den)
-    if _DEC_RE.fullmatch(s):
-        s = s.replace(",", "")
-        if s.endswith("."):
-            s = s[:-1]
-        if s in ("", "+", "-"):
-            return None
-        return Fraction(s)
+  if text is None or not isinstance(text, str):
     return None
+  if len(text) > 4 * MAX_NUMBER_CHARS:
+    return None
+  s = answer_number_text(text)
+  if not s or len(s) > MAX_NUMBER_CHARS:
+    return None
+  m = _TEX_FRAC_RE.fullmatch(s)
+  if m:
+    num, den = int(m.group(2)), int(m.group(3))
+    if den == 0:
+      return None
+    value = Fraction(num, den)
+    return -value if m.group(1) == '-' else value
+  m = _FRAC_RE.fullmatch(s)
+  if m:
+    num, den = int(m.group(1)), int(m.group(2))
+    return None if den == 0 else Fraction(num, den)
+  if _DEC_RE.fullmatch(s):
+    s = s.replace(',', '')
+    if s.endswith('.'):
+      s = s[:-1]
+    if s in ('', '+', '-'):
+      return None
+    return Fraction(s)
+  return None
 
 
 def numbers_equal(a: str | None, b: str | None) -> bool:
-    """True when both strings parse (``parse_number``) to the same exact value."""
-    x, y = parse_number(a), parse_number(b)
-    return x is not None and y is not None and x == y
+  """True when both strings parse (``parse_number``) to the same exact value."""
+  x, y = parse_number(a), parse_number(b)
+  return x is not None and y is not None and x == y
 
 
 def normalize_answer(text: str | None) -> str:
-    """Canonical string for exact matching: wrappers stripped, spaces removed, case kept."""
-    return "" if text is None else _strip_answer_text(text)
+  """Canonical string for exact matching: wrappers stripped, spaces removed, case kept."""
+  return '' if text is None else _strip_answer_text(text)
 
 
 # ----------------------------------------------------------------------------- extraction
 
-
 _NUMBER_IN_TEXT_RE = re.compile(
-    r"(?:(?<![\w)])-)?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[ \t]{0,3}/[ \t]{0,3}\d+)?"
-)
-_ANSWER_IS_RE = re.compile(r"answer\s*(?:is|:)\s*:?", re.IGNORECASE)
-_GSM8K_RE = re.compile(r"####\s*([^\n]*)")
-_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+    r'(?:(?<![\w)])-)?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[ \t]{0,3}/[ \t]{0,3}\d+)?')
+_ANSWER_IS_RE = re.compile(r'answer\s*(?:is|:)\s*:?', re.IGNORECASE)
+_GSM8K_RE = re.compile(r'####\s*([^\n]*)')
+_BOXED_RE = re.compile(r'\\(?:boxed|fbox)\s*\{')
 
 
 def extract_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` whose braces balance (nesting allowed), else None."""
-    starts = [m.end() for m in _BOXED_RE.finditer(text)]
-    for start in reversed(starts[-_MAX_BOXED_TRIES:]):
-        depth = 1
-        for i in range(start, len(text)):
-            c = text[i]
-            if c == "{":
-                depth += 1
-            elif c == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start:i].strip()
-    return None
+  """Content of the last ``\\boxed{...}`` whose braces balance (nesting allowed), else None."""
+  starts = [m.end() for m in _BOXED_RE.finditer(text)]
+  for start in reversed(starts[-_MAX_BOXED_TRIES:]):
+    depth = 1
+    for i in range(start, len(text)):
+      c = text[i]
+      if c == '{':
+        depth += 1
+      elif c == '}':
+        depth -= 1
+        if depth == 0:
+          return text[start:i].strip()
+  return None
 
 
 def last_number(text: str) -> str | None:
-    """The last number in ``text`` (see the module docstring for what counts), else None."""
-    found = None
-    for found in _NUMBER_IN_TEXT_RE.finditer(text):
-        pass
-    return None if found is None else found.group(0)
+  """The last number in ``text`` (see the module docstring for what counts), else None."""
+  found = None
+  for found in _NUMBER_IN_TEXT_RE.finditer(text):
+    pass
+  return None if found is None else found.group(0)
 
 
 def extract_answer(text: str | None) -> str | None:
-    """Extracts the final answer of a completion by the rule in the module docstring."""
-    if not isinstance(text, str) or not text:
-        return None
-    text = normalize_dashes(text)
-    boxed = extract_boxed(text)
-    if boxed is not None:
-        return boxed
-    marker = None
-    for marker in _ANSWER_IS_RE.finditer(text):
-        pass
-    if marker is not None:
-        rest = text[marker.end():].split("\n", 1)[0].strip()
-        rest = rest.strip("$ ")
-        m = _NUMBER_IN_TEXT_RE.match(rest.replace("$", ""))
-        if m:
-            return m.group(0)
-        sentence = re.split(r"\.(?:\s|$)", rest, maxsplit=1)[0].strip()
-        if sentence:
-            return sentence
-    gsm = None
-    for gsm in _GSM8K_RE.finditer(text):
-        pass
-    if gsm is not None and gsm.group(1).strip():
-        return gsm.group(1).strip()
-    return last_number(text)
+  """Extracts the final answer of a completion by the rule in the module docstring."""
+  if not isinstance(text, str) or not text:
+    return None
+  text = normalize_dashes(text)
+  boxed = extract_boxed(text)
+  if boxed is not None:
+    return boxed
+  marker = None
+  for marker in _ANSWER_IS_RE.finditer(text):
+    pass
+  if marker is not None:
+    rest = text[marker.end():].split('\n', 1)[0].strip()
+    rest = rest.strip('$ ')
+    m = _NUMBER_IN_TEXT_RE.match(rest.replace('$', ''))
+    if m:
+      return m.group(0)
+    sentence = re.split(r'\.(?:\s|$)', rest, maxsplit=1)[0].strip()
+    if sentence:
+      return sentence
+  gsm = None
+  for gsm in _GSM8K_RE.finditer(text):
+    pass
+  if gsm is not None and gsm.group(1).strip():
+    return gsm.group(1).strip()
+  return last_number(text)
 
 
 def has_explicit_answer(text: str | None) -> bool:
-    """True when the answer is marked (``\\boxed{}``, ``answer is``, ``####``), not only guessed."""
-    if not isinstance(text, str):
-        return False
-    return (
-        extract_boxed(text) is not None
-        or _ANSWER_IS_RE.search(text) is not None
-        or _GSM8K_RE.search(text) is not None
-    )
-
-
-# ----------------------------------------------------------------------------- safe parser
-
-
-class ExpressionError(ValueError):
-    """An expression that is malformed, too big, too deep, or divides by zero."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ParsedExpression:
-    """Result of ``parse_expression``: the exact value and the literals in reading order."""
-
-    value: Fraction
-    numbers: tuple[Fraction, ...]
-
-
-_TOKEN_RE = re.compile(r"\s*(?:(\d+(?:\.\d+)?|\.\d+)|(\*\*|[-+*/()^×÷xX]))")
-_OP_ALIASES = {"×": "*", "x": "*", "X": "*", "÷": "/", "^": "**"}
-
-
-def _tokenize_expression(text: str) -> list[tuple[str, str]]:
-    tokens = []
-    pos = 0
-    n = len(text.rstrip())
-    while pos < n:
-        m = _TOKEN_RE.match(text, pos)
-        if m is None or m.end() == pos:
-            bad = text[pos:].lstrip()[:1]
-            raise ExpressionError(f"unexpected character {bad!r} at position {pos} in {text!r}")
-        if m.group(1) is not None:
-            if len(m.group(1)) > 40:
-                raise ExpressionError(f"number literal too long in {text!r}")
-            tokens.append(("num", m.group(1)))
-        else:
-            op = m.group(2)
-            tokens.append(("op", _OP_ALIASES.get(op, op)))
-        pos = m.end()
-    return tokens
-
-
-def _check_size(value: Fraction) -> Fraction:
-    if value.numerator.bit_length() > MAX_VALUE_BITS or value.denominator.bit_length() > MAX_VALUE_BITS:
-        raise ExpressionError(f"intermediate value exceeds {MAX_VALUE_BITS} bits")
-    return value
-
-
-class _Parser:
-    """Recursive descent over: expr := term (+|- term)*; term := unary (*|/ unary)*;
-    unary := (+|-) unary | power; power := atom [** unary]; atom := NUMBER | ( expr )."""
-
-    def __init__(self, tokens, *, allow_unary: bool, allow_power: bool, max_depth: int):
-        self.tokens = tokens
-        self.i = 0
-        self.numbers: list[Fraction] = []
-        self.allow_unary = allow_unary
-        self.allow_power = allow_power
-        self.max_depth = max_depth
-
-    def peek(self):
-        return self.tokens[self.i] if self.i < len(self.tokens) else (None, None)
-
-    def take(self):
-        tok = self.peek()
-        self.i += 1
-        return tok
-
-    def expr(self, depth):
-        value = self.term(depth)
-        while self.peek() in (("op", "+"), ("op", "-")):
-            op = self.take()[1]
-            rhs = self.term(depth)
-            value = _check_size(value + rhs if op == "+" else value - rhs)
-        return value
-
-    def term(self, depth):
-        value = self.unary(depth)
-        while self.peek() in (("op", "*"), ("op", "/")):
-            op = self.take()[1]
-            rhs = self.unary(depth)
-            if op == "*":
-                value = _check_size(value * rhs)
-            else:
-                if rhs == 0:
-                    raise ExpressionError("division by zero")
-                value = _check_size(value / rhs)
-        return value
-
-    def unary(self, depth):
-        if depth > self.max_depth:
-            raise ExpressionError(f"expression nested deeper than {self.max_depth}")
-        if self.peek() in (("op", "+"), ("op", "-")):
-            if not self.allow_unary:
-                raise ExpressionError("unary sign not allowed")
-            op = self.take()[1]
-            value = self.unary(depth + 1)
-            return -value if op == "-" else value
-        return self.power(depth)
-
-    def power(self, depth):
-        base = self.atom(depth)
-        if self.peek() == ("op", "**"):
-            if not self.allow_power:
-                raise ExpressionError("power not allowed")
-            self.take()
-            exponent = self.unary(depth + 1)
-            if exponent.denominator != 1 or abs(exponent) > MAX_EXPONENT:
-                raise ExpressionError(f"exponent must be an integer with |e| <= {MAX_EXPONENT}")
-            if base == 0 and exponent < 0:
-                raise ExpressionError("division by zero")
-            if base.numerator.bit_length() * abs(int(exponent)) > MAX_VALUE_BITS or (
-                base.denominator.bit_length() * abs(int(exponent)) > MAX_VALUE_BITS
-            ):
-                raise ExpressionError(f"power exceeds {MAX_VALUE_BITS} bits")
-            return _check_size(base ** int(exponent))
-        return base
-
-    def atom(self, depth):
-        kind, val = self.take()
-        if kind == "num":
-            number = Fraction(val)
-            self.numbers.append(number)
-            return number
-        if (kind, val) == ("op", "("):
-            if depth + 1 > self.max_depth:
-                raise ExpressionError(f"expression nested deeper than {self.max_depth}")
-            value = self.expr(depth + 1)
-            if self.take() != ("op", ")"):
-                raise ExpressionError("missing ')'")
-            return value
-        raise ExpressionError(f"unexpected token {val!r}" if val is not None else "unexpected end")
-
-
-def parse_expression(
-    text: str,
-    *,
-    allow_unary: bool = True,
-    allow_power: bool = True,
-    max_length: int = MAX_EXPRESSION_CHARS,
-    max_depth: int = MAX_EXPRESSION_DEPTH,
-) -> ParsedExpression:
-    """Safely evaluates an arithmetic expression exactly (never ``eval``).
-
-    Grammar: numbers (``12``, ``1.5``), ``+ - * /`` (also ``× ÷ x``), ``**`` or ``^`` (integer
-    exponent, |e| <= ``MAX_EXPONENT``), parentheses, unary ``+``/``-``. Values are
-    ``Fraction``; every intermediate value is bounded to ``MAX_VALUE_BITS`` bits.
-
-    Raises:
-      ExpressionError (a ``ValueError``) for malformed, too long, too deep or too large input
-      and for division by zero.
-    """
-    if not isinstance(text, str):
-        raise ExpressionError(f"expression must be a string, got {type(text).__name__}")
-    if len(text) > max_length:
-        raise ExpressionError(f"expression longer than {max_length} characters")
-    tokens = _tokenize_expression(text)
-    if not tokens:
-        raise ExpressionError("empty expression")
-    parser = _Parser(tokens, allow_unary=allow_unary, allow_power=allow_power, max_depth=max_depth)
-    value = parser.expr(0)
-    if parser.i != len(tokens):
-        raise ExpressionError(f"unexpected token {tokens[parser.i][1]!r} in {text!r}")
-    return ParsedExpression(value=value, numbers=tuple(parser.numbers))
-
-
-def evaluate_expression(text: str, **kwargs) -> Fraction:
-    """``parse_expression(text, **kwargs).value``."""
-    return parse_expression(text, **kwargs).value
+  """True when the answer is marked (``\\boxed{}``, ``answer is``, ``####``), not only guessed."""
+  if not isinstance(text, str):
+    return False
+  return (extract_boxed(text) is not None or _ANSWER_IS_RE.search(text) is not None or
+          _GSM8K_RE.search(text) is not None)
 
 
 # ----------------------------------------------------------------------------- reward fns
 
 
 def _check_batch(prompts, completions, answers) -> None:
-    if not (len(prompts) == len(completions) == len(answers)):
-        raise ValueError(
-            f"prompts, completions and answers must have equal length, got "
-            f"{len(prompts)}, {len(completions)}, {len(answers)}"
-        )
+  if not (len(prompts) == len(completions) == len(answers)):
+    raise ValueError(f'prompts, completions and answers must have equal length, got '
+                     f'{len(prompts)}, {len(completions)}, {len(answers)}')
 
 
 def _per_example(score: Callable[[str, str, str], float]) -> RewardFn:
-    def reward_fn(prompts, completions, answers) -> np.ndarray:
-        _check_batch(prompts, completions, answers)
-        out = [score(p, c, a) for p, c, a in zip(prompts, completions, answers)]
-        return np.asarray(out, dtype=np.float32).reshape(len(out))
 
-    reward_fn.__doc__ = score.__doc__
-    reward_fn.__name__ = score.__name__
-    return reward_fn
+  def reward_fn(prompts, completions, answers) -> np.ndarray:
+    _check_batch(prompts, completions, answers)
+    out = [score(p, c, a) for p, c, a in zip(prompts, completions, answers)]
+    return np.asarray(out, dtype=np.float32).reshape(len(out))
+
+  reward_fn.__doc__ = score.__doc__
+  reward_fn.__name__ = score.__name__
+  return reward_fn
 
 
 def _exact_match(prompt: str, completion: str, answer: str) -> float:
-    """1.0 when the extracted answer equals the reference as a normalized string."""
-    del prompt
-    extracted = extract_answer(completion)
-    return float(extracted is not None and normalize_answer(extracted) == normalize_answer(answer))
+  """1.0 when the extracted answer equals the reference as a normalized string."""
+  del prompt
+  extracted = extract_answer(completion)
+  return float(extracted is not None and normalize_answer(extracted) == normalize_answer(answer))
 
 
 def _numeric_match(prompt: str, completion: str, answer: str) -> float:
-    """1.0 when the extracted answer equals the reference as an exact number
+  """1.0 when the extracted answer equals the reference as an exact number
     (integer/decimal/fraction equivalence); non-numeric references fall back to exact match."""
-    extracted = extract_answer(completion)
-    if extracted is None:
-        return 0.0
-    if parse_number(answer) is not None:
-        return float(numbers_equal(extracted, answer))
-    return _exact_match(prompt, completion, answer)
+  extracted = extract_answer(completion)
+  if extracted is None:
+    return 0.0
+  if parse_number(answer) is not None:
+    return float(numbers_equal(extracted, answer))
+  return _exact_match(prompt, completion, answer)
 
 
 def _boxed_numeric(prompt: str, completion: str, answer: str) -> float:
-    """1.0 iff the completion's last balanced ``\\boxed{...}`` equals the reference: as numbers
+  """1.0 iff the completion's last balanced ``\\boxed{...}`` equals the reference: as numbers
     when the reference is one (``\\boxed{0.5}`` == ``1/2``), else as normalised strings. No
     ``\\boxed{}`` scores 0 (the strict verifier of the papers' math runs, unlike
     `numeric_match`, which also accepts "the answer is 42")."""
-    del prompt
-    boxed = extract_boxed(completion or "")
-    if boxed is None:
-        return 0.0
-    if parse_number(answer) is not None:
-        return float(numbers_equal(boxed, answer))
-    return float(normalize_answer(boxed) == normalize_answer(answer))
+  del prompt
+  boxed = extract_boxed(completion or '')
+  if boxed is None:
+    return 0.0
+  if parse_number(answer) is not None:
+    return float(numbers_equal(boxed, answer))
+  return float(normalize_answer(boxed) == normalize_answer(answer))
 
 
 def _format(prompt: str, completion: str, answer: str) -> float:
-    """1.0 when the completion marks its answer explicitly (``\\boxed{}``, ``answer is``, ``####``)."""
-    del prompt, answer
-    return float(has_explicit_answer(completion))
+  """1.0 when the completion marks its answer explicitly (``\\boxed{}``, ``answer is``, ``####``)."""
+  del prompt, answer
+  return float(has_explicit_answer(completion))
 
 
 def _expression_match(prompt: str, completion: str, answer: str) -> float:
-    """1.0 when the completion (left of its first '=') is a valid expression equal to the answer."""
-    del prompt
-    target = parse_number(answer)
-    if target is None or not isinstance(completion, str):
-        return 0.0
-    lhs = normalize_dashes(completion).strip().split("\n", 1)[0].split("=", 1)[0].strip().rstrip(".")
-    try:
-        return float(evaluate_expression(lhs) == target)
-    except ExpressionError:
-        return 0.0
+  """1.0 when the completion (left of its first '=') is a valid expression equal to the answer."""
+  del prompt
+  target = parse_number(answer)
+  if target is None or not isinstance(completion, str):
+    return 0.0
+  lhs = normalize_dashes(completion).strip().split('\n', 1)[0].split('=', 1)[0].strip().rstrip('.')
+  try:
+    return float(expressions.evaluate_expression(lhs) == target)
+  except expressions.ExpressionError:
+    return 0.0
 
 
 exact_match = _per_example(_exact_match)
@@ -484,30 +304,30 @@ format_reward = _per_example(_format)
 expression_match = _per_example(_expression_match)
 
 REWARD_FNS: dict[str, RewardFn] = {
-    "exact_match": exact_match,
-    "numeric_match": numeric_match,
-    "boxed_numeric": boxed_numeric,
-    "format": format_reward,
-    "expression_match": expression_match,
+    'exact_match': exact_match,
+    'numeric_match': numeric_match,
+    'boxed_numeric': boxed_numeric,
+    'format': format_reward,
+    'expression_match': expression_match,
 }
 
 
 def get_reward_fn(name: str) -> RewardFn:
-    """Looks up a reward function ``(prompts, completions, answers) -> [B] float32`` by name."""
-    if name not in REWARD_FNS:
-        raise ValueError(f"unknown reward function {name!r}; valid: {sorted(REWARD_FNS)}")
-    return REWARD_FNS[name]
+  """Looks up a reward function ``(prompts, completions, answers) -> [B] float32`` by name."""
+  if name not in REWARD_FNS:
+    raise ValueError(f'unknown reward function {name!r}; valid: {sorted(REWARD_FNS)}')
+  return REWARD_FNS[name]
 
 
 def combine(*weighted: tuple[float, RewardFn]) -> RewardFn:
-    """Weighted sum of reward functions, e.g. ``combine((1.0, numeric_match), (0.1, format_reward))``."""
-    if not weighted:
-        raise ValueError("combine needs at least one (weight, reward_fn) pair")
+  """Weighted sum of reward functions, e.g. ``combine((1.0, numeric_match), (0.1, format_reward))``."""
+  if not weighted:
+    raise ValueError('combine needs at least one (weight, reward_fn) pair')
 
-    def reward_fn(prompts, completions, answers) -> np.ndarray:
-        total = np.zeros(len(completions), dtype=np.float32)
-        for weight, fn in weighted:
-            total += np.float32(weight) * fn(prompts, completions, answers)
-        return total
+  def reward_fn(prompts, completions, answers) -> np.ndarray:
+    total = np.zeros(len(completions), dtype=np.float32)
+    for weight, fn in weighted:
+      total += np.float32(weight) * fn(prompts, completions, answers)
+    return total
 
-    return reward_fn
+  return reward_fn

@@ -95,18 +95,19 @@ class Generator:
 
   def encode(self, prompts):
     """Questions -> left-padded [B, P] prompt tokens / mask on the device."""
-    tokens_BP, mask_BP = data_lib.encode_prompts(
-        self.tokenizer, [p + self.prompt_suffix for p in prompts], width=self.prompt_width,
-        chat_template=self.chat_template)
+    tokens_BP, mask_BP = data_lib.encode_prompts(self.tokenizer,
+                                                 [p + self.prompt_suffix for p in prompts],
+                                                 width=self.prompt_width,
+                                                 chat_template=self.chat_template)
     return self.to_device(tokens_BP), self.to_device(mask_BP)
 
   def check_prompt_width(self, prompts):
     """ValueError naming config.data.prompt_width when the longest of ``prompts`` (suffix and
     chat template included) does not fit, before any compute."""
     longest = max(prompts, key=len, default='')
-    need = int(data_lib.encode_prompts(
-        self.tokenizer, [longest + self.prompt_suffix], width=1 << 16,
-        chat_template=self.chat_template)[1].sum()) if prompts else 0
+    need = int(
+        data_lib.encode_prompts(self.tokenizer, [longest + self.prompt_suffix], width=1 << 16,
+                                chat_template=self.chat_template)[1].sum()) if prompts else 0
     if need > self.prompt_width:
       raise ValueError(f'config.data.prompt_width={self.prompt_width} is too small: the prompt '
                        f'{longest!r} takes {need} tokens with the template; set it to >= {need}')
@@ -115,13 +116,13 @@ class Generator:
     """sampler.sample on the encoded prompts; a `SampleOutput` on the host."""
     tokens_BP, mask_BP = self.encode(prompts)
     out = sampler_lib.sample(params, self.model_config, tokens_BP, mask_BP, rng=rng,
-                             eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id,
-                             **sampling)
+                             eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id, **sampling)
     return sharding_lib.to_host(out)
 
   def decode(self, completion_BT, completion_mask_BT):
-    return tuple(self.tokenizer.decode(row[m > 0].tolist())
-                 for row, m in zip(completion_BT, completion_mask_BT))
+    return tuple(
+        self.tokenizer.decode(row[m > 0].tolist())
+        for row, m in zip(completion_BT, completion_mask_BT))
 
 
 def generate(gen, params, prompts, answers, rng, sampling):
@@ -138,12 +139,12 @@ def generate(gen, params, prompts, answers, rng, sampling):
     outs.append(gen.sample(params, prompts[s:s + chunk], key, sampling))
   out = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *outs)
   texts = gen.decode(out.completion, out.completion_mask)
-  rewards_B = np.asarray(gen.reward_fn([p for p in prompts for _ in range(G)], list(texts),
-                                       [a for a in answers for _ in range(G)]), np.float32)
-  return Rollout(tokens_BL=out.tokens, input_mask_BL=out.input_mask,
-                 completion_BT=out.completion, completion_mask_BT=out.completion_mask,
-                 sampler_logps_BT=out.logps, truncated_B=out.truncated, rewards_B=rewards_B,
-                 texts=texts)
+  rewards_B = np.asarray(
+      gen.reward_fn([p for p in prompts for _ in range(G)], list(texts),
+                    [a for a in answers for _ in range(G)]), np.float32)
+  return Rollout(tokens_BL=out.tokens, input_mask_BL=out.input_mask, completion_BT=out.completion,
+                 completion_mask_BT=out.completion_mask, sampler_logps_BT=out.logps,
+                 truncated_B=out.truncated, rewards_B=rewards_B, texts=texts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,8 +163,11 @@ def refill(rollout, donor, keep_M, group_size):
   informative groups of ``donor`` (as many as it has)."""
   G = group_size
   donors = list(np.flatnonzero(informative_groups(donor.rewards_B, G)))
-  arrays = {f.name: np.array(getattr(rollout, f.name)) for f in dataclasses.fields(rollout)
-            if f.name != 'texts'}
+  arrays = {
+      f.name: np.array(getattr(rollout, f.name))
+      for f in dataclasses.fields(rollout)
+      if f.name != 'texts'
+  }
   texts = list(rollout.texts)
   for g in np.flatnonzero(~keep_M):
     if not donors:
@@ -214,8 +218,7 @@ def behaviour_pass(params, tokens_BL, input_mask_BL, *, model_config, completion
   """Log-probs [B, T] (and hidden states [B, T, D] when asked) of the rollouts: one forward
   pass, no gradient. Jit with everything but the arrays static."""
   return model_lib.sequence_logprobs(params, model_config, tokens_BL, input_mask_BL,
-                                     completion_start=completion_start,
-                                     return_hidden=return_hidden)
+                                     completion_start=completion_start, return_hidden=return_hidden)
 
 
 def behaviour_logps(behaviour_fn, params, *, rollout, tokens_BL, input_mask_BL, chunk_rows,
@@ -225,9 +228,11 @@ def behaviour_logps(behaviour_fn, params, *, rollout, tokens_BL, input_mask_BL, 
   B = tokens_BL.shape[0]
   if not chunk_rows or chunk_rows >= B:
     return behaviour_fn(params, tokens_BL, input_mask_BL)
-  parts = [behaviour_fn(params, to_device(rollout.tokens_BL[s:s + chunk_rows]),
-                        to_device(rollout.input_mask_BL[s:s + chunk_rows]))
-           for s in range(0, B, chunk_rows)]
+  parts = [
+      behaviour_fn(params, to_device(rollout.tokens_BL[s:s + chunk_rows]),
+                   to_device(rollout.input_mask_BL[s:s + chunk_rows]))
+      for s in range(0, B, chunk_rows)
+  ]
   return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *parts)
 
 

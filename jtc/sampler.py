@@ -4,7 +4,7 @@ decode steps that read only what they need.
 `sample` takes B left-padded prompts and runs them through the model once (prefill). The
 prompt's keys/values are stored ONCE per prompt and shared by its G = num_samples samples
 (row b*G + g is sample g of prompt b); each row has its own completion cache of T slots.
-Every decode step (`jtc.model.decode_step`) attends from the G rows of a group to their
+Every decode step (`jtc.decode.decode_step`) attends from the G rows of a group to their
 prompt's block (read once per prompt, not once per row) and to the live prefix of their own
 completion cache, in fixed-size blocks up to the current length, so a step reads the
 parameters, B prompt blocks and R * (t + 1) completion slots instead of R * (P + T) slots.
@@ -35,6 +35,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from jtc import decode
 from jtc import model as model_lib
 
 
@@ -61,14 +62,14 @@ class SampleOutput:
 
 @flax.struct.dataclass
 class _DecodeState:
-  step: jax.Array          # [] int32, index of the next token to sample
-  logits_RV: jax.Array     # [R, V] float32, next-token logits
-  positions_R: jax.Array   # [R] int32, RoPE position of the next token
+  step: jax.Array  # [] int32, index of the next token to sample
+  logits_RV: jax.Array  # [R, V] float32, next-token logits
+  positions_R: jax.Array  # [R] int32, RoPE position of the next token
   completion_RT: jax.Array
   mask_RT: jax.Array
   logps_RT: jax.Array
-  done_R: jax.Array        # [R] bool, EOS already produced
-  cache: model_lib.GroupCache
+  done_R: jax.Array  # [R] bool, EOS already produced
+  cache: decode.GroupCache
 
 
 # ----------------------------------------------------------------------------------------
@@ -97,8 +98,7 @@ def apply_min_p(logits_RV, min_p: float):
   return jnp.where(logits_RV < threshold_R1, -jnp.inf, logits_RV)
 
 
-def sampling_logits(logits_RV, *, temperature: float, top_k: int, top_p: float,
-                    min_p: float):
+def sampling_logits(logits_RV, *, temperature: float, top_k: int, top_p: float, min_p: float):
   """The (unnormalised) log-probabilities tokens are drawn from; removed tokens are -inf."""
   logits_RV = logits_RV.astype(jnp.float32) / temperature
   if top_k > 0:
@@ -128,8 +128,8 @@ def _choose(logits_RV, key, *, temperature, top_k, top_p, min_p, greedy):
 # ----------------------------------------------------------------------------------------
 # The jitted sampler.
 
-_STATIC = ('config', 'num_samples', 'max_new_tokens', 'eos_ids', 'pad_id', 'temperature',
-           'top_k', 'top_p', 'min_p', 'greedy', 'block_size', 'layer_loop')
+_STATIC = ('config', 'num_samples', 'max_new_tokens', 'eos_ids', 'pad_id', 'temperature', 'top_k',
+           'top_p', 'min_p', 'greedy', 'block_size', 'layer_loop')
 LAYER_LOOPS = ('auto', 'scan', 'unroll')
 
 
@@ -144,22 +144,18 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
                              min_p=min_p, greedy=greedy)
 
   # Prefill once per prompt; the prompt cache stays [B, ...], shared by each group of G rows.
-  logits_BV, cache = model_lib.prefill(params, config, prompt_tokens_BP, prompt_mask_BP,
-                                       num_samples=G, max_new_tokens=T, block_size=block_size)
+  logits_BV, cache = decode.prefill(params, config, prompt_tokens_BP, prompt_mask_BP, num_samples=G,
+                                    max_new_tokens=T, block_size=block_size)
   # Per-layer weights and caches sliced once, outside the loop, for an unrolled layer loop.
   decode_params = params
   if layer_loop == 'unroll':
-    decode_params, cache = model_lib.split_layers(params), model_lib.split_cache(cache)
+    decode_params, cache = decode.split_layers(params), decode.split_cache(cache)
   repeat = lambda x: jnp.repeat(x, G, axis=0)
-  state = _DecodeState(
-      step=jnp.zeros((), jnp.int32),
-      logits_RV=repeat(logits_BV),
-      positions_R=repeat(jnp.sum(prompt_mask_BP, axis=-1)),
-      completion_RT=jnp.full((R, T), pad_id, jnp.int32),
-      mask_RT=jnp.zeros((R, T), jnp.int32),
-      logps_RT=jnp.zeros((R, T), jnp.float32),
-      done_R=jnp.zeros((R,), bool),
-      cache=cache)
+  state = _DecodeState(step=jnp.zeros((), jnp.int32), logits_RV=repeat(logits_BV),
+                       positions_R=repeat(jnp.sum(prompt_mask_BP, axis=-1)), completion_RT=jnp.full(
+                           (R, T), pad_id, jnp.int32), mask_RT=jnp.zeros(
+                               (R, T), jnp.int32), logps_RT=jnp.zeros(
+                                   (R, T), jnp.float32), done_R=jnp.zeros((R,), bool), cache=cache)
 
   def sample_token(state):
     """Draw token `step` from `logits_RV` and write it (pad after EOS)."""
@@ -167,26 +163,22 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
     live_R = ~state.done_R
     token_R = jnp.where(live_R, token_R, pad_id)
     logp_R = jnp.where(live_R, logp_R, 0.0)
-    write = lambda buf_RT, col_R: jax.lax.dynamic_update_slice(
-        buf_RT, col_R[:, None].astype(buf_RT.dtype), (0, state.step))
+    write = lambda buf_RT, col_R: jax.lax.dynamic_update_slice(buf_RT, col_R[:, None].astype(
+        buf_RT.dtype), (0, state.step))
     is_eos_R = functools.reduce(jnp.logical_or, [token_R == e for e in eos_ids])
-    return state.replace(
-        step=state.step + 1,
-        completion_RT=write(state.completion_RT, token_R),
-        mask_RT=write(state.mask_RT, live_R.astype(jnp.int32)),
-        logps_RT=write(state.logps_RT, logp_R),
-        done_R=state.done_R | (live_R & is_eos_R))
+    return state.replace(step=state.step + 1, completion_RT=write(state.completion_RT, token_R),
+                         mask_RT=write(state.mask_RT, live_R.astype(jnp.int32)),
+                         logps_RT=write(state.logps_RT,
+                                        logp_R), done_R=state.done_R | (live_R & is_eos_R))
 
   def decode_step(state):
     """Feed token `step - 1` (completion slot step - 1), then sample token `step`."""
-    prev = lambda buf_RT: jax.lax.dynamic_index_in_dim(buf_RT, state.step - 1, axis=1,
-                                                        keepdims=False)
+    prev = lambda buf_RT: jax.lax.dynamic_index_in_dim(buf_RT, state.step - 1, axis=1, keepdims=
+                                                       False)
     mask_R = prev(state.mask_RT)
-    logits_RV, cache = model_lib.decode_step(decode_params, config, prev(state.completion_RT),
-                                             state.positions_R, state.cache,
-                                             block_size=block_size)
-    state = state.replace(logits_RV=logits_RV, positions_R=state.positions_R + mask_R,
-                          cache=cache)
+    logits_RV, cache = decode.decode_step(decode_params, config, prev(state.completion_RT),
+                                          state.positions_R, state.cache, block_size=block_size)
+    state = state.replace(logits_RV=logits_RV, positions_R=state.positions_R + mask_R, cache=cache)
     return sample_token(state)
 
   def not_finished(state):
@@ -194,23 +186,20 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
 
   state = jax.lax.while_loop(not_finished, decode_step, sample_token(state))
   prompt_RP = repeat(prompt_tokens_BP).astype(jnp.int32)
-  return SampleOutput(
-      tokens=jnp.concatenate([prompt_RP, state.completion_RT], axis=1),
-      input_mask=jnp.concatenate([repeat(prompt_mask_BP), state.mask_RT], axis=1),
-      completion=state.completion_RT,
-      completion_mask=state.mask_RT,
-      logps=state.logps_RT,
-      truncated=~state.done_R)
+  return SampleOutput(tokens=jnp.concatenate([prompt_RP, state.completion_RT], axis=1),
+                      input_mask=jnp.concatenate([repeat(prompt_mask_BP), state.mask_RT],
+                                                 axis=1), completion=state.completion_RT,
+                      completion_mask=state.mask_RT, logps=state.logps_RT, truncated=~state.done_R)
 
 
 _sample_jit = jax.jit(_sample_impl, static_argnames=_STATIC)
 
 
 def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_BP, *,
-           rng: jax.Array, num_samples: int, max_new_tokens: int,
-           eos_id: int | Sequence[int], pad_id: int, temperature: float = 1.0, top_k: int = 0,
-           top_p: float = 1.0, min_p: float = 0.0, greedy: bool = False,
-           block_size: int = 128, layer_loop: str = 'auto') -> SampleOutput:
+           rng: jax.Array, num_samples: int, max_new_tokens: int, eos_id: int | Sequence[int],
+           pad_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+           min_p: float = 0.0, greedy: bool = False, block_size: int = 128,
+           layer_loop: str = 'auto') -> SampleOutput:
   """Sample `num_samples` completions for each of B left-padded prompts.
 
   Args:
@@ -242,18 +231,17 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
   eos_ids = tuple(int(e) for e in (eos_id if isinstance(eos_id, (tuple, list)) else [eos_id]))
   checks = {
       'num_samples': (num_samples, isinstance(num_samples, int) and num_samples >= 1, '>= 1'),
-      'max_new_tokens': (max_new_tokens, isinstance(max_new_tokens, int) and max_new_tokens >= 1
-                         and P + max_new_tokens <= config.max_seq_len,
+      'max_new_tokens': (max_new_tokens, isinstance(max_new_tokens, int) and max_new_tokens >= 1 and
+                         P + max_new_tokens <= config.max_seq_len,
                          f'>= 1 with P + max_new_tokens <= max_seq_len={config.max_seq_len}'),
-      'eos_id': (eos_id, len(eos_ids) >= 1 and all(0 <= e < V for e in eos_ids),
-                 f'an id (or non-empty list of ids) in [0, {V})'),
+      'eos_id': (eos_id, len(eos_ids) >= 1 and
+                 all(0 <= e < V for e in eos_ids), f'an id (or non-empty list of ids) in [0, {V})'),
       'pad_id': (pad_id, 0 <= pad_id < V, f'in [0, {V})'),
       'temperature': (temperature, greedy or temperature > 0, '> 0'),
       'top_k': (top_k, isinstance(top_k, int) and 0 <= top_k <= V, f'an int in [0, {V}]'),
       'top_p': (top_p, 0 < top_p <= 1, 'in (0, 1]'),
       'min_p': (min_p, 0 <= min_p <= 1, 'in [0, 1]'),
-      'block_size': (block_size, isinstance(block_size, int) and block_size >= 1,
-                     'a positive int'),
+      'block_size': (block_size, isinstance(block_size, int) and block_size >= 1, 'a positive int'),
       'layer_loop': (layer_loop, layer_loop in LAYER_LOOPS, f'one of {list(LAYER_LOOPS)}'),
   }
   for name, (value, ok, valid) in checks.items():

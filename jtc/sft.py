@@ -34,7 +34,6 @@ from jtc import tasks as tasks_lib
 from jtc import tokenizer as tokenizer_lib
 
 
-
 def define_flags():
   """Command-line flags, defined only when run as a program (so `jtc.train` can coexist)."""
   config_flags.DEFINE_config_file('config', None, 'SFT config file.', lock_config=True)
@@ -79,8 +78,8 @@ def sft_step(params, opt_state, tokens_BL, input_mask_BL, mask_BT, *, model_conf
 
 def eval_sampling(k, max_new_tokens):
   """The sampling settings of the base policy's evaluation: k samples at temperature 1."""
-  return dict(num_samples=k, max_new_tokens=max_new_tokens, temperature=1.0, top_k=0,
-              top_p=1.0, min_p=0.0)
+  return dict(num_samples=k, max_new_tokens=max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
+              min_p=0.0)
 
 
 def train_sft(c, workdir):
@@ -90,13 +89,14 @@ def train_sft(c, workdir):
   model_config = getattr(model_lib.ModelConfig, c.model_preset)(vocab_size=tokenizer.vocab_size)
   rng = np.random.default_rng(c.seed)
   params = model_lib.init_params(model_config, jax.random.key(c.seed))
-  schedule = optax.warmup_cosine_decay_schedule(0.0, c.learning_rate, c.warmup_steps,
-                                                c.num_steps, c.learning_rate * 0.1)
+  schedule = optax.warmup_cosine_decay_schedule(0.0, c.learning_rate, c.warmup_steps, c.num_steps,
+                                                c.learning_rate * 0.1)
   optimizer = optax.chain(optax.clip_by_global_norm(1.0),
                           optax.adamw(schedule, weight_decay=c.weight_decay))
   opt_state = optimizer.init(params)
-  step_fn = jax.jit(functools.partial(sft_step, model_config=model_config, optimizer=optimizer,
-                                      prompt_width=c.prompt_width), donate_argnums=(0, 1))
+  step_fn = jax.jit(
+      functools.partial(sft_step, model_config=model_config, optimizer=optimizer,
+                        prompt_width=c.prompt_width), donate_argnums=(0, 1))
   train = data_lib.load_examples(c.task, split='train', data_dir=os.path.join(workdir, 'data'),
                                  limit=c.train_problems)
   test = data_lib.load_examples(c.task, split='test', data_dir=os.path.join(workdir, 'data'),
@@ -110,8 +110,7 @@ def train_sft(c, workdir):
     for i in idx:
       solutions = train[i]['solutions']
       sols.append(solutions[task.formats[rng.integers(len(task.formats))]])
-    tokens, input_mask, mask = encode_pairs(tokenizer, prompts, sols,
-                                            prompt_width=c.prompt_width,
+    tokens, input_mask, mask = encode_pairs(tokenizer, prompts, sols, prompt_width=c.prompt_width,
                                             completion_width=c.max_new_tokens)
     params, opt_state, loss = step_fn(params, opt_state, tokens, input_mask, mask)
     if step % 50 == 0 or step == c.num_steps:

@@ -33,6 +33,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jtc import decode
 from jtc import model as model_lib
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
@@ -131,28 +132,27 @@ def shard_batch(tree, mesh: Mesh):
 
 
 def cache_shardings(cache, mesh: Mesh):
-  """Shardings for a `model.KVCache` or `model.GroupCache`: keys/values [Y, B, K, S, H] over
+  """Shardings for a `model.KVCache` or `decode.GroupCache`: keys/values [Y, B, K, S, H] over
   (-, batch, kv_heads, -, -), masks [B, S] over (batch, -), counters replicated."""
   kv = lambda x: named_sharding(mesh, model_lib.CACHE_AXES, x.shape)
   mask = lambda x: named_sharding(mesh, model_lib.CACHE_MASK_AXES, x.shape)
-  if isinstance(cache, model_lib.GroupCache):
-    return model_lib.GroupCache(prompt_k=kv(cache.prompt_k), prompt_v=kv(cache.prompt_v),
-                                prompt_mask_BP=mask(cache.prompt_mask_BP), k=kv(cache.k),
-                                v=kv(cache.v), length=replicated(mesh))
+  if isinstance(cache, decode.GroupCache):
+    return decode.GroupCache(prompt_k=kv(cache.prompt_k), prompt_v=kv(cache.prompt_v),
+                             prompt_mask_BP=mask(cache.prompt_mask_BP), k=kv(cache.k),
+                             v=kv(cache.v), length=replicated(mesh))
   return model_lib.KVCache(k=kv(cache.k), v=kv(cache.v), mask_BS=mask(cache.mask_BS),
                            index=replicated(mesh))
 
 
-def sharded_jit(fn: Callable, mesh: Mesh, *, in_shardings, out_shardings,
-                static_argnames=(), donate_argnums=()) -> Callable:
+def sharded_jit(fn: Callable, mesh: Mesh, *, in_shardings, out_shardings, static_argnames=(),
+                donate_argnums=()) -> Callable:
   """jax.jit with explicit input/output shardings on `mesh` (pytrees of NamedSharding)."""
   del mesh  # carried by the NamedShardings; kept in the signature for readability.
   return jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
                  static_argnames=static_argnames, donate_argnums=donate_argnums)
 
 
-def initialize_distributed(coordinator_address: str | None = None,
-                           num_processes: int | None = None,
+def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
                            process_id: int | None = None) -> None:
   """Multi-host start-up: `jax.distributed.initialize` (call once, before any JAX work).
 
@@ -165,17 +165,19 @@ def initialize_distributed(coordinator_address: str | None = None,
     except (ValueError, RuntimeError):  # nothing to auto-detect: single process.
       pass
     return
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id)
+  jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                             process_id=process_id)
 
 
 def host_local_to_global(tree, mesh: Mesh):
   """Assemble per-process [B_local, ...] batches into global [B, ...] arrays on `mesh`."""
+
   def to_global(x):
     x = np.asarray(x)
     global_shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
     return jax.make_array_from_process_local_data(batch_sharding(mesh, global_shape), x,
                                                   global_shape)
+
   return jax.tree_util.tree_map(to_global, tree)
 
 

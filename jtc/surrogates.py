@@ -179,11 +179,10 @@ def cispo(inp, *, eps_low=1.0, eps_high=0.28):
   # Constant copy of log r: exp(log r - const) has value 1 and gradient grad log pi.
   log_ratio_const_BT = jax.lax.stop_gradient(inp.log_ratio_BT)
   obj_BT = weight_BT * inp.adv_B[:, None] * jnp.exp(inp.log_ratio_BT - log_ratio_const_BT)
-  return Surrogate(obj_BT=obj_BT,
-                   clip_low_BT=(ratio_BT < 1.0 - eps_low).astype(jnp.float32),
+  return Surrogate(obj_BT=obj_BT, clip_low_BT=(ratio_BT < 1.0 - eps_low).astype(jnp.float32),
                    clip_high_BT=(ratio_BT > 1.0 + eps_high).astype(jnp.float32),
-                   w_B=masked_mean_t(weight_BT, inp.mask_BT),
-                   w_grad_B=masked_mean_t(weight_BT, inp.mask_BT))
+                   w_B=masked_mean_t(weight_BT,
+                                     inp.mask_BT), w_grad_B=masked_mean_t(weight_BT, inp.mask_BT))
 
 
 def sapo(inp, *, tau_pos=1.0, tau_neg=1.05):
@@ -224,8 +223,8 @@ def delta(inp, *, eps_low=0.2, eps_high=0.28, dual_clip_c=None):
   ratio_BT = jnp.exp(inp.log_ratio_BT)
   free_BT = 1.0 - jnp.maximum(base.clip_low_BT, base.clip_high_BT)
   return Surrogate(obj_BT=lam_BT * base.obj_BT, clip_low_BT=base.clip_low_BT,
-                   clip_high_BT=base.clip_high_BT,
-                   w_B=masked_mean_t(lam_BT * ratio_BT, inp.mask_BT),
+                   clip_high_BT=base.clip_high_BT, w_B=masked_mean_t(lam_BT * ratio_BT,
+                                                                     inp.mask_BT),
                    w_grad_B=masked_mean_t(lam_BT * ratio_BT * free_BT, inp.mask_BT))
 
 
@@ -241,8 +240,9 @@ def _seq_clip_bounds(eps_low, eps_high, eps):
 def _seq_clip_flags(s_B, adv_B, mask_BT, lo, hi):
   high_B = (adv_B > 0) & (s_B > 1.0 + hi)
   low_B = (adv_B < 0) & (s_B < 1.0 - lo)
-  return (_broadcast_seq(low_B.astype(jnp.float32), mask_BT),
-          _broadcast_seq(high_B.astype(jnp.float32), mask_BT), low_B | high_B)
+  return (_broadcast_seq(low_B.astype(jnp.float32),
+                         mask_BT), _broadcast_seq(high_B.astype(jnp.float32),
+                                                  mask_BT), low_B | high_B)
 
 
 def gspo(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None):
@@ -278,15 +278,15 @@ def gspo_token(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None):
   obj_BT = adv_BT * group_transforms.post_clip_weight(s_BT, adv_BT, eps_low=lo, eps_high=hi)
   s_B = jnp.exp(l_sg_B)
   low_BT, high_BT, clipped_B = _seq_clip_flags(s_B, inp.adv_B, inp.mask_BT, lo, hi)
-  return Surrogate(obj_BT=obj_BT, clip_low_BT=low_BT, clip_high_BT=high_BT,
-                   w_B=s_B, w_grad_B=jnp.where(clipped_B, 0.0, s_B))
+  return Surrogate(obj_BT=obj_BT, clip_low_BT=low_BT, clip_high_BT=high_BT, w_B=s_B,
+                   w_grad_B=jnp.where(clipped_B, 0.0, s_B))
 
 
 CLIP_GATINGS = ('none', 'gspo')
 
 
-def _dfpo(inp, *, transform, transform_kwargs, eps_low, eps_high, eps, stop_gradient,
-          global_scale, clip_gating):
+def _dfpo(inp, *, transform, transform_kwargs, eps_low, eps_high, eps, stop_gradient, global_scale,
+          clip_gating):
   """GSPO with an in-group transform of the post-clip weights (paper App. B, Eq. 68/85).
 
   s_bar = post_clip_weight(s) (Eq. 47), s_tilde = transform(s_bar, A) per group (or c * s_bar
@@ -314,16 +314,15 @@ def _dfpo(inp, *, transform, transform_kwargs, eps_low, eps_high, eps, stop_grad
   s_B = jnp.exp(l_B)
   s_bar_B = group_transforms.post_clip_weight(s_B, inp.adv_B, eps_low=lo, eps_high=hi)
   if global_scale is not None:
-    s_tilde_B = group_transforms.transform_batch(
-        'global_scale', s_bar_B, inp.adv_B, group_size=inp.group_size, c=global_scale)
+    s_tilde_B = group_transforms.transform_batch('global_scale', s_bar_B, inp.adv_B,
+                                                 group_size=inp.group_size, c=global_scale)
   else:
-    s_tilde_B = group_transforms.transform_batch(
-        transform, s_bar_B, inp.adv_B, group_size=inp.group_size, **transform_kwargs)
+    s_tilde_B = group_transforms.transform_batch(transform, s_bar_B, inp.adv_B,
+                                                 group_size=inp.group_size, **transform_kwargs)
   low_BT, high_BT, clipped_B = _seq_clip_flags(s_B, inp.adv_B, inp.mask_BT, lo, hi)
   if not stop_gradient:
-    return Surrogate(obj_BT=_broadcast_seq(inp.adv_B * s_tilde_B, inp.mask_BT),
-                     clip_low_BT=low_BT, clip_high_BT=high_BT, w_B=s_tilde_B,
-                     w_grad_B=s_tilde_B)
+    return Surrogate(obj_BT=_broadcast_seq(inp.adv_B * s_tilde_B, inp.mask_BT), clip_low_BT=low_BT,
+                     clip_high_BT=high_BT, w_B=s_tilde_B, w_grad_B=s_tilde_B)
   # Eq. 68/85: s_tilde is a per-group control variable, not differentiated (App. D convention).
   s_tilde_B = jax.lax.stop_gradient(s_tilde_B)
   if clip_gating == 'gspo':
@@ -347,16 +346,16 @@ def dfpo_min_replace(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None, stop_gradien
                      global_scale=None, clip_gating='none'):
   """DFPO (Min-Replace): s_tilde_i = min_j s_bar_j (Eq. 50) in the GSPO objective."""
   return _dfpo(inp, transform='min_replace', transform_kwargs={}, eps_low=eps_low,
-               eps_high=eps_high, eps=eps, stop_gradient=stop_gradient,
-               global_scale=global_scale, clip_gating=clip_gating)
+               eps_high=eps_high, eps=eps, stop_gradient=stop_gradient, global_scale=global_scale,
+               clip_gating=clip_gating)
 
 
 def dfpo_orth_proj(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None, stop_gradient=True,
                    global_scale=None, clip_gating='none'):
   """DFPO (Orth-Proj): s_tilde = s_bar - (A.s_bar / |A|^2) A (Eq. 18); may be negative."""
-  return _dfpo(inp, transform='orth_proj', transform_kwargs={}, eps_low=eps_low,
-               eps_high=eps_high, eps=eps, stop_gradient=stop_gradient,
-               global_scale=global_scale, clip_gating=clip_gating)
+  return _dfpo(inp, transform='orth_proj', transform_kwargs={}, eps_low=eps_low, eps_high=eps_high,
+               eps=eps, stop_gradient=stop_gradient, global_scale=global_scale,
+               clip_gating=clip_gating)
 
 
 SOLVERS = {'qp': 'pos_orth_proj_qp', 'truncate_rebalance': 'pos_orth_proj_truncate_rebalance'}
@@ -368,8 +367,8 @@ def dfpo_pos_orth_proj(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None, stop_gradi
   truncate-and-rebalance approximation Eq. 52-55 (solver='truncate_rebalance', trunc_eps)."""
   kwargs = {'trunc_eps': trunc_eps} if solver == 'truncate_rebalance' else {}
   return _dfpo(inp, transform=SOLVERS[solver], transform_kwargs=kwargs, eps_low=eps_low,
-               eps_high=eps_high, eps=eps, stop_gradient=stop_gradient,
-               global_scale=global_scale, clip_gating=clip_gating)
+               eps_high=eps_high, eps=eps, stop_gradient=stop_gradient, global_scale=global_scale,
+               clip_gating=clip_gating)
 
 
 LOSSES = {

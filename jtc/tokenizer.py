@@ -28,8 +28,8 @@ import json
 import os
 from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
-PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"
-DEFAULT_ALPHABET = "\n" + "".join(chr(c) for c in range(32, 127))  # newline + printable ASCII
+PAD, EOS, BOS = '<pad>', '<eos>', '<bos>'
+DEFAULT_ALPHABET = '\n' + ''.join(chr(c) for c in range(32, 127))  # newline + printable ASCII
 
 
 @runtime_checkable
@@ -37,22 +37,29 @@ class Tokenizer(Protocol):
   """What the sampler, the trainer and the data pipeline need from a tokenizer."""
 
   @property
-  def vocab_size(self) -> int: ...
+  def vocab_size(self) -> int:
+    ...
 
   @property
-  def pad_id(self) -> int: ...
+  def pad_id(self) -> int:
+    ...
 
   @property
-  def eos_id(self) -> int: ...
+  def eos_id(self) -> int:
+    ...
 
   @property
-  def bos_id(self) -> int | None: ...
+  def bos_id(self) -> int | None:
+    ...
 
-  def encode(self, text: str) -> list[int]: ...
+  def encode(self, text: str) -> list[int]:
+    ...
 
-  def decode(self, ids: Iterable[int]) -> str: ...
+  def decode(self, ids: Iterable[int]) -> str:
+    ...
 
-  def apply_chat_template(self, prompt: str) -> str: ...
+  def apply_chat_template(self, prompt: str) -> str:
+    ...
 
 
 class CharTokenizer:
@@ -60,15 +67,15 @@ class CharTokenizer:
 
   NUM_SPECIAL = 3
 
-  def __init__(self, alphabet: str = DEFAULT_ALPHABET, *, chat_separator: str = " "):
+  def __init__(self, alphabet: str = DEFAULT_ALPHABET, *, chat_separator: str = ' '):
     if len(set(alphabet)) != len(alphabet):
       dupes = sorted({c for c in alphabet if alphabet.count(c) > 1})
-      raise ValueError(f"alphabet has repeated characters: {dupes!r}")
+      raise ValueError(f'alphabet has repeated characters: {dupes!r}')
     if not alphabet:
-      raise ValueError("alphabet must not be empty")
+      raise ValueError('alphabet must not be empty')
     bad = [c for c in chat_separator if c not in alphabet]
     if bad:
-      raise ValueError(f"chat_separator characters {bad!r} are not in the alphabet")
+      raise ValueError(f'chat_separator characters {bad!r} are not in the alphabet')
     self.alphabet = alphabet
     self.chat_separator = chat_separator
     self._char_to_id = {c: i + self.NUM_SPECIAL for i, c in enumerate(alphabet)}
@@ -99,7 +106,7 @@ class CharTokenizer:
       i = self._char_to_id.get(c)
       if i is None:
         raise ValueError(
-            f"character {c!r} at position {pos} of {text!r} is not in the CharTokenizer alphabet")
+            f'character {c!r} at position {pos} of {text!r} is not in the CharTokenizer alphabet')
       ids.append(i)
     return ids
 
@@ -110,9 +117,9 @@ class CharTokenizer:
       if i < self.NUM_SPECIAL:
         continue
       if i >= self.vocab_size:
-        raise ValueError(f"token id {i} out of range [0, {self.vocab_size})")
+        raise ValueError(f'token id {i} out of range [0, {self.vocab_size})')
       out.append(self.alphabet[i - self.NUM_SPECIAL])
-    return "".join(out)
+    return ''.join(out)
 
   def apply_chat_template(self, prompt: str) -> str:
     return prompt + self.chat_separator
@@ -126,7 +133,7 @@ class CharTokenizer:
 def _token_content(value: Any) -> str | None:
   """tokenizer_config.json stores special tokens as strings or as {"content": ...} dicts."""
   if isinstance(value, dict):
-    value = value.get("content")
+    value = value.get('content')
   return value if isinstance(value, str) else None
 
 
@@ -137,7 +144,7 @@ def _read_json(path: str | None) -> dict[str, Any]:
     return json.load(f)
 
 
-_COMMON_EOS = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|im_end|>")
+_COMMON_EOS = ('<|endoftext|>', '</s>', '<eos>', '<|end_of_text|>', '<|im_end|>')
 
 
 class HFTokenizer:
@@ -159,59 +166,60 @@ class HFTokenizer:
 
     if not os.path.isfile(tokenizer_json):
       raise FileNotFoundError(
-          f"tokenizer file not found: {tokenizer_json!r} (a tokenizer.json is needed: only "
-          "fast tokenizers are supported)")
+          f'tokenizer file not found: {tokenizer_json!r} (a tokenizer.json is needed: only '
+          'fast tokenizers are supported)')
     self._tok = tokenizers.Tokenizer.from_file(tokenizer_json)
     directory = os.path.dirname(tokenizer_json)
     if tokenizer_config is None:
-      tokenizer_config = os.path.join(directory, "tokenizer_config.json")
+      tokenizer_config = os.path.join(directory, 'tokenizer_config.json')
     if generation_config is None:
-      generation_config = os.path.join(directory, "generation_config.json")
+      generation_config = os.path.join(directory, 'generation_config.json')
     self.config: dict[str, Any] = _read_json(tokenizer_config)
     generation = _read_json(generation_config)
-    template = self._pick_template(self.config.get("chat_template"))
-    jinja_file = os.path.join(directory, "chat_template.jinja")
+    template = self._pick_template(self.config.get('chat_template'))
+    jinja_file = os.path.join(directory, 'chat_template.jinja')
     if template is None and os.path.isfile(jinja_file):
       with open(jinja_file) as f:
         template = f.read()
     self.chat_template = template
 
-    declared = _token_content(self.config.get("eos_token"))
+    declared = _token_content(self.config.get('eos_token'))
     if declared is not None and self._tok.token_to_id(declared) is None:
-      raise ValueError(f"no eos token found for {tokenizer_json!r}: eos_token={declared!r} in "
-                       "tokenizer_config.json is not in its vocabulary")
-    gen_eos = generation.get("eos_token_id")
+      raise ValueError(f'no eos token found for {tokenizer_json!r}: eos_token={declared!r} in '
+                       'tokenizer_config.json is not in its vocabulary')
+    gen_eos = generation.get('eos_token_id')
     gen_eos = [] if gen_eos is None else [gen_eos] if isinstance(gen_eos, int) else list(gen_eos)
     vocab = self.vocab_size
     bad = [i for i in gen_eos if not isinstance(i, int) or not 0 <= i < vocab]
     if bad:
-      raise ValueError(f"eos_token_id {bad} in generation_config.json of {tokenizer_json!r} "
-                       f"are not ids of its vocabulary [0, {vocab})")
+      raise ValueError(f'eos_token_id {bad} in generation_config.json of {tokenizer_json!r} '
+                       f'are not ids of its vocabulary [0, {vocab})')
     if declared is None and gen_eos:
       declared = self._tok.id_to_token(gen_eos[0])
     self.eos_token = declared or next(
         (t for t in _COMMON_EOS if self._tok.token_to_id(t) is not None), None)
     if self.eos_token is None:
       raise ValueError(
-          f"no eos token found for {tokenizer_json!r}: set eos_token in tokenizer_config.json, "
-          f"eos_token_id in generation_config.json, or include one of {_COMMON_EOS}")
+          f'no eos token found for {tokenizer_json!r}: set eos_token in tokenizer_config.json, '
+          f'eos_token_id in generation_config.json, or include one of {_COMMON_EOS}')
     self.eos_ids = tuple(dict.fromkeys([self.eos_id, *gen_eos]))
-    self.bos_token = _token_content(self.config.get("bos_token"))
+    self.bos_token = _token_content(self.config.get('bos_token'))
     if self.bos_token is not None and self._tok.token_to_id(self.bos_token) is None:
       self.bos_token = None
-    pad = _token_content(self.config.get("pad_token"))
-    self.pad_token = pad if pad is not None and self._tok.token_to_id(pad) is not None else self.eos_token
+    pad = _token_content(self.config.get('pad_token'))
+    self.pad_token = pad if pad is not None and self._tok.token_to_id(
+        pad) is not None else self.eos_token
 
   @classmethod
-  def from_dir(cls, path: str) -> "HFTokenizer":
+  def from_dir(cls, path: str) -> 'HFTokenizer':
     """Loads ``path/tokenizer.json`` (and the config files beside it, when present)."""
-    return cls(os.path.join(os.fspath(path), "tokenizer.json"))
+    return cls(os.path.join(os.fspath(path), 'tokenizer.json'))
 
   @staticmethod
   def _pick_template(template: Any) -> str | None:
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-      by_name = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-      template = by_name.get("default") or next(iter(by_name.values()), None)
+      by_name = {t.get('name'): t.get('template') for t in template if isinstance(t, dict)}
+      template = by_name.get('default') or next(iter(by_name.values()), None)
     return template if isinstance(template, str) else None
 
   @property
@@ -245,13 +253,15 @@ class HFTokenizer:
                           add_generation_prompt: bool = True, **template_kwargs: Any) -> str:
     """Renders a prompt string (as one user message) or a list of ``{'role', 'content'}``
     messages with the checkpoint's chat template."""
-    messages = ([{"role": "user", "content": prompt}] if isinstance(prompt, str)
-                else [dict(m) for m in prompt])
+    messages = ([{
+        'role': 'user',
+        'content': prompt
+    }] if isinstance(prompt, str) else [dict(m) for m in prompt])
     if self.chat_template is None:
       if isinstance(prompt, str):
         return prompt  # documented fallback
-      raise ValueError("this tokenizer has no chat_template (tokenizer_config.json or "
-                       "chat_template.jinja) to render messages with")
+      raise ValueError('this tokenizer has no chat_template (tokenizer_config.json or '
+                       'chat_template.jinja) to render messages with')
     try:
       import jinja2.sandbox
     except ImportError:  # documented fallback
@@ -260,16 +270,16 @@ class HFTokenizer:
       raise
 
     def raise_exception(message):
-      raise ValueError(f"chat template error: {message}")
+      raise ValueError(f'chat template error: {message}')
 
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, indent=indent,
-                                                                   ensure_ascii=False)
-    env.globals["raise_exception"] = raise_exception
+    env.filters['tojson'] = lambda x, indent=None, **_: json.dumps(x, indent=indent, ensure_ascii=
+                                                                   False)
+    env.globals['raise_exception'] = raise_exception
     return env.from_string(self.chat_template).render(
         messages=messages,
         add_generation_prompt=add_generation_prompt,
-        bos_token=self.bos_token or "",
+        bos_token=self.bos_token or '',
         eos_token=self.eos_token,
         pad_token=self.pad_token,
         **template_kwargs,
@@ -282,34 +292,35 @@ def _char_from_spec(spec: dict[str, Any]) -> CharTokenizer:
 
 def _hf_from_spec(spec: dict[str, Any]) -> HFTokenizer:
   spec = dict(spec)
-  if "path" not in spec:
+  if 'path' not in spec:
     raise ValueError(f"tokenizer spec of kind 'hf' needs a 'path', got {spec!r}")
-  path = spec.pop("path")
+  path = spec.pop('path')
   if os.path.isdir(path):
-    return HFTokenizer(os.path.join(path, "tokenizer.json"), **spec)
+    return HFTokenizer(os.path.join(path, 'tokenizer.json'), **spec)
   return HFTokenizer(path, **spec)
 
 
-TOKENIZERS = {"char": _char_from_spec, "hf": _hf_from_spec}
+TOKENIZERS = {'char': _char_from_spec, 'hf': _hf_from_spec}
 
 
 def from_spec(spec: dict[str, Any]) -> Tokenizer:
   """Builds a tokenizer from a config dict: ``{'kind': 'char'}`` (other keys go to
   ``CharTokenizer``) or ``{'kind': 'hf', 'path': DIR_OR_TOKENIZER_JSON}``."""
   spec = dict(spec)
-  kind = spec.pop("kind", None)
+  kind = spec.pop('kind', None)
   if kind not in TOKENIZERS:
-    raise ValueError(f"unknown tokenizer kind {kind!r}; valid: {sorted(TOKENIZERS)}")
+    raise ValueError(f'unknown tokenizer kind {kind!r}; valid: {sorted(TOKENIZERS)}')
   return TOKENIZERS[kind](spec)
 
 
 def get_tokenizer(name_or_path: str) -> Tokenizer:
   """``"char"`` -> ``CharTokenizer()``; a directory or tokenizer.json path -> ``HFTokenizer``."""
-  if name_or_path == "char":
+  if name_or_path == 'char':
     return CharTokenizer()
   if os.path.isdir(name_or_path):
     return HFTokenizer.from_dir(name_or_path)
   if os.path.isfile(name_or_path):
     return HFTokenizer(name_or_path)
   raise ValueError(
-      f"unknown tokenizer {name_or_path!r}; valid: 'char' or a path to tokenizer.json / its directory")
+      f"unknown tokenizer {name_or_path!r}; valid: 'char' or a path to tokenizer.json / its directory"
+  )

@@ -49,7 +49,6 @@ from jtc import update as update_lib
 from jtc import workdir as workdir_lib
 
 
-
 def validate_config(c):
   """Raises ValueError naming the offending key for any invalid setting, before any compute;
   each section is checked by the module that consumes it."""
@@ -97,38 +96,45 @@ class Trainer:
     self.schedule = update_lib.learning_rate_schedule(c.optim, total_updates)
     self.optimizer = update_lib.make_optimizer(c.optim, total_updates)
     self.mesh = sharding_lib.make_mesh(**sharding_lib.mesh_sizes(**c.mesh))
-    print(f'mesh {dict(self.mesh.shape)} over {jax.device_count()} devices '
-          f'({jax.process_count()} processes)', file=sys.stderr)
+    print(
+        f'mesh {dict(self.mesh.shape)} over {jax.device_count()} devices '
+        f'({jax.process_count()} processes)', file=sys.stderr)
     self.replicated = sharding_lib.replicated(self.mesh)
     param_sh = sharding_lib.param_shardings(params, self.mesh)
-    self.state, self.state_sh = update_lib.init_state(
-        params, self.optimizer, param_shardings=param_sh, replicated=self.replicated)
+    self.state, self.state_sh = update_lib.init_state(params, self.optimizer,
+                                                      param_shardings=param_sh,
+                                                      replicated=self.replicated)
     self.ref_params = None
     if c.loss.hparams.get('kl_coef'):  # a frozen copy, never aliased with the donated state
-      self.ref_params = jax.jit(functools.partial(
-          checkpoints.cast_floats, dtype=c.policy.ref_param_dtype or self.model_config.param_dtype),
-                                out_shardings=param_sh)(self.state.params)
+      self.ref_params = jax.jit(
+          functools.partial(checkpoints.cast_floats, dtype=c.policy.ref_param_dtype or
+                            self.model_config.param_dtype),
+          out_shardings=param_sh)(self.state.params)
     # Sampling and the behaviour pass never differentiate: no rematerialisation there.
     infer_config = dataclasses.replace(self.model_config, remat=False)
     self.gen = rollout_lib.Generator.from_config(c, infer_config, self.tokenizer, self.task,
                                                  to_device=self._to_device)
     self.weighter = (token_weights.PLUGINS[c.token_weights].from_config(
         c.delta, group_size=self.G, model_config=self.model_config) if c.token_weights else None)
-    self.run_state = update_lib.RunState.init(
-        self.model_config.vocab_size, self.weighter.init_state() if self.weighter else None)
+    self.run_state = update_lib.RunState.init(self.model_config.vocab_size,
+                                              self.weighter.init_state() if self.weighter else None)
     data_dir = c.data.data_dir or None  # None: jtc's cache ($JTC_DATA_DIR or ~/.cache/jtc)
     # Every process reads the same global batch (shard 0 of 1): host-side logic (rewards,
     # advantages) is replicated, the device work is sharded over the mesh.
-    self.train_iter = data_lib.make_prompt_iterator(
-        c.data.dataset or c.data.task, split='train', batch_size=c.rollout.prompts_per_step,
-        seed=c.seed, data_dir=data_dir, shard_index=0, shard_count=1)
+    self.train_iter = data_lib.make_prompt_iterator(c.data.dataset or c.data.task, split='train',
+                                                    batch_size=c.rollout.prompts_per_step,
+                                                    seed=c.seed, data_dir=data_dir, shard_index=0,
+                                                    shard_count=1)
     self.eval_examples = data_lib.held_out_examples(c.data, data_dir=data_dir,
                                                     limit=c.eval.problems)
-    self.gen.check_prompt_width([e['prompt'] for e in self.eval_examples + data_lib.load_examples(
-        c.data.dataset or c.data.task, split='train', data_dir=data_dir, limit=2000)])
+    self.gen.check_prompt_width([
+        e['prompt'] for e in self.eval_examples + data_lib.load_examples(
+            c.data.dataset or c.data.task, split='train', data_dir=data_dir, limit=2000)
+    ])
     if c.data.dataset and not c.policy.checkpoint:
-      print(f'note: config.data.dataset with the jtc policy {c.policy.init!r}: the shipped base '
-            'policy never writes \\boxed{}, so expect every reward to be 0', file=sys.stderr)
+      print(
+          f'note: config.data.dataset with the jtc policy {c.policy.init!r}: the shipped base '
+          'policy never writes \\boxed{}, so expect every reward to be 0', file=sys.stderr)
     self.ckpt = checkpoints.TrainCheckpointer(os.path.join(workdir, 'checkpoints'),
                                               max_to_keep=c.log.keep_checkpoints)
     self._restore()
@@ -140,24 +146,29 @@ class Trainer:
 
   def _build_jits(self, infer_config):
     c = self.c
-    self._behaviour = jax.jit(functools.partial(
-        rollout_lib.behaviour_pass, model_config=infer_config, completion_start=self.P,
-        return_hidden=bool(self.weighter and self.weighter.needs_hidden)))
+    self._behaviour = jax.jit(
+        functools.partial(rollout_lib.behaviour_pass, model_config=infer_config,
+                          completion_start=self.P, return_hidden=bool(self.weighter and
+                                                                      self.weighter.needs_hidden)))
     rows = (c.optim.microbatch_prompts or c.optim.minibatch_prompts) * self.G
-    minibatch_sh = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(
-        None, *sharding_lib.logical_to_spec(('batch',), (rows,), self.mesh)))
-    self._minibatch = jax.jit(functools.partial(
-        update_lib.minibatch, num_micro=update_lib.num_microbatches(c.optim)),
-                              out_shardings=minibatch_sh)
-    self._update = jax.jit(functools.partial(
-        update_lib.update_step, model_config=self.model_config, optimizer=self.optimizer,
-        loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(), completion_start=self.P,
-        group_size=self.G), in_shardings=(self.state_sh, minibatch_sh),
+    minibatch_sh = jax.sharding.NamedSharding(
+        self.mesh,
+        jax.sharding.PartitionSpec(None,
+                                   *sharding_lib.logical_to_spec(('batch',), (rows,), self.mesh)))
+    self._minibatch = jax.jit(
+        functools.partial(update_lib.minibatch, num_micro=update_lib.num_microbatches(c.optim)),
+        out_shardings=minibatch_sh)
+    self._update = jax.jit(
+        functools.partial(update_lib.update_step, model_config=self.model_config,
+                          optimizer=self.optimizer, loss_name=c.loss.name,
+                          loss_hparams=c.loss.hparams.to_dict(), completion_start=self.P,
+                          group_size=self.G), in_shardings=(self.state_sh, minibatch_sh),
         out_shardings=(self.state_sh, self.replicated), donate_argnums=(0,))
-    self._diagnostics = jax.jit(functools.partial(  # (params, batch, token_counts)
-        diagnostics.step_diagnostics, model_config=infer_config, loss_name=c.loss.name,
-        loss_hparams=c.loss.hparams.to_dict(), group_size=self.G, completion_start=self.P,
-        mode=c.log.diagnostics_mode))
+    self._diagnostics = jax.jit(
+        functools.partial(  # (params, batch, token_counts)
+            diagnostics.step_diagnostics, model_config=infer_config, loss_name=c.loss.name,
+            loss_hparams=c.loss.hparams.to_dict(), group_size=self.G, completion_start=self.P,
+            mode=c.log.diagnostics_mode))
 
   def step(self, step):
     """Rollout -> batch -> updates for RL step ``step``; returns its metrics."""
@@ -165,15 +176,18 @@ class Trainer:
     k_rollout, k_order, k_weights = jax.random.split(
         jax.random.fold_in(jax.random.key(c.seed), step), 3)
     t0 = time.perf_counter()
-    rollout, rounds = rollout_lib.collect(
-        self.gen, self.state.params, lambda: next(self.train_iter), k_rollout,
-        sampling=c.rollout.sampling.to_dict(), dynamic_sampling=c.dapo.dynamic_sampling,
-        max_rounds=c.dapo.dynamic_sampling_rounds)
+    rollout, rounds = rollout_lib.collect(self.gen, self.state.params,
+                                          lambda: next(self.train_iter), k_rollout,
+                                          sampling=c.rollout.sampling.to_dict(),
+                                          dynamic_sampling=c.dapo.dynamic_sampling,
+                                          max_rounds=c.dapo.dynamic_sampling_rounds)
     t1 = time.perf_counter()
-    batch, metrics, self.run_state = update_lib.make_batch(
-        c, rollout, self.state.params, self.run_state, task=self.task,
-        behaviour_fn=self._behaviour, ref_params=self.ref_params, to_device=self._to_device,
-        weighter=self.weighter, rng=k_weights)
+    batch, metrics, self.run_state = update_lib.make_batch(c, rollout, self.state.params,
+                                                           self.run_state, task=self.task,
+                                                           behaviour_fn=self._behaviour,
+                                                           ref_params=self.ref_params,
+                                                           to_device=self._to_device,
+                                                           weighter=self.weighter, rng=k_weights)
     jax.block_until_ready(batch.old_logps)
     t2 = time.perf_counter()
     diagnose = c.log.diagnostics_every and step % c.log.diagnostics_every == 0
@@ -185,30 +199,32 @@ class Trainer:
     metrics.update(update_metrics)
     t3 = time.perf_counter()
     n_tokens = int(rollout.completion_mask_BT.sum())
-    self.run_state = self.run_state.add(
-        rl_steps=step - self.run_state.count('rl_steps'), generated_tokens=n_tokens,
-        rollouts=rollout.rewards_B.shape[0], update_steps=self.updates_per_step,
-        prompts=c.rollout.prompts_per_step * (1 + rounds))
-    metrics.update(
-        dynamic_sampling_rounds=rounds, time_sample=t1 - t0, time_score=t2 - t1,
-        time_update=t3 - t2, tokens_per_s=n_tokens / max(t3 - t0, 1e-9),
-        learning_rate=float(self.schedule(self.run_state.count('update_steps'))),
-        **{f'compute/{k}': self.run_state.count(k) for k in update_lib.COUNTERS})
+    self.run_state = self.run_state.add(rl_steps=step - self.run_state.count('rl_steps'),
+                                        generated_tokens=n_tokens,
+                                        rollouts=rollout.rewards_B.shape[0],
+                                        update_steps=self.updates_per_step,
+                                        prompts=c.rollout.prompts_per_step * (1 + rounds))
+    metrics.update(dynamic_sampling_rounds=rounds, time_sample=t1 - t0, time_score=t2 - t1,
+                   time_update=t3 - t2, tokens_per_s=n_tokens / max(t3 - t0, 1e-9),
+                   learning_rate=float(self.schedule(self.run_state.count('update_steps'))),
+                   **{f'compute/{k}': self.run_state.count(k) for k in update_lib.COUNTERS})
     return metrics
 
   def evaluate(self, step):
     """avg@k accuracy on the held-out problems at the config's evaluation decoding."""
     c = self.c
-    out = rollout_lib.evaluate(
-        self.gen, self.state.params, self.eval_examples,
-        jax.random.fold_in(jax.random.key(c.seed + 1), step), sampling=c.eval.sampling.to_dict(),
-        batch_prompts=c.rollout.chunk_prompts or c.rollout.prompts_per_step, task=self.task)
+    out = rollout_lib.evaluate(self.gen, self.state.params, self.eval_examples,
+                               jax.random.fold_in(jax.random.key(c.seed + 1),
+                                                  step), sampling=c.eval.sampling.to_dict(),
+                               batch_prompts=c.rollout.chunk_prompts or c.rollout.prompts_per_step,
+                               task=self.task)
     if self.task is not None and c.eval.probe_problems:  # exact drift between equivalent forms
-      out.update({f'probe/{k}': v for k, v in analysis.format_probe(
-          self.state.params, self.gen.model_config, self.tokenizer,
-          self.eval_examples[:c.eval.probe_problems], self.task.formats, prompt_width=self.P,
-          width=None, scaffold=getattr(self.task, 'scaffold', '')
-      ).items()})
+      out.update({
+          f'probe/{k}': v for k, v in analysis.format_probe(
+              self.state.params, self.gen.model_config, self.tokenizer,
+              self.eval_examples[:c.eval.probe_problems], self.task.formats, prompt_width=self.P,
+              width=None, scaffold=getattr(self.task, 'scaffold', '')).items()
+      })
     return {f'eval/{k}': v for k, v in out.items()}
 
   def _restore(self):
@@ -216,12 +232,15 @@ class Trainer:
     if restored is not None:
       self.state, self.run_state, extra = restored
       self.train_iter.set_state(extra['data_state'])
-      print(f"resumed from step {self.run_state.count('rl_steps')} (optimiser step "
-            f'{int(self.state.step)}) in {self.workdir}', file=sys.stderr)
+      print(
+          f"resumed from step {self.run_state.count('rl_steps')} (optimiser step "
+          f'{int(self.state.step)}) in {self.workdir}', file=sys.stderr)
 
   def _save(self, step):
-    self.ckpt.save(step, state=self.state, run_state=self.run_state, extra=dict(
-        data_state=self.train_iter.get_state(), config=json.loads(self.c.to_json_best_effort())))
+    self.ckpt.save(
+        step, state=self.state, run_state=self.run_state,
+        extra=dict(data_state=self.train_iter.get_state(),
+                   config=json.loads(self.c.to_json_best_effort())))
     if self.weighter:
       self.weighter.write(self.run_state.weighter, self.workdir, self.tokenizer)
 
@@ -231,8 +250,9 @@ class Trainer:
     returns the last metrics record and the signal that stopped it (or None)."""
     c, start = self.c, self.run_state.count('rl_steps')
     if start >= c.num_steps:
-      print(f'already finished: {self.workdir} holds all {c.num_steps} steps (raise '
-            '--config.num_steps to continue it)', file=sys.stderr)
+      print(
+          f'already finished: {self.workdir} holds all {c.num_steps} steps (raise '
+          '--config.num_steps to continue it)', file=sys.stderr)
       self.close()
       return _last_record(self.workdir), None
     writer = metric_writer.MetricWriter(self.workdir, resume_step=start + 1 if start else 0)
@@ -258,8 +278,9 @@ class Trainer:
             os.kill(os.getpid(), 9)
         progress.update(step, metrics)
         if stop.signal:
-          print(f'{stop.signal} at step {step}: checkpoint written; run the same command to '
-                'resume', file=sys.stderr)
+          print(
+              f'{stop.signal} at step {step}: checkpoint written; run the same command to '
+              'resume', file=sys.stderr)
           break
     progress.close()
     writer.close()

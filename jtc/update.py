@@ -49,8 +49,8 @@ class RunState:
 
   @classmethod
   def init(cls, vocab_size, weighter_state=None):
-    return cls(counters=np.zeros(len(COUNTERS), np.int64),
-               token_counts_V=jnp.zeros((vocab_size,), jnp.float32), weighter=weighter_state)
+    return cls(counters=np.zeros(len(COUNTERS), np.int64), token_counts_V=jnp.zeros(
+        (vocab_size,), jnp.float32), weighter=weighter_state)
 
   def count(self, name):
     return int(self.counters[COUNTERS.index(name)])
@@ -92,18 +92,18 @@ def updates_per_step(optim, prompts_per_step):
 def learning_rate_schedule(optim, total_updates):
   """Linear warm-up over ``warmup_frac`` of the updates, then cosine to ``min_lr_ratio`` x peak."""
   warmup = int(round(optim.warmup_frac * total_updates))
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0.0 if warmup else optim.learning_rate, peak_value=optim.learning_rate,
-      warmup_steps=warmup, decay_steps=max(total_updates, warmup + 1),
-      end_value=optim.learning_rate * optim.min_lr_ratio)
+  return optax.warmup_cosine_decay_schedule(init_value=0.0 if warmup else optim.learning_rate,
+                                            peak_value=optim.learning_rate, warmup_steps=warmup,
+                                            decay_steps=max(total_updates, warmup + 1),
+                                            end_value=optim.learning_rate * optim.min_lr_ratio)
 
 
 def make_optimizer(optim, total_updates):
   """Global-norm clipping (``grad_clip`` > 0) then AdamW on the schedule above."""
   return optax.chain(
       optax.clip_by_global_norm(optim.grad_clip) if optim.grad_clip > 0 else optax.identity(),
-      optax.adamw(learning_rate_schedule(optim, total_updates), b1=optim.adam_b1,
-                  b2=optim.adam_b2, weight_decay=optim.weight_decay))
+      optax.adamw(learning_rate_schedule(optim, total_updates), b1=optim.adam_b1, b2=optim.adam_b2,
+                  weight_decay=optim.weight_decay))
 
 
 def init_state(params, optimizer, *, param_shardings, replicated):
@@ -114,8 +114,8 @@ def init_state(params, optimizer, *, param_shardings, replicated):
   opt_sh = optax.tree_map_params(optimizer, lambda _, sh: sh, opt_shapes, param_shardings,
                                  transform_non_params=lambda _: replicated)
   shardings = TrainState(step=replicated, params=param_shardings, opt_state=opt_sh)
-  state = TrainState(step=sharding_lib.to_device(np.zeros((), np.int32), replicated),
-                     params=params, opt_state=jax.jit(optimizer.init, out_shardings=opt_sh)(params))
+  state = TrainState(step=sharding_lib.to_device(np.zeros((), np.int32), replicated), params=params,
+                     opt_state=jax.jit(optimizer.init, out_shardings=opt_sh)(params))
   return state, shardings
 
 
@@ -172,32 +172,32 @@ def make_batch(c, rollout, params, run_state, *, task, behaviour_fn, ref_params,
   if c.dapo.mask_truncated:
     mask_BT = mask_BT * (~rollout.truncated_B)[:, None]
   tokens_BL, input_mask_BL = to_device(rollout.tokens_BL), to_device(rollout.input_mask_BL)
-  score = functools.partial(
-      rollout_lib.behaviour_logps, behaviour_fn, rollout=rollout, tokens_BL=tokens_BL,
-      input_mask_BL=input_mask_BL, to_device=to_device,
-      chunk_rows=c.rollout.chunk_prompts * c.rollout.sampling.num_samples)
+  score = functools.partial(rollout_lib.behaviour_logps, behaviour_fn, rollout=rollout,
+                            tokens_BL=tokens_BL, input_mask_BL=input_mask_BL, to_device=to_device,
+                            chunk_rows=c.rollout.chunk_prompts * c.rollout.sampling.num_samples)
   behaviour = score(params)
   batch = Batch(
       tokens=tokens_BL, input_mask=input_mask_BL, mask=to_device(mask_BT),
       advantages=to_device(np.asarray(adv_B)),
-      old_logps=(behaviour['logps'] if c.rollout.behaviour_logps == 'recompute'
-                 else to_device(rollout.sampler_logps_BT)),
+      old_logps=(behaviour['logps'] if c.rollout.behaviour_logps == 'recompute' else to_device(
+          rollout.sampler_logps_BT)),
       ref_logps=None if ref_params is None else score(ref_params)['logps'])
   metrics = {f'adv/{k}': float(v) for k, v in adv_metrics.items()}
   completion_BT = jnp.asarray(rollout.completion_BT)
   if weighter is not None:
-    weights_BT, weight_metrics, weighter_state = weighter.weights(
-        run_state.weighter, params, behaviour, completion_BT, adv_B, jnp.asarray(mask_BT), rng)
+    weights_BT, weight_metrics, weighter_state = weighter.weights(run_state.weighter, params,
+                                                                  behaviour, completion_BT, adv_B,
+                                                                  jnp.asarray(mask_BT), rng)
     batch = batch.replace(token_weights=weights_BT)
     metrics.update({f'{c.token_weights}/{k}': v for k, v in weight_metrics.items()})
     run_state = run_state.replace(weighter=weighter_state)
   run_state = run_state.replace(token_counts_V=diagnostics.update_token_counts(
       run_state.token_counts_V, completion_BT, batch.mask))
-  metrics.update(
-      reward_mean=float(rewards_B.mean()), reward_std=float(rewards_B.std()),
-      accuracy=float(rollout.correct_B.mean()), response_length=float(rollout.lengths_B.mean()),
-      frac_truncated=float(rollout.truncated_B.mean()),
-      **rollout_lib.format_metrics(task, rollout.texts, rollout.correct_B))
+  metrics.update(reward_mean=float(rewards_B.mean()), reward_std=float(rewards_B.std()),
+                 accuracy=float(rollout.correct_B.mean()),
+                 response_length=float(rollout.lengths_B.mean()),
+                 frac_truncated=float(rollout.truncated_B.mean()),
+                 **rollout_lib.format_metrics(task, rollout.texts, rollout.correct_B))
   return batch, metrics, run_state
 
 
@@ -262,8 +262,8 @@ def _combine_metrics(metrics_n, w_n):
 # ---------------------------------------------------------------------------------------------
 
 
-def update_step(state, batch, *, model_config, optimizer, loss_name, loss_hparams,
-                completion_start, group_size):
+def update_step(state, batch, *, model_config, optimizer, loss_name, loss_hparams, completion_start,
+                group_size):
   """One optimiser step on a mini-batch of whole groups; returns (state, metrics).
 
   ``batch`` is a `Batch` with leaves [n, B/n, ...]: n micro-batches of whole groups. Their
@@ -276,10 +276,10 @@ def update_step(state, batch, *, model_config, optimizer, loss_name, loss_hparam
   def loss_fn(params, mb):
     out = model_lib.sequence_logprobs(params, model_config, mb.tokens, mb.input_mask,
                                       completion_start=completion_start)
-    return objectives.compute_loss(
-        loss_name, logps=out['logps'], old_logps=mb.old_logps, advantages=mb.advantages,
-        mask=mb.mask, group_size=group_size, ref_logps=mb.ref_logps,
-        token_weights=mb.token_weights, entropy=out['entropy'], **loss_hparams)
+    return objectives.compute_loss(loss_name, logps=out['logps'], old_logps=mb.old_logps,
+                                   advantages=mb.advantages, mask=mb.mask, group_size=group_size,
+                                   ref_logps=mb.ref_logps, token_weights=mb.token_weights,
+                                   entropy=out['entropy'], **loss_hparams)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   n = batch.tokens.shape[0]
@@ -303,8 +303,8 @@ def update_step(state, batch, *, model_config, optimizer, loss_name, loss_hparam
     metrics = _combine_metrics(metrics_n, w_n)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics.update(loss=loss, grad_norm=optax.tree.norm(grads),
-                 update_norm=optax.tree.norm(updates), param_norm=optax.tree.norm(params))
+  metrics.update(loss=loss, grad_norm=optax.tree.norm(grads), update_norm=optax.tree.norm(updates),
+                 param_norm=optax.tree.norm(params))
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -324,11 +324,12 @@ def run_updates(state, batch, rng, *, update_fn, minibatch_fn, num_groups, minib
   for epoch in range(ppo_epochs):
     order_M = np.asarray(jax.random.permutation(jax.random.fold_in(rng, epoch), num_groups))
     for start in range(0, num_groups, minibatch_prompts):
-      mb = minibatch_fn(batch, jnp.asarray(
-          minibatch_rows(order_M, start, minibatch_prompts, group_size)))
+      mb = minibatch_fn(batch,
+                        jnp.asarray(minibatch_rows(order_M, start, minibatch_prompts, group_size)))
       if diagnose_fn is not None and (update_metrics or n_updates == 1):
-        diags.append(diagnose_fn(state.params, batch=jax.tree.map(
-            lambda x: x.reshape((-1,) + x.shape[2:]), mb)))
+        diags.append(
+            diagnose_fn(state.params, batch=jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]),
+                                                         mb)))
       state, m = update_fn(state, mb)
       update_metrics.append(m)
   update_metrics, diags = jax.device_get((update_metrics, diags))

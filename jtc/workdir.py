@@ -19,8 +19,8 @@ LOCK_FILE = '.lock'
 # Keys that may change when a run is resumed: they change how long it runs and what it logs,
 # never what a step computes. (num_steps keeps the run's original learning-rate schedule.)
 RESUMABLE_KEYS = ('num_steps', 'token_budget', 'eval.every', 'eval.problems', 'eval.probe_problems',
-                  'log.ckpt_every',
-                  'log.keep_checkpoints', 'log.diagnostics_every', 'log.progress_every')
+                  'log.ckpt_every', 'log.keep_checkpoints', 'log.diagnostics_every',
+                  'log.progress_every')
 SCHEDULE_KEY = 'schedule_num_steps'  # in config.json: the num_steps the schedule was built for
 
 
@@ -89,11 +89,11 @@ def check_identity(workdir, config, *, allow_changes=False, has_checkpoint):
     stored = json.load(f)
   old = _flatten(stored['config'])
   new = _flatten(json.loads(config.to_json_best_effort()))
-  differing = sorted(k for k in set(old) | set(new)
-                     if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS)
+  differing = sorted(
+      k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS)
   if differing and not allow_changes:
-    shown = '; '.join(f'{k}: {old.get(k, "(absent)")!r} -> {new.get(k, "(absent)")!r}'
-                      for k in differing[:8])
+    shown = '; '.join(
+        f'{k}: {old.get(k, "(absent)")!r} -> {new.get(k, "(absent)")!r}' for k in differing[:8])
     more = f' (+{len(differing) - 8} more)' if len(differing) > 8 else ''
     raise WorkdirError(
         f'--workdir={workdir} holds a run of another config ({shown}{more}). Resuming would '
@@ -105,8 +105,10 @@ def check_identity(workdir, config, *, allow_changes=False, has_checkpoint):
 def record_config(workdir, config, schedule_steps):
   """Writes the run's config.json (once the run has been set up: a refused run changes
   nothing)."""
-  _write(os.path.join(workdir, CONFIG_FILE),
-         {'config': json.loads(config.to_json_best_effort()), SCHEDULE_KEY: schedule_steps})
+  _write(os.path.join(workdir, CONFIG_FILE), {
+      'config': json.loads(config.to_json_best_effort()),
+      SCHEDULE_KEY: schedule_steps
+  })
 
 
 def _write(path, obj):
@@ -126,6 +128,7 @@ def claim(workdir, config, *, allow_changes=False):
   schedule_steps = check_identity(workdir, config, allow_changes=allow_changes,
                                   has_checkpoint=has_checkpoint)
   if schedule_steps != config.num_steps:
-    print(f'num_steps changed from {schedule_steps} to {config.num_steps}: the learning-rate '
-          f'schedule keeps its original length ({schedule_steps} steps)', file=sys.stderr)
+    print(
+        f'num_steps changed from {schedule_steps} to {config.num_steps}: the learning-rate '
+        f'schedule keeps its original length ({schedule_steps} steps)', file=sys.stderr)
   return held, schedule_steps

@@ -50,16 +50,15 @@ def init_cache(config: ModelConfig, batch_size: int, cache_len: int) -> KVCache:
   shape = (batch_size, cache_len, config.n_kv_heads, config.head_dim)
   zeros = lambda: jnp.zeros(shape, config.jnp_dtype)
   return KVCache(k=tuple(zeros() for _ in range(config.n_layers)),
-                 v=tuple(zeros() for _ in range(config.n_layers)),
-                 mask_BS=jnp.zeros((batch_size, cache_len), bool),
-                 index=jnp.zeros((), jnp.int32))
+                 v=tuple(zeros() for _ in range(config.n_layers)), mask_BS=jnp.zeros(
+                     (batch_size, cache_len), bool), index=jnp.zeros((), jnp.int32))
 
 
 def repeat_cache(cache: KVCache, repeats: int) -> KVCache:
   """Row b -> rows b*repeats ... b*repeats + repeats - 1 (groups contiguous)."""
   rep = lambda x: jnp.repeat(x, repeats, axis=0)
-  return KVCache(k=tuple(map(rep, cache.k)), v=tuple(map(rep, cache.v)),
-                 mask_BS=rep(cache.mask_BS), index=cache.index)
+  return KVCache(k=tuple(map(rep, cache.k)), v=tuple(map(rep, cache.v)), mask_BS=rep(cache.mask_BS),
+                 index=cache.index)
 
 
 # ----------------------------------------------------------------------------------------
@@ -105,7 +104,7 @@ class Einsum(nn.Module):
 
 def rope_sin_cos(positions_BL, head_dim: int, theta: float):
   """sin/cos [B, L, H] for the rotate_half layout: angle_j = pos * theta^(-2j/H), j < H/2."""
-  inv_freq = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+  inv_freq = theta**(-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
   angles = positions_BL.astype(jnp.float32)[..., None] * inv_freq  # [B, L, H/2]
   angles = jnp.concatenate([angles, angles], axis=-1)
   return jnp.sin(angles), jnp.cos(angles)
@@ -175,8 +174,8 @@ class MLP(nn.Module):
     dense = functools.partial(Einsum, dtype=c.jnp_dtype, param_dtype=c.jnp_param_dtype)
     gate_BLF = dense('BLD,DF->BLF', (c.d_model, c.d_ff), c.d_model, name='gate')(x_BLD)
     up_BLF = dense('BLD,DF->BLF', (c.d_model, c.d_ff), c.d_model, name='up')(x_BLD)
-    return dense('BLF,FD->BLD', (c.d_ff, c.d_model), c.d_ff, name='down')(
-        jax.nn.silu(gate_BLF) * up_BLF)
+    return dense('BLF,FD->BLD', (c.d_ff, c.d_model), c.d_ff,
+                 name='down')(jax.nn.silu(gate_BLF) * up_BLF)
 
 
 class Block(nn.Module):
@@ -200,8 +199,8 @@ class Embedder(nn.Module):
 
   def setup(self):
     c = self.config
-    self.embedding = self.param('embedding', _normal_init(c.d_model),
-                                (c.vocab_size, c.d_model), c.jnp_param_dtype)
+    self.embedding = self.param('embedding', _normal_init(c.d_model), (c.vocab_size, c.d_model),
+                                c.jnp_param_dtype)
 
   def __call__(self, tokens_BL):
     return jnp.take(self.embedding, tokens_BL, axis=0).astype(self.config.jnp_dtype)
@@ -218,8 +217,8 @@ class Transformer(nn.Module):
     self.layers = [block(c) for _ in range(c.n_layers)]  # named layers_0, layers_1, ...
     self.final_norm = RMSNorm(eps=c.norm_eps, dtype=c.jnp_dtype, param_dtype=c.jnp_param_dtype)
     if not c.tie_embeddings:
-      self.lm_head = Einsum('BLD,DV->BLV', (c.d_model, c.vocab_size), c.d_model,
-                            dtype=c.jnp_dtype, param_dtype=c.jnp_param_dtype)
+      self.lm_head = Einsum('BLD,DV->BLV', (c.d_model, c.vocab_size), c.d_model, dtype=c.jnp_dtype,
+                            param_dtype=c.jnp_param_dtype)
 
   def __call__(self, tokens_BL, positions_BL, mask_BL, cache: KVCache | None = None):
     c = self.config
@@ -257,7 +256,6 @@ class Transformer(nn.Module):
     if not self.config.tie_embeddings:
       self.lm_head(hidden_BLD)  # creates lm_head/kernel
     return self.logits(hidden_BLD)
-
 
 
 def positions_from_mask(mask_BL):
@@ -315,7 +313,6 @@ def hidden_states(params, config: ModelConfig, tokens_BL, positions_BL, mask_BL,
   return Transformer(config).apply({'params': params}, tokens_BL, positions_BL, mask_BL, cache)
 
 
-
 # ----------------------------------------------------------------------------------------
 # The sampler.
 
@@ -343,13 +340,13 @@ class SampleOutput:
 
 @flax.struct.dataclass
 class _DecodeState:
-  step: jax.Array          # [] int32, index of the next token to sample
-  logits_RV: jax.Array     # [R, V] float32, next-token logits
-  positions_R: jax.Array   # [R] int32, RoPE position of the next token
+  step: jax.Array  # [] int32, index of the next token to sample
+  logits_RV: jax.Array  # [R, V] float32, next-token logits
+  positions_R: jax.Array  # [R] int32, RoPE position of the next token
   completion_RT: jax.Array
   mask_RT: jax.Array
   logps_RT: jax.Array
-  done_R: jax.Array        # [R] bool, EOS already produced
+  done_R: jax.Array  # [R] bool, EOS already produced
   cache: KVCache
 
 
@@ -379,8 +376,7 @@ def apply_min_p(logits_RV, min_p: float):
   return jnp.where(logits_RV < threshold_R1, -jnp.inf, logits_RV)
 
 
-def sampling_logits(logits_RV, *, temperature: float, top_k: int, top_p: float,
-                    min_p: float):
+def sampling_logits(logits_RV, *, temperature: float, top_k: int, top_p: float, min_p: float):
   """The (unnormalised) log-probabilities tokens are drawn from; removed tokens are -inf."""
   logits_RV = logits_RV.astype(jnp.float32) / temperature
   if top_k > 0:
@@ -410,8 +406,8 @@ def _choose(logits_RV, key, *, temperature, top_k, top_p, min_p, greedy):
 # ----------------------------------------------------------------------------------------
 # The jitted sampler.
 
-_STATIC = ('config', 'num_samples', 'max_new_tokens', 'eos_id', 'pad_id', 'temperature',
-           'top_k', 'top_p', 'min_p', 'greedy')
+_STATIC = ('config', 'num_samples', 'max_new_tokens', 'eos_id', 'pad_id', 'temperature', 'top_k',
+           'top_p', 'min_p', 'greedy')
 
 
 def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_samples,
@@ -425,24 +421,19 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
 
   # Prefill once per prompt, then share the cache across the group.
   cache = init_cache(config, B, P + T)
-  hidden_BPD, cache = hidden_states(
-      params, config, prompt_tokens_BP, positions_from_mask(prompt_mask_BP),
-      prompt_mask_BP, cache)
+  hidden_BPD, cache = hidden_states(params, config, prompt_tokens_BP,
+                                    positions_from_mask(prompt_mask_BP), prompt_mask_BP, cache)
   # Prompts are left-padded, so the last column predicts the first new token; only its
   # logits are computed (never [B, P, V]).
   head_DV = lm_head_DV(params, config)
   logits_BV = jnp.einsum('BD,DV->BV', hidden_BPD[:, -1], head_DV.astype(hidden_BPD.dtype),
                          preferred_element_type=jnp.float32)
   repeat = lambda x: jnp.repeat(x, G, axis=0)
-  state = _DecodeState(
-      step=jnp.zeros((), jnp.int32),
-      logits_RV=repeat(logits_BV),
-      positions_R=repeat(jnp.sum(prompt_mask_BP, axis=-1)),
-      completion_RT=jnp.full((R, T), pad_id, jnp.int32),
-      mask_RT=jnp.zeros((R, T), jnp.int32),
-      logps_RT=jnp.zeros((R, T), jnp.float32),
-      done_R=jnp.zeros((R,), bool),
-      cache=repeat_cache(cache, G))
+  state = _DecodeState(step=jnp.zeros((), jnp.int32), logits_RV=repeat(logits_BV),
+                       positions_R=repeat(jnp.sum(prompt_mask_BP, axis=-1)), completion_RT=jnp.full(
+                           (R, T), pad_id, jnp.int32), mask_RT=jnp.zeros((R, T), jnp.int32),
+                       logps_RT=jnp.zeros((R, T), jnp.float32), done_R=jnp.zeros(
+                           (R,), bool), cache=repeat_cache(cache, G))
 
   def sample_token(state):
     """Draw token `step` from `logits_RV` and write it (pad after EOS)."""
@@ -450,21 +441,19 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
     live_R = ~state.done_R
     token_R = jnp.where(live_R, token_R, pad_id)
     logp_R = jnp.where(live_R, logp_R, 0.0)
-    write = lambda buf_RT, col_R: jax.lax.dynamic_update_slice(
-        buf_RT, col_R[:, None].astype(buf_RT.dtype), (0, state.step))
-    return state.replace(
-        step=state.step + 1,
-        completion_RT=write(state.completion_RT, token_R),
-        mask_RT=write(state.mask_RT, live_R.astype(jnp.int32)),
-        logps_RT=write(state.logps_RT, logp_R),
-        done_R=state.done_R | (live_R & (token_R == eos_id)))
+    write = lambda buf_RT, col_R: jax.lax.dynamic_update_slice(buf_RT, col_R[:, None].astype(
+        buf_RT.dtype), (0, state.step))
+    return state.replace(step=state.step + 1, completion_RT=write(state.completion_RT, token_R),
+                         mask_RT=write(state.mask_RT, live_R.astype(jnp.int32)),
+                         logps_RT=write(state.logps_RT, logp_R),
+                         done_R=state.done_R | (live_R & (token_R == eos_id)))
 
   def decode_step(state):
     """Feed token `step - 1` through the cache, then sample token `step`."""
     prev = lambda buf_RT: jax.lax.dynamic_slice_in_dim(buf_RT, state.step - 1, 1, axis=1)
     mask_R1 = prev(state.mask_RT)
-    out = forward(params, config, prev(state.completion_RT),
-                            state.positions_R[:, None], mask_R1, state.cache)
+    out = forward(params, config, prev(state.completion_RT), state.positions_R[:, None], mask_R1,
+                  state.cache)
     state = state.replace(logits_RV=out.logits_BLV[:, -1],
                           positions_R=state.positions_R + mask_R1[:, 0], cache=out.cache)
     return sample_token(state)
@@ -474,20 +463,17 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
 
   state = jax.lax.while_loop(not_finished, decode_step, sample_token(state))
   prompt_RP = repeat(prompt_tokens_BP).astype(jnp.int32)
-  return SampleOutput(
-      tokens=jnp.concatenate([prompt_RP, state.completion_RT], axis=1),
-      input_mask=jnp.concatenate([repeat(prompt_mask_BP), state.mask_RT], axis=1),
-      completion=state.completion_RT,
-      completion_mask=state.mask_RT,
-      logps=state.logps_RT,
-      truncated=~state.done_R)
+  return SampleOutput(tokens=jnp.concatenate([prompt_RP, state.completion_RT], axis=1),
+                      input_mask=jnp.concatenate([repeat(prompt_mask_BP), state.mask_RT],
+                                                 axis=1), completion=state.completion_RT,
+                      completion_mask=state.mask_RT, logps=state.logps_RT, truncated=~state.done_R)
 
 
 _sample_jit = jax.jit(_sample_impl, static_argnames=_STATIC)
 
 
-def sample(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *,
-           rng: jax.Array, num_samples: int, max_new_tokens: int, eos_id: int, pad_id: int,
+def sample(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, rng: jax.Array,
+           num_samples: int, max_new_tokens: int, eos_id: int, pad_id: int,
            temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
            greedy: bool = False) -> SampleOutput:
   """Sample `num_samples` completions for each of B left-padded prompts.
@@ -511,8 +497,8 @@ def sample(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *,
   P = prompt_tokens_BP.shape[1]
   checks = {
       'num_samples': (num_samples, isinstance(num_samples, int) and num_samples >= 1, '>= 1'),
-      'max_new_tokens': (max_new_tokens, isinstance(max_new_tokens, int) and max_new_tokens >= 1
-                         and P + max_new_tokens <= config.max_seq_len,
+      'max_new_tokens': (max_new_tokens, isinstance(max_new_tokens, int) and max_new_tokens >= 1 and
+                         P + max_new_tokens <= config.max_seq_len,
                          f'>= 1 with P + max_new_tokens <= max_seq_len={config.max_seq_len}'),
       'eos_id': (eos_id, 0 <= eos_id < V, f'in [0, {V})'),
       'pad_id': (pad_id, 0 <= pad_id < V, f'in [0, {V})'),

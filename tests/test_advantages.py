@@ -11,8 +11,9 @@ from jtc import advantages
 
 @functools.lru_cache(maxsize=None)
 def _jitted(name, group_size, eps, std_ddof, batch_normalize):
-  return jax.jit(functools.partial(advantages.compute_advantages, name, group_size=group_size,
-                                   eps=eps, std_ddof=std_ddof, batch_normalize=batch_normalize))
+  return jax.jit(
+      functools.partial(advantages.compute_advantages, name, group_size=group_size, eps=eps,
+                        std_ddof=std_ddof, batch_normalize=batch_normalize))
 
 
 def _loop_reference(name, rewards, g, eps, ddof):
@@ -24,8 +25,8 @@ def _loop_reference(name, rewards, g, eps, ddof):
     mean = sum(r) / g
     for i in range(g):
       if name == 'grpo':
-        var = sum((x - mean) ** 2 for x in r) / (g - ddof)
-        out[start + i] = (r[i] - mean) / (var ** 0.5 + eps)
+        var = sum((x - mean)**2 for x in r) / (g - ddof)
+        out[start + i] = (r[i] - mean) / (var**0.5 + eps)
       elif name == 'dr_grpo':
         out[start + i] = r[i] - mean
       else:  # rloo: leave-one-out mean of the others

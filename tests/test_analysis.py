@@ -24,7 +24,7 @@ def test_kl_drift_tabular_softmax_second_order():
   p = np.asarray(jax.nn.softmax(theta), np.float64)
   gn = np.asarray(g, np.float64)
   # F = diag(p) - p p^T for a softmax over free logits.
-  closed = np.sum(p * gn ** 2) - np.sum(p * gn) ** 2
+  closed = np.sum(p * gn**2) - np.sum(p * gn)**2
   np.testing.assert_allclose(analysis.fisher_quadratic(fn, theta, g), closed, rtol=1e-5)
   gaps = []
   for eta in (0.3, 0.1, 0.03):
@@ -41,8 +41,8 @@ def test_kl_drift_at_context_tiny_transformer():
   inm = jnp.ones((9,), jnp.int32).at[0].set(0)
   g = jax.tree.map(lambda x: jax.random.normal(jax.random.key(2), x.shape) / np.sqrt(x.size),
                    params)
-  fn = jax.jit(lambda p, d: analysis.kl_drift_at_context(
-      p, cfg, tokens, inm, position=4, direction=d, step_size=0.02))
+  fn = jax.jit(lambda p, d: analysis.kl_drift_at_context(p, cfg, tokens, inm, position=4, direction=
+                                                         d, step_size=0.02))
   out = fn(params, g)
   assert float(out['kl']) > 0
   assert float(out['ratio']) == pytest.approx(1.0, abs=0.05)
@@ -54,8 +54,8 @@ def test_format_log_odds_matches_manual_logprobs():
                               n_kv_heads=1, head_dim=16, d_ff=64)
   params = model.init_params(cfg, jax.random.key(6))
   sols = ['The answer is 20.', '10+10=20.']
-  forward_fn = jax.jit(lambda p, x: model.forward(p, cfg, x, model.positions_from_mask(
-      jnp.ones_like(x)), jnp.ones_like(x)).logits_BLV)
+  forward_fn = jax.jit(lambda p, x: model.forward(
+      p, cfg, x, model.positions_from_mask(jnp.ones_like(x)), jnp.ones_like(x)).logits_BLV)
   lp = analysis.solution_logprobs(params, cfg, tok, 'What is 10+10?', sols)
 
   def manual(text):  # full logits, no padding, plain log-softmax loop
@@ -66,8 +66,8 @@ def test_format_log_odds_matches_manual_logprobs():
     logp = jax.nn.log_softmax(logits[0], axis=-1)
     return sum(float(logp[i - 1, ids[i]]) for i in range(len(prompt), len(ids)))
 
-  np.testing.assert_allclose(analysis.format_log_odds(lp[0], lp[1]), manual(sols[0]) - manual(sols[1]),
-                             rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(analysis.format_log_odds(lp[0], lp[1]),
+                             manual(sols[0]) - manual(sols[1]), rtol=1e-4, atol=1e-3)
   assert float(analysis.format_entropy(jnp.array([-1.0, -1.0]))) == pytest.approx(math.log(2))
   assert float(analysis.format_entropy(jnp.array([0.0, -80.0]))) == pytest.approx(0.0, abs=1e-6)
 
@@ -86,9 +86,10 @@ def test_format_probe_matches_per_problem_solution_logprobs():
                               scaffold=task.scaffold)
   ents, logq = [], []
   for e in examples:
-    lp = np.asarray(analysis.solution_logprobs(params, cfg, tok, e['prompt'],
-                                               [e['solutions'][f] for f in task.formats],
-                                               prompt_width=20), np.float64)
+    lp = np.asarray(
+        analysis.solution_logprobs(params, cfg, tok, e['prompt'],
+                                   [e['solutions'][f] for f in task.formats], prompt_width=20),
+        np.float64)
     q = lp - lp.max() - np.log(np.exp(lp - lp.max()).sum())
     ents.append(-(np.exp(q) * q).sum())
     logq.append(q)
@@ -97,15 +98,17 @@ def test_format_probe_matches_per_problem_solution_logprobs():
     np.testing.assert_allclose(out[f'format_logq/{f}'], np.mean([q[i] for q in logq]), rtol=1e-4)
   assert 0 < out['format_entropy'] <= math.log(3) + 1e-9
   # The scaffold is the common prefix: its log-prob is that of the prefix of any solution.
-  prefix = [analysis.solution_logprobs(params, cfg, tok, e['prompt'], [task.scaffold],
-                                       append_eos=False, prompt_width=20) for e in examples]
+  prefix = [
+      analysis.solution_logprobs(params, cfg, tok, e['prompt'], [task.scaffold], append_eos=False,
+                                 prompt_width=20) for e in examples
+  ]
   np.testing.assert_allclose(out['scaffold_logprob'], np.mean([float(p[0]) for p in prefix]),
                              rtol=1e-4)
 
 
 def test_chi2_sf_and_wilson_interval_closed_forms():
   for x in (0.5, 2.0, 7.3):
-    assert analysis.chi2_sf(x, 2) == pytest.approx(math.exp(-x / 2), rel=1e-9)   # df = 2
+    assert analysis.chi2_sf(x, 2) == pytest.approx(math.exp(-x / 2), rel=1e-9)  # df = 2
     assert analysis.chi2_sf(x, 1) == pytest.approx(math.erfc(math.sqrt(x / 2)), rel=1e-9)
   assert analysis.chi2_sf(0.0, 3) == 1.0
   lo, hi = analysis.wilson_interval(50, 100)

@@ -22,7 +22,6 @@ from jtc import rollout
 from jtc import sft
 from jtc import tasks as tasks_lib
 
-
 SHIPPED = {'base': sft_arith, 'phrasing': sft_phrasing}
 
 
@@ -38,8 +37,8 @@ def base_eval(request, tmp_path_factory):
   bundle = checkpoints.load_policy_bundle(request.param)
   c = SHIPPED[request.param].get_config()
   task = tasks_lib.get_task(c.task)
-  test = data_lib.load_examples(c.task, split='test',
-                                data_dir=str(tmp_path_factory.mktemp('data')), limit=96)
+  test = data_lib.load_examples(c.task, split='test', data_dir=str(tmp_path_factory.mktemp('data')),
+                                limit=96)
   gen = rollout.Generator(model_config=bundle.model_config, tokenizer=bundle.tokenizer,
                           reward_fn=task.reward_fn, prompt_width=c.prompt_width)
   texts, correct = [], []

@@ -13,7 +13,7 @@ def test_jitter2_closed_forms():
   m = [0.0, 1.0, 0.0, 2.0, 5.0]
   # second differences: 0-2+0=-2, 2-0+1=3, 5-4+0=1 -> (2 + 3 + 1) / 3
   assert curves.jitter2(m) == pytest.approx(2.0)
-  assert curves.jitter2(np.arange(8) ** 2) == pytest.approx(2.0)  # constant second difference
+  assert curves.jitter2(np.arange(8)**2) == pytest.approx(2.0)  # constant second difference
   with pytest.raises(ValueError, match='at least 3'):
     curves.jitter2([1.0, 2.0])
 

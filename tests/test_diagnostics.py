@@ -54,13 +54,12 @@ _NET_GRADIENT = jax.jit(dg.net_gradient, static_argnums=1, static_argnames=('com
 def test_asym_matches_numpy_loop():
   rng = np.random.default_rng(1)
   w, a = rng.uniform(0.5, 1.5, 12), rng.normal(size=12)
-  per_group, mean = dg.asym(jnp.asarray(w, jnp.float32), jnp.asarray(a, jnp.float32),
-                            group_size=3)
+  per_group, mean = dg.asym(jnp.asarray(w, jnp.float32), jnp.asarray(a, jnp.float32), group_size=3)
   ref = []
   for m in range(4):
     x = [w[3 * m + i] * a[3 * m + i] for i in range(3)]
     mu = sum(x) / 3
-    ref.append(sum((v - mu) ** 2 for v in x) / 3)
+    ref.append(sum((v - mu)**2 for v in x) / 3)
   np.testing.assert_allclose(per_group, ref, rtol=1e-5)
   np.testing.assert_allclose(mean, np.mean(ref), rtol=1e-5)
   with pytest.raises(ValueError, match='group_size=5'):
@@ -69,8 +68,8 @@ def test_asym_matches_numpy_loop():
 
 def test_shared_context_mask(setup):
   _, _, batch, _ = setup
-  shared = dg.shared_context_mask(batch.tokens, batch.input_mask, batch.mask,
-                                  group_size=G, completion_start=P)
+  shared = dg.shared_context_mask(batch.tokens, batch.input_mask, batch.mask, group_size=G,
+                                  completion_start=P)
   expected = np.zeros((G, T), bool)
   expected[:, :SHARED] = True
   np.testing.assert_array_equal(shared, expected)
@@ -84,24 +83,30 @@ def test_shared_context_mask(setup):
 @pytest.mark.parametrize('name,hparams,cancels', [
     ('grpo', {}, True),
     ('grpo_fix', {}, True),
-    ('dfpo_min_replace', {'eps': 0.2}, True),
-    ('dfpo_pos_orth_proj', {'eps': 0.2}, True),
-    ('gspo', {'eps': 0.2}, False),
+    ('dfpo_min_replace', {
+        'eps': 0.2
+    }, True),
+    ('dfpo_pos_orth_proj', {
+        'eps': 0.2
+    }, True),
+    ('gspo', {
+        'eps': 0.2
+    }, False),
 ])
 def test_shared_token_residual(setup, name, hparams, cancels):
   cfg, params, batch, norms = setup
   logps = _seq_logps(params, cfg, batch.tokens, batch.input_mask)
   coef, _ = dg.loss_coefficients(logps, loss_name=name, old_logps=batch.old_logps,
-                                 advantages=batch.advantages, mask=batch.mask,
-                                 group_size=G, **hparams)
-  shared = dg.shared_context_mask(batch.tokens, batch.input_mask, batch.mask,
-                                  group_size=G, completion_start=P)
+                                 advantages=batch.advantages, mask=batch.mask, group_size=G,
+                                 **hparams)
+  shared = dg.shared_context_mask(batch.tokens, batch.input_mask, batch.mask, group_size=G,
+                                  completion_start=P)
   res = dg.shared_token_residual(coef, norms, shared, batch.mask, group_size=G)
   assert float(res['shared_energy']) > 0.1
   # Independent check with exact vectors: the net gradient of all shared positions.
   net = _NET_GRADIENT(params, cfg, batch.tokens, batch.input_mask, coef * shared,
-                        completion_start=P)
-  net_norm = float(jnp.sqrt(sum(jnp.sum(x ** 2) for x in jax.tree_util.tree_leaves(net))))
+                      completion_start=P)
+  net_norm = float(jnp.sqrt(sum(jnp.sum(x**2) for x in jax.tree_util.tree_leaves(net))))
   gross = float(jnp.sum(jnp.abs(coef) * norms * shared))
   if cancels:
     assert float(res['residual']) < 1e-5
@@ -113,16 +118,17 @@ def test_shared_token_residual(setup, name, hparams, cancels):
 
 def test_exact_grad_norms_match_grad_loop(setup):
   cfg, params, batch, norms = setup
+
   @jax.jit
   def grad_bt(p, b, t):
-    f = lambda q: model.sequence_logprobs(q, cfg, batch.tokens, batch.input_mask,
-                                          completion_start=P)['logps'][b, t]
+    f = lambda q: model.sequence_logprobs(q, cfg, batch.tokens, batch.input_mask, completion_start=P
+                                         )['logps'][b, t]
     return jax.grad(f)(p)
 
   for b, t in [(0, 0), (1, 4), (3, 5)]:
     grad = grad_bt(params, b, t)
-    ref = np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64)))
-                      for x in jax.tree_util.tree_leaves(grad)))
+    ref = np.sqrt(
+        sum(np.sum(np.square(np.asarray(x, np.float64))) for x in jax.tree_util.tree_leaves(grad)))
     np.testing.assert_allclose(norms[b, t], ref, rtol=1e-4)
 
 
@@ -130,11 +136,10 @@ def test_single_event_net_gradient_equals_coefficient_sum(setup):
   cfg, params, batch, norms = setup
   coef = jnp.asarray(np.random.default_rng(3).normal(size=(G, T)), jnp.float32)
   per_pos = jax.jit(dg.position_net_grad_norms, static_argnums=1,
-                    static_argnames='completion_start')(params, cfg, batch.tokens, batch.input_mask, coef,
-                                       completion_start=P)
+                    static_argnames='completion_start')(params, cfg, batch.tokens, batch.input_mask,
+                                                        coef, completion_start=P)
   # Shared position 1: identical score vectors, so the net norm is |sum_i c_i| * ||g||.
-  np.testing.assert_allclose(per_pos[1], abs(float(jnp.sum(coef[:, 1]))) * norms[0, 1],
-                             rtol=1e-4)
+  np.testing.assert_allclose(per_pos[1], abs(float(jnp.sum(coef[:, 1]))) * norms[0, 1], rtol=1e-4)
 
 
 def test_lm_head_proxy_is_head_gradient_norm():
@@ -142,14 +147,16 @@ def test_lm_head_proxy_is_head_gradient_norm():
   params = model.init_params(cfg, jax.random.key(4))
   tokens = jnp.asarray(np.random.default_rng(4).integers(3, 16, size=(2, 7)), jnp.int32)
   inm = jnp.ones_like(tokens)
-  proxy = jax.jit(lambda p: dg.token_grad_norms(p, cfg, tokens, inm, completion_start=3,
-                                                 mode='proxy'))(params)
+  proxy = jax.jit(
+      lambda p: dg.token_grad_norms(p, cfg, tokens, inm, completion_start=3, mode='proxy'))(params)
 
   @jax.jit
   def head_grad_norm(head, b, t):
+
     def f(h):
       p = {**params, 'lm_head': {'kernel': h}}
       return model.sequence_logprobs(p, cfg, tokens, inm, completion_start=3)['logps'][b, t]
+
     return jnp.linalg.norm(jax.grad(f)(head))
 
   for b, t in [(0, 0), (1, 3)]:
@@ -178,9 +185,9 @@ def test_frequency_buckets_and_energy_shares():
 @pytest.mark.parametrize('mode', ['proxy', 'exact'])
 def test_step_diagnostics_jits(setup, mode):
   cfg, params, batch, _ = setup
-  fn = jax.jit(lambda p, b: dg.step_diagnostics(
-      p, cfg, b, loss_name='gspo', loss_hparams={'eps': 0.2}, group_size=G,
-      completion_start=P, mode=mode))
+  fn = jax.jit(
+      lambda p, b: dg.step_diagnostics(p, cfg, b, loss_name='gspo', loss_hparams={'eps': 0.2},
+                                       group_size=G, completion_start=P, mode=mode))
   out = fn(params, batch)
   assert all(np.isfinite(float(v)) for v in out.values())
   energy = sum(float(out[f'diag/energy_b{k}']) for k in range(3))
@@ -196,8 +203,7 @@ def _step_diag(params, cfg, batch, name, hparams=()):
   key = (name, hparams)
   if key not in _STEP_DIAG:
     _STEP_DIAG[key] = jax.jit(lambda p, b: dg.step_diagnostics(
-        p, cfg, b, loss_name=name, loss_hparams=dict(hparams), group_size=G,
-        completion_start=P))
+        p, cfg, b, loss_name=name, loss_hparams=dict(hparams), group_size=G, completion_start=P))
   return {k: float(v) for k, v in _STEP_DIAG[key](params, batch).items()}
 
 

@@ -50,21 +50,23 @@ def test_bootstrap_ci_is_seeded_and_narrows_with_more_data():
 
 def test_paired_pvalue_small_for_clear_shift_large_for_none():
   rng = np.random.default_rng(1)
-  base = rng.normal(50.0, 5.0, size=8)                 # large between-seed spread ...
-  shifted = base + 2.0 + rng.normal(0, 0.3, size=8)    # ... but a consistent paired shift
+  base = rng.normal(50.0, 5.0, size=8)  # large between-seed spread ...
+  shifted = base + 2.0 + rng.normal(0, 0.3, size=8)  # ... but a consistent paired shift
   assert stats.paired_bootstrap_pvalue(shifted, base) < 0.01
   # The same shift unpaired would be buried in the spread: pairing is what detects it.
   assert stats.bootstrap_ci(shifted)[1] < base.mean() < stats.bootstrap_ci(shifted)[2]
   noise = base + rng.normal(0, 0.3, size=8)
-  noise = noise - (noise - base).mean()                # zero mean difference (up to rounding)
+  noise = noise - (noise - base).mean()  # zero mean difference (up to rounding)
   assert stats.paired_bootstrap_pvalue(noise, base) > 0.9
   assert stats.paired_bootstrap_pvalue(base, base) == 1.0
 
 
 def test_paired_pvalue_is_roughly_calibrated_under_the_null():
   rng = np.random.default_rng(2)
-  pvals = [stats.paired_bootstrap_pvalue(rng.normal(size=12), rng.normal(size=12),
-                                         num_resamples=500, seed=i) for i in range(200)]
+  pvals = [
+      stats.paired_bootstrap_pvalue(rng.normal(size=12), rng.normal(size=12), num_resamples=500,
+                                    seed=i) for i in range(200)
+  ]
   pvals = np.array(pvals)
   assert np.all((pvals > 0) & (pvals <= 1))
   # Bootstrap tests are a bit liberal at small n; a broken test gives ~0 or ~1 here.
@@ -121,7 +123,7 @@ def test_sweeps_are_well_formed(name, smoke):
   if smoke:
     assert sweep.config_arg == 'smoke' and sweep.num_steps <= 3 and sweep.seeds <= 2
   else:
-    assert sweep.seeds >= 8                      # every verdict rests on >= 8 paired seeds
+    assert sweep.seeds >= 8  # every verdict rests on >= 8 paired seeds
     for table in sweep.tables:
       assert not table.expect or table.prediction, (name, table.title)
 
@@ -218,8 +220,7 @@ def _fake_sweep(names=('base', 'better'), num_steps=4):
   tables = (sweeps_lib.Table('acc', 'final:eval/avg@', unit='(%)', scale=100.0,
                              expect=(('BETTER', '>'),)),
             sweeps_lib.Table('jitter', 'jitter2:reward_mean', higher_is_better=False),
-            sweeps_lib.Table('compute', 'compute_at:reward_mean', normalize=True,
-                             threshold='auto'))
+            sweeps_lib.Table('compute', 'compute_at:reward_mean', normalize=True, threshold='auto'))
   return sweeps_lib.Sweep(name='fake', description='a fake sweep', runs=runs, baseline='BASE',
                           tables=tables, num_steps=num_steps, seeds=2)
 
@@ -230,8 +231,15 @@ def _fake_command(tmp_path, stop_at=10**9):
   counter = tmp_path / 'launches.txt'
 
   def make(spec, workdir):
-    return [sys.executable, str(script), workdir, spec.run.name, str(spec.seed),
-            str(spec.num_steps), str(counter), str(stop_at)]
+    return [
+        sys.executable,
+        str(script), workdir, spec.run.name,
+        str(spec.seed),
+        str(spec.num_steps),
+        str(counter),
+        str(stop_at)
+    ]
+
   return make, counter
 
 
@@ -241,8 +249,8 @@ def _launches(counter):
 
 def _run(tmp_path, sweep, make, seeds=2):
   return run_lib.run_sweep(sweep, seeds=seeds, jobs=2, results_dir=str(tmp_path / 'res'),
-                           workroot=str(tmp_path / 'work'), make_command=make,
-                           validate=False, log=lambda *a: None)
+                           workroot=str(tmp_path / 'work'), make_command=make, validate=False,
+                           log=lambda *a: None)
 
 
 def test_runner_skips_finished_runs_and_resumes_unfinished(tmp_path):
@@ -274,13 +282,15 @@ def test_runner_skips_finished_runs_and_resumes_unfinished(tmp_path):
 
 def test_run_with_the_same_settings_is_reused_from_another_sweep(tmp_path):
   make, counter = _fake_command(tmp_path)
-  first = dataclasses.replace(_fake_sweep(), name='first', runs=(
-      sweeps_lib.Run('base', 'gspo', 'BASE'), sweeps_lib.Run('better', 'dapo', 'BETTER')))
-  second = dataclasses.replace(_fake_sweep(), name='second', runs=(
-      sweeps_lib.Run('gspo_again', 'gspo', 'GSPO'), sweeps_lib.Run('new', 'grpo', 'NEW')),
-                               baseline='GSPO')
-  kw = dict(seeds=2, jobs=2, workroot=str(tmp_path / 'work'), make_command=make,
-            validate=False, log=lambda *a: None)
+  first = dataclasses.replace(
+      _fake_sweep(), name='first',
+      runs=(sweeps_lib.Run('base', 'gspo', 'BASE'), sweeps_lib.Run('better', 'dapo', 'BETTER')))
+  second = dataclasses.replace(
+      _fake_sweep(), name='second',
+      runs=(sweeps_lib.Run('gspo_again', 'gspo', 'GSPO'), sweeps_lib.Run('new', 'grpo',
+                                                                         'NEW')), baseline='GSPO')
+  kw = dict(seeds=2, jobs=2, workroot=str(tmp_path / 'work'), make_command=make, validate=False,
+            log=lambda *a: None)
   run_lib.run_sweep(first, results_dir=str(tmp_path / 'res' / 'first'), **kw)
   out = run_lib.run_sweep(second, results_dir=str(tmp_path / 'res' / 'second'), **kw)
   assert out['gspo_again__s1'] == ('reused', 'from first') and out['new__s0'][0] == 'ok'
@@ -289,11 +299,11 @@ def test_run_with_the_same_settings_is_reused_from_another_sweep(tmp_path):
   original = json.loads((runs / 'first' / 'runs' / 'base__s1.json').read_text())
   reused = json.loads((runs / 'second' / 'runs' / 'gspo_again__s1.json').read_text())
   assert reused['curves'] == original['curves'] and reused['seed'] == 1
-  assert (reused['sweep'], reused['run'], reused['label'], reused['reused_from']) == (
-      'second', 'gspo_again', 'GSPO', 'first')
+  assert (reused['sweep'], reused['run'], reused['label'],
+          reused['reused_from']) == ('second', 'gspo_again', 'GSPO', 'first')
   md = report.write_results(second, results_dir=str(runs / 'second'),
-                             md_path=str(runs / 'second.md'), command='x', wall_time_s=0.0,
-                             revision='r', plot=False)
+                            md_path=str(runs / 'second.md'), command='x', wall_time_s=0.0,
+                            revision='r', plot=False)
   assert '2 of these runs have exactly the settings of runs in first' in open(md).read()
 
 
@@ -307,7 +317,7 @@ def test_runner_resumes_a_killed_run_in_the_same_workdir(tmp_path):
   out = _run(tmp_path, sweep, make_full, seeds=1)
   assert out['base__s0'][0] == 'ok'
   summary = json.loads((tmp_path / 'res' / 'runs' / 'base__s0.json').read_text())
-  assert summary['curves']['reward_mean']['step'] == [0, 1, 2, 3, 4]   # no step twice
+  assert summary['curves']['reward_mean']['step'] == [0, 1, 2, 3, 4]  # no step twice
   assert not (tmp_path / 'res' / 'runs' / 'base__s0.failed.txt').exists()
 
 
@@ -316,21 +326,22 @@ def test_failed_run_reports_stderr_and_others_continue(tmp_path, monkeypatch):
   make, _ = _fake_command(tmp_path)
   monkeypatch.setattr(sweeps_lib, 'get_sweep', lambda *a, **k: sweep)
   monkeypatch.setattr(sweeps_lib, 'SWEEPS', {'fake': None})
-  rc = run_lib.main(['fake', '--seeds', '2', '--jobs', '2', '--workroot', str(tmp_path / 'w')],
-                    make_command=make, results_root=str(tmp_path / 'results'))
+  rc = run_lib.main(['fake', '--seeds', '2', '--jobs', '2', '--workroot',
+                     str(tmp_path / 'w')], make_command=make,
+                    results_root=str(tmp_path / 'results'))
   assert rc == 1
   runs_dir = tmp_path / 'results' / 'fake' / 'runs'
   assert sorted(p.name for p in runs_dir.glob('*.json')) == [
-      'base__s0.json', 'base__s1.json', 'better__s0.json', 'better__s1.json']
+      'base__s0.json', 'base__s1.json', 'better__s0.json', 'better__s1.json'
+  ]
   md = (tmp_path / 'results' / 'fake.md').read_text()
   assert '## Failed runs' in md and 'something broke in broken' in md
   assert 'exit status 3' in md
 
   # Rebuilding the tables keeps the sweep's own command (and the failures found on disk).
-  run_lib.main(['fake', '--tables-only'], make_command=make,
-               results_root=str(tmp_path / 'results'))
+  run_lib.main(['fake', '--tables-only'], make_command=make, results_root=str(tmp_path / 'results'))
   md = (tmp_path / 'results' / 'fake.md').read_text()
-  assert "- Command: `python -m experiments.run fake --seeds 2 --jobs 2 --workroot" in md
+  assert '- Command: `python -m experiments.run fake --seeds 2 --jobs 2 --workroot' in md
   assert 'rebuilt from the per-run summaries by `python -m experiments.run fake --tables-only`' in md
   assert 'something broke in broken' in md
 
@@ -340,9 +351,13 @@ def _write_fake_summaries(results_dir, sweep, acc_by_label, seeds):
   specs = run_lib.make_specs(sweep, seeds)
   for spec in specs:
     acc = acc_by_label[spec.run.label][spec.seed]
-    records = [{'step': s, 'reward_mean': 0.1 * s + acc, 'accuracy': acc,
-                'compute/generated_tokens': 1000 * s, 'eval/avg@4': acc}
-               for s in range(sweep.num_steps + 1)]
+    records = [{
+        'step': s,
+        'reward_mean': 0.1 * s + acc,
+        'accuracy': acc,
+        'compute/generated_tokens': 1000 * s,
+        'eval/avg@4': acc
+    } for s in range(sweep.num_steps + 1)]
     summary = run_lib.make_summary(spec, '/nowhere', records, wall_time_s=1.0, command=['x'])
     run_lib._write_json(run_lib.summary_path(results_dir, spec), summary)  # pylint: disable=protected-access
 
@@ -351,11 +366,12 @@ def test_tables_rebuild_from_summaries_alone(tmp_path):
   sweep = sweeps_lib.get_sweep('table1')
   rng = np.random.default_rng(0)
   base = rng.uniform(0.3, 0.5, size=8)
-  acc = {lab: base + (0.08 if lab.startswith('DFPO') else 0.0) + rng.normal(0, .002, 8)
-         for lab in {r.label for r in sweep.runs}}
+  acc = {
+      lab: base + (0.08 if lab.startswith('DFPO') else 0.0) + rng.normal(0, .002, 8)
+      for lab in {r.label for r in sweep.runs}
+  }
   acc['GSPO'] = base
-  results_dir, md_path = run_lib.result_paths('table1', smoke=False,
-                                              results_root=str(tmp_path))
+  results_dir, md_path = run_lib.result_paths('table1', smoke=False, results_root=str(tmp_path))
   _write_fake_summaries(results_dir, sweep, acc, seeds=8)
   rc = run_lib.main(['table1', '--tables-only'], results_root=str(tmp_path))
   assert rc == 0
@@ -372,7 +388,7 @@ def test_tables_rebuild_from_summaries_alone(tmp_path):
     assert cells[1 + i].startswith(f'{100 * np.mean(acc[label]):.1f} [')
   dfpo = 1 + len(labels) + 6 * (labels.index('DFPO (Min-Replace)') - 1)
   assert cells[dfpo].startswith(f'{100 * np.mean(acc["DFPO (Min-Replace)"] - base):.1f}')
-  assert float(cells[dfpo + 1]) == pytest.approx(2 / 2 ** 8, rel=1e-2)  # every seed up
+  assert float(cells[dfpo + 1]) == pytest.approx(2 / 2**8, rel=1e-2)  # every seed up
   assert cells[dfpo + 3] == '8' and cells[dfpo + 5] == 'agrees'
 
   # Smoke results go elsewhere and do not touch the real file.
@@ -399,7 +415,7 @@ def test_grouped_table_and_normalised_compute(tmp_path):
   _run(tmp_path, sweep, make, seeds=3)
   md_path = str(tmp_path / 'fake.md')
   report.write_results(sweep, results_dir=results_dir, md_path=md_path, command='cmd',
-                        wall_time_s=0.0, revision='abc', plot=False)
+                       wall_time_s=0.0, revision='abc', plot=False)
   md = open(md_path).read()
   rows = [l for l in md.splitlines() if l.startswith('| BETTER')]
   # acc: 30 + seed vs 40 + seed -> diff exactly +10.0 points, CI collapses to a point.
@@ -411,8 +427,10 @@ def test_grouped_table_and_normalised_compute(tmp_path):
   # The grouped layout from a real sweep definition (table1: one row per learning rate).
   sweep1 = sweeps_lib.get_sweep('table1')
   rd, md1 = run_lib.result_paths('table1', smoke=False, results_root=str(tmp_path))
-  acc = {lab: np.array([0.4, 0.5, 0.45]) + (0.05 if lab.startswith('DFPO') else 0.0)
-         for lab in {r.label for r in sweep1.runs}}
+  acc = {
+      lab: np.array([0.4, 0.5, 0.45]) + (0.05 if lab.startswith('DFPO') else 0.0)
+      for lab in {r.label for r in sweep1.runs}
+  }
   _write_fake_summaries(rd, sweep1, acc, seeds=3)
   report.write_results(sweep1, results_dir=rd, md_path=md1, command='cmd', wall_time_s=0.0,
                        revision='abc', plot=False)
@@ -428,11 +446,13 @@ def test_every_smoke_sweep_end_to_end(tmp_path):
   root = tmp_path / 'results'
   launched = []
   for name in sweeps_lib.SWEEPS:
+
     def command(spec, workdir, name=name):
       launched.append((name, spec.run_id))
       return run_lib.trainer_command(spec, workdir)
-    rc = run_lib.main([name, '--smoke', '--jobs', '2', '--workroot', str(tmp_path / 'w')],
-                      make_command=command, results_root=str(root))
+
+    rc = run_lib.main([name, '--smoke', '--jobs', '2', '--workroot',
+                       str(tmp_path / 'w')], make_command=command, results_root=str(root))
     assert rc == 0, name
     sweep = sweeps_lib.get_sweep(name, smoke=True)
     md = (root / 'smoke' / f'{name}.md').read_text()
@@ -453,7 +473,7 @@ def test_verdict_needs_eight_seeds_and_a_significant_sign_flip_test():
   assert v(0.02, 0.004, 8, '>') == 'agrees'
   assert v(-0.02, 0.004, 8, '>') == 'DISAGREES'
   assert v(0.02, 0.0625, 5, '>').startswith('inconclusive (n = 5 < 8')
-  assert v(-0.02, 0.2, 10, '>') == "inconclusive (opposite sign, p = 0.2)"
+  assert v(-0.02, 0.2, 10, '>') == 'inconclusive (opposite sign, p = 0.2)'
   assert v(0.0, 0.9, 10, '<') == 'inconclusive (no difference)'
   assert v(0.02, 0.004, 8, '') == ''
   # The table reports the exact sign-flip p beside the bootstrap one: 5 seeds all up -> 1/16.
@@ -467,8 +487,9 @@ def test_a_resized_sweep_never_touches_the_committed_results(tmp_path, monkeypat
   refused without --replace, and an invocation that runs nothing new leaves the file as is."""
   sweep = _fake_sweep(num_steps=4)
   make, counter = _fake_command(tmp_path)
-  monkeypatch.setattr(sweeps_lib, 'get_sweep', lambda *a, num_steps=None, **k: (
-      dataclasses.replace(sweep, num_steps=num_steps) if num_steps else sweep))
+  monkeypatch.setattr(
+      sweeps_lib, 'get_sweep', lambda *a, num_steps=None, **k:
+      (dataclasses.replace(sweep, num_steps=num_steps) if num_steps else sweep))
   monkeypatch.setattr(sweeps_lib, 'SWEEPS', {'fake': None})
   root = tmp_path / 'results'
   args = ['fake', '--jobs', '2', '--workroot', str(tmp_path / 'w')]
@@ -482,8 +503,8 @@ def test_a_resized_sweep_never_touches_the_committed_results(tmp_path, monkeypat
   assert {p.name: p.read_bytes() for p in (root / 'fake' / 'runs').glob('*.json')} == canonical
   assert (root / 'fake.md').read_bytes() == md
   # Forced into the canonical root, it is refused run by run instead of replacing them.
-  assert run_lib.main(args + ['--num-steps', '1', '--seeds', '1', '--canonical'],
-                      make_command=make, results_root=str(root)) == 1
+  assert run_lib.main(args + ['--num-steps', '1', '--seeds', '1', '--canonical'], make_command=make,
+                      results_root=str(root)) == 1
   assert {p.name: p.read_bytes() for p in (root / 'fake' / 'runs').glob('*.json')} == canonical
   # Re-running the sweep as defined with fewer seeds runs nothing and rewrites nothing.
   n = len(_launches(counter))

@@ -31,12 +31,12 @@ def qp_bruteforce(w, a):
   best, best_v = np.inf, None
   for bits in itertools.product([0, 1], repeat=len(w)):
     s = np.array(bits, bool)
-    den = np.sum(a[s] ** 2)
+    den = np.sum(a[s]**2)
     lam = np.sum(a[s] * w[s]) / den if den > 0 else 0.0
     v = np.where(s, w - lam * a, 0.0)
     if np.any(v < -1e-12) or abs(np.dot(a, v)) > 1e-9:
       continue
-    obj = 0.5 * np.sum((v - w) ** 2)
+    obj = 0.5 * np.sum((v - w)**2)
     if obj < best - 1e-15:
       best, best_v = obj, v
   return best_v
@@ -81,8 +81,8 @@ def test_theorem_c1_min_replace_only_shrinks():
     np.testing.assert_allclose(np.sum(w_t * a), 0.0, atol=1e-5)
 
 
-@pytest.mark.parametrize('name', ['orth_proj', 'pos_orth_proj_qp',
-                                  'pos_orth_proj_truncate_rebalance'])
+@pytest.mark.parametrize('name',
+                         ['orth_proj', 'pos_orth_proj_qp', 'pos_orth_proj_truncate_rebalance'])
 def test_orth_variants_are_orthogonal(name):
   rng = np.random.default_rng(2)
   kwargs = {'trunc_eps': 1e-3} if name.endswith('rebalance') else {}
@@ -116,7 +116,7 @@ def test_qp_kkt_and_bruteforce():
     assert np.all(v >= 0)
     assert abs(np.dot(a, v)) < 1e-4
     act = v > 1e-6
-    lam = np.sum(a[act] * (w[act] - v[act])) / max(np.sum(a[act] ** 2), 1e-30)
+    lam = np.sum(a[act] * (w[act] - v[act])) / max(np.sum(a[act]**2), 1e-30)
     np.testing.assert_allclose(v[act], (w - lam * a)[act], rtol=1e-4, atol=1e-5)
     assert np.all(w[~act] - lam * a[~act] <= 1e-4)  # mu_i = lam a_i - w_i >= 0
     n_binding += int(np.any(~act))
@@ -156,8 +156,8 @@ def test_global_scale_and_identity():
   np.testing.assert_allclose(gt.identity(w, a), w)
 
 
-@pytest.mark.parametrize('case', ['zero_adv', 'one_side_pos', 'one_side_neg', 'equal_weights',
-                                  'zero_weight', 'single'])
+@pytest.mark.parametrize(
+    'case', ['zero_adv', 'one_side_pos', 'one_side_neg', 'equal_weights', 'zero_weight', 'single'])
 def test_degenerate_groups_finite_with_documented_values(case):
   w = np.array([1.2, 0.8, 1.0, 0.9], np.float32)
   a = np.array([1.0, -0.5, -0.5, 0.0], np.float32)
@@ -173,8 +173,7 @@ def test_degenerate_groups_finite_with_documented_values(case):
     w[1] = 0.0
   elif case == 'single':
     w, a = w[:1], np.zeros(1, np.float32)
-  fns = {'min': _MIN, 'orth': _ORTH, 'qp': _QP,
-         'tr': lambda w, a: _TR(w, a, trunc_eps=1e-3)}
+  fns = {'min': _MIN, 'orth': _ORTH, 'qp': _QP, 'tr': lambda w, a: _TR(w, a, trunc_eps=1e-3)}
   out = {k: np.asarray(f(w, a)) for k, f in fns.items()}
   for k, f in fns.items():
     assert np.all(np.isfinite(out[k])), k
@@ -201,8 +200,8 @@ def test_batched_helpers_match_per_group_loop():
   rng = np.random.default_rng(6)
   w_B = np.exp(rng.normal(0, 0.3, 12)).astype(np.float32)
   a_B = rng.normal(size=12).astype(np.float32)
-  got = np.asarray(gt.transform_batch('pos_orth_proj_qp', jnp.asarray(w_B), jnp.asarray(a_B),
-                                      group_size=4))
+  got = np.asarray(
+      gt.transform_batch('pos_orth_proj_qp', jnp.asarray(w_B), jnp.asarray(a_B), group_size=4))
   want = np.concatenate([np.asarray(_QP(w_B[i:i + 4], a_B[i:i + 4])) for i in range(0, 12, 4)])
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match='valid'):

@@ -26,17 +26,17 @@ from jtc import sampler  # noqa: E402
 
 _COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, rope_theta=1000.0,
-               initializer_range=0.1, rms_norm_eps=1e-5, bos_token_id=None,
-               eos_token_id=None, pad_token_id=None)
+               initializer_range=0.1, rms_norm_eps=1e-5, bos_token_id=None, eos_token_id=None,
+               pad_token_id=None)
 
 # name -> (config class, model class, extra config, max_shard_size or None)
 ARCHS = {
-    'llama_untied_sharded': ('LlamaConfig', 'LlamaForCausalLM',
-                             dict(tie_word_embeddings=False), '40KB'),
+    'llama_untied_sharded':
+        ('LlamaConfig', 'LlamaForCausalLM', dict(tie_word_embeddings=False), '40KB'),
     'qwen2_untied': ('Qwen2Config', 'Qwen2ForCausalLM', dict(tie_word_embeddings=False), None),
     # head_dim != hidden / heads, as in the real Qwen3 models.
-    'qwen3_tied': ('Qwen3Config', 'Qwen3ForCausalLM',
-                   dict(tie_word_embeddings=True, head_dim=24), None),
+    'qwen3_tied': ('Qwen3Config', 'Qwen3ForCausalLM', dict(tie_word_embeddings=True,
+                                                           head_dim=24), None),
 }
 
 
@@ -96,8 +96,9 @@ def test_checkpoint_layout_is_what_the_test_claims(loaded):
   assert config.qk_norm == name.startswith('qwen3')
   # Same tree structure and shapes as a freshly initialised jtc model of that config.
   fresh = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.PRNGKey(0)))
-  assert (jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), params)
-          == jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), fresh))
+  assert (jax.tree_util.tree_map(lambda x: (x.shape, x.dtype),
+                                 params) == jax.tree_util.tree_map(lambda x: (x.shape, x.dtype),
+                                                                   fresh))
 
 
 def test_logits_match_transformers(loaded):
@@ -106,8 +107,9 @@ def test_logits_match_transformers(loaded):
   with torch.no_grad():
     ref_BLV = hf_model(torch.from_numpy(tokens_BL).long()).logits.numpy()
   mask_BL = jnp.ones_like(tokens_BL)
-  out = jax.jit(model_lib.forward, static_argnums=1)(
-      params, config, tokens_BL, model_lib.positions_from_mask(mask_BL), mask_BL)
+  out = jax.jit(model_lib.forward, static_argnums=1)(params, config, tokens_BL,
+                                                     model_lib.positions_from_mask(mask_BL),
+                                                     mask_BL)
   assert out.logits_BLV.dtype == jnp.float32
   assert _rel_err(out.logits_BLV, ref_BLV) <= 1e-4
 
@@ -138,10 +140,9 @@ def test_greedy_generation_matches_transformers(loaded):
   P, T = 6, 10
   prompt_BP, pmask_BP = _left_pad(prompts, P)
   with torch.no_grad():
-    ref = hf_model.generate(
-        input_ids=torch.from_numpy(prompt_BP).long(),
-        attention_mask=torch.from_numpy(pmask_BP).long(), do_sample=False,
-        max_new_tokens=T, min_new_tokens=T, eos_token_id=None, pad_token_id=0)
+    ref = hf_model.generate(input_ids=torch.from_numpy(prompt_BP).long(),
+                            attention_mask=torch.from_numpy(pmask_BP).long(), do_sample=False,
+                            max_new_tokens=T, min_new_tokens=T, eos_token_id=None, pad_token_id=0)
   ref_BT = ref[:, P:].numpy()
   assert ref_BT.shape == (3, T)
   # An EOS id that the reference never emits, so neither side stops early.
@@ -158,9 +159,11 @@ def test_greedy_generation_matches_transformers(loaded):
 ROPE_SCALINGS = {
     # Frequencies in all three llama3 regimes at head_dim 16, theta 1e4: wavelengths
     # 6.3 .. 19,869 against the thresholds 256 / 4 = 64 and 256 / 1 = 256.
-    'llama3': dict(rope_type='llama3', factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                   original_max_position_embeddings=256),
-    'linear': dict(rope_type='linear', factor=3.0),
+    'llama3':
+        dict(rope_type='llama3', factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+             original_max_position_embeddings=256),
+    'linear':
+        dict(rope_type='linear', factor=3.0),
 }
 
 
@@ -168,9 +171,10 @@ ROPE_SCALINGS = {
 def rope_scaled(request, tmp_path_factory):
   """A tiny Llama with RoPE scaling, saved by transformers (which writes rope_parameters)."""
   torch.manual_seed(7)
-  hf_config = transformers.LlamaConfig(
-      **{**_COMMON, 'rope_theta': 1e4}, head_dim=16, tie_word_embeddings=False,
-      max_position_embeddings=4096, rope_scaling=dict(ROPE_SCALINGS[request.param]))
+  hf_config = transformers.LlamaConfig(**{
+      **_COMMON, 'rope_theta': 1e4
+  }, head_dim=16, tie_word_embeddings=False, max_position_embeddings=4096,
+                                       rope_scaling=dict(ROPE_SCALINGS[request.param]))
   hf_config._attn_implementation = 'eager'
   hf_model = transformers.LlamaForCausalLM(hf_config).eval()
   directory = tmp_path_factory.mktemp(f'rope_{request.param}')
@@ -187,21 +191,21 @@ def test_rope_scaling_logits_and_greedy_generation_match_transformers(rope_scale
   with torch.no_grad():
     ref_BLV = hf_model(torch.from_numpy(tokens_BL).long()).logits.numpy()
   mask_BL = jnp.ones_like(tokens_BL)
-  out = jax.jit(model_lib.forward, static_argnums=1)(
-      params, config, tokens_BL, model_lib.positions_from_mask(mask_BL), mask_BL)
+  out = jax.jit(model_lib.forward, static_argnums=1)(params, config, tokens_BL,
+                                                     model_lib.positions_from_mask(mask_BL),
+                                                     mask_BL)
   assert _rel_err(out.logits_BLV, ref_BLV) <= 1e-4
-  plain = jax.jit(model_lib.forward, static_argnums=1)(
-      params, dataclasses.replace(config, rope_scaling='default'), tokens_BL,
-      model_lib.positions_from_mask(mask_BL), mask_BL)
+  plain = jax.jit(model_lib.forward,
+                  static_argnums=1)(params, dataclasses.replace(config, rope_scaling='default'),
+                                    tokens_BL, model_lib.positions_from_mask(mask_BL), mask_BL)
   assert _rel_err(plain.logits_BLV, ref_BLV) > 1e-3  # plain RoPE would not have matched
   prompts = [np.arange(1, 9), np.arange(3, 6)]
   P, T = 8, 8
   prompt_BP, pmask_BP = _left_pad(prompts, P)
   with torch.no_grad():
-    ref = hf_model.generate(
-        input_ids=torch.from_numpy(prompt_BP).long(),
-        attention_mask=torch.from_numpy(pmask_BP).long(), do_sample=False,
-        max_new_tokens=T, min_new_tokens=T, eos_token_id=None, pad_token_id=0)
+    ref = hf_model.generate(input_ids=torch.from_numpy(prompt_BP).long(),
+                            attention_mask=torch.from_numpy(pmask_BP).long(), do_sample=False,
+                            max_new_tokens=T, min_new_tokens=T, eos_token_id=None, pad_token_id=0)
   ref_BT = ref[:, P:].numpy()
   eos_id = int(np.setdiff1d(np.arange(config.vocab_size), ref_BT)[0])
   got = sampler.sample(params, config, prompt_BP, pmask_BP, rng=jax.random.PRNGKey(0),
@@ -218,8 +222,7 @@ def test_rope_scaling_reads_both_spellings_and_exports_them(rope_scaled, tmp_pat
   assert 'rope_parameters' in hf
   old_style = {k: v for k, v in hf.items() if k != 'rope_parameters'}
   old_style['rope_theta'] = hf['rope_parameters']['rope_theta']
-  old_style['rope_scaling'] = {k: v for k, v in hf['rope_parameters'].items()
-                               if k != 'rope_theta'}
+  old_style['rope_scaling'] = {k: v for k, v in hf['rope_parameters'].items() if k != 'rope_theta'}
   assert hf_import.config_from_hf(old_style) == config
   both = dict(old_style, rope_parameters=hf['rope_parameters'])
   assert hf_import.config_from_hf(both) == config  # both present and agreeing: fine
@@ -260,16 +263,18 @@ def test_bfloat16_checkpoint_loads_bit_exact(tmp_path):
   # Upcasting on load is exact; compute dtype can differ from the param dtype.
   config32, params32 = hf_import.load_hf_checkpoint(tmp_path, param_dtype='float32')
   assert config32.param_dtype == 'float32' and config32.dtype == 'float32'
-  jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(np.float32(a), b),
-                         params, params32)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(np.float32(a), b), params,
+                         params32)
 
 
 def test_safetensors_reader_matches_the_safetensors_library(tmp_path):
   rng = np.random.default_rng(3)
-  tensors = {'a': rng.normal(size=(3, 5)).astype(np.float32),
-             'b': rng.normal(size=(7,)).astype(np.float16),
-             'c': rng.normal(size=(2, 2, 3)).astype(ml_dtypes.bfloat16),
-             'empty': np.zeros((0, 4), np.float32)}
+  tensors = {
+      'a': rng.normal(size=(3, 5)).astype(np.float32),
+      'b': rng.normal(size=(7,)).astype(np.float16),
+      'c': rng.normal(size=(2, 2, 3)).astype(ml_dtypes.bfloat16),
+      'empty': np.zeros((0, 4), np.float32)
+  }
   save_file(tensors, str(tmp_path / 'x.safetensors'))
   reference = load_file(str(tmp_path / 'x.safetensors'))
   entries = hf_import.read_safetensors_header(tmp_path / 'x.safetensors')
@@ -287,8 +292,8 @@ def test_safetensors_reader_matches_the_safetensors_library(tmp_path):
 @pytest.fixture(scope='module')
 def llama_dir(tmp_path_factory):
   """A single-file tiny Llama checkpoint (exported by jtc) to corrupt in the tests below."""
-  config = model_lib.ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2,
-                                 n_kv_heads=1, head_dim=8, d_ff=24, tie_embeddings=False)
+  config = model_lib.ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1,
+                                 head_dim=8, d_ff=24, tie_embeddings=False)
   shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.PRNGKey(1)))
   rng = np.random.default_rng(1)
   params = jax.tree_util.tree_map(lambda x: rng.normal(size=x.shape).astype(np.float32), shapes)
@@ -314,9 +319,9 @@ KEY = 'model.layers.1.mlp.up_proj.weight'  # [F, D] = [24, 16]
 
 
 @pytest.mark.parametrize('corruption, patterns', [
-    (dict(config_update=dict(architectures=['GPT2LMHeadModel'])),
-     ['GPT2LMHeadModel', 'config.json', 'LlamaForCausalLM', 'Qwen2ForCausalLM',
-      'Qwen3ForCausalLM']),
+    (dict(config_update=dict(architectures=['GPT2LMHeadModel'])), [
+        'GPT2LMHeadModel', 'config.json', 'LlamaForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM'
+    ]),
     (dict(config_update=dict(rope_scaling=dict(rope_type='yarn', factor=8.0))),
      ['yarn', 'config.json', 'default', 'linear', 'llama3']),
     (dict(config_update=dict(rope_scaling=dict(rope_type='llama3', factor=8.0))),
@@ -324,9 +329,8 @@ KEY = 'model.layers.1.mlp.up_proj.weight'  # [F, D] = [24, 16]
     (dict(config_update=dict(rope_scaling=dict(rope_type='linear', factor=2.0),
                              rope_parameters=dict(rope_type='default', rope_theta=1e4))),
      ['rope_parameters', 'rope_scaling', 'disagree']),
-    (dict(config_update=dict(rope_theta=1e4, rope_parameters=dict(rope_type='default',
-                                                                  rope_theta=5e5))),
-     ['rope_theta', '10000', '500000']),
+    (dict(config_update=dict(rope_theta=1e4, rope_parameters=dict(
+        rope_type='default', rope_theta=5e5))), ['rope_theta', '10000', '500000']),
     (dict(config_update=dict(attention_bias=True)), ['attention_bias', 'config.json']),
     (dict(drop=[KEY]), ['Missing tensor', KEY]),
     (dict(tensors_update={KEY: np.zeros((16, 24), np.float32)}),
@@ -393,29 +397,42 @@ def test_export_rejects_incomplete_params(llama_dir, tmp_path):
 
 def test_tokenizer_matches_transformers(tmp_path):
   tokenizers = pytest.importorskip('tokenizers')
-  words = ['<pad>', '<|im_end|>', '<|endoftext|>', '<|im_start|>', 'hello', 'world', 'user',
-           'assistant', '[UNK]', '\n']
-  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(
-      {w: i for i, w in enumerate(words)}, unk_token='[UNK]'))
+  words = [
+      '<pad>', '<|im_end|>', '<|endoftext|>', '<|im_start|>', 'hello', 'world', 'user', 'assistant',
+      '[UNK]', '\n'
+  ]
+  tok = tokenizers.Tokenizer(
+      tokenizers.models.WordLevel({
+          w: i for i, w in enumerate(words)
+      }, unk_token='[UNK]'))
   tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
   tok.add_special_tokens(['<pad>', '<|im_end|>', '<|endoftext|>', '<|im_start|>'])
   tok.save(str(tmp_path / 'tokenizer.json'))
   template = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}"
-              "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant"
-              "{% endif %}")
-  (tmp_path / 'tokenizer_config.json').write_text(json.dumps({
-      'tokenizer_class': 'PreTrainedTokenizerFast', 'chat_template': template,
-      'eos_token': {'__type': 'AddedToken', 'content': '<|im_end|>', 'lstrip': False,
-                    'normalized': False, 'rstrip': False, 'single_word': False,
-                    'special': True}, 'pad_token': '<pad>'}))
+              '<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant'
+              '{% endif %}')
+  (tmp_path / 'tokenizer_config.json').write_text(
+      json.dumps({
+          'tokenizer_class': 'PreTrainedTokenizerFast',
+          'chat_template': template,
+          'eos_token': {
+              '__type': 'AddedToken',
+              'content': '<|im_end|>',
+              'lstrip': False,
+              'normalized': False,
+              'rstrip': False,
+              'single_word': False,
+              'special': True
+          },
+          'pad_token': '<pad>'
+      }))
   (tmp_path / 'generation_config.json').write_text(json.dumps({'eos_token_id': [1, 2]}))
 
   ours = hf_import.load_hf_tokenizer(tmp_path)
   theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
   text = 'hello world <|im_end|> bogus'
   assert ours.encode(text) == theirs.encode(text, add_special_tokens=False) == [4, 5, 1, 8]
-  assert (ours.eos_id, ours.pad_id, ours.bos_id) == (theirs.eos_token_id, theirs.pad_token_id,
-                                                     None)
+  assert (ours.eos_id, ours.pad_id, ours.bos_id) == (theirs.eos_token_id, theirs.pad_token_id, None)
   assert ours.eos_ids == (1, 2)
   assert ours.decode([4, 5, 1]) == theirs.decode([4, 5, 1], skip_special_tokens=True)
   messages = [{'role': 'user', 'content': 'hello'}]
@@ -433,21 +450,41 @@ def test_tokenizer_missing_file(tmp_path):
 
 # config.json of Qwen/Qwen3-0.6B as published on the Hugging Face Hub.
 QWEN3_0_6B_CONFIG = {
-    'architectures': ['Qwen3ForCausalLM'], 'attention_bias': False, 'attention_dropout': 0.0,
-    'bos_token_id': 151643, 'eos_token_id': 151645, 'head_dim': 128, 'hidden_act': 'silu',
-    'hidden_size': 1024, 'initializer_range': 0.02, 'intermediate_size': 3072,
-    'max_position_embeddings': 40960, 'max_window_layers': 28, 'model_type': 'qwen3',
-    'num_attention_heads': 16, 'num_hidden_layers': 28, 'num_key_value_heads': 8,
-    'rms_norm_eps': 1e-06, 'rope_scaling': None, 'rope_theta': 1000000, 'sliding_window': None,
-    'tie_word_embeddings': True, 'torch_dtype': 'bfloat16', 'transformers_version': '4.51.0',
-    'use_cache': True, 'use_sliding_window': False, 'vocab_size': 151936}
+    'architectures': ['Qwen3ForCausalLM'],
+    'attention_bias': False,
+    'attention_dropout': 0.0,
+    'bos_token_id': 151643,
+    'eos_token_id': 151645,
+    'head_dim': 128,
+    'hidden_act': 'silu',
+    'hidden_size': 1024,
+    'initializer_range': 0.02,
+    'intermediate_size': 3072,
+    'max_position_embeddings': 40960,
+    'max_window_layers': 28,
+    'model_type': 'qwen3',
+    'num_attention_heads': 16,
+    'num_hidden_layers': 28,
+    'num_key_value_heads': 8,
+    'rms_norm_eps': 1e-06,
+    'rope_scaling': None,
+    'rope_theta': 1000000,
+    'sliding_window': None,
+    'tie_word_embeddings': True,
+    'torch_dtype': 'bfloat16',
+    'transformers_version': '4.51.0',
+    'use_cache': True,
+    'use_sliding_window': False,
+    'vocab_size': 151936
+}
 
 
 def test_real_qwen3_config_matches_jtc_preset():
   assert hf_import.config_from_hf(QWEN3_0_6B_CONFIG) == model_lib.ModelConfig.qwen3_0_6b()
   # The exporter's config.json describes the same model again.
   config = model_lib.ModelConfig.qwen3_0_6b()
-  assert hf_import.config_from_hf(hf_import.hf_config_from(config, torch_dtype='bfloat16')) == config
+  assert hf_import.config_from_hf(hf_import.hf_config_from(config,
+                                                           torch_dtype='bfloat16')) == config
   # transformers parses it into the same architecture hyper-parameters.
   hf = transformers.Qwen3Config(**hf_import.hf_config_from(config))
   assert (hf.head_dim, hf.num_key_value_heads, hf.tie_word_embeddings) == (128, 8, True)

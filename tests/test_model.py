@@ -11,22 +11,24 @@ from jtc import model as model_lib
 ModelConfig = model_lib.ModelConfig
 
 CONFIGS = {
-    'gqa_tied': ModelConfig.tiny(vocab_size=37, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2,
-                                 head_dim=8, d_ff=48),
-    'qwen3_like_untied': ModelConfig.tiny(vocab_size=37, n_layers=2, d_model=32, n_heads=4,
-                                          n_kv_heads=1, head_dim=8, d_ff=48, qk_norm=True,
-                                          tie_embeddings=False, rope_theta=1e6),
-    'qwen2_like_bias_mha': ModelConfig.tiny(vocab_size=37, n_layers=2, d_model=32, n_heads=2,
-                                            n_kv_heads=2, head_dim=16, d_ff=48, attn_bias=True,
-                                            norm_eps=1e-5),
+    'gqa_tied':
+        ModelConfig.tiny(vocab_size=37, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, head_dim=8,
+                         d_ff=48),
+    'qwen3_like_untied':
+        ModelConfig.tiny(vocab_size=37, n_layers=2, d_model=32, n_heads=4, n_kv_heads=1, head_dim=8,
+                         d_ff=48, qk_norm=True, tie_embeddings=False, rope_theta=1e6),
+    'qwen2_like_bias_mha':
+        ModelConfig.tiny(vocab_size=37, n_layers=2, d_model=32, n_heads=2, n_kv_heads=2,
+                         head_dim=16, d_ff=48, attn_bias=True, norm_eps=1e-5),
     # Frequencies in all three llama3 regimes: wavelengths 6.3 .. 19,869 vs thresholds 8, 32.
-    'llama3_rope': ModelConfig.tiny(vocab_size=37, n_layers=3, d_model=32, n_heads=2,
-                                    n_kv_heads=1, head_dim=16, d_ff=48, rope_scaling='llama3',
-                                    rope_factor=8.0, rope_low_freq_factor=1.0,
-                                    rope_high_freq_factor=4.0, rope_original_max_len=32),
-    'linear_rope': ModelConfig.tiny(vocab_size=37, n_layers=1, d_model=32, n_heads=4,
-                                    n_kv_heads=2, head_dim=8, d_ff=48, rope_scaling='linear',
-                                    rope_factor=2.5),
+    'llama3_rope':
+        ModelConfig.tiny(vocab_size=37, n_layers=3, d_model=32, n_heads=2, n_kv_heads=1,
+                         head_dim=16, d_ff=48, rope_scaling='llama3', rope_factor=8.0,
+                         rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                         rope_original_max_len=32),
+    'linear_rope':
+        ModelConfig.tiny(vocab_size=37, n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, head_dim=8,
+                         d_ff=48, rope_scaling='linear', rope_factor=2.5),
 }
 
 
@@ -45,10 +47,13 @@ def random_params(config, seed=0):
     elif name == 'bias':
       value = 0.3 * rng.standard_normal(shape)
     else:
-      fan_in = {'embedding': shape[-1]}.get(name, int(np.prod(shape[:-1])) if path[-2].key == 'o'
-                                                   else shape[0])
+      fan_in = {
+          'embedding': shape[-1]
+      }.get(name,
+            int(np.prod(shape[:-1])) if path[-2].key == 'o' else shape[0])
       value = rng.standard_normal(shape) / np.sqrt(fan_in)
     return jnp.asarray(value, leaf.dtype)
+
   return model_lib.stack_layers(jax.tree_util.tree_map_with_path(fill, shapes))
 
 
@@ -62,17 +67,17 @@ def _rms(x, scale, eps):
 
 def _inv_freq(c, j):
   """Frequency j of RoPE, written from the definitions (float64, one frequency at a time)."""
-  f = c.rope_theta ** (-2.0 * j / c.head_dim)
+  f = c.rope_theta**(-2.0 * j / c.head_dim)
   if c.rope_scaling == 'linear':
     return f / c.rope_factor
   if c.rope_scaling == 'llama3':
     wavelength = 2 * np.pi / f
     if wavelength < c.rope_original_max_len / c.rope_high_freq_factor:  # high frequency: kept
       return f
-    if wavelength > c.rope_original_max_len / c.rope_low_freq_factor:   # low: divided
+    if wavelength > c.rope_original_max_len / c.rope_low_freq_factor:  # low: divided
       return f / c.rope_factor
-    s = ((c.rope_original_max_len / wavelength - c.rope_low_freq_factor)
-         / (c.rope_high_freq_factor - c.rope_low_freq_factor))
+    s = ((c.rope_original_max_len / wavelength - c.rope_low_freq_factor) /
+         (c.rope_high_freq_factor - c.rope_low_freq_factor))
     return (1 - s) * f / c.rope_factor + s * f
   return f
 
@@ -89,8 +94,7 @@ def _rope(x_H, pos, c):
 
 
 def reference_logits(params, c, tokens_BL, mask_BL):
-  p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64),
-                             model_lib.unstack_layers(params))
+  p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), model_lib.unstack_layers(params))
   B, L = tokens_BL.shape
   logits = np.zeros((B, L, c.vocab_size))
   for b in range(B):
@@ -104,9 +108,11 @@ def reference_logits(params, c, tokens_BL, mask_BL):
       attn_out = np.zeros_like(x)
       for n in range(c.n_heads):
         kvh = n // (c.n_heads // c.n_kv_heads)
+
         def proj(name, head):
           y = h @ a[name]['kernel'][:, head, :]
           return y + a[name]['bias'][head] if c.attn_bias else y
+
         q, k, v = proj('q', n), proj('k', kvh), proj('v', kvh)
         if c.qk_norm:
           q = _rms(q, a['q_norm']['scale'], c.norm_eps)
@@ -114,8 +120,7 @@ def reference_logits(params, c, tokens_BL, mask_BL):
         for i in real:
           qi = _rope(q[i], pos[i], c)
           keys = [j for j in real if j <= i]
-          s = np.array([qi @ _rope(k[j], pos[j], c) for j in keys]) / np.sqrt(
-              c.head_dim)
+          s = np.array([qi @ _rope(k[j], pos[j], c) for j in keys]) / np.sqrt(c.head_dim)
           w = np.exp(s - s.max())
           w /= w.sum()
           o = sum(wj * v[j] for wj, j in zip(w, keys))
@@ -145,8 +150,7 @@ ROWS = [[3, 9, 14, 2, 30, 7], [5, 1, 22], [11, 36, 0, 4, 8, 19, 25]]
 
 def _forward_jit(config):
   return jax.jit(lambda params, tokens, mask, cache=None: model_lib.forward(
-      params, config, tokens, model_lib.positions_from_mask(mask), mask, cache,
-      return_hidden=True))
+      params, config, tokens, model_lib.positions_from_mask(mask), mask, cache, return_hidden=True))
 
 
 @pytest.mark.parametrize('name', sorted(CONFIGS))
@@ -167,17 +171,46 @@ def test_param_layout(name):
   params = model_lib.init_params(c, jax.random.key(0))
   shapes = jax.tree_util.tree_map(lambda a: a.shape, params)
   D, N, K, H, F, V = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff, c.vocab_size
-  attn = {'q': {'kernel': (D, N, H)}, 'k': {'kernel': (D, K, H)}, 'v': {'kernel': (D, K, H)},
-          'o': {'kernel': (N, H, D)}}
+  attn = {
+      'q': {
+          'kernel': (D, N, H)
+      },
+      'k': {
+          'kernel': (D, K, H)
+      },
+      'v': {
+          'kernel': (D, K, H)
+      },
+      'o': {
+          'kernel': (N, H, D)
+      }
+  }
   if c.attn_bias:
     for name_, heads in (('q', N), ('k', K), ('v', K)):
       attn[name_]['bias'] = (heads, H)
   if c.qk_norm:
     attn['q_norm'] = {'scale': (H,)}
     attn['k_norm'] = {'scale': (H,)}
-  layer = {'attn_norm': {'scale': (D,)}, 'attn': attn, 'mlp_norm': {'scale': (D,)},
-           'mlp': {'gate': {'kernel': (D, F)}, 'up': {'kernel': (D, F)},
-                   'down': {'kernel': (F, D)}}}
+  layer = {
+      'attn_norm': {
+          'scale': (D,)
+      },
+      'attn': attn,
+      'mlp_norm': {
+          'scale': (D,)
+      },
+      'mlp': {
+          'gate': {
+              'kernel': (D, F)
+          },
+          'up': {
+              'kernel': (D, F)
+          },
+          'down': {
+              'kernel': (F, D)
+          }
+      }
+  }
   stacked = jax.tree_util.tree_map(lambda s: (c.n_layers,) + s, layer,
                                    is_leaf=lambda x: isinstance(x, tuple))
   want = {'embed': {'embedding': (V, D)}, 'final_norm': {'scale': (D,)}, 'layers': stacked}
@@ -196,8 +229,8 @@ def test_param_layout(name):
   assert c.n_layers == 1 or not np.array_equal(down[0], down[-1])
   # The earlier per-layer layout round-trips exactly.
   old = model_lib.unstack_layers(params)
-  assert sorted(k for k in old if k.startswith('layers_')) == [f'layers_{i}' for i in
-                                                               range(c.n_layers)]
+  assert sorted(
+      k for k in old if k.startswith('layers_')) == [f'layers_{i}' for i in range(c.n_layers)]
   assert jax.tree_util.tree_map(jnp.shape, old['layers_0']) == layer
   jax.tree_util.tree_map(np.testing.assert_array_equal, model_lib.stack_layers(old), params)
   # Every parameter has logical axes of the right rank (raises otherwise).
@@ -300,8 +333,8 @@ def test_sequence_logprobs_matches_full_logits_and_grads():
   np.testing.assert_allclose(out['entropy'], ent, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(out['hidden'], hidden[:, P - 1:-1], rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(l1, l2, rtol=1e-6)
-  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-                         g1, g2)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g1,
+                         g2)
 
 
 def test_bfloat16_forward_close_to_float32():
@@ -332,15 +365,14 @@ def test_preset_sizes_match_model_cards(preset, non_embedding):
   """Non-embedding parameter counts as published on the model cards (within 2%)."""
   config = getattr(ModelConfig, preset)()
   shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
-  n = model_lib.num_params(shapes) - config.vocab_size * config.d_model * (
-      1 if config.tie_embeddings else 2)
+  n = model_lib.num_params(
+      shapes) - config.vocab_size * config.d_model * (1 if config.tie_embeddings else 2)
   assert abs(n / non_embedding - 1) < 0.02, n
 
 
 def test_tiny_and_small_presets():
   assert ModelConfig.tiny().vocab_size == 64 and ModelConfig.tiny(vocab_size=100).vocab_size == 100
-  shapes = jax.eval_shape(lambda: model_lib.init_params(ModelConfig.small_25m(),
-                                                        jax.random.key(0)))
+  shapes = jax.eval_shape(lambda: model_lib.init_params(ModelConfig.small_25m(), jax.random.key(0)))
   assert 22e6 < model_lib.num_params(shapes) < 28e6
 
 
@@ -355,8 +387,9 @@ def test_llama3_rope_of_llama_3_2_rescales_17_of_32_frequencies():
   wavelengths = 2 * np.pi / np.asarray(plain, np.float64)
   low = wavelengths > 8192  # divided by the factor outright
   np.testing.assert_allclose(np.asarray(scaled)[low], np.asarray(plain)[low] / 32, rtol=1e-6)
-  np.testing.assert_allclose(model_lib.rope_inv_freq(
-      dataclasses.replace(config, rope_scaling='linear', rope_factor=4.0)), plain / 4, rtol=1e-6)
+  np.testing.assert_allclose(
+      model_lib.rope_inv_freq(dataclasses.replace(config, rope_scaling='linear', rope_factor=4.0)),
+      plain / 4, rtol=1e-6)
 
 
 def _num_equations(fn, *args):
@@ -373,9 +406,8 @@ def test_program_size_does_not_grow_with_depth(remat):
                          head_dim=8, d_ff=48, remat=remat)
     params = jax.eval_shape(lambda c=c: model_lib.init_params(c, jax.random.key(0)))
     tokens = jnp.ones((2, 6), jnp.int32)
-    loss = lambda p, c=c: jnp.sum(model_lib.sequence_logprobs(p, c, tokens, tokens,
-                                                              completion_start=3)['logps'])
+    loss = lambda p, c=c: jnp.sum(
+        model_lib.sequence_logprobs(p, c, tokens, tokens, completion_start=3)['logps'])
     sizes.append((_num_equations(lambda k, c=c: model_lib._init_params_jit.__wrapped__(c, k),
-                                 jax.random.key(0)),
-                  _num_equations(jax.grad(loss), params)))
+                                 jax.random.key(0)), _num_equations(jax.grad(loss), params)))
   assert sizes[0] == sizes[1], sizes

@@ -17,9 +17,12 @@ def kernel_env(tmp_path_factory):
   root = tmp_path_factory.mktemp('jupyter')
   spec_dir = root / 'kernels' / 'python3'
   spec_dir.mkdir(parents=True)
-  (spec_dir / 'kernel.json').write_text(json.dumps({
-      'argv': [sys.executable, '-m', 'ipykernel_launcher', '-f', '{connection_file}'],
-      'display_name': 'jtc python3', 'language': 'python'}))
+  (spec_dir / 'kernel.json').write_text(
+      json.dumps({
+          'argv': [sys.executable, '-m', 'ipykernel_launcher', '-f', '{connection_file}'],
+          'display_name': 'jtc python3',
+          'language': 'python'
+      }))
   old = {k: os.environ.get(k) for k in ('JUPYTER_PATH', 'MPLBACKEND', 'JAX_PLATFORMS')}
   os.environ['JUPYTER_PATH'] = str(root)
   os.environ['MPLBACKEND'] = 'Agg'
@@ -46,8 +49,9 @@ def test_notebook_runs(name, kernel_env):
   from nbclient import NotebookClient  # pylint: disable=import-outside-toplevel
   nb = nbformat.read(os.path.join(REPO, 'notebooks', name), as_version=4)
   client = NotebookClient(nb, kernel_name='python3', timeout=300,
-                          resources={'metadata': {'path': REPO}})
+                          resources={'metadata': {
+                              'path': REPO
+                          }})
   client.execute()  # raises CellExecutionError (with the traceback) if any assert fails
-  text = '\n'.join(o.get('text', '') for c in nb.cells if c.cell_type == 'code'
-                   for o in c.outputs)
+  text = '\n'.join(o.get('text', '') for c in nb.cells if c.cell_type == 'code' for o in c.outputs)
   assert 'Error' not in text

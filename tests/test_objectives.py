@@ -25,25 +25,29 @@ def _fn(name, group_size, hp_items, optional, aggs):
 
   def one(agg, logps, old_logps, advantages, mask, extra):
     hp = dict(hp_items, **({'aggregation': agg} if agg else {}))
-    return objectives.compute_loss(name, logps=logps, old_logps=old_logps,
-                                   advantages=advantages, mask=mask, group_size=group_size,
-                                   **extra, **hp)
+    return objectives.compute_loss(name, logps=logps, old_logps=old_logps, advantages=advantages,
+                                   mask=mask, group_size=group_size, **extra, **hp)
 
   def f(*args):
-    return tuple(jax.value_and_grad(functools.partial(one, agg), has_aux=True)(*args)
-                 for agg in aggs)
+    return tuple(
+        jax.value_and_grad(functools.partial(one, agg), has_aux=True)(*args) for agg in aggs)
+
   return jax.jit(f)
 
 
 def _run(name, logps, old_logps, adv, mask, aggs, *, group_size=G, ref=None, tw=None, ent=None,
          **hp):
-  extra = {k: jnp.asarray(v, jnp.float32) for k, v in
-           (('ref_logps', ref), ('token_weights', tw), ('entropy', ent)) if v is not None}
+  extra = {
+      k: jnp.asarray(v, jnp.float32)
+      for k, v in (('ref_logps', ref), ('token_weights', tw), ('entropy', ent))
+      if v is not None
+  }
   fn = _fn(name, group_size, tuple(sorted(hp.items())), tuple(sorted(extra)), aggs)
   outs = fn(jnp.asarray(logps, jnp.float32), jnp.asarray(old_logps, jnp.float32),
             jnp.asarray(adv, jnp.float32), jnp.asarray(mask, jnp.float32), extra)
-  return [(float(loss), {k: float(v) for k, v in metrics.items()}, np.asarray(grad, np.float64))
-          for (loss, metrics), grad in outs]
+  return [(float(loss), {
+      k: float(v) for k, v in metrics.items()
+  }, np.asarray(grad, np.float64)) for (loss, metrics), grad in outs]
 
 
 def run(name, logps, old_logps, adv, mask, **kw):
@@ -59,6 +63,7 @@ def run_all_aggregations(name, logps, old_logps, adv, mask, **kw):
 # Independent numpy references (plain loops, float64).
 # ---------------------------------------------------------------------------------------------
 
+
 def np_agg_weights(mask, mode):
   """kappa[i, t] with aggregate(x) = sum_{i,t} kappa x."""
   b, t = mask.shape
@@ -68,8 +73,12 @@ def np_agg_weights(mask, mode):
     length = max(mask[i].sum(), 1.0)
     for j in range(t):
       if mask[i, j] > 0:
-        k[i, j] = {'token_mean': 1 / n, 'seq_mean_token_mean': 1 / (b * length),
-                   'seq_mean_token_sum': 1 / b, 'seq_mean_token_sum_norm': 1 / (b * t)}[mode]
+        k[i, j] = {
+            'token_mean': 1 / n,
+            'seq_mean_token_mean': 1 / (b * length),
+            'seq_mean_token_sum': 1 / b,
+            'seq_mean_token_sum_norm': 1 / (b * t)
+        }[mode]
   return k
 
 
@@ -77,11 +86,11 @@ def np_qp(w, a):
   best, best_v = math.inf, None
   for bits in itertools.product([0, 1], repeat=len(w)):
     s = np.array(bits, bool)
-    den = np.sum(a[s] ** 2)
+    den = np.sum(a[s]**2)
     lam = np.sum(a[s] * w[s]) / den if den > 0 else 0.0
     v = np.where(s, w - lam * a, 0.0)
-    if np.all(v >= -1e-12) and abs(np.dot(a, v)) < 1e-9 and 0.5 * np.sum((v - w) ** 2) < best:
-      best, best_v = 0.5 * np.sum((v - w) ** 2), v
+    if np.all(v >= -1e-12) and abs(np.dot(a, v)) < 1e-9 and 0.5 * np.sum((v - w)**2) < best:
+      best, best_v = 0.5 * np.sum((v - w)**2), v
   return best_v
 
 
@@ -115,8 +124,8 @@ def np_reference(name, logps, old, adv, mask, hp, tw=None, ref=None, ent=None):
   dobj = np.zeros((b, t))  # d obj[i,t] / d logp[i,t] for token losses
   low = np.zeros((b, t))
   high = np.zeros((b, t))
-  w_traj = np.zeros(b)       # Eq. 14 weight (asym)
-  w_grad = np.zeros(b)       # the weight the gradient carries (asym_gated)
+  w_traj = np.zeros(b)  # Eq. 14 weight (asym)
+  w_grad = np.zeros(b)  # the weight the gradient carries (asym_gated)
   grad = np.zeros((b, t))
   lengths = np.maximum(mask.sum(1), 1.0)
   if name not in SEQ_LOSSES:
@@ -180,8 +189,8 @@ def np_reference(name, logps, old, adv, mask, hp, tw=None, ref=None, ent=None):
       seq_obj = adv * s_bar
       w_traj = s
     else:
-      s_tilde = np.concatenate([np_transform(name, s_bar[m:m + G_], adv[m:m + G_], hp)
-                                for m in range(0, b, G_)])
+      s_tilde = np.concatenate(
+          [np_transform(name, s_bar[m:m + G_], adv[m:m + G_], hp) for m in range(0, b, G_)])
       coef = s_tilde * (free if hp.get('clip_gating') == 'gspo' else 1.0)
       seq_obj = adv * s_tilde
       w_traj = s_tilde
@@ -193,7 +202,7 @@ def np_reference(name, logps, old, adv, mask, hp, tw=None, ref=None, ent=None):
   if ref is not None:
     d = np.where(mask > 0, ref - logps, 0.0)
     est = hp['kl_estimator']
-    k = {'k1': -d, 'k2': 0.5 * d ** 2, 'k3': np.exp(d) - d - 1}[est]
+    k = {'k1': -d, 'k2': 0.5 * d**2, 'k3': np.exp(d) - d - 1}[est]
     dk = {'k1': np.ones_like(d), 'k2': -d, 'k3': 1 - np.exp(d)}[est]
     loss += hp['kl_coef'] * np.sum(kappa * k)
     grad += hp['kl_coef'] * kappa * dk
@@ -203,10 +212,14 @@ def np_reference(name, logps, old, adv, mask, hp, tw=None, ref=None, ent=None):
   wa = (w_traj * adv).reshape(-1, G_)
   wa_grad = (w_grad * adv).reshape(-1, G_)
   metrics = {
-      'clip_frac_low': np.sum(low * mask) / n, 'clip_frac_high': np.sum(high * mask) / n,
-      'ratio_mean': np.sum(r * mask) / n, 'ratio_min': r[mask > 0].min(),
-      'ratio_max': r[mask > 0].max(), 'approx_kl': np.sum((r - 1 - np.log(r)) * mask) / n,
-      'asym': np.mean(wa.var(axis=1)), 'asym_gated': np.mean(wa_grad.var(axis=1)),
+      'clip_frac_low': np.sum(low * mask) / n,
+      'clip_frac_high': np.sum(high * mask) / n,
+      'ratio_mean': np.sum(r * mask) / n,
+      'ratio_min': r[mask > 0].min(),
+      'ratio_max': r[mask > 0].max(),
+      'approx_kl': np.sum((r - 1 - np.log(r)) * mask) / n,
+      'asym': np.mean(wa.var(axis=1)),
+      'asym_gated': np.mean(wa_grad.var(axis=1)),
       'frac_degenerate_groups': np.mean([len(set(g_)) == 1 for g_ in adv.reshape(-1, G_)]),
   }
   if ent is not None:  # logged as the per-token mean whatever the aggregation
@@ -236,8 +249,11 @@ _REF_SEED = 5
 
 
 def _reference_hparams(name):
-  hp = {'kl_coef': 0.05, 'entropy_coef': 0.01,
-        'kl_estimator': ['k1', 'k2', 'k3'][sorted(objectives.LOSSES).index(name) % 3]}
+  hp = {
+      'kl_coef': 0.05,
+      'entropy_coef': 0.01,
+      'kl_estimator': ['k1', 'k2', 'k3'][sorted(objectives.LOSSES).index(name) % 3]
+  }
   if name in SEQ_LOSSES:
     hp.update(eps_low=0.05, eps_high=0.08)
   if name in ('grpo', 'delta'):
@@ -252,9 +268,9 @@ def test_every_loss_and_aggregation_matches_numpy_loops(name):
   results = run_all_aggregations(name, logps, old, adv, mask, ref=ref, ent=ent,
                                  tw=tw if name == 'delta' else None, **hp)
   for agg, (loss, metrics, grad) in zip(AGGS, results):
-    ref_loss, ref_grad, ref_metrics = np_reference(name, logps, old, adv, mask,
-                                                   {**hp, 'aggregation': agg},
-                                                   tw=tw, ref=ref, ent=ent)
+    ref_loss, ref_grad, ref_metrics = np_reference(name, logps, old, adv, mask, {
+        **hp, 'aggregation': agg
+    }, tw=tw, ref=ref, ent=ent)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-6, err_msg=agg)
     np.testing.assert_allclose(grad, ref_grad, rtol=1e-4, atol=1e-6, err_msg=agg)
     for k, v in ref_metrics.items():
@@ -266,16 +282,22 @@ def test_reference_inputs_exercise_clipping():
   """Guards the reference test: its inputs clip on both sides and for sequences."""
   logps, old, adv, mask, _, _, _ = _inputs(_REF_SEED)
   for name in ('grpo', 'gspo'):
-    _, _, m = np_reference(name, logps, old, adv, mask,
-                           {**_reference_hparams(name), 'aggregation': 'token_mean'})
+    _, _, m = np_reference(name, logps, old, adv, mask, {
+        **_reference_hparams(name), 'aggregation': 'token_mean'
+    })
     assert m['clip_frac_low'] > 0 and m['clip_frac_high'] > 0
 
 
 def test_dfpo_variants_with_solver_and_global_scale_match_numpy():
   logps, old, adv, mask, _, _, _ = _inputs(1)
-  for name, hp in [('dfpo_pos_orth_proj', {'solver': 'truncate_rebalance', 'trunc_eps': 0.5}),
-                   ('dfpo_min_replace', {'global_scale': 0.5}),
-                   ('dfpo_orth_proj', {'eps': 0.1})]:
+  for name, hp in [('dfpo_pos_orth_proj', {
+      'solver': 'truncate_rebalance',
+      'trunc_eps': 0.5
+  }), ('dfpo_min_replace', {
+      'global_scale': 0.5
+  }), ('dfpo_orth_proj', {
+      'eps': 0.1
+  })]:
     hp = {**hp, 'aggregation': 'token_mean'}
     loss, _, grad = run(name, logps, old, adv, mask, **hp)
     ref_loss, ref_grad, _ = np_reference(name, logps, old, adv, mask, hp)
@@ -286,6 +308,7 @@ def test_dfpo_variants_with_solver_and_global_scale_match_numpy():
 # ---------------------------------------------------------------------------------------------
 # Token gradient cancellation (paper Sec. 3.4, Eq. 9, 13, 38, 75/76, 82, 72-73).
 # ---------------------------------------------------------------------------------------------
+
 
 def _shared_group(seed, *, shared_log_ratio, g=4, t=6, noise=0.3):
   """One group of equal-length completions sharing (context, token) at t < len(shared)."""
@@ -300,17 +323,25 @@ def _shared_group(seed, *, shared_log_ratio, g=4, t=6, noise=0.3):
   return logps, old, adv, np.ones((g, t))
 
 
-@pytest.mark.parametrize('name,hp,shared', [
-    ('grpo', {}, [0.1, -0.1, 0.05]),                        # inside the clip range
-    ('dapo', {}, [0.2, -0.15]),
-    ('grpo_fix', {}, [0.6, -0.8, 0.0]),                     # any ratio
-    ('grpo_fix', {'aggregation': 'token_mean'}, [0.6, -0.8]),
-    ('dfpo_min_replace', {}, [0.5, -0.3]),
-    ('dfpo_orth_proj', {}, [0.5, -0.3]),
-    ('dfpo_pos_orth_proj', {}, [0.5, -0.3]),
-    ('dfpo_pos_orth_proj', {'solver': 'truncate_rebalance'}, [0.5, -0.3]),
-    ('dfpo_min_replace', {'aggregation': 'token_mean'}, [0.5, -0.3]),
-])
+@pytest.mark.parametrize(
+    'name,hp,shared',
+    [
+        ('grpo', {}, [0.1, -0.1, 0.05]),  # inside the clip range
+        ('dapo', {}, [0.2, -0.15]),
+        ('grpo_fix', {}, [0.6, -0.8, 0.0]),  # any ratio
+        ('grpo_fix', {
+            'aggregation': 'token_mean'
+        }, [0.6, -0.8]),
+        ('dfpo_min_replace', {}, [0.5, -0.3]),
+        ('dfpo_orth_proj', {}, [0.5, -0.3]),
+        ('dfpo_pos_orth_proj', {}, [0.5, -0.3]),
+        ('dfpo_pos_orth_proj', {
+            'solver': 'truncate_rebalance'
+        }, [0.5, -0.3]),
+        ('dfpo_min_replace', {
+            'aggregation': 'token_mean'
+        }, [0.5, -0.3]),
+    ])
 def test_shared_token_gradient_cancels(name, hp, shared):
   logps, old, adv, mask = _shared_group(2, shared_log_ratio=shared)
   _, _, grad = run(name, logps, old, adv, mask, group_size=4, **hp)
@@ -336,10 +367,9 @@ def test_gspo_eq38_minimal_case():
   logps = np.log(np.array([[0.3, 0.5, 0.2], [0.3, 0.5, 0.6]]))
   ratios = np.array([[rho1, rho2, lam1], [rho1, rho2, lam2]])
   old = logps - np.log(ratios)
-  _, _, grad = run('gspo', logps, old, np.array([-a, a]), np.ones((2, 3)), group_size=2,
-                   eps=10.0)
+  _, _, grad = run('gspo', logps, old, np.array([-a, a]), np.ones((2, 3)), group_size=2, eps=10.0)
   # Eq. 38 with length-normalised weights s_i = (rho1 rho2 lambda_i)^(1/3), times 1/G * 1/T.
-  eq38 = a * (rho1 * rho2) ** (1 / 3) * (lam2 ** (1 / 3) - lam1 ** (1 / 3))
+  eq38 = a * (rho1 * rho2)**(1 / 3) * (lam2**(1 / 3) - lam1**(1 / 3))
   np.testing.assert_allclose(-grad.sum(axis=0)[:2], eq38 / (2 * 3), rtol=1e-5)
 
 
@@ -367,6 +397,7 @@ def test_grpo_outside_clip_range_eq75_76(w, eq):
 # DFPO semantics: Theorem C.1, stop-gradient ablation, global scale.
 # ---------------------------------------------------------------------------------------------
 
+
 def test_theorem_c1_min_replace_never_reverses_updates():
   logps, old, adv, mask, _, _, _ = _inputs(5, noise=0.4)
   keep = mask > 0
@@ -379,7 +410,9 @@ def test_theorem_c1_min_replace_never_reverses_updates():
 
 @pytest.mark.parametrize('name,hp', [('dfpo_min_replace', {}), ('dfpo_orth_proj', {}),
                                      ('dfpo_pos_orth_proj', {}),
-                                     ('dfpo_pos_orth_proj', {'solver': 'truncate_rebalance'})])
+                                     ('dfpo_pos_orth_proj', {
+                                         'solver': 'truncate_rebalance'
+                                     })])
 def test_no_stop_gradient_is_identically_zero(name, hp):
   """Documented identity: sum_i A_i = 0 and equal per-completion weights => J == 0."""
   logps, old, adv, mask, _, _, _ = _inputs(6, noise=0.4)
@@ -418,8 +451,8 @@ DFPO_LOSSES = ('dfpo_min_replace', 'dfpo_orth_proj', 'dfpo_pos_orth_proj')
 def _off_policy(seed=11, noise=0.02):
   """Inputs at the paper's eps (3e-4 / 4e-4) where GSPO clips some trajectories, not all."""
   logps, old, adv, mask, _, _, _ = _inputs(seed, noise=noise)
-  s = np.exp(np.array([np.sum((logps[i] - old[i]) * mask[i]) / max(mask[i].sum(), 1)
-                       for i in range(B)]))
+  s = np.exp(
+      np.array([np.sum((logps[i] - old[i]) * mask[i]) / max(mask[i].sum(), 1) for i in range(B)]))
   clipped = ((adv > 0) & (s > 1 + 4e-4)) | ((adv < 0) & (s < 1 - 3e-4))
   return logps, old, adv, mask, clipped
 
@@ -469,12 +502,11 @@ def test_shared_tokens_cancel_without_gating_and_not_with_it():
   logps, old, adv, mask = _shared_group(2, shared_log_ratio=[0.5, -0.3], noise=0.3)
   _, _, g_literal = run('dfpo_min_replace', logps, old, adv, mask, group_size=4)
   np.testing.assert_allclose(g_literal.sum(axis=0)[:2], 0.0, atol=1e-7)
-  _, m, g_gated = run('dfpo_min_replace', logps, old, adv, mask, group_size=4,
-                      clip_gating='gspo')
+  _, m, g_gated = run('dfpo_min_replace', logps, old, adv, mask, group_size=4, clip_gating='gspo')
   assert 0 < m['frac_traj_gated'] < 1
   assert np.abs(g_gated.sum(axis=0)[:2]).max() > 1e-4
-  _, m, g_wide = run('dfpo_min_replace', logps, old, adv, mask, group_size=4,
-                     clip_gating='gspo', eps=10.0)
+  _, m, g_wide = run('dfpo_min_replace', logps, old, adv, mask, group_size=4, clip_gating='gspo',
+                     eps=10.0)
   assert m['frac_traj_gated'] == 0.0
   np.testing.assert_allclose(g_wide.sum(axis=0)[:2], 0.0, atol=1e-7)
 
@@ -484,8 +516,7 @@ def test_gated_global_scale_is_exactly_c_times_gspo():
   the literal reading carries more than c x GSPO's mass (it keeps the clipped trajectories)."""
   logps, old, adv, mask, _ = _off_policy()
   _, m_g, g_gspo = run('gspo', logps, old, adv, mask)
-  _, m_s, g_s = run('dfpo_min_replace', logps, old, adv, mask, global_scale=0.5,
-                    clip_gating='gspo')
+  _, m_s, g_s = run('dfpo_min_replace', logps, old, adv, mask, global_scale=0.5, clip_gating='gspo')
   np.testing.assert_allclose(g_s, 0.5 * g_gspo, rtol=1e-5, atol=1e-9)
   assert m_s['coef_mass_vs_gspo'] == pytest.approx(0.5, rel=1e-5)
   _, m_lit, _ = run('dfpo_min_replace', logps, old, adv, mask, global_scale=0.5)
@@ -501,13 +532,14 @@ def test_effective_step_metrics_match_the_gradient(name):
   logps, old, adv, mask, _ = _off_policy(noise=0.3)
   tw = np.random.default_rng(0).uniform(0.8, 1.2, (B, T)) if name == 'delta' else None
   _, m, grad = run(name, logps, old, adv, mask, tw=tw)
-  gspo_hp = ({k: objectives.default_hparams(name)[k] for k in ('eps_low', 'eps_high', 'eps')}
-             if name in SEQ_LOSSES else {})
+  gspo_hp = ({
+      k: objectives.default_hparams(name)[k] for k in ('eps_low', 'eps_high', 'eps')
+  } if name in SEQ_LOSSES else {})
   agg = objectives.default_hparams(name)['aggregation']
   _, _, g_gspo = run('gspo', logps, old, adv, mask, aggregation=agg, **gspo_hp)
   np.testing.assert_allclose(m['coef_mass'], np.abs(grad).sum(), rtol=1e-5)
-  np.testing.assert_allclose(m['coef_mass_vs_gspo'], np.abs(grad).sum() / np.abs(g_gspo).sum(),
-                             rtol=1e-5)
+  np.testing.assert_allclose(m['coef_mass_vs_gspo'],
+                             np.abs(grad).sum() / np.abs(g_gspo).sum(), rtol=1e-5)
   live = (adv != 0) & (mask.sum(1) > 0)
   gated = live & np.all(grad == 0, axis=1)
   assert m['frac_traj_gated'] == pytest.approx(gated.sum() / live.sum())
@@ -519,8 +551,8 @@ def test_asym_is_eq23_on_policy_it_is_var_a_for_every_method():
   apart there)."""
   logps, old, adv, mask, clipped = _off_policy()
   _, m, _ = run('gspo', logps, old, adv, mask)
-  s = np.exp(np.array([np.sum((logps[i] - old[i]) * mask[i]) / max(mask[i].sum(), 1)
-                       for i in range(B)]))
+  s = np.exp(
+      np.array([np.sum((logps[i] - old[i]) * mask[i]) / max(mask[i].sum(), 1) for i in range(B)]))
   np.testing.assert_allclose(m['asym'], np.mean((s * adv).reshape(-1, G).var(1)), rtol=1e-5)
   np.testing.assert_allclose(m['asym_gated'],
                              np.mean((np.where(clipped, 0, s) * adv).reshape(-1, G).var(1)),
@@ -547,20 +579,26 @@ def test_clip_gating_validation():
 # Robustness and input validation.
 # ---------------------------------------------------------------------------------------------
 
-_DEGENERATE_CONFIGS = [(n, None) for n in sorted(objectives.LOSSES)] + [
-    (n, {'stop_gradient': False, 'eps': 0.1}) for n in
-    ('dfpo_min_replace', 'dfpo_orth_proj', 'dfpo_pos_orth_proj')] + [
-    ('dfpo_pos_orth_proj', {'stop_gradient': False, 'eps': 0.1, 'solver': 'truncate_rebalance'})]
+_DEGENERATE_CONFIGS = [(n, None) for n in sorted(objectives.LOSSES)] + [(n, {
+    'stop_gradient': False,
+    'eps': 0.1
+}) for n in ('dfpo_min_replace', 'dfpo_orth_proj', 'dfpo_pos_orth_proj')] + [
+    ('dfpo_pos_orth_proj', {
+        'stop_gradient': False,
+        'eps': 0.1,
+        'solver': 'truncate_rebalance'
+    })
+]
 
 
 @pytest.mark.parametrize('name,hp', _DEGENERATE_CONFIGS)
 def test_degenerate_inputs_are_finite(name, hp):
   logps, old, adv, mask, tw, ref, ent = _inputs(9)
-  mask[4] = 0.0                       # fully masked completion in group 1
-  adv[:G] = 0.0                       # zero-std group 0
-  old[G:] = logps[G:]                 # group 1: all weights equal (r = 1)
-  old[5, :] = logps[5, :] + 200.0     # weight exp(-200) == 0 in float32
-  logps[4, :] = -np.inf               # padding may hold -inf
+  mask[4] = 0.0  # fully masked completion in group 1
+  adv[:G] = 0.0  # zero-std group 0
+  old[G:] = logps[G:]  # group 1: all weights equal (r = 1)
+  old[5, :] = logps[5, :] + 200.0  # weight exp(-200) == 0 in float32
+  logps[4, :] = -np.inf  # padding may hold -inf
   ref[4, :] = np.nan
   tw[2, :] = 0.0
 

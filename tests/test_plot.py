@@ -29,9 +29,11 @@ def _write_run(workdir, *, seed, num_steps=120, eval_every=50, lift=0.2):
   writer = metric_writer.MetricWriter(str(workdir))
   writer.write(0, {'eval/avg@4': 0.45})
   for step in range(1, num_steps + 1):
-    metrics = {'reward_mean': 0.4 + lift * step / num_steps + rng.normal(0, 0.1),
-               'entropy': 0.6 * np.exp(-step / 80),
-               'loss': float('nan') if step == 3 else rng.normal(0, 1e-3)}
+    metrics = {
+        'reward_mean': 0.4 + lift * step / num_steps + rng.normal(0, 0.1),
+        'entropy': 0.6 * np.exp(-step / 80),
+        'loss': float('nan') if step == 3 else rng.normal(0, 1e-3)
+    }
     if step % eval_every == 0:
       metrics['eval/avg@4'] = 0.45 + lift * step / num_steps
     writer.write(step, metrics)
@@ -42,8 +44,10 @@ def _write_run(workdir, *, seed, num_steps=120, eval_every=50, lift=0.2):
 @pytest.fixture
 def two_same_name_runs(tmp_path):
   """Two workdirs both called 'dfpo' in different sweeps."""
-  return [_write_run(tmp_path / 'sweep_a' / 'dfpo', seed=0),
-          _write_run(tmp_path / 'sweep_b' / 'dfpo', seed=1, lift=0.1)]
+  return [
+      _write_run(tmp_path / 'sweep_a' / 'dfpo', seed=0),
+      _write_run(tmp_path / 'sweep_b' / 'dfpo', seed=1, lift=0.1)
+  ]
 
 
 # ----------------------------------------------------------------------------- names
@@ -61,33 +65,36 @@ def test_describe_known_keys_and_patterns(key, title, ylabel):
 
 
 def test_describe_fallback_is_readable_and_names_the_key():
-  assert plot.describe('diag/some_new_thing') == ('Diagnostic: some new thing', 'diag/some_new_thing')
+  assert plot.describe('diag/some_new_thing') == ('Diagnostic: some new thing',
+                                                  'diag/some_new_thing')
   assert plot.describe('my_metric') == ('My metric', 'my_metric')
   assert plot.describe('x/y/z_w') == ('x y: z w', 'x/y/z_w')
   for key in plot.DEFAULT_KEYS + tuple(plot.KNOWN_KEYS):
     title, ylabel = plot.describe(key)
-    assert title and ylabel and '_' not in title   # every known key reads as words
+    assert title and ylabel and '_' not in title  # every known key reads as words
 
 
 # ----------------------------------------------------------------------------- smoothing
 
 
 def test_is_sparse():
-  assert plot.is_sparse(np.arange(0, 201, 50))          # evaluations every 50 steps
-  assert plot.is_sparse(np.arange(10, 1001, 10))        # 100 points, but every 10 steps
-  assert not plot.is_sparse(np.arange(1, 201))          # logged every step
+  assert plot.is_sparse(np.arange(0, 201, 50))  # evaluations every 50 steps
+  assert plot.is_sparse(np.arange(10, 1001, 10))  # 100 points, but every 10 steps
+  assert not plot.is_sparse(np.arange(1, 201))  # logged every step
 
 
 # ----------------------------------------------------------------------------- run labels
 
 
-@pytest.mark.parametrize('workdirs, want', [
-    (['/x/a/seed0', '/x/b/seed0', '/x/seed1'], ['a/seed0', 'b/seed0', 'seed1']),
-    (['/r/one', '/r/two'], ['one', 'two']),
-    (['/a/b/run', '/c/b/run'], ['a/b/run', 'c/b/run']),
-    (['/w/run', '/w/run/'], ['run', 'run (2)']),                  # the same directory twice
-    (['/a/b', '/x/a/b'], ['a/b', 'x/a/b']),                       # one path a suffix of another
-])
+@pytest.mark.parametrize(
+    'workdirs, want',
+    [
+        (['/x/a/seed0', '/x/b/seed0', '/x/seed1'], ['a/seed0', 'b/seed0', 'seed1']),
+        (['/r/one', '/r/two'], ['one', 'two']),
+        (['/a/b/run', '/c/b/run'], ['a/b/run', 'c/b/run']),
+        (['/w/run', '/w/run/'], ['run', 'run (2)']),  # the same directory twice
+        (['/a/b', '/x/a/b'], ['a/b', 'x/a/b']),  # one path a suffix of another
+    ])
 def test_run_labels_shortest_distinguishing_suffix(workdirs, want):
   labels = plot.run_labels(workdirs)
   assert labels == want
@@ -102,8 +109,10 @@ def _data_axes(fig):
 
 
 def test_figure_draws_both_same_name_runs_with_distinct_styles(two_same_name_runs):
-  runs = {label: metric_writer.read_jsonl(os.path.join(w, 'metrics.jsonl'))
-          for w, label in zip(two_same_name_runs, plot.run_labels(two_same_name_runs))}
+  runs = {
+      label: metric_writer.read_jsonl(os.path.join(w, 'metrics.jsonl'))
+      for w, label in zip(two_same_name_runs, plot.run_labels(two_same_name_runs))
+  }
   assert list(runs) == ['sweep_a/dfpo', 'sweep_b/dfpo']
   fig = plot.make_figure(runs, ['reward_mean', 'eval/avg@4'])
   try:
@@ -112,7 +121,7 @@ def test_figure_draws_both_same_name_runs_with_distinct_styles(two_same_name_run
     assert eval_ax.get_title() == 'Held-out accuracy (avg@4)'
     for ax in (reward_ax, eval_ax):
       lines = ax.get_lines()
-      assert len(lines) == 2                                       # one curve per run
+      assert len(lines) == 2  # one curve per run
       assert lines[0].get_color() != lines[1].get_color()
     # The eval curve (every 50 steps) has markers; the dense one has none.
     assert all(l.get_marker() == 'o' for l in eval_ax.get_lines())
@@ -131,8 +140,10 @@ def _legends(fig):
 @pytest.mark.parametrize('keys', [['reward_mean'], ['reward_mean', 'entropy', 'eval/avg@4'],
                                   ['reward_mean', 'entropy', 'eval/avg@4', 'loss']])
 def test_legend_never_overlaps_a_data_panel(two_same_name_runs, keys):
-  runs = {label: metric_writer.read_jsonl(os.path.join(w, 'metrics.jsonl'))
-          for w, label in zip(two_same_name_runs, plot.run_labels(two_same_name_runs))}
+  runs = {
+      label: metric_writer.read_jsonl(os.path.join(w, 'metrics.jsonl'))
+      for w, label in zip(two_same_name_runs, plot.run_labels(two_same_name_runs))
+  }
   fig = plot.make_figure(runs, keys)
   try:
     fig.canvas.draw()
@@ -155,7 +166,7 @@ def test_smoothing_draws_the_trailing_mean_over_a_faint_raw_curve(two_same_name_
     np.testing.assert_array_equal(raw.get_ydata(), y)
     np.testing.assert_allclose(smoothed.get_ydata(), curves.trailing_mean(y, 10))
     assert raw.get_alpha() < 0.5 and (smoothed.get_alpha() is None or smoothed.get_alpha() == 1)
-    assert np.std(np.diff(smoothed.get_ydata())) < np.std(np.diff(y))   # it is smoother
+    assert np.std(np.diff(smoothed.get_ydata())) < np.std(np.diff(y))  # it is smoother
     # Sparse evaluations are not smoothed: one line through the logged values.
     [ev] = eval_ax.get_lines()
     np.testing.assert_allclose(ev.get_ydata(), plot.series(recs, 'eval/avg@4')[1])
@@ -171,7 +182,7 @@ def test_default_keys_skip_what_no_run_logs_and_nan_is_skipped(two_same_name_run
     assert titles == ['Held-out accuracy (avg@4)', 'Mean reward', 'Policy entropy']
   finally:
     plt.close(fig)
-  steps, _ = plot.series(recs, 'loss')            # the 'nan' string at step 3 is dropped
+  steps, _ = plot.series(recs, 'loss')  # the 'nan' string at step 3 is dropped
   assert 3 not in steps and len(steps) == 119
 
 
@@ -192,16 +203,16 @@ def test_unknown_key_names_the_valid_keys(two_same_name_runs):
 def test_command_line(two_same_name_runs, tmp_path):
   env = {**os.environ, 'PYTHONPATH': os.pathsep.join([REPO, os.environ.get('PYTHONPATH', '')])}
   out = tmp_path / 'curves.png'
-  proc = subprocess.run(
-      [sys.executable, '-m', 'jtc.plot', *two_same_name_runs, '--out', str(out),
-       '--keys', 'reward_mean,eval/avg@4', '--smooth', '5'],
-      capture_output=True, text=True, env=env, timeout=300)
+  proc = subprocess.run([
+      sys.executable, '-m', 'jtc.plot', *two_same_name_runs, '--out',
+      str(out), '--keys', 'reward_mean,eval/avg@4', '--smooth', '5'
+  ], capture_output=True, text=True, env=env, timeout=300)
   assert proc.returncode == 0, proc.stderr
   assert out.read_bytes()[:8] == PNG_MAGIC
-  bad = subprocess.run(
-      [sys.executable, '-m', 'jtc.plot', *two_same_name_runs, '--out', str(tmp_path / 'b.png'),
-       '--keys', 'reward_mean,nope'],
-      capture_output=True, text=True, env=env, timeout=300)
+  bad = subprocess.run([
+      sys.executable, '-m', 'jtc.plot', *two_same_name_runs, '--out',
+      str(tmp_path / 'b.png'), '--keys', 'reward_mean,nope'
+  ], capture_output=True, text=True, env=env, timeout=300)
   assert bad.returncode == 2
   assert "unknown metric keys ['nope']" in bad.stderr and "'reward_mean'" in bad.stderr
   assert not (tmp_path / 'b.png').exists()

@@ -30,12 +30,13 @@ from jtc import tokenizer as tokenizer_lib
 from jtc import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REAL = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, 'configs', 'real',
-                                                                      '*.py'))
-              if os.path.basename(p) not in ('__init__.py', 'base.py'))
+REAL = sorted(
+    os.path.basename(p)[:-3]
+    for p in glob.glob(os.path.join(REPO, 'configs', 'real', '*.py'))
+    if os.path.basename(p) not in ('__init__.py', 'base.py'))
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-                 "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-                 "{% endif %}")
+                 '<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n'
+                 '{% endif %}')
 SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>']
 
 
@@ -69,8 +70,12 @@ def write_tiny_hf_checkpoint(path, *, arch='qwen3'):
   os.makedirs(path, exist_ok=True)
   tok.save(os.path.join(path, 'tokenizer.json'))
   with open(os.path.join(path, 'tokenizer_config.json'), 'w') as f:
-    json.dump({'eos_token': '<|im_end|>', 'pad_token': '<|endoftext|>',
-               'chat_template': CHAT_TEMPLATE}, f)
+    json.dump(
+        {
+            'eos_token': '<|im_end|>',
+            'pad_token': '<|endoftext|>',
+            'chat_template': CHAT_TEMPLATE
+        }, f)
   extra = dict(qk_norm=True) if arch == 'qwen3' else dict(qk_norm=False)
   config = model_lib.ModelConfig.tiny(vocab_size=272, n_layers=2, d_ff=256, **extra)
   params = model_lib.init_params(config, jax.random.key(0))
@@ -149,8 +154,8 @@ def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tmp_path,
   start_params = jax.tree.map(np.array, trainer.state.params)
   # The HF model, tokenizer (eos/pad from tokenizer_config.json) and chat template are in use.
   assert trainer.model_config.vocab_size == 272 and trainer.model_config.qk_norm
-  assert trainer.model_config.param_dtype == 'float32'     # master weights
-  assert trainer.model_config.dtype == 'bfloat16'          # compute
+  assert trainer.model_config.param_dtype == 'float32'  # master weights
+  assert trainer.model_config.dtype == 'bfloat16'  # compute
   assert trainer.model_config.remat
   assert trainer.tokenizer.eos_id == trainer.tokenizer._tok.token_to_id('<|im_end|>')
   assert trainer.tokenizer.pad_id == trainer.tokenizer._tok.token_to_id('<|endoftext|>')
@@ -174,8 +179,10 @@ def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tmp_path,
   # the parameters moved (weight decay is 0 in these configs, so only the gradient moves them).
   assert min(r['adv/frac_zero_std'] for r in records[1:]) < 1, records
   assert max(r['grad_norm'] for r in records[1:]) > 0, records
-  moved = [np.abs(a - b).max() for a, b in zip(jax.tree.leaves(resumed.state.params),
-                                               jax.tree.leaves(start_params))]
+  moved = [
+      np.abs(a - b).max()
+      for a, b in zip(jax.tree.leaves(resumed.state.params), jax.tree.leaves(start_params))
+  ]
   assert max(moved) > 0
 
 

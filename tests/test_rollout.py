@@ -11,12 +11,12 @@ from jtc import tasks as tasks_lib
 
 def _rollout(rewards, tag, T=3):
   B = len(rewards)
-  return rollout.Rollout(
-      tokens_BL=np.full((B, T + 1), tag), input_mask_BL=np.ones((B, T + 1), np.int32),
-      completion_BT=np.arange(B * T).reshape(B, T) + 100 * tag,
-      completion_mask_BT=np.ones((B, T), np.int32), sampler_logps_BT=np.zeros((B, T), np.float32),
-      truncated_B=np.zeros(B, bool), rewards_B=np.asarray(rewards, np.float32),
-      texts=tuple(f'{tag}-{i}' for i in range(B)))
+  return rollout.Rollout(tokens_BL=np.full((B, T + 1), tag), input_mask_BL=np.ones(
+      (B, T + 1), np.int32), completion_BT=np.arange(B * T).reshape(B, T) + 100 * tag,
+                         completion_mask_BT=np.ones((B, T), np.int32), sampler_logps_BT=np.zeros(
+                             (B, T), np.float32), truncated_B=np.zeros(B, bool),
+                         rewards_B=np.asarray(rewards, np.float32),
+                         texts=tuple(f'{tag}-{i}' for i in range(B)))
 
 
 def test_overlong_shaping_matches_dapo_formula():
@@ -34,8 +34,8 @@ def test_informative_groups_are_those_with_unequal_rewards():
 
 def test_dynamic_sampling_refill_replaces_only_zero_variance_groups():
   G = 2
-  ro = _rollout([1, 1, 0, 1, 0, 0], tag=1)      # groups: flat, informative, flat
-  donor = _rollout([0, 0, 1, 0, 0, 1], tag=2)   # groups: flat, informative, informative
+  ro = _rollout([1, 1, 0, 1, 0, 0], tag=1)  # groups: flat, informative, flat
+  donor = _rollout([0, 0, 1, 0, 0, 1], tag=2)  # groups: flat, informative, informative
   new = rollout.refill(ro, donor, rollout.informative_groups(ro.rewards_B, G), G)
   # Group 1 (informative) untouched; groups 0 and 2 get the donor's groups 1 and 2.
   np.testing.assert_array_equal(new.rewards_B, [1, 0, 0, 1, 0, 1])
@@ -65,8 +65,8 @@ def test_format_metrics_are_shares_of_the_correct_completions():
 
 
 def _sampling(k, **kw):
-  return dict(dict(num_samples=k, max_new_tokens=24, temperature=1.0, top_k=0, top_p=1.0,
-                   min_p=0.0), **kw)
+  return dict(
+      dict(num_samples=k, max_new_tokens=24, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), **kw)
 
 
 def test_generate_scores_every_sample_and_evaluate_agrees_with_it():

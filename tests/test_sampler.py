@@ -8,8 +8,8 @@ import pytest
 from jtc import model as model_lib
 from jtc import sampler as sampler_lib
 
-CONFIG = model_lib.ModelConfig.tiny(vocab_size=23, n_layers=2, d_model=32, n_heads=4,
-                                    n_kv_heads=2, head_dim=8, d_ff=48, qk_norm=True)
+CONFIG = model_lib.ModelConfig.tiny(vocab_size=23, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2,
+                                    head_dim=8, d_ff=48, qk_norm=True)
 PAD, EOS = 0, 1
 PROMPTS = [[5, 9, 14, 2], [7], [3, 11, 6, 8, 20, 4]]
 
@@ -17,9 +17,10 @@ PROMPTS = [[5, 9, 14, 2], [7], [3, 11, 6, 8, 20, 4]]
 @pytest.fixture(scope='module')
 def params():
   """Random weights (numpy-filled from eval_shape: nothing to compile)."""
-  shapes = jax.eval_shape(lambda: model_lib.unstack_layers(
-      model_lib.init_params(CONFIG, jax.random.key(0))))
+  shapes = jax.eval_shape(
+      lambda: model_lib.unstack_layers(model_lib.init_params(CONFIG, jax.random.key(0))))
   rng = np.random.default_rng(0)
+
   def fill(path, leaf):
     if path[-1].key == 'scale':
       return jnp.ones(leaf.shape)
@@ -27,6 +28,7 @@ def params():
     std = 2.0 / np.sqrt(leaf.shape[-1]) if path[-1].key == 'embedding' else 1 / np.sqrt(
         leaf.shape[0] if path[-2].key != 'o' else np.prod(leaf.shape[:-1]))
     return jnp.asarray(std * rng.standard_normal(leaf.shape), jnp.float32)
+
   return model_lib.stack_layers(jax.tree_util.tree_map_with_path(fill, shapes))
 
 
@@ -77,8 +79,7 @@ def test_greedy_matches_argmax_of_full_recompute(params):
       logits = np.asarray(_full_logits(params, ids, ids_mask)[0, len(seq) - 1], np.float64)
       tok = int(np.argmax(logits))
       want.append(tok)
-      want_logps.append(logits[tok] - np.log(np.sum(np.exp(logits - logits.max())))
-                        - logits.max())
+      want_logps.append(logits[tok] - np.log(np.sum(np.exp(logits - logits.max()))) - logits.max())
       seq.append(tok)
       if tok == EOS:
         break
@@ -90,8 +91,10 @@ def test_greedy_matches_argmax_of_full_recompute(params):
   check_mask_structure(out, P, 2)
 
 
-@pytest.mark.parametrize('kwargs', [dict(temperature=0.7, top_k=3),
-                                    dict(temperature=1.3, top_k=6, top_p=0.7, min_p=0.1)])
+@pytest.mark.parametrize(
+    'kwargs',
+    [dict(temperature=0.7, top_k=3),
+     dict(temperature=1.3, top_k=6, top_p=0.7, min_p=0.1)])
 def test_samples_inside_filtered_set_and_logps_consistent(params, kwargs):
   """Each chosen token is allowed by the filters applied to the teacher-forced logits, and
   the returned log-prob equals log_softmax of those filtered logits."""
@@ -101,8 +104,10 @@ def test_samples_inside_filtered_set_and_logps_consistent(params, kwargs):
                            max_new_tokens=T, eos_id=EOS, pad_id=PAD, **kwargs)
   check_mask_structure(out, P, G)
   filtered = sampler_lib.sampling_logits(
-      teacher_forced_logits(params, out, P),
-      **{**dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), **kwargs})
+      teacher_forced_logits(params, out, P), **{
+          **dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
+          **kwargs
+      })
   logp = np.asarray(jax.nn.log_softmax(filtered, axis=-1))
   chosen = np.take_along_axis(logp, np.asarray(out.completion)[..., None], axis=-1)[..., 0]
   real = np.asarray(out.completion_mask, bool)
@@ -121,7 +126,7 @@ def test_filters_keep_exactly_the_specified_sets():
   assert kept(sampler_lib.apply_top_p(logits, 0.79)) == {0, 1, 2}
   assert kept(sampler_lib.apply_top_p(logits, 1.0)) == set(range(6))
   assert kept(sampler_lib.apply_min_p(logits, 0.3)) == {0, 1, 2}  # p >= 0.12
-  assert kept(sampler_lib.apply_min_p(logits, 0.5)) == {0, 1}     # p >= 0.2
+  assert kept(sampler_lib.apply_min_p(logits, 0.5)) == {0, 1}  # p >= 0.2
 
 
 def test_eos_stops_rows_and_finished_batches(params):
@@ -154,8 +159,9 @@ def test_left_padding_invariance_of_samples(params):
   outs = []
   for width in (6, 9):
     tokens, mask = left_pad(PROMPTS, width)
-    outs.append(sampler_lib.sample(params, CONFIG, tokens, mask, rng=jax.random.key(3),
-                                   num_samples=4, max_new_tokens=6, eos_id=EOS, pad_id=PAD))
+    outs.append(
+        sampler_lib.sample(params, CONFIG, tokens, mask, rng=jax.random.key(3), num_samples=4,
+                           max_new_tokens=6, eos_id=EOS, pad_id=PAD))
   np.testing.assert_array_equal(outs[0].completion, outs[1].completion)
   np.testing.assert_array_equal(outs[0].completion_mask, outs[1].completion_mask)
   np.testing.assert_allclose(outs[0].logps, outs[1].logps, rtol=1e-5, atol=1e-5)
@@ -175,11 +181,10 @@ def test_compiled_once_per_bucket(params, monkeypatch):
     sampler_lib.sample(params, CONFIG, tokens, mask, rng=jax.random.key(0), **kwargs)
 
 
-@pytest.mark.parametrize('name,value', [('num_samples', 0), ('max_new_tokens', 0),
-                                        ('eos_id', 23), ('pad_id', -1), ('temperature', 0.0),
-                                        ('top_k', 24), ('top_p', 0.0), ('min_p', 1.5),
-                                        ('block_size', 0), ('layer_loop', 'fused'),
-                                        ('eos_id', [1, 99])])
+@pytest.mark.parametrize('name,value', [('num_samples', 0), ('max_new_tokens', 0), ('eos_id', 23),
+                                        ('pad_id', -1), ('temperature', 0.0), ('top_k', 24),
+                                        ('top_p', 0.0), ('min_p', 1.5), ('block_size', 0),
+                                        ('layer_loop', 'fused'), ('eos_id', [1, 99])])
 def test_bad_arguments_raise(params, name, value):
   tokens, mask = left_pad(PROMPTS, 6)
   kwargs = dict(rng=jax.random.key(0), num_samples=1, max_new_tokens=2, eos_id=EOS, pad_id=PAD)

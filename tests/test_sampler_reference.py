@@ -13,17 +13,19 @@ import numpy as np
 import pytest
 
 import reference_sampler
+from jtc import decode
 from jtc import model as model_lib
 from jtc import sampler as sampler_lib
 
 PAD = 0
 PROMPTS = [[5, 9, 14, 2], [7], [3, 11, 6, 8, 20, 4], [12, 12]]
 CONFIGS = {
-    'qwen3_like': model_lib.ModelConfig.tiny(vocab_size=23, n_layers=3, d_model=32, n_heads=4,
-                                             n_kv_heads=2, head_dim=8, d_ff=48, qk_norm=True),
-    'llama_like_mha': model_lib.ModelConfig.tiny(vocab_size=23, n_layers=2, d_model=32,
-                                                 n_heads=2, n_kv_heads=2, head_dim=16, d_ff=48,
-                                                 tie_embeddings=False, attn_bias=True),
+    'qwen3_like':
+        model_lib.ModelConfig.tiny(vocab_size=23, n_layers=3, d_model=32, n_heads=4, n_kv_heads=2,
+                                   head_dim=8, d_ff=48, qk_norm=True),
+    'llama_like_mha':
+        model_lib.ModelConfig.tiny(vocab_size=23, n_layers=2, d_model=32, n_heads=2, n_kv_heads=2,
+                                   head_dim=16, d_ff=48, tie_embeddings=False, attn_bias=True),
 }
 
 
@@ -93,14 +95,14 @@ def test_group_cache_holds_each_prompt_once_and_decode_matches_full_forward():
   G, P, n_prev = 3, 7, 5
   tokens_BP, mask_BP = _left_pad(PROMPTS, P)
   B = tokens_BP.shape[0]
-  _, cache = model_lib.prefill(params, config, tokens_BP, mask_BP, num_samples=G,
-                               max_new_tokens=5, block_size=2)
+  _, cache = decode.prefill(params, config, tokens_BP, mask_BP, num_samples=G, max_new_tokens=5,
+                            block_size=2)
   Y, K, H = config.n_layers, config.n_kv_heads, config.head_dim
   assert cache.prompt_k.shape == (Y, B, K, P, H)
   assert cache.k.shape == (Y, B * G, K, H, 6) and cache.v.shape == (Y, B * G, K, 6, H)
   completion_RT = jax.random.randint(jax.random.key(1), (B * G, n_prev), 1, 23)
   positions_R = jnp.repeat(jnp.sum(mask_BP, 1), G)
-  step = jax.jit(lambda p, t, pos, c: model_lib.decode_step(p, config, t, pos, c, block_size=2))
+  step = jax.jit(lambda p, t, pos, c: decode.decode_step(p, config, t, pos, c, block_size=2))
   for t in range(n_prev):
     logits_RV, cache = step(params, completion_RT[:, t], positions_R + t, cache)
   full_tokens = jnp.concatenate([jnp.repeat(tokens_BP, G, 0), completion_RT], 1)

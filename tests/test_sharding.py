@@ -22,7 +22,7 @@ CHILD = textwrap.dedent('''
     import numpy as np
     jax.config.update('jax_default_matmul_precision', 'highest')
     from jax.sharding import PartitionSpec as PS
-    from jtc import model as model_lib, sampler as sampler_lib, sharding
+    from jtc import decode, model as model_lib, sampler as sampler_lib, sharding
 
     assert len(jax.devices()) == 8, jax.devices()
     config = model_lib.ModelConfig.tiny(vocab_size=64, n_layers=1, d_model=32, n_heads=4,
@@ -95,7 +95,7 @@ CHILD = textwrap.dedent('''
     cache = model_lib.init_cache(config, B, P + T)
     c_sh = sharding.cache_shardings(cache, mesh)
     assert c_sh.k.spec == PS(None, ('data', 'fsdp'), 'tensor', None, None), c_sh.k.spec
-    _, group = model_lib.prefill(params, config, jnp.asarray(prompt), jnp.asarray(prompt_mask),
+    _, group = decode.prefill(params, config, jnp.asarray(prompt), jnp.asarray(prompt_mask),
                                  num_samples=2, max_new_tokens=T)
     g_sh = sharding.cache_shardings(group, mesh)
     assert g_sh.prompt_k.spec == g_sh.k.spec == c_sh.k.spec
@@ -114,8 +114,7 @@ def test_sharded_equals_single_device_on_8_cpu_devices():
 
 def test_logical_to_spec_falls_back_when_not_divisible():
   mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
-  assert sharding.logical_to_spec(('embed', 'mlp'), (6, 8), mesh) == PartitionSpec('fsdp',
-                                                                                   'tensor')
+  assert sharding.logical_to_spec(('embed', 'mlp'), (6, 8), mesh) == PartitionSpec('fsdp', 'tensor')
 
   class FakeMesh:  # only .shape is consulted
     shape = {'data': 2, 'fsdp': 4, 'tensor': 2}

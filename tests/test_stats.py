@@ -39,13 +39,13 @@ def test_signflip_ties_on_integer_scores():
   # break ties).
   x, y = [0.1 + 0.2, 0.0, 0.4], [0.0, 0.3, 0.0]
   d = np.subtract(x, y)
-  assert abs(-d[0] - d[1] + d[2]) < abs(d.sum())    # a float-rounding non-tie without tolerance
+  assert abs(-d[0] - d[1] + d[2]) < abs(d.sum())  # a float-rounding non-tie without tolerance
   assert stats.paired_signflip_pvalue(x, y) == 0.75
 
 
 @pytest.mark.parametrize('n, floor', [(2, 0.5), (5, 0.0625), (8, 0.0078125), (20, 2.0**-19)])
 def test_signflip_floor_is_two_over_two_to_the_n(n, floor):
-  x = np.arange(1.0, n + 1.0)     # every difference positive: only s = +1 and s = -1 tie
+  x = np.arange(1.0, n + 1.0)  # every difference positive: only s = +1 and s = -1 tie
   y = np.zeros(n)
   assert stats.paired_signflip_pvalue(x, y) == floor
   assert stats.min_attainable_p(n) == floor
@@ -67,7 +67,7 @@ def test_signflip_zero_difference_is_one_and_few_pairs_nan():
   x = np.array([0.1, 0.7, 0.3, 0.9])
   assert stats.paired_signflip_pvalue(x, x) == 1.0
   assert stats.paired_signflip_pvalue(x, x.copy()) == 1.0
-  assert stats.paired_signflip_pvalue([1.0, -1.0], [0.0, 0.0]) == 1.0   # mean difference 0
+  assert stats.paired_signflip_pvalue([1.0, -1.0], [0.0, 0.0]) == 1.0  # mean difference 0
   assert np.isnan(stats.paired_signflip_pvalue([1.0], [0.0]))
   assert np.isnan(stats.min_attainable_p(1))
 
@@ -84,7 +84,7 @@ def test_signflip_monte_carlo_above_the_exact_limit():
   rng = np.random.default_rng(2)
   x, y = rng.normal(0.2, 1.0, size=n), rng.normal(size=n)
   p = stats.paired_signflip_pvalue(x, y, num_resamples=20_000, seed=5)
-  assert p == stats.paired_signflip_pvalue(x, y, num_resamples=20_000, seed=5)   # seeded
+  assert p == stats.paired_signflip_pvalue(x, y, num_resamples=20_000, seed=5)  # seeded
   # The exact p of n = 24 pairs, computed by enumerating all 2^24 patterns in blocks.
   d = x - y
   exact_extreme = 0

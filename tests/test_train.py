@@ -45,8 +45,10 @@ def _config(method, arg='smoke'):
 
 
 def test_every_method_has_a_config():
-  expected = {'grpo', 'dapo', 'dr_grpo', 'gspo', 'dfpo_min_replace', 'dfpo_orth_proj',
-              'dfpo_pos_orth_proj', 'grpo_fix', 'delta', 'sapo', 'cispo'}
+  expected = {
+      'grpo', 'dapo', 'dr_grpo', 'gspo', 'dfpo_min_replace', 'dfpo_orth_proj', 'dfpo_pos_orth_proj',
+      'grpo_fix', 'delta', 'sapo', 'cispo'
+  }
   assert expected <= set(METHODS)
 
 
@@ -108,13 +110,16 @@ _METHOD_KEYS = ('loss.', 'delta.', 'token_weights', 'advantage.')  # Dr. GRPO: a
 def test_method_configs_differ_only_in_the_method(family):
   """A comparison between two method configs compares methods: every other key is equal."""
   folder = os.path.join(REPO, *family.split('.'))
-  names = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(folder, '*.py'))
-                 if os.path.basename(p) not in ('__init__.py', 'common.py', 'base.py')
-                 and not os.path.basename(p).startswith('sft_'))
+  names = sorted(
+      os.path.basename(p)[:-3]
+      for p in glob.glob(os.path.join(folder, '*.py'))
+      if os.path.basename(p) not in ('__init__.py', 'common.py',
+                                     'base.py') and not os.path.basename(p).startswith('sft_'))
   if family == 'configs.real':  # one model and dataset per family of real configs
     names = [n for n in names if n.startswith('qwen3_8b_math')]
-  flat = {n: _flat(importlib.import_module(f'{family}.{n}').get_config(None).to_dict())
-          for n in names}
+  flat = {
+      n: _flat(importlib.import_module(f'{family}.{n}').get_config(None).to_dict()) for n in names
+  }
   differing = {}
   for i, a in enumerate(names):
     for b in names[i + 1:]:
@@ -138,9 +143,10 @@ def test_config_arg_typo_is_rejected():
 
 
 def _run(workdir, policy, *extra, method='dfpo_min_replace', check=True):
-  cmd = [sys.executable, '-m', 'jtc.train', f'--config=configs/{method}.py:smoke',
-         f'--workdir={workdir}', f'--config.policy.init={policy}', '--config.num_steps=3',
-         *extra]
+  cmd = [
+      sys.executable, '-m', 'jtc.train', f'--config=configs/{method}.py:smoke',
+      f'--workdir={workdir}', f'--config.policy.init={policy}', '--config.num_steps=3', *extra
+  ]
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   if check and proc.returncode != 0:
@@ -225,10 +231,10 @@ def test_diagnostics_are_measured_off_policy_and_tell_gspo_from_dfpo(tmp_path):
 
 
 def test_unknown_config_key_on_the_command_line_fails_before_compute(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, '-m', 'jtc.train', '--config=configs/grpo.py:smoke',
-       f'--workdir={tmp_path}', '--config.not_a_key=1'],
-      cwd=REPO, capture_output=True, text=True, timeout=300)
+  proc = subprocess.run([
+      sys.executable, '-m', 'jtc.train', '--config=configs/grpo.py:smoke', f'--workdir={tmp_path}',
+      '--config.not_a_key=1'
+  ], cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode != 0
   assert 'not_a_key' in proc.stderr
   assert not os.path.exists(os.path.join(tmp_path, 'metrics.jsonl'))

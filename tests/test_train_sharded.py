@@ -42,16 +42,27 @@ def tiny_policy(tmp_path_factory):
 
 def _run(workdir, policy, n_devices, *mesh):
   env = dict(os.environ, JAX_PLATFORMS='cpu')
-  flags = [f for f in env.get('XLA_FLAGS', '').split()
-           if not f.startswith('--xla_force_host_platform_device_count')]
+  flags = [
+      f for f in env.get('XLA_FLAGS', '').split()
+      if not f.startswith('--xla_force_host_platform_device_count')
+  ]
   env['XLA_FLAGS'] = ' '.join(flags + [f'--xla_force_host_platform_device_count={n_devices}'])
-  cmd = [sys.executable, '-m', 'jtc.train', '--config=configs/gspo.py:smoke',
-         f'--workdir={workdir}', f'--config.policy.init={policy}', '--config.num_steps=2',
-         '--config.optim.minibatch_prompts=1', '--config.log.diagnostics_every=1',
-         # A random policy earns no reward: the entropy bonus and a KL term (with its frozen,
-         # sharded reference policy) make the compared updates non-trivial.
-         '--config.loss.hparams.entropy_coef=0.01', '--config.loss.hparams.kl_coef=0.01',
-         *mesh]
+  cmd = [
+      sys.executable,
+      '-m',
+      'jtc.train',
+      '--config=configs/gspo.py:smoke',
+      f'--workdir={workdir}',
+      f'--config.policy.init={policy}',
+      '--config.num_steps=2',
+      '--config.optim.minibatch_prompts=1',
+      '--config.log.diagnostics_every=1',
+      # A random policy earns no reward: the entropy bonus and a KL term (with its frozen,
+      # sharded reference policy) make the compared updates non-trivial.
+      '--config.loss.hparams.entropy_coef=0.01',
+      '--config.loss.hparams.kl_coef=0.01',
+      *mesh
+  ]
   proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   if proc.returncode:
     raise AssertionError(f'{cmd} failed:\n{proc.stderr[-4000:]}')

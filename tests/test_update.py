@@ -24,11 +24,12 @@ def _batch(loss_name, G=2, M=4, P=3, T=5):
   mask = (jnp.arange(T)[None] < lengths[:, None]).astype(jnp.float32)
   return update.Batch(
       tokens=tokens,
-      input_mask=jnp.concatenate([jnp.ones((B, P), jnp.int32), mask.astype(jnp.int32)], 1),
-      mask=mask, advantages=jax.random.normal(keys[2], (B,)),
+      input_mask=jnp.concatenate([jnp.ones(
+          (B, P), jnp.int32), mask.astype(jnp.int32)],
+                                 1), mask=mask, advantages=jax.random.normal(keys[2], (B,)),
       old_logps=-1.0 - jax.random.uniform(keys[3], (B, T)),
-      token_weights=(0.8 + 0.4 * jax.random.uniform(keys[4], (B, T))
-                     if loss_name == 'delta' else None))
+      token_weights=(0.8 + 0.4 * jax.random.uniform(keys[4],
+                                                    (B, T)) if loss_name == 'delta' else None))
 
 
 @pytest.mark.parametrize('loss_name', ['grpo', 'dapo', 'delta', 'dfpo_min_replace'])
@@ -39,15 +40,15 @@ def test_gradient_accumulation_equals_one_minibatch(loss_name):
   params = model_lib.init_params(mc, jax.random.key(0))
   batch = _batch(loss_name, G=G, P=P)
   opt = optax.sgd(1.0)
-  step = functools.partial(update.update_step, model_config=mc, optimizer=opt,
-                           loss_name=loss_name, loss_hparams=objectives.default_hparams(loss_name),
-                           completion_start=P, group_size=G)
+  step = functools.partial(update.update_step, model_config=mc, optimizer=opt, loss_name=loss_name,
+                           loss_hparams=objectives.default_hparams(loss_name), completion_start=P,
+                           group_size=G)
 
   def run(n):
     state = update.TrainState(step=jnp.zeros((), jnp.int32), params=params,
                               opt_state=opt.init(params))
-    return jax.jit(step)(state, update.minibatch(batch, jnp.arange(batch.tokens.shape[0]),
-                                                 num_micro=n))
+    return jax.jit(step)(state,
+                         update.minibatch(batch, jnp.arange(batch.tokens.shape[0]), num_micro=n))
 
   (s1, m1), (s4, m4) = run(1), run(4)
   np.testing.assert_allclose(m4['loss'], m1['loss'], rtol=1e-5, atol=1e-7)
@@ -90,9 +91,9 @@ def test_schedule_warms_up_then_decays_to_the_floor():
 
 
 @pytest.mark.parametrize('key,value', [('learning_rate', 0.0), ('grad_clip', -1.0),
-                                       ('weight_decay', -0.1), ('adam_b2', 1.5),
-                                       ('ppo_epochs', 0), ('warmup_frac', 1.0),
-                                       ('minibatch_prompts', 3), ('microbatch_prompts', 3)])
+                                       ('weight_decay', -0.1), ('adam_b2', 1.5), ('ppo_epochs', 0),
+                                       ('warmup_frac', 1.0), ('minibatch_prompts', 3),
+                                       ('microbatch_prompts', 3)])
 def test_bad_optimiser_settings_name_the_key(key, value):
   optim = ml_collections.ConfigDict(common.get_config().optim.to_dict())
   optim[key] = value

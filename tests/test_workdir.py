@@ -42,9 +42,11 @@ def policy(tmp_path_factory):
 
 
 def _cmd(workdir, policy, *extra, method='gspo', steps=3):
-  return [sys.executable, '-m', 'jtc.train', f'--config=configs/{method}.py:smoke',
-          f'--workdir={workdir}', f'--config.policy.init={policy}', f'--config.num_steps={steps}',
-          '--config.log.diagnostics_every=0', *extra]
+  return [
+      sys.executable, '-m', 'jtc.train', f'--config=configs/{method}.py:smoke',
+      f'--workdir={workdir}', f'--config.policy.init={policy}', f'--config.num_steps={steps}',
+      '--config.log.diagnostics_every=0', *extra
+  ]
 
 
 def _run(*args, check=True, **kw):
@@ -60,8 +62,9 @@ def _steps(workdir):
 
 
 def _comparable(workdir):
-  return [{k: v for k, v in r.items() if not k.startswith(NONDETERMINISTIC)}
-          for r in metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))]
+  return [{
+      k: v for k, v in r.items() if not k.startswith(NONDETERMINISTIC)
+  } for r in metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))]
 
 
 @pytest.fixture(scope='module')
@@ -107,9 +110,11 @@ def test_identity_allows_only_resumable_keys():
 
 
 def _files(workdir):
-  return {p: open(p, 'rb').read() for p in glob.glob(os.path.join(workdir, '**', '*'),
-                                                      recursive=True)
-          if os.path.isfile(p) and not p.endswith(workdir_lib.LOCK_FILE)}
+  return {
+      p: open(p, 'rb').read()
+      for p in glob.glob(os.path.join(workdir, '**', '*'), recursive=True)
+      if os.path.isfile(p) and not p.endswith(workdir_lib.LOCK_FILE)
+  }
 
 
 def test_checkpoints_of_another_model_are_refused_not_deleted(tmp_path):
@@ -127,8 +132,8 @@ def test_checkpoints_of_another_model_are_refused_not_deleted(tmp_path):
   assert _files(workdir) == before
 
 
-def test_a_corrupt_latest_checkpoint_is_moved_aside_and_the_run_finishes(finished, policy,
-                                                                           tmp_path):
+def test_a_corrupt_latest_checkpoint_is_moved_aside_and_the_run_finishes(
+    finished, policy, tmp_path):
   workdir = str(tmp_path / 'w')
   shutil.copytree(finished, workdir)
   ckpt_dir = os.path.join(workdir, 'checkpoints')
@@ -141,7 +146,7 @@ def test_a_corrupt_latest_checkpoint_is_moved_aside_and_the_run_finishes(finishe
   warning = [l for l in proc.stderr.splitlines() if 'unreadable' in l]
   assert len(warning) == 1 and f'checkpoint step {steps[-1]}' in warning[0]
   assert os.listdir(os.path.join(ckpt_dir, 'unreadable'))[0].startswith(f'{steps[-1]}-')
-  assert os.path.isdir(os.path.join(ckpt_dir, str(steps[-1])))   # recomputed and saved again
+  assert os.path.isdir(os.path.join(ckpt_dir, str(steps[-1])))  # recomputed and saved again
   assert _steps(workdir) == [0, 1, 2, 3]
   for a, b in zip(_comparable(workdir), _comparable(finished)):
     for k in a:
@@ -163,10 +168,10 @@ def test_metrics_without_checkpoints_are_replaced_not_duplicated(finished, polic
 def test_two_trainers_on_one_workdir_the_second_is_refused(policy, tmp_path):
   workdir = str(tmp_path / 'w')
   os.makedirs(workdir)
-  holder = subprocess.Popen(
-      [sys.executable, '-c', 'import sys, time; from jtc import workdir; '
-       f'l = workdir.lock({workdir!r}); print("locked", flush=True); time.sleep(60)'],
-      cwd=REPO, stdout=subprocess.PIPE, text=True)
+  holder = subprocess.Popen([
+      sys.executable, '-c', 'import sys, time; from jtc import workdir; '
+      f'l = workdir.lock({workdir!r}); print("locked", flush=True); time.sleep(60)'
+  ], cwd=REPO, stdout=subprocess.PIPE, text=True)
   try:
     assert holder.stdout.readline().strip() == 'locked'
     proc = _run(workdir, policy, check=False)
@@ -179,8 +184,8 @@ def test_two_trainers_on_one_workdir_the_second_is_refused(policy, tmp_path):
 
 def test_sigint_writes_a_checkpoint_and_exits_with_one_line(policy, tmp_path):
   workdir = str(tmp_path / 'w')
-  proc = subprocess.Popen(_cmd(workdir, policy, '--config.log.ckpt_every=1000', steps=1000),
-                          cwd=REPO, env=dict(os.environ, JAX_PLATFORMS='cpu'),
+  proc = subprocess.Popen(_cmd(workdir, policy, '--config.log.ckpt_every=1000',
+                               steps=1000), cwd=REPO, env=dict(os.environ, JAX_PLATFORMS='cpu'),
                           stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
   deadline = time.time() + 300
   while time.time() < deadline and max(_steps(workdir) or [0]) < 2:
@@ -208,14 +213,14 @@ def test_a_finished_run_says_so_and_logs_progress_lines(finished, policy):
     (['--config=configs/nope.py'], "no such config file 'configs/nope.py'; methods: cispo"),
     (['--config=configs/common.py'], 'not a method config'),
     (['--config=configs/sft_arith.py'], 'not a method config'),
-    (['--config=configs/gspo.py', '--config.optim.learnin_rate=1'],
-     "unknown config key config.optim.learnin_rate; did you mean 'optim.learning_rate'"),
+    (['--config=configs/gspo.py', '--config.optim.learnin_rate=1'
+     ], "unknown config key config.optim.learnin_rate; did you mean 'optim.learning_rate'"),
     (['--config=configs/gspo.py', '--config.log.keep_checkpoints=0'], 'keep_checkpoints=0'),
     (['--config=configs/gspo.py', '--config.rollout.sampling.top_p=0'], 'top_p'),
 ])
 def test_bad_command_lines_fail_in_one_line_before_compute(args, needle, tmp_path):
-  proc = subprocess.run([sys.executable, '-m', 'jtc.train', f'--workdir={tmp_path / "w"}',
-                         *args], cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+  proc = subprocess.run([sys.executable, '-m', 'jtc.train', f'--workdir={tmp_path / "w"}', *args],
+                        cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
   assert proc.returncode != 0
   lines = proc.stderr.strip().splitlines()
   assert needle in lines[-1] and 'Traceback' not in proc.stderr, proc.stderr[-2000:]
@@ -224,8 +229,8 @@ def test_bad_command_lines_fail_in_one_line_before_compute(args, needle, tmp_pat
 
 def test_relative_config_paths_work_from_any_directory(policy, tmp_path):
   workdir = str(tmp_path / 'w')
-  proc = subprocess.run(_cmd(workdir, policy, steps=1), cwd=str(tmp_path),
-                        env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True,
-                        text=True, timeout=600)
+  proc = subprocess.run(_cmd(workdir, policy,
+                             steps=1), cwd=str(tmp_path), env=dict(os.environ, JAX_PLATFORMS='cpu'),
+                        capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  assert 'step 1/1 reward' in proc.stderr          # a progress line: stderr is not a terminal
+  assert 'step 1/1 reward' in proc.stderr  # a progress line: stderr is not a terminal

@@ -23,11 +23,11 @@ MATH_SUFFIX = '\nPlease reason step by step, and put your final answer within \\
 def get_config(arg=None):
   args = common.parse_arg(arg)
   c = common.get_config(None)
-  c.policy.init = ''                   # a real run starts from --config.policy.checkpoint
+  c.policy.init = ''  # a real run starts from --config.policy.checkpoint
   c.policy.param_dtype = 'float32'
   c.policy.compute_dtype = 'bfloat16'
   c.policy.remat = True
-  c.data.task = ''                     # ... and reads --config.data.dataset
+  c.data.task = ''  # ... and reads --config.data.dataset
   c.data.reward = 'boxed_numeric'
   c.data.prompt_suffix = MATH_SUFFIX
   c.data.chat_template = True
@@ -37,12 +37,12 @@ def get_config(arg=None):
   c.optim.min_lr_ratio = 0.2
   c.optim.weight_decay = 0.0
   c.optim.grad_clip = 1.0
-  c.optim.minibatch_prompts = 32       # mini-batch (prompts per optimiser step)
+  c.optim.minibatch_prompts = 32  # mini-batch (prompts per optimiser step)
   c.optim.ppo_epochs = 1
   c.rollout.sampling.num_samples = 32  # rollouts per prompt, sampling the full distribution
   c.rollout.sampling.temperature = 1.0
 
-  c.eval.sampling.temperature = 0.6    # Appendix J (Qwen3)
+  c.eval.sampling.temperature = 0.6  # Appendix J (Qwen3)
   c.eval.sampling.top_p = 0.95
   c.eval.sampling.top_k = 20
   c.eval.sampling.min_p = 0.0
@@ -50,7 +50,7 @@ def get_config(arg=None):
   c.eval.every = 20
   c.eval.problems = 256
 
-  c.log.diagnostics_every = 0          # the proxy diagnostics cost ~1/3 of an update
+  c.log.diagnostics_every = 0  # the proxy diagnostics cost ~1/3 of an update
   c.log.ckpt_every = 20
   c.log.keep_checkpoints = 2
   if args.get('smoke'):
@@ -64,8 +64,8 @@ def smoke(c):
   c.rollout.prompts_per_step = 2
   c.rollout.sampling.num_samples = 4
   c.optim.minibatch_prompts = 2
-  c.optim.microbatch_prompts = 1       # exercises gradient accumulation
-  c.rollout.chunk_prompts = 1          # ... and chunked sampling / scoring
+  c.optim.microbatch_prompts = 1  # exercises gradient accumulation
+  c.rollout.chunk_prompts = 1  # ... and chunked sampling / scoring
   c.data.prompt_width = 160
   c.rollout.sampling.max_new_tokens = 12
   c.eval.sampling.max_new_tokens = 12
@@ -76,6 +76,6 @@ def smoke(c):
   c.eval.sampling.num_samples = 2
   c.log.ckpt_every = 1
   c.log.diagnostics_every = 1
-  c.optim.learning_rate = 1e-3         # so that two steps visibly move the tiny model
+  c.optim.learning_rate = 1e-3  # so that two steps visibly move the tiny model
   c.mesh.data = -1
   c.mesh.fsdp = 1

@@ -19,13 +19,13 @@ def get_config(arg=None):
   common.set_loss(c, 'dfpo_min_replace', eps_low=3e-4, eps_high=4e-4)
   c.advantage.name = 'grpo'
   c.num_steps = 200
-  c.rollout.prompts_per_step = 64      # 64 prompts x 32 rollouts = 2048 sequences per step
-  c.optim.microbatch_prompts = 4       # 128 sequences of <= 1280 tokens per backward pass
-  c.rollout.chunk_prompts = 32         # 32 x 32 rows of <= 1280 tokens per sampler call
-  c.data.prompt_width = 256            # GSM8K question + chat template + suffix
+  c.rollout.prompts_per_step = 64  # 64 prompts x 32 rollouts = 2048 sequences per step
+  c.optim.microbatch_prompts = 4  # 128 sequences of <= 1280 tokens per backward pass
+  c.rollout.chunk_prompts = 32  # 32 x 32 rows of <= 1280 tokens per sampler call
+  c.data.prompt_width = 256  # GSM8K question + chat template + suffix
   c.rollout.sampling.max_new_tokens = 1024
   c.eval.sampling.max_new_tokens = 1024
-  c.mesh.data = -1                     # 0.6B fits on every device: pure data parallelism
+  c.mesh.data = -1  # 0.6B fits on every device: pure data parallelism
   c.mesh.fsdp = 1
   if args.get('smoke'):
     base.smoke(c)

@@ -22,17 +22,17 @@ def get_config(arg=None):
   common.set_loss(c, 'dapo', eps_low=0.2, eps_high=0.28, aggregation='token_mean')
   c.advantage.name = 'grpo'
   c.num_steps = 300
-  c.rollout.prompts_per_step = 128     # 128 x 32 = 4096 rollouts; 4 optimiser steps per RL step
-  c.optim.microbatch_prompts = 1       # 32 sequences of <= 9216 tokens per backward pass
-  c.rollout.chunk_prompts = 8          # 8 x 32 rows: ~43 GB of bf16 KV cache per 8-way shard
+  c.rollout.prompts_per_step = 128  # 128 x 32 = 4096 rollouts; 4 optimiser steps per RL step
+  c.optim.microbatch_prompts = 1  # 32 sequences of <= 9216 tokens per backward pass
+  c.rollout.chunk_prompts = 8  # 8 x 32 rows: ~43 GB of bf16 KV cache per 8-way shard
   c.data.prompt_width = 1024
   c.rollout.sampling.max_new_tokens = 8192
   c.eval.sampling.max_new_tokens = 8192
   c.dapo.dynamic_sampling = False
-  c.dapo.overlong_buffer = 2048        # DAPO soft overlong punishment over the last 2k tokens
+  c.dapo.overlong_buffer = 2048  # DAPO soft overlong punishment over the last 2k tokens
   c.dapo.overlong_penalty = 1.0
   c.mesh.data = 1
-  c.mesh.fsdp = -1                     # 8B: FSDP over every device (params + AdamW sharded)
+  c.mesh.fsdp = -1  # 8B: FSDP over every device (params + AdamW sharded)
   if args.get('smoke'):
     base.smoke(c)
   return c

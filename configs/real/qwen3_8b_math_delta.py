@@ -19,7 +19,7 @@ def get_config(arg=None):
   args = common.parse_arg(arg)
   c = base.get_config(None)
   common.set_loss(c, 'delta', eps_low=0.2, eps_high=0.28)
-  c.token_weights = 'delta'            # the DelTA coefficients, options in c.delta
+  c.token_weights = 'delta'  # the DelTA coefficients, options in c.delta
   c.advantage.name = 'grpo'
   c.delta.lam_min = 0.8
   c.delta.lam_max = 1.2
@@ -27,7 +27,7 @@ def get_config(arg=None):
   c.num_steps = 300
   c.rollout.prompts_per_step = 128
   c.optim.microbatch_prompts = 1
-  c.rollout.chunk_prompts = 8          # 8 x 32 rows per sampler call
+  c.rollout.chunk_prompts = 8  # 8 x 32 rows per sampler call
   c.data.prompt_width = 1024
   c.rollout.sampling.max_new_tokens = 8192
   c.eval.sampling.max_new_tokens = 8192

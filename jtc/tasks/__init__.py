@@ -13,17 +13,20 @@ from jtc.tasks.countdown import CountdownTask
 from jtc.tasks.phrasing import PhrasingTask
 
 TASKS = {
-    "arithmetic": ArithmeticTask,
-    "countdown": CountdownTask,
-    "phrasing": PhrasingTask,
+    'arithmetic': ArithmeticTask,
+    'countdown': CountdownTask,
+    'phrasing': PhrasingTask,
 }
 
 
 def get_task(name: str, **kwargs) -> Task:
-    """Builds the task ``name`` with its keyword knobs; unknown name -> ValueError listing TASKS."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; valid: {sorted(TASKS)}")
-    return TASKS[name](**kwargs)
+  """Builds the task ``name`` with its keyword knobs; unknown name -> ValueError listing TASKS."""
+  if name not in TASKS:
+    raise ValueError(f'unknown task {name!r}; valid: {sorted(TASKS)}')
+  return TASKS[name](**kwargs)
 
 
-__all__ = ["ArithmeticTask", "CountdownTask", "PhrasingTask", "SPLITS", "TASKS", "Task", "get_task", "split_of"]
+__all__ = [
+    'ArithmeticTask', 'CountdownTask', 'PhrasingTask', 'SPLITS', 'TASKS', 'Task', 'get_task',
+    'split_of'
+]

@@ -8,7 +8,7 @@ Solution formats (equal reward):
 - ``equation``:   ``"(8-4)*3*2=24."`` -- the expression restated with its value
 
 The verifier takes the first line, drops a trailing period, splits at ``=``; the left side is
-evaluated exactly by ``rewards.parse_expression`` (no unary signs, no powers, never ``eval``);
+evaluated exactly by ``expressions.parse_expression`` (no unary signs, no powers, never ``eval``);
 each literal must be one of the given integers, used at most once (exactly once each if
 ``require_all``); the value must equal the target; a right side, if present, must be the target.
 """
@@ -22,160 +22,165 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jtc import expressions
 from jtc import rewards
 from jtc.tasks import base
 
-FORMATS = ("expression", "equation")
-_PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
-_SURFACE_EXPR = re.compile(r"[\d+\-*/() ]*\d[\d+\-*/() ]*")
+FORMATS = ('expression', 'equation')
+_PREC = {'+': 1, '-': 1, '*': 2, '/': 2}
+_SURFACE_EXPR = re.compile(r'[\d+\-*/() ]*\d[\d+\-*/() ]*')
 
 
 def encode_answer(target: int, numbers: Sequence[int]) -> str:
-    """``(24, [3, 4, 8]) -> "24|3,4,8"``."""
-    return f"{int(target)}|" + ",".join(str(int(n)) for n in numbers)
+  """``(24, [3, 4, 8]) -> "24|3,4,8"``."""
+  return f'{int(target)}|' + ','.join(str(int(n)) for n in numbers)
 
 
 def decode_answer(answer: str) -> tuple[int, tuple[int, ...]]:
-    """Inverse of ``encode_answer``; ``ValueError`` naming the answer when malformed."""
-    try:
-        target, numbers = answer.split("|")
-        return int(target), tuple(int(n) for n in numbers.split(",") if n.strip())
-    except (ValueError, AttributeError) as e:
-        raise ValueError(f"malformed countdown answer {answer!r}; expected 'target|n1,n2,...'") from e
+  """Inverse of ``encode_answer``; ``ValueError`` naming the answer when malformed."""
+  try:
+    target, numbers = answer.split('|')
+    return int(target), tuple(int(n) for n in numbers.split(',') if n.strip())
+  except (ValueError, AttributeError) as e:
+    raise ValueError(f"malformed countdown answer {answer!r}; expected 'target|n1,n2,...'") from e
 
 
-def verify(completion: str, target: int, numbers: Sequence[int], *, require_all: bool = False) -> bool:
-    """True iff ``completion`` is a valid Countdown solution (rules in the module docstring)."""
-    if not isinstance(completion, str):
-        return False
-    line = completion.strip().split("\n", 1)[0].strip().rstrip(".").strip()
-    lhs, _, rhs = line.partition("=")
-    try:
-        parsed = rewards.parse_expression(lhs, allow_unary=False, allow_power=False)
-    except rewards.ExpressionError:
-        return False
-    if any(x.denominator != 1 for x in parsed.numbers):
-        return False
-    used = collections.Counter(int(x) for x in parsed.numbers)
-    given = collections.Counter(int(n) for n in numbers)
-    if any(used[n] > given[n] for n in used):
-        return False
-    if require_all and used != given:
-        return False
-    if parsed.value != Fraction(int(target)):
-        return False
-    if "=" in line:  # a stated value must be the target
-        return rewards.parse_number(rhs) == Fraction(int(target))
-    return True
+def verify(completion: str, target: int, numbers: Sequence[int], *,
+           require_all: bool = False) -> bool:
+  """True iff ``completion`` is a valid Countdown solution (rules in the module docstring)."""
+  if not isinstance(completion, str):
+    return False
+  line = completion.strip().split('\n', 1)[0].strip().rstrip('.').strip()
+  lhs, _, rhs = line.partition('=')
+  try:
+    parsed = expressions.parse_expression(lhs, allow_unary=False, allow_power=False)
+  except expressions.ExpressionError:
+    return False
+  if any(x.denominator != 1 for x in parsed.numbers):
+    return False
+  used = collections.Counter(int(x) for x in parsed.numbers)
+  given = collections.Counter(int(n) for n in numbers)
+  if any(used[n] > given[n] for n in used):
+    return False
+  if require_all and used != given:
+    return False
+  if parsed.value != Fraction(int(target)):
+    return False
+  if '=' in line:  # a stated value must be the target
+    return rewards.parse_number(rhs) == Fraction(int(target))
+  return True
 
 
 def _to_text(node, parent_op: str | None = None, right: bool = False) -> str:
-    """Expression tree -> text with the fewest parentheses that keep its value."""
-    if isinstance(node, int):
-        return str(node)
-    op, left, rgt = node
-    text = f"{_to_text(left, op, False)}{op}{_to_text(rgt, op, True)}"
-    if parent_op is not None:
-        needs = _PREC[op] < _PREC[parent_op] or (right and _PREC[op] == _PREC[parent_op] and parent_op in "-/")
-        if needs:
-            text = f"({text})"
-    return text
+  """Expression tree -> text with the fewest parentheses that keep its value."""
+  if isinstance(node, int):
+    return str(node)
+  op, left, rgt = node
+  text = f'{_to_text(left, op, False)}{op}{_to_text(rgt, op, True)}'
+  if parent_op is not None:
+    needs = _PREC[op] < _PREC[parent_op] or (right and _PREC[op] == _PREC[parent_op] and
+                                             parent_op in '-/')
+    if needs:
+      text = f'({text})'
+  return text
 
 
 @dataclasses.dataclass(frozen=True)
 class CountdownTask:
-    """Reach a target in [1, max_target] from ``num_numbers`` integers in [1, max_number].
+  """Reach a target in [1, max_target] from ``num_numbers`` integers in [1, max_number].
 
     Problems are generated by combining all the numbers in a random binary tree whose
     intermediate values stay positive integers, so every problem has a solution using each
     number once.
     """
 
-    num_numbers: int = 3
-    max_number: int = 20
-    max_target: int = 100
-    require_all: bool = False
-    test_fraction: float = 0.1
+  num_numbers: int = 3
+  max_number: int = 20
+  max_target: int = 100
+  require_all: bool = False
+  test_fraction: float = 0.1
 
-    name = "countdown"
-    formats = FORMATS
+  name = 'countdown'
+  formats = FORMATS
 
-    def __post_init__(self):
-        if not isinstance(self.num_numbers, int) or not 2 <= self.num_numbers <= 6:
-            raise ValueError(f"num_numbers must be an int in [2, 6], got {self.num_numbers!r}")
-        if not isinstance(self.max_number, int) or self.max_number < 2:
-            raise ValueError(f"max_number must be an int >= 2, got {self.max_number!r}")
-        if not isinstance(self.max_target, int) or self.max_target < 1:
-            raise ValueError(f"max_target must be an int >= 1, got {self.max_target!r}")
-        if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+  def __post_init__(self):
+    if not isinstance(self.num_numbers, int) or not 2 <= self.num_numbers <= 6:
+      raise ValueError(f'num_numbers must be an int in [2, 6], got {self.num_numbers!r}')
+    if not isinstance(self.max_number, int) or self.max_number < 2:
+      raise ValueError(f'max_number must be an int >= 2, got {self.max_number!r}')
+    if not isinstance(self.max_target, int) or self.max_target < 1:
+      raise ValueError(f'max_target must be an int >= 1, got {self.max_target!r}')
+    if not 0.0 < self.test_fraction < 1.0:
+      raise ValueError(f'test_fraction must be in (0, 1), got {self.test_fraction}')
 
-    def config(self) -> dict[str, Any]:
-        return {"name": self.name, **dataclasses.asdict(self)}
+  def config(self) -> dict[str, Any]:
+    return {'name': self.name, **dataclasses.asdict(self)}
 
-    def make_example(self, target: int, numbers: Sequence[int], expression: str) -> base.Example:
-        return {
-            "prompt": f"Make {target} from " + ",".join(map(str, numbers)) + ".",
-            "answer": encode_answer(target, numbers),
-            "solutions": {"expression": f"{expression}.", "equation": f"{expression}={target}."},
-        }
+  def make_example(self, target: int, numbers: Sequence[int], expression: str) -> base.Example:
+    return {
+        'prompt': f'Make {target} from ' + ','.join(map(str, numbers)) + '.',
+        'answer': encode_answer(target, numbers),
+        'solutions': {
+            'expression': f'{expression}.',
+            'equation': f'{expression}={target}.'
+        },
+    }
 
-    def _sample(self, rng: np.random.Generator) -> tuple[str, base.Example]:
-        while True:
-            numbers = [int(x) for x in rng.integers(1, self.max_number, endpoint=True, size=self.num_numbers)]
-            nodes: list[tuple[Any, int]] = [(n, n) for n in numbers]
-            ok = True
-            while len(nodes) > 1 and ok:
-                i, j = rng.choice(len(nodes), size=2, replace=False)
-                (ta, va), (tb, vb) = nodes[i], nodes[j]
-                op = "+-*/"[int(rng.integers(4))]
-                if op == "-" and va <= vb:
-                    (ta, va), (tb, vb) = (tb, vb), (ta, va)
-                if op == "/" and (vb == 0 or va % vb != 0):
-                    op = "*"
-                value = {"+": va + vb, "-": va - vb, "*": va * vb, "/": va // vb if vb else 0}[op]
-                ok = value > 0
-                nodes = [n for k, n in enumerate(nodes) if k not in (i, j)] + [((op, ta, tb), value)]
-            tree, target = nodes[0]
-            if ok and 1 <= target <= self.max_target:
-                break
-        key = f"{target}|" + ",".join(map(str, sorted(numbers)))
-        return key, self.make_example(target, numbers, _to_text(tree))
+  def _sample(self, rng: np.random.Generator) -> tuple[str, base.Example]:
+    while True:
+      numbers = [
+          int(x) for x in rng.integers(1, self.max_number, endpoint=True, size=self.num_numbers)
+      ]
+      nodes: list[tuple[Any, int]] = [(n, n) for n in numbers]
+      ok = True
+      while len(nodes) > 1 and ok:
+        i, j = rng.choice(len(nodes), size=2, replace=False)
+        (ta, va), (tb, vb) = nodes[i], nodes[j]
+        op = '+-*/'[int(rng.integers(4))]
+        if op == '-' and va <= vb:
+          (ta, va), (tb, vb) = (tb, vb), (ta, va)
+        if op == '/' and (vb == 0 or va % vb != 0):
+          op = '*'
+        value = {'+': va + vb, '-': va - vb, '*': va * vb, '/': va // vb if vb else 0}[op]
+        ok = value > 0
+        nodes = [n for k, n in enumerate(nodes) if k not in (i, j)] + [((op, ta, tb), value)]
+      tree, target = nodes[0]
+      if ok and 1 <= target <= self.max_target:
+        break
+    key = f'{target}|' + ','.join(map(str, sorted(numbers)))
+    return key, self.make_example(target, numbers, _to_text(tree))
 
-    def examples(self, split: str, *, seed: int, num_examples: int) -> list[base.Example]:
-        """``num_examples`` distinct problems (target + multiset of numbers) of ``split``."""
-        return base.sample_unique(
-            self._sample,
-            task_name=self.name,
-            split=split,
-            seed=seed,
-            num_examples=num_examples,
-            test_fraction=self.test_fraction,
-        )
+  def examples(self, split: str, *, seed: int, num_examples: int) -> list[base.Example]:
+    """``num_examples`` distinct problems (target + multiset of numbers) of ``split``."""
+    return base.sample_unique(
+        self._sample,
+        task_name=self.name,
+        split=split,
+        seed=seed,
+        num_examples=num_examples,
+        test_fraction=self.test_fraction,
+    )
 
-    def reward_fn(
-        self, prompts: Sequence[str], completions: Sequence[str], answers: Sequence[str]
-    ) -> np.ndarray:
-        """1.0 iff the completion is a valid solution for the target/numbers in ``answers``. [B] f32."""
-        if not (len(prompts) == len(completions) == len(answers)):
-            raise ValueError(
-                f"prompts, completions and answers must have equal length, got "
-                f"{len(prompts)}, {len(completions)}, {len(answers)}"
-            )
-        out = []
-        for completion, answer in zip(completions, answers):
-            target, numbers = decode_answer(answer)
-            out.append(float(verify(completion, target, numbers, require_all=self.require_all)))
-        return np.asarray(out, dtype=np.float32).reshape(len(out))
+  def reward_fn(self, prompts: Sequence[str], completions: Sequence[str],
+                answers: Sequence[str]) -> np.ndarray:
+    """1.0 iff the completion is a valid solution for the target/numbers in ``answers``. [B] f32."""
+    if not (len(prompts) == len(completions) == len(answers)):
+      raise ValueError(f'prompts, completions and answers must have equal length, got '
+                       f'{len(prompts)}, {len(completions)}, {len(answers)}')
+    out = []
+    for completion, answer in zip(completions, answers):
+      target, numbers = decode_answer(answer)
+      out.append(float(verify(completion, target, numbers, require_all=self.require_all)))
+    return np.asarray(out, dtype=np.float32).reshape(len(out))
 
-    def format_of(self, completion: str) -> str | None:
-        """``'equation'`` for ``expr=N``, ``'expression'`` for a bare expression, else None."""
-        if not isinstance(completion, str):
-            return None
-        text = completion.strip().rstrip(".").strip()
-        lhs, eq, rhs = text.partition("=")
-        if not _SURFACE_EXPR.fullmatch(lhs.strip()):
-            return None
-        if not eq:
-            return "expression"
-        return "equation" if re.fullmatch(r"\s*-?\d+\s*", rhs) else None
+  def format_of(self, completion: str) -> str | None:
+    """``'equation'`` for ``expr=N``, ``'expression'`` for a bare expression, else None."""
+    if not isinstance(completion, str):
+      return None
+    text = completion.strip().rstrip('.').strip()
+    lhs, eq, rhs = text.partition('=')
+    if not _SURFACE_EXPR.fullmatch(lhs.strip()):
+      return None
+    if not eq:
+      return 'expression'
+    return 'equation' if re.fullmatch(r'\s*-?\d+\s*', rhs) else None
