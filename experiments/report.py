@@ -18,26 +18,23 @@ import subprocess
 import numpy as np
 
 from experiments import stats
+from experiments import sweeps
 from jtc import curves
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOOTH_STEPS = 5  # trailing mean of the reward before compute_at_threshold
-MIN_SEEDS_FOR_VERDICT = 8
+MIN_SEEDS_FOR_VERDICT = sweeps.SEEDS
 ALPHA = 0.05
 
 # ---------------------------------------------------------------------------------------------
-# Per-run scalars: '<extractor>:<key>' (a key starting with '~' = first curve containing it).
+# Per-run scalars: '<extractor>:<key>' (a key ending in '@' = the first curve starting with it).
 # ---------------------------------------------------------------------------------------------
 
 
 def curve(summary, key):
   """(steps, values) float64 arrays of a summary's curve, or (None, None)."""
   stored = summary['curves']
-  if key.startswith('~'):
-    matches = sorted(k for k in stored if key[1:] in k)
-    matches = [k for k in matches if 'high' in k] or matches
-    key = matches[0] if matches else key
-  elif key.endswith('@'):  # 'eval/avg@' -> 'eval/avg@K'
+  if key.endswith('@'):  # 'eval/avg@' -> 'eval/avg@K'
     matches = sorted(k for k in stored if k.startswith(key))
     key = matches[0] if matches else key
   c = stored.get(key)
@@ -68,11 +65,6 @@ def _change(summary, key, **_):
   return float('nan') if v is None or len(v) < 2 else float(v[-1] - v[0])
 
 
-def _abs_change(summary, key, **_):
-  """|last - first|: how far a quantity moved, whatever the direction."""
-  return abs(_change(summary, key))
-
-
 def _jitter2(summary, key, **_):
   _, v = curve(summary, key)
   if v is None or len(v) < 3:
@@ -97,7 +89,6 @@ EXTRACTORS = {
     'mean': _mean,
     'late_mean': _late_mean,
     'change': _change,
-    'abs_change': _abs_change,
     'jitter2': _jitter2,
     'compute_at': _compute_at,
 }
@@ -316,8 +307,8 @@ def plot_curves(sweep, summaries, out_path):
           steps = np.interp(steps, cs, cv)
         xs.append(steps)
         ys.append(v)
-        shown = key if not key.endswith('@') and not key.startswith('~') else next(
-            (k for k in s['curves'] if (key[1:] if key.startswith('~') else key) in k), key)
+        shown = key if not key.endswith('@') else next(
+            (k for k in sorted(s['curves']) if k.startswith(key)), key)
       if not ys:
         continue
       n = min(len(y) for y in ys)

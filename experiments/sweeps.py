@@ -5,15 +5,15 @@ others are compared with (`baseline`, paired by seed), the tables to print and t
 plot. `experiments/run.py` launches every run x seed and builds the tables from per-run
 summaries.
 
-Compute matching. Inside a sweep every run uses the same `num_steps`, `prompts_per_step`,
+Compute matching. Inside a comparison every run uses the same `num_steps`, `prompts_per_step`,
 `group_size`, `max_new_tokens`, `ppo_epochs` and `minibatch_prompts`, so the optimiser update
 steps, the rollouts per prompt and the *slots* for generated tokens (steps x B x T) are equal;
 the tokens actually generated differ with response length and are reported per run
 (`compute/generated_tokens`). We do not stop on `token_budget`, which would equalise tokens but
-break the equal-update-steps constraint. Table 4 changes G on purpose and keeps the sequences
-per step (hence the token slots) fixed by setting prompts_per_step = SEQS_PER_STEP / G, and the
-update steps fixed by minibatch_prompts = prompts_per_step / 2. DAPO's dynamic sampling is off
-in the `delta` sweep (as in the DelTA paper), so every method sees one rollout batch per step.
+break the equal-update-steps constraint. `offpolicy` changes `minibatch_prompts` and
+`ppo_epochs` on purpose (that is its axis): its comparisons are between methods within one
+setting (one group), never across settings. DAPO's dynamic sampling is off in the `delta` sweep
+(as in the DelTA paper), so every method sees one rollout batch per step.
 
 Statistics. Every sweep that states a verdict runs SEEDS = 8 seeds (an exact sign-flip test on
 8 paired seeds can reach p = 0.0078; on 5 it cannot go below 0.0625), and every table that
@@ -32,9 +32,6 @@ including start-up, compilation and two evaluations.
 
 import dataclasses
 
-# Default rollout batch: 16 prompts x G=8 (configs/common.py); Table 4 keeps B = 128 sequences.
-SEQS_PER_STEP = 128
-SMOKE_SEQS_PER_STEP = 16
 SMOKE_STEPS = 3
 
 FULL_STEPS = 80
@@ -52,7 +49,7 @@ class Run:
   config: str  # method config name, e.g. 'gspo'
   label: str  # row label in the tables, e.g. 'DFPO (Min-Replace)'
   overrides: tuple = ()  # ((key, value), ...) on top of the sweep's shared overrides
-  group: str = ''  # Table 4: 'G=2', ...; comparisons are within a group
+  group: str = ''  # e.g. 'lr=1e-4'; comparisons are within a group
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +62,7 @@ class Table:
   higher_is_better: bool = True
   normalize: bool = False  # Table 2: divide by the baseline's mean (ratio of means)
   threshold: object = None  # compute_at: a float, or 'auto' (see report.auto_threshold)
-  by_group: bool = False  # Table 4 layout: one row per group, columns per label
+  by_group: bool = False  # one row per group (e.g. learning rate), one column per label
   rows: tuple = ()  # labels to show ('' = all runs of the sweep)
   paper: tuple = ()  # ((label or group, value string), ...) the paper's numbers
   expect: tuple = ()  # ((label, group or (group, label), '>' | '<'), ...): the
@@ -90,13 +87,6 @@ class Sweep:
                        'response_length')
   plot_x: str = 'step'  # or 'compute/generated_tokens'
   smoke: bool = False
-
-  def run_by_name(self, name):
-    for r in self.runs:
-      if r.name == name:
-        return r
-    raise ValueError(f'sweep {self.name!r} has no run {name!r}; valid: '
-                     f'{[r.name for r in self.runs]}')
 
 
 def estimate_seconds(sweep, *, seeds=None, step_seconds=STEP_SECONDS):
@@ -239,10 +229,11 @@ def table2(smoke=False):
   return _sweep(
       'table2',
       smoke,
-      description=('Paper Table 2 / Figure 2: generated tokens to reach a training-reward '
-                   'threshold (x GSPO, per learning rate) and Jitter2 (Eq. 20) of the per-step '
-                   'reward; the table1 runs. Thresholds fixed before the run: 0.60 and 0.65 '
-                   '(5-step trailing mean; jtc.curves.compute_at_threshold).'),
+      description=(
+          'Paper Table 2 / Figure 2: generated tokens to reach a training-reward '
+          'threshold (difference from GSPO, per learning rate) and Jitter2 (Eq. 20) of the per-step '
+          'reward; the table1 runs. Thresholds fixed before the run: 0.60 and 0.65 '
+          '(5-step trailing mean; jtc.curves.compute_at_threshold).'),
       runs=runs,
       baseline='GSPO',
       plot_x='compute/generated_tokens',
@@ -296,15 +287,17 @@ OFFPOLICY = (
     ('mb=2', ()),  # the table1 runs
     ('mb=8', (('optim.minibatch_prompts', 2),)),
     ('mb=2,epochs=2', (('optim.ppo_epochs', 2),)))
+# The smoke config has 2 prompts per step and 1 per mini-batch, so its default is mb=2 too.
+SMOKE_OFFPOLICY = (('mb=1', (('optim.minibatch_prompts', 2),)), ('mb=2', ()))
 
 
 def offpolicy(smoke=False):
   """How far off-policy the updates are: mini-batches per step and PPO epochs, at lr 1e-4."""
   lr = ('optim.learning_rate', 1e-4)
   runs = tuple(
-      at(r, group, lr, *ov) for group, ov in OFFPOLICY for r in (GSPO, DFPO_MIN, DFPO_GATED))
-  if smoke:
-    runs = tuple(r for r in runs if r.group in ('mb=1', 'mb=2'))
+      at(r, group, lr, *ov)
+      for group, ov in (SMOKE_OFFPOLICY if smoke else OFFPOLICY)
+      for r in (GSPO, DFPO_MIN, DFPO_GATED))
   pred = ('paper App. B / D: DFPO differs from GSPO only off-policy (on-policy every ratio is 1 '
           'and the transforms are the identity), so DFPO - GSPO should be 0 at mb=1 and '
           'grow in the paper\'s direction (DFPO > GSPO) as updates go further off-policy.')
@@ -448,6 +441,7 @@ def get_sweep(name, *, smoke=False, num_steps=None):
   if num_steps is not None:
     if num_steps < 1:
       raise ValueError(f'num_steps={num_steps!r} must be >= 1')
-    shared = tuple((k, num_steps if k == 'eval.every' else v) for k, v in sweep.shared)
+    shared = tuple((k, num_steps if k == 'eval.every' and v == sweep.num_steps else v)
+                   for k, v in sweep.shared)  # an end-only evaluation stays end-only
     sweep = dataclasses.replace(sweep, num_steps=num_steps, shared=shared)
   return sweep

@@ -94,13 +94,14 @@ def kl_drift_at_context(params, config, tokens_L, input_mask_L, *, position, dir
 
 
 def completion_logprobs(params, config, tokenizer, prompts, completions, *, prompt_width,
-                        width=None, append_eos=True):
+                        width=None, append_eos=True, chat_template=True):
   """Per-token log pi(y_t | x, y_<t) of given completion texts, one forward pass for all.
 
   ``completions[n]`` are the F texts scored after ``prompts[n]``; prompts go through
-  `data.encode_prompts` (chat template, bos, left padding to ``prompt_width``) exactly as in
-  training, completions are right-padded to ``width`` (default: the longest), with EOS appended
-  when ``append_eos``. Returns (logps_NFT, mask_NFT) as numpy arrays.
+  `data.encode_prompts` (chat template unless ``chat_template=False``, bos, left padding to
+  ``prompt_width``) as in training (append a run's ``data.prompt_suffix`` to the prompts);
+  completions are right-padded to ``width`` (default: the longest), with EOS appended when
+  ``append_eos``. Returns (logps_NFT, mask_NFT) as numpy arrays.
   """
   F = len(completions[0])
   if not prompts or any(len(c) != F for c in completions) or F == 0:
@@ -111,7 +112,8 @@ def completion_logprobs(params, config, tokenizer, prompts, completions, *, prom
   T = width or max(len(x) for cs in ids for x in cs)
   if max(len(x) for cs in ids for x in cs) > T:
     raise ValueError(f'a completion is longer than width={T} tokens')
-  tok_NP, mask_NP = data_lib.encode_prompts(tokenizer, prompts, width=prompt_width)
+  tok_NP, mask_NP = data_lib.encode_prompts(tokenizer, prompts, width=prompt_width,
+                                            chat_template=chat_template)
   N = len(prompts)
   comp_NFT = np.full((N, F, T), tokenizer.pad_id, np.int32)
   cmask_NFT = np.zeros((N, F, T), np.int32)
@@ -133,14 +135,14 @@ def solution_logprobs(params, config, tokenizer, prompt, completions, *, append_
   if not completions:
     raise ValueError('completions must not be empty')
   if prompt_width is None:
-    prompt_width = len(data_lib.encode_prompts(tokenizer, [prompt], width=4096)[1][0].nonzero()[0])
+    prompt_width = len(data_lib.prompt_ids(tokenizer, prompt))
   logps_NFT, _ = completion_logprobs(params, config, tokenizer, [prompt], [completions],
                                      prompt_width=prompt_width, append_eos=append_eos)
   return jnp.asarray(logps_NFT[0].sum(-1))
 
 
 def format_probe(params, config, tokenizer, examples, formats, *, prompt_width, width=None,
-                 scaffold=''):
+                 scaffold='', chat_template=True, prompt_suffix=''):
   """The policy restricted to each problem's equivalent correct solutions (Cor. 3.2, Eq. 41),
   measured exactly (no sampling) on fixed ``examples`` ({'prompt', 'solutions': {format: text}}).
 
@@ -149,10 +151,13 @@ def format_probe(params, config, tokenizer, examples, formats, *, prompt_width, 
   'format_logq/<f>' (mean log q_f: drift towards or away from form f) and, with a
   ``scaffold`` every solution starts with, 'scaffold_logprob' (mean log pi(scaffold | x): the
   shared tokens' probability, whose change over training is the learning tax on them).
+  Prompts are encoded as in training (``chat_template``, ``prompt_suffix``).
   """
-  logps_NFT, _ = completion_logprobs(params, config, tokenizer, [e['prompt'] for e in examples],
+  logps_NFT, _ = completion_logprobs(params, config, tokenizer,
+                                     [e['prompt'] + prompt_suffix for e in examples],
                                      [[e['solutions'][f] for f in formats] for e in examples],
-                                     prompt_width=prompt_width, width=width)
+                                     prompt_width=prompt_width, width=width,
+                                     chat_template=chat_template)
   x_NF = logps_NFT.sum(-1).astype(np.float64)
   x_NF = x_NF - x_NF.max(-1, keepdims=True)
   q_NF = x_NF - np.log(np.exp(x_NF).sum(-1, keepdims=True))  # log q_f

@@ -123,6 +123,10 @@ def check_policy_config(policy):
   if policy.checkpoint and not os.path.isfile(os.path.join(policy.checkpoint, 'config.json')):
     raise ValueError(f'config.policy.checkpoint={policy.checkpoint!r} is not a Hugging Face '
                      'model directory (no config.json)')
+  if (not policy.checkpoint and
+      not os.path.isfile(os.path.join(resolve_policy_path(policy.init), 'model.json'))):
+    raise ValueError(f'config.policy.init={policy.init!r} is neither a shipped policy '
+                     f'({sorted(SHIPPED)}) nor a policy bundle directory (no model.json)')
   for key in ('param_dtype', 'compute_dtype', 'ref_param_dtype'):
     if policy[key] not in ('', 'float32', 'bfloat16'):
       raise ValueError(f"config.policy.{key}={policy[key]!r} is not valid; valid: '' (the "
@@ -187,8 +191,8 @@ class TrainCheckpointer:
   arrays) and a JSON `extra` item (the data-iterator state and the config).
 
   `restore_latest` never deletes anything: a step that cannot be read (partial or corrupt
-  files) is moved aside to `<directory>/unreadable/<step>` with a one-line warning and the
-  previous step is tried; a step that reads but does not fit the run (another model's shapes)
+  files) is moved aside to `<directory>/unreadable/<step>-<unix time>` with a one-line warning
+  and the previous step is tried; a step that reads but does not fit the run (another model's shapes)
   raises `CheckpointMismatch`.
   """
 

@@ -22,6 +22,13 @@ def positive_int(key, value):
     raise ValueError(f'{key}={value!r} must be an int >= 1')
 
 
+def group_size(value, batch):
+  """``value`` (G) must be an int >= 1 dividing the batch size ``batch`` (groups are contiguous
+  rows of G)."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1 or batch % value:
+    raise ValueError(f'group_size={value!r} must be a positive int dividing B={batch}')
+
+
 def in_range(key, value, *, low=None, high=None, low_open=False, high_open=False, integer=False):
   """``value`` must lie in the interval [low, high] (open where asked; None = unbounded)."""
   kind = int if integer else (int, float)
@@ -41,3 +48,11 @@ def nearest(name, valid, n=3):
   """A hint naming the valid names closest to ``name`` (for unknown keys)."""
   close = difflib.get_close_matches(name, list(valid), n=n, cutoff=0.5)
   return f'; did you mean {", ".join(repr(c) for c in close)}?' if close else ''
+
+
+def flatten(tree, prefix=''):
+  """{'a.b': value} for every leaf of a nested dict (a config's ``to_dict()``)."""
+  out = {}
+  for k, v in tree.items():
+    out.update(flatten(v, f'{prefix}{k}.') if isinstance(v, dict) else {f'{prefix}{k}': v})
+  return out

@@ -101,16 +101,9 @@ def _load(spec):
   return module.get_config(arg or None)
 
 
-def _flatten(d, prefix=''):
-  out = []
-  for k, v in d.items():
-    out += _flatten(v, f'{prefix}{k}.') if isinstance(v, dict) else [f'{prefix}{k}']
-  return out
-
-
 def check_override_keys(config, argv):
   """Every --config.a.b=value names a key of the config, or one line naming it and the nearest."""
-  keys = _flatten(config.to_dict())
+  keys = list(checks.flatten(config.to_dict()))
   for a in argv:
     if a.startswith('--config.'):
       key = a[len('--config.'):].partition('=')[0]

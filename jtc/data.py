@@ -142,6 +142,16 @@ def make_prompt_iterator(
   return iter(ds.to_iter_dataset())
 
 
+def prompt_ids(tokenizer: Any, prompt: str, *, add_bos: bool = True,
+               chat_template: bool = True) -> list[int]:
+  """``[bos] + encode(apply_chat_template(prompt))``: a prompt's tokens as the policy reads them
+  (bos only if the tokenizer has one, ``add_bos`` is set and the template did not add it)."""
+  ids = tokenizer.encode(tokenizer.apply_chat_template(prompt) if chat_template else prompt)
+  if add_bos and tokenizer.bos_id is not None and (not ids or ids[0] != tokenizer.bos_id):
+    ids = [tokenizer.bos_id] + ids
+  return ids
+
+
 def encode_prompts(
     tokenizer: Any,
     prompts: Iterable[str],
@@ -152,9 +162,7 @@ def encode_prompts(
 ) -> tuple[np.ndarray, np.ndarray]:
   """Tokenizes prompts and LEFT-pads them to ``width`` (the prompt bucket P).
 
-    Each prompt becomes ``[bos] + encode(apply_chat_template(prompt))`` (bos only if the
-    tokenizer has one, ``add_bos`` is set and the template did not already start with it),
-    right-aligned so every completion starts at column P.
+    Each prompt becomes its `prompt_ids`, right-aligned so every completion starts at column P.
 
     Returns:
       tokens_BP: int32 ``[B, P]``, ``pad_id`` on the left.
@@ -168,12 +176,8 @@ def encode_prompts(
     raise ValueError(f'width must be >= 1, got {width}')
   tokens_BP = np.full((len(prompts), width), tokenizer.pad_id, dtype=np.int32)
   mask_BP = np.zeros((len(prompts), width), dtype=np.int32)
-  bos = tokenizer.bos_id
   for b, prompt in enumerate(prompts):
-    text = tokenizer.apply_chat_template(prompt) if chat_template else prompt
-    ids = tokenizer.encode(text)
-    if add_bos and bos is not None and (not ids or ids[0] != bos):
-      ids = [bos] + ids
+    ids = prompt_ids(tokenizer, prompt, add_bos=add_bos, chat_template=chat_template)
     if len(ids) > width:
       raise ValueError(
           f'prompt {prompt!r} has {len(ids)} tokens, more than the prompt width {width}')

@@ -150,7 +150,7 @@ class DeltaOptions:
       use the same scope.
     soft_assignment: False = hard alpha = 1[m > 0] (Table 4 "w/o h(alpha)").
     normalize: False = skip lam * N / sum(lam) (Table 4 "w/o lambda-norm"): the loss is
-      then sum(lam * ppo) / N (`objectives.delta` does not renormalise).
+      then sum(lam * ppo) / N (`surrogates.delta` does not renormalise).
     range_map: False = raw scores lam = alpha* (Table 4 "w/o range map").
     within_side_only: own-side centrality m = mean(d_own) - d_own instead of the
       opposite-side margin (Table 4 "within-side only").

@@ -31,17 +31,9 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jtc import checks
 from jtc import model as model_lib
 from jtc import objectives
-
-# Asym (Eq. 23) has one home: `objectives.asym` (the loss logs it every update).
-asym = objectives.asym
-
-
-def _check_group_size(batch, group_size):
-  if not isinstance(group_size, int) or group_size < 1 or batch % group_size:
-    raise ValueError(f'group_size={group_size!r} must be a positive int dividing B={batch}')
-
 
 # ---------------------------------------------------------------------------------------------
 # Per-token coefficients and gradient norms.
@@ -231,7 +223,7 @@ def shared_context_mask(tokens_BL, input_mask_BL, mask_BT, *, group_size, comple
   chex.assert_equal_shape([tokens_BL, input_mask_BL])
   B, L = tokens_BL.shape
   P = completion_start
-  _check_group_size(B, group_size)
+  checks.group_size(group_size, B)
   if mask_BT.shape != (B, L - P):
     raise ValueError(f'mask shape {mask_BT.shape} != (B, L - completion_start) = {(B, L - P)}')
   tok_MGL = tokens_BL.reshape(-1, group_size, L)
@@ -263,7 +255,7 @@ def shared_token_residual(coef_BT, grad_norms_BT, shared_BT, mask_BT, *, group_s
   """
   chex.assert_rank([coef_BT, grad_norms_BT, shared_BT, mask_BT], 2)
   chex.assert_equal_shape([coef_BT, grad_norms_BT, shared_BT, mask_BT])
-  _check_group_size(coef_BT.shape[0], group_size)
+  checks.group_size(group_size, coef_BT.shape[0])
   real_BT = jnp.asarray(mask_BT) > 0
   sh_BT = jnp.asarray(shared_BT).astype(bool) & real_BT
   T = coef_BT.shape[1]

@@ -65,21 +65,6 @@ _SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     'F16': np.dtype(np.float16),
     'BF16': np.dtype(ml_dtypes.bfloat16),
 }
-# Codes that exist in the format but that we refuse (quantised / integer tensors).
-_KNOWN_UNSUPPORTED_DTYPES = (
-    'F64',
-    'I64',
-    'I32',
-    'I16',
-    'I8',
-    'U64',
-    'U32',
-    'U16',
-    'U8',
-    'BOOL',
-    'F8_E4M3',
-    'F8_E5M2',
-)
 # config.json "torch_dtype"/"dtype" value -> safetensors code.
 _HF_DTYPE_NAMES = {'float32': 'F32', 'float16': 'F16', 'bfloat16': 'BF16'}
 # jtc dtype names (ModelConfig.param_dtype / dtype) -> numpy dtype.

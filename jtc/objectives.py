@@ -138,15 +138,14 @@ def _check_hparams(name, hp):
     if hp['clip_gating'] != 'none' and not hp['stop_gradient']:
       raise ValueError(f"clip_gating={hp['clip_gating']!r} needs stop_gradient=True: without the "
                        "stop-gradient the clip already gates the gradient (use 'none')")
-  for key in ('eps_low', 'eps_high', 'eps', 'trunc_eps', 'tau_pos', 'tau_neg', 'kl_coef',
-              'entropy_coef'):
-    if hp.get(key) is not None and not hp[key] >= 0:
-      raise ValueError(f'{key}={hp[key]!r} for loss {name!r} must be >= 0')
+  for key in ('eps_low', 'eps_high', 'eps', 'tau_pos', 'tau_neg'):  # a zero clip width or
+    if hp.get(key) is not None:  # temperature would stop every off-policy update
+      checks.positive(key, hp[key])
+  for key in ('trunc_eps', 'kl_coef', 'entropy_coef'):
+    if hp.get(key) is not None:
+      checks.in_range(key, hp[key], low=0)
   if hp.get('dual_clip_c') is not None and not hp['dual_clip_c'] > 1:
     raise ValueError(f'dual_clip_c={hp["dual_clip_c"]!r} must be None (off) or > 1')
-  for key in ('tau_pos', 'tau_neg'):
-    if key in hp and not hp[key] > 0:
-      raise ValueError(f'{key}={hp[key]!r} must be > 0')
 
 
 def check_hparams(name, hparams):
@@ -174,10 +173,7 @@ def _check_arrays(name, logps, old_logps, advantages, mask, group_size, ref_logp
       raise ValueError(f'{key} must have the shape of logps {shape}, got {jnp.shape(x)}')
   if jnp.shape(advantages) != shape[:1]:
     raise ValueError(f'advantages must have shape [B]={shape[:1]}, got {jnp.shape(advantages)}')
-  if not isinstance(group_size, int) or group_size < 1:
-    raise ValueError(f'group_size={group_size!r} must be a positive int')
-  if shape[0] % group_size:
-    raise ValueError(f'batch size B={shape[0]} is not divisible by group_size={group_size}')
+  checks.group_size(group_size, shape[0])
   if name in surrogates.TOKEN_WEIGHTED and token_weights is None:
     raise ValueError(f'loss {name!r} needs token_weights [B, T]')
   if name not in surrogates.TOKEN_WEIGHTED and token_weights is not None:
@@ -205,8 +201,7 @@ def asym(w_B, adv_B, *, group_size):
   """
   chex.assert_rank([w_B, adv_B], 1)
   chex.assert_equal_shape([w_B, adv_B])
-  if not isinstance(group_size, int) or group_size < 1 or w_B.shape[0] % group_size:
-    raise ValueError(f'group_size={group_size!r} must be a positive int dividing B={w_B.shape[0]}')
+  checks.group_size(group_size, w_B.shape[0])
   wa_MG = (w_B * adv_B).astype(jnp.float32).reshape(-1, group_size)
   asym_M = jnp.var(wa_MG, axis=-1)
   return asym_M, jnp.mean(asym_M)

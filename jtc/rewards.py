@@ -5,7 +5,7 @@ Every reward function has one interface::
     reward_fn(prompts: Sequence[str], completions: Sequence[str], answers: Sequence[str])
         -> np.ndarray  # [B] float32
 
-so the trainer never needs to know which verifier it runs (``get_reward_fn(name)``).
+so the trainer never needs to know which verifier it runs (``REWARD_FNS[name]``).
 
 Nothing here calls ``eval``/``exec`` on model output: arithmetic expressions go through a small
 tokenizer + recursive-descent parser (``jtc.expressions``) with limits on length, nesting
@@ -54,7 +54,6 @@ _MAX_BOXED_TRIES = 8  # how many trailing \boxed{ occurrences are tried for bala
 
 # ----------------------------------------------------------------------------- numbers
 
-_INT_RE = re.compile(r'[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)')
 _DEC_RE = re.compile(r'[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)?\.\d+|[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)\.?')
 _FRAC_RE = re.compile(r'([+-]?\d+)\s*/\s*([+-]?\d+)')
 _TEX_FRAC_RE = re.compile(r'([+-]?)\\[dt]?frac\{([+-]?\d+)\}\{([+-]?\d+)\}')

@@ -104,10 +104,10 @@ class Generator:
   def check_prompt_width(self, prompts):
     """ValueError naming config.data.prompt_width when the longest of ``prompts`` (suffix and
     chat template included) does not fit, before any compute."""
-    longest = max(prompts, key=len, default='')
-    need = int(
-        data_lib.encode_prompts(self.tokenizer, [longest + self.prompt_suffix], width=1 << 16,
-                                chat_template=self.chat_template)[1].sum()) if prompts else 0
+    need, longest = max(((len(
+        data_lib.prompt_ids(self.tokenizer, p + self.prompt_suffix,
+                            chat_template=self.chat_template)), p)
+                         for p in prompts), default=(0, ''))
     if need > self.prompt_width:
       raise ValueError(f'config.data.prompt_width={self.prompt_width} is too small: the prompt '
                        f'{longest!r} takes {need} tokens with the template; set it to >= {need}')

@@ -11,23 +11,24 @@ the product of its mesh axes keeps the longest prefix of those axes that divides
 none, i.e. replicated), so every preset runs on every mesh.
 
 Single host: `mesh = make_mesh(data=1, fsdp=-1, tensor=1)` (-1: all remaining devices), then
-`shard_params`, `shard_batch`, and `sharded_jit(fn, mesh, in_shardings=..., out_shardings=...)`.
-Anything jitted on sharded inputs (e.g. `jtc.sampler.sample`) also runs sharded: XLA
-propagates the input shardings.
+`shard_params`, `shard_batch`, and `jax.jit(fn, in_shardings=..., out_shardings=...)` with these
+NamedShardings. Anything jitted on sharded inputs (e.g. `jtc.sampler.sample`) also runs
+sharded: XLA propagates the input shardings.
 
 Multi-host (TPU pods, GPU clusters): call `initialize_distributed()` first thing in *every*
 process, before any other JAX call (`jax.distributed.initialize`; on TPU/SLURM/Open MPI the
 coordinator, process count and id are detected, otherwise pass them). `jax.devices()` then
-lists every host's devices and `make_mesh` spans them all; each process reads only its own
-slice of the batch (e.g. grain with `ShardByJaxProcess`) and `host_local_to_global` assembles
-the global array. Parameters are created with `jax.jit(init_params, out_shardings=...)` so no
+lists every host's devices and `make_mesh` spans them all. The trainer reads the same global
+batch in every process (host-side rewards and advantages are replicated) and places it with
+`to_device`, each process filling its own shards; a pipeline that reads a per-process slice
+instead assembles the global array with `host_local_to_global`. Parameters are created with `jax.jit(init_params, out_shardings=...)` so no
 host ever holds them whole.
 
 Dimension key: B batch, L sequence length, plus the model's (see `jtc.model`).
 """
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -133,23 +134,17 @@ def shard_batch(tree, mesh: Mesh):
 
 def cache_shardings(cache, mesh: Mesh):
   """Shardings for a `model.KVCache` or `decode.GroupCache`: keys/values [Y, B, K, S, H] over
-  (-, batch, kv_heads, -, -), masks [B, S] over (batch, -), counters replicated."""
-  kv = lambda x: named_sharding(mesh, model_lib.CACHE_AXES, x.shape)
+  (-, batch, kv_heads, -, -) (the group cache's transposed completion keys [Y, R, K, H, S]
+  likewise), masks [B, S] over (batch, -), counters replicated."""
+  kv = lambda x, axes=model_lib.CACHE_AXES: named_sharding(mesh, axes, x.shape)
   mask = lambda x: named_sharding(mesh, model_lib.CACHE_MASK_AXES, x.shape)
   if isinstance(cache, decode.GroupCache):
+    k_axes = model_lib.CACHE_AXES[:3] + model_lib.CACHE_AXES[:2:-1]  # [Y, R, K, H, S]
     return decode.GroupCache(prompt_k=kv(cache.prompt_k), prompt_v=kv(cache.prompt_v),
-                             prompt_mask_BP=mask(cache.prompt_mask_BP), k=kv(cache.k),
+                             prompt_mask_BP=mask(cache.prompt_mask_BP), k=kv(cache.k, k_axes),
                              v=kv(cache.v), length=replicated(mesh))
   return model_lib.KVCache(k=kv(cache.k), v=kv(cache.v), mask_BS=mask(cache.mask_BS),
                            index=replicated(mesh))
-
-
-def sharded_jit(fn: Callable, mesh: Mesh, *, in_shardings, out_shardings, static_argnames=(),
-                donate_argnums=()) -> Callable:
-  """jax.jit with explicit input/output shardings on `mesh` (pytrees of NamedSharding)."""
-  del mesh  # carried by the NamedShardings; kept in the signature for readability.
-  return jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
-                 static_argnames=static_argnames, donate_argnums=donate_argnums)
 
 
 def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,

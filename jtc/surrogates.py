@@ -17,7 +17,7 @@ completion i (Eq. 7); s_i = exp(mean_t log r_{i,t}) the length-normalised sequen
 - entropy_coef * aggregate(entropy_BT)`` is minimised. The gradient flows only through
 ``logps``; ``old_logps``, ``ref_logps``, ``advantages`` and ``token_weights`` are constants.
 
-Losses (``LOSSES``; hyper-parameters and defaults via ``default_hparams(name)``):
+Losses (``LOSSES``; hyper-parameters and defaults via ``objectives.default_hparams(name)``):
   grpo / dapo / dr_grpo  token-factorised PPO clip min(r A, clip(r, 1-eps_low, 1+eps_high) A),
                          optional dual clip max(., c A) for A < 0; they differ only in defaults
                          (dapo: eps_high=0.28 "clip-higher", token_mean; dr_grpo:

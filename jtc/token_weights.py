@@ -99,7 +99,7 @@ class DeltaWeighter:
   """DelTA as a token-weight plug-in of the trainer.
 
     ``weights(state, params, behaviour, completion_BT, adv_B, mask_BT, rng)`` returns
-    (lam_BT, metrics, state): the coefficients `objectives.delta` takes as token_weights,
+    (lam_BT, metrics, state): the coefficients `surrogates.delta` takes as token_weights,
     computed from the hidden states of the behaviour log-prob pass (``behaviour``: the dict of
     `model.sequence_logprobs` with return_hidden=True, so no extra forward pass), and the
     running token cloud (DelTA Figure 4) over the tokens DelTA scores (real, A != 0). The cloud

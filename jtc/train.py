@@ -58,9 +58,6 @@ def validate_config(c):
   checks.choice('config.advantage.name', c.advantage.name, advantages_lib.ADVANTAGES)
   checks.choice('config.loss.name', c.loss.name, objectives.LOSSES)
   objectives.check_hparams(c.loss.name, c.loss.hparams.to_dict())
-  for key in ('eps', 'eps_low', 'eps_high'):  # a zero clip width would clip every update
-    if c.loss.hparams.get(key) is not None:
-      checks.positive(f'config.loss.hparams.{key}', c.loss.hparams[key])
   if (c.loss.name in surrogates.TOKEN_WEIGHTED) != bool(c.token_weights):
     raise ValueError(f'config.loss.name={c.loss.name!r} with config.token_weights='
                      f'{c.token_weights!r}: losses {surrogates.TOKEN_WEIGHTED} need a token-weight '
@@ -75,7 +72,7 @@ def validate_config(c):
   checks.positive_int('config.log.ckpt_every', c.log.ckpt_every)
   checks.positive_int('config.log.keep_checkpoints', c.log.keep_checkpoints)
   sharding_lib.check_batch_rows(
-      (c.optim.microbatch_prompts or c.optim.minibatch_prompts) * c.rollout.sampling.num_samples,
+      update_lib.microbatch_prompts(c.optim) * c.rollout.sampling.num_samples,
       sharding_lib.mesh_sizes(**c.mesh))
 
 
@@ -88,6 +85,14 @@ class Trainer:
     self.c = c = config
     self.workdir = workdir
     self._lock, schedule_steps = workdir_lib.claim(workdir, c, allow_changes=allow_config_change)
+    try:
+      self._build(schedule_steps, policy)
+    except BaseException:
+      self._lock.close()  # another trainer (or this one, fixed) may use the workdir at once
+      raise
+
+  def _build(self, schedule_steps, policy):
+    c, workdir = self.c, self.workdir
     self.model_config, params, self.tokenizer = policy or checkpoints.load_policy(c.policy)
     self.G, self.P = c.rollout.sampling.num_samples, c.data.prompt_width
     self.task = None if c.data.dataset else tasks_lib.get_task(c.data.task)
@@ -118,7 +123,7 @@ class Trainer:
         c.delta, group_size=self.G, model_config=self.model_config) if c.token_weights else None)
     self.run_state = update_lib.RunState.init(self.model_config.vocab_size,
                                               self.weighter.init_state() if self.weighter else None)
-    data_dir = c.data.data_dir or None  # None: jtc's cache ($JTC_DATA_DIR or ~/.cache/jtc)
+    data_dir = c.data.data_dir or None  # None: jtc's cache ($JTC_DATA_DIR or ~/.cache/jtc/data)
     # Every process reads the same global batch (shard 0 of 1): host-side logic (rewards,
     # advantages) is replicated, the device work is sharded over the mesh.
     self.train_iter = data_lib.make_prompt_iterator(c.data.dataset or c.data.task, split='train',
@@ -150,7 +155,7 @@ class Trainer:
         functools.partial(rollout_lib.behaviour_pass, model_config=infer_config,
                           completion_start=self.P, return_hidden=bool(self.weighter and
                                                                       self.weighter.needs_hidden)))
-    rows = (c.optim.microbatch_prompts or c.optim.minibatch_prompts) * self.G
+    rows = update_lib.microbatch_prompts(c.optim) * self.G
     minibatch_sh = jax.sharding.NamedSharding(
         self.mesh,
         jax.sharding.PartitionSpec(None,
@@ -199,14 +204,13 @@ class Trainer:
     metrics.update(update_metrics)
     t3 = time.perf_counter()
     n_tokens = int(rollout.completion_mask_BT.sum())
-    self.run_state = self.run_state.add(rl_steps=step - self.run_state.count('rl_steps'),
-                                        generated_tokens=n_tokens,
+    self.run_state = self.run_state.add(rl_steps=1, generated_tokens=n_tokens,
                                         rollouts=rollout.rewards_B.shape[0],
                                         update_steps=self.updates_per_step,
                                         prompts=c.rollout.prompts_per_step * (1 + rounds))
     metrics.update(dynamic_sampling_rounds=rounds, time_sample=t1 - t0, time_score=t2 - t1,
                    time_update=t3 - t2, tokens_per_s=n_tokens / max(t3 - t0, 1e-9),
-                   learning_rate=float(self.schedule(self.run_state.count('update_steps'))),
+                   learning_rate=float(self.schedule(self.run_state.count('update_steps') - 1)),
                    **{f'compute/{k}': self.run_state.count(k) for k in update_lib.COUNTERS})
     return metrics
 
@@ -223,7 +227,8 @@ class Trainer:
           f'probe/{k}': v for k, v in analysis.format_probe(
               self.state.params, self.gen.model_config, self.tokenizer,
               self.eval_examples[:c.eval.probe_problems], self.task.formats, prompt_width=self.P,
-              width=None, scaffold=getattr(self.task, 'scaffold', '')).items()
+              scaffold=self.task.scaffold, chat_template=c.data.chat_template,
+              prompt_suffix=c.data.prompt_suffix).items()
       })
     return {f'eval/{k}': v for k, v in out.items()}
 
@@ -249,10 +254,10 @@ class Trainer:
     SIGINT or SIGTERM the step in flight finishes, a checkpoint is written and the loop ends;
     returns the last metrics record and the signal that stopped it (or None)."""
     c, start = self.c, self.run_state.count('rl_steps')
-    if start >= c.num_steps:
+    if start >= c.num_steps or self._budget_spent():
       print(
-          f'already finished: {self.workdir} holds all {c.num_steps} steps (raise '
-          '--config.num_steps to continue it)', file=sys.stderr)
+          f'already finished: {self.workdir} holds {start} steps (num_steps {c.num_steps}, '
+          f'token budget {c.token_budget or "none"}; raise them to continue it)', file=sys.stderr)
       self.close()
       return _last_record(self.workdir), None
     writer = metric_writer.MetricWriter(self.workdir, resume_step=start + 1 if start else 0)
@@ -265,18 +270,19 @@ class Trainer:
       if start == 0 and eval_every:
         writer.write(0, self.evaluate(0))
       for step in range(start + 1, c.num_steps + 1):
-        if c.token_budget and self.run_state.count('generated_tokens') >= c.token_budget:
-          print(f'token budget {c.token_budget} reached at step {step - 1}', file=sys.stderr)
-          break
         metrics = self.step(step)
-        if eval_every and (step % eval_every == 0 or step == c.num_steps):
+        final = step == c.num_steps or self._budget_spent()
+        if eval_every and (step % eval_every == 0 or final):
           metrics.update(self.evaluate(step))
         last = writer.write(step, metrics)
-        if step % c.log.ckpt_every == 0 or step == c.num_steps or stop.signal:
+        if step % c.log.ckpt_every == 0 or final or stop.signal:
           self._save(step)
           if step == kill_after_step:
             os.kill(os.getpid(), 9)
         progress.update(step, metrics)
+        if final and step < c.num_steps:
+          print(f'token budget {c.token_budget} reached at step {step}', file=sys.stderr)
+          break
         if stop.signal:
           print(
               f'{stop.signal} at step {step}: checkpoint written; run the same command to '
@@ -286,6 +292,10 @@ class Trainer:
     writer.close()
     self.close()
     return last, stop.signal
+
+  def _budget_spent(self):
+    budget = self.c.token_budget
+    return bool(budget) and self.run_state.count('generated_tokens') >= budget
 
   def close(self):
     """Releases the checkpointer and the workdir lock (another trainer may then use it)."""

@@ -119,9 +119,14 @@ def init_state(params, optimizer, *, param_shardings, replicated):
   return state, shardings
 
 
+def microbatch_prompts(optim):
+  """Prompts per forward/backward pass: ``microbatch_prompts``, or the whole mini-batch (0)."""
+  return optim.microbatch_prompts or optim.minibatch_prompts
+
+
 def num_microbatches(optim):
   """n: micro-batches per mini-batch (1 = no gradient accumulation)."""
-  return optim.minibatch_prompts // (optim.microbatch_prompts or optim.minibatch_prompts)
+  return optim.minibatch_prompts // microbatch_prompts(optim)
 
 
 def check_config(optim, prompts_per_step):
@@ -175,13 +180,12 @@ def make_batch(c, rollout, params, run_state, *, task, behaviour_fn, ref_params,
   score = functools.partial(rollout_lib.behaviour_logps, behaviour_fn, rollout=rollout,
                             tokens_BL=tokens_BL, input_mask_BL=input_mask_BL, to_device=to_device,
                             chunk_rows=c.rollout.chunk_prompts * c.rollout.sampling.num_samples)
-  behaviour = score(params)
-  batch = Batch(
-      tokens=tokens_BL, input_mask=input_mask_BL, mask=to_device(mask_BT),
-      advantages=to_device(np.asarray(adv_B)),
-      old_logps=(behaviour['logps'] if c.rollout.behaviour_logps == 'recompute' else to_device(
-          rollout.sampler_logps_BT)),
-      ref_logps=None if ref_params is None else score(ref_params)['logps'])
+  recompute = c.rollout.behaviour_logps == 'recompute'
+  behaviour = score(params) if recompute or weighter is not None else None
+  batch = Batch(tokens=tokens_BL, input_mask=input_mask_BL, mask=to_device(mask_BT),
+                advantages=to_device(np.asarray(adv_B)),
+                old_logps=behaviour['logps'] if recompute else to_device(rollout.sampler_logps_BT),
+                ref_logps=None if ref_params is None else score(ref_params)['logps'])
   metrics = {f'adv/{k}': float(v) for k, v in adv_metrics.items()}
   completion_BT = jnp.asarray(rollout.completion_BT)
   if weighter is not None:

@@ -14,6 +14,8 @@ import json
 import os
 import sys
 
+from jtc import checks
+
 CONFIG_FILE = 'config.json'
 LOCK_FILE = '.lock'
 # Keys that may change when a run is resumed: they change how long it runs and what it logs,
@@ -61,16 +63,6 @@ def lock(workdir):
   return f
 
 
-def _flatten(d, prefix=''):
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flatten(v, f'{prefix}{k}.'))
-    else:
-      out[f'{prefix}{k}'] = v
-  return out
-
-
 def check_identity(workdir, config, *, allow_changes=False, has_checkpoint):
   """Compares the config with the one recorded in the workdir (nothing is written here).
 
@@ -87,8 +79,8 @@ def check_identity(workdir, config, *, allow_changes=False, has_checkpoint):
     return config.num_steps
   with open(path) as f:
     stored = json.load(f)
-  old = _flatten(stored['config'])
-  new = _flatten(json.loads(config.to_json_best_effort()))
+  old = checks.flatten(stored['config'])
+  new = checks.flatten(json.loads(config.to_json_best_effort()))
   differing = sorted(
       k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS)
   if differing and not allow_changes:

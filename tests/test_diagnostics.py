@@ -7,6 +7,7 @@ import pytest
 
 from jtc import diagnostics as dg
 from jtc import model
+from jtc import objectives
 from jtc import update
 
 G, P, T = 4, 3, 6
@@ -54,7 +55,8 @@ _NET_GRADIENT = jax.jit(dg.net_gradient, static_argnums=1, static_argnames=('com
 def test_asym_matches_numpy_loop():
   rng = np.random.default_rng(1)
   w, a = rng.uniform(0.5, 1.5, 12), rng.normal(size=12)
-  per_group, mean = dg.asym(jnp.asarray(w, jnp.float32), jnp.asarray(a, jnp.float32), group_size=3)
+  per_group, mean = objectives.asym(jnp.asarray(w, jnp.float32), jnp.asarray(a, jnp.float32),
+                                    group_size=3)
   ref = []
   for m in range(4):
     x = [w[3 * m + i] * a[3 * m + i] for i in range(3)]
@@ -63,7 +65,7 @@ def test_asym_matches_numpy_loop():
   np.testing.assert_allclose(per_group, ref, rtol=1e-5)
   np.testing.assert_allclose(mean, np.mean(ref), rtol=1e-5)
   with pytest.raises(ValueError, match='group_size=5'):
-    dg.asym(jnp.ones(12), jnp.ones(12), group_size=5)
+    objectives.asym(jnp.ones(12), jnp.ones(12), group_size=5)
 
 
 def test_shared_context_mask(setup):

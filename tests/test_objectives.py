@@ -638,7 +638,7 @@ def test_bad_inputs_raise_value_errors():
     _call(kl_estimator='k4')
   with pytest.raises(ValueError, match=r"solver='cg'.*\['qp', 'truncate_rebalance'\]"):
     _call('dfpo_pos_orth_proj', solver='cg')
-  with pytest.raises(ValueError, match='not divisible by group_size=3'):
+  with pytest.raises(ValueError, match='group_size=3 must be a positive int dividing'):
     _call(g=3)
   with pytest.raises(ValueError, match='old_logps'):
     _call(old_logps=jnp.zeros((4, 2)))

@@ -63,16 +63,16 @@ CHILD = textwrap.dedent('''
 
     b_sh = lambda x: sharding.batch_sharding(mesh, x.shape)
     logits_1 = jax.jit(fwd)(params, tokens, mask)
-    logits_8 = sharding.sharded_jit(
-        fwd, mesh, in_shardings=(p_sh, b_sh(tokens), b_sh(mask)),
+    logits_8 = jax.jit(
+        fwd, in_shardings=(p_sh, b_sh(tokens), b_sh(mask)),
         out_shardings=b_sh(logits_1))(sharded_params, *sharding.shard_batch((tokens, mask), mesh))
     assert len(logits_8.sharding.device_set) == 8
     np.testing.assert_allclose(logits_8, logits_1, rtol=1e-5, atol=1e-5)
 
     grad_fn = jax.value_and_grad(loss)
     l1, g1 = jax.jit(grad_fn)(params, tokens, mask, comp_mask)
-    l8, g8 = sharding.sharded_jit(
-        grad_fn, mesh, in_shardings=(p_sh, b_sh(tokens), b_sh(mask), b_sh(comp_mask)),
+    l8, g8 = jax.jit(
+        grad_fn, in_shardings=(p_sh, b_sh(tokens), b_sh(mask), b_sh(comp_mask)),
         out_shardings=(sharding.replicated(mesh), p_sh))(
             sharded_params, *sharding.shard_batch((tokens, mask, comp_mask), mesh))
     assert g8['layers']['attn']['q']['kernel'].sharding.spec == PS(None, 'fsdp', 'tensor', None)

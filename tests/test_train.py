@@ -16,6 +16,7 @@ import pytest
 
 from configs import common
 from jtc import checkpoints
+from jtc import checks
 from jtc import cli
 from jtc import metric_writer
 from jtc import model as model_lib
@@ -96,13 +97,6 @@ def test_invalid_settings_fail_naming_the_key(key, value, needle):
     train.validate_config(c)
 
 
-def _flat(d, prefix=''):
-  out = {}
-  for k, v in d.items():
-    out.update(_flat(v, f'{prefix}{k}.') if isinstance(v, dict) else {f'{prefix}{k}': v})
-  return out
-
-
 _METHOD_KEYS = ('loss.', 'delta.', 'token_weights', 'advantage.')  # Dr. GRPO: advantage
 
 
@@ -118,7 +112,8 @@ def test_method_configs_differ_only_in_the_method(family):
   if family == 'configs.real':  # one model and dataset per family of real configs
     names = [n for n in names if n.startswith('qwen3_8b_math')]
   flat = {
-      n: _flat(importlib.import_module(f'{family}.{n}').get_config(None).to_dict()) for n in names
+      n: checks.flatten(importlib.import_module(f'{family}.{n}').get_config(None).to_dict())
+      for n in names
   }
   differing = {}
   for i, a in enumerate(names):

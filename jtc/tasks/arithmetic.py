@@ -105,6 +105,7 @@ class ArithmeticTask:
 
   name = 'arithmetic'
   formats = FORMATS
+  scaffold = ''
 
   def __post_init__(self):
     object.__setattr__(self, 'ops', tuple(self.ops))

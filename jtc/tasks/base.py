@@ -20,6 +20,7 @@ class Task(Protocol):
 
   name: str
   formats: tuple[str, ...]
+  scaffold: str  # a prefix every solution starts with ('' if none): the shared tokens
 
   def examples(self, split: str, *, seed: int, num_examples: int) -> list[Example]:
     ...

@@ -102,6 +102,7 @@ class CountdownTask:
 
   name = 'countdown'
   formats = FORMATS
+  scaffold = ''
 
   def __post_init__(self):
     if not isinstance(self.num_numbers, int) or not 2 <= self.num_numbers <= 6:
