@@ -139,6 +139,12 @@ def cast_floats(tree, dtype):
                       if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
+def frozen_copy(params, dtype, shardings):
+  """A copy of ``params`` cast to ``dtype`` in new buffers (the KL reference policy: never
+  aliased with the state that the update step donates)."""
+  return jax.jit(lambda p: cast_floats(p, dtype), out_shardings=shardings)(params)
+
+
 def load_policy(policy):
   """(model_config, params on host, tokenizer) from a config's `policy` section: a Hugging Face
   directory (`hf_import`) or a policy bundle, then the section's dtypes / remat / overrides (the

@@ -36,6 +36,12 @@ def read_jsonl(path):
   return records
 
 
+def last_record(workdir):
+  """The last record of ``workdir``/metrics.jsonl ({} when there is none)."""
+  records = read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  return records[-1] if records else {}
+
+
 class MetricWriter:
   """Writes scalar metrics to JSONL (and TensorBoard, when tensorboardX is installed)."""
 

@@ -30,50 +30,19 @@ from absl import flags
 import jax
 import numpy as np
 
-from jtc import advantages as advantages_lib
 from jtc import analysis
 from jtc import checkpoints
-from jtc import checks
+from jtc import config_check
 from jtc import cli
 from jtc import data as data_lib
 from jtc import diagnostics
 from jtc import metric_writer
-from jtc import objectives
-from jtc import rewards as rewards_lib
 from jtc import rollout as rollout_lib
 from jtc import sharding as sharding_lib
-from jtc import surrogates
 from jtc import tasks as tasks_lib
 from jtc import token_weights
 from jtc import update as update_lib
 from jtc import workdir as workdir_lib
-
-
-def validate_config(c):
-  """Raises ValueError naming the offending key for any invalid setting, before any compute;
-  each section is checked by the module that consumes it."""
-  checkpoints.check_policy_config(c.policy)
-  data_lib.check_config(c.data, tasks=tasks_lib.TASKS, reward_fns=rewards_lib.REWARD_FNS)
-  checks.positive_int('config.num_steps', c.num_steps)
-  checks.choice('config.advantage.name', c.advantage.name, advantages_lib.ADVANTAGES)
-  checks.choice('config.loss.name', c.loss.name, objectives.LOSSES)
-  objectives.check_hparams(c.loss.name, c.loss.hparams.to_dict())
-  if (c.loss.name in surrogates.TOKEN_WEIGHTED) != bool(c.token_weights):
-    raise ValueError(f'config.loss.name={c.loss.name!r} with config.token_weights='
-                     f'{c.token_weights!r}: losses {surrogates.TOKEN_WEIGHTED} need a token-weight '
-                     f'plug-in ({sorted(token_weights.PLUGINS)}), the others none')
-  if c.token_weights:
-    checks.choice('config.token_weights', c.token_weights, token_weights.PLUGINS)
-    token_weights.PLUGINS[c.token_weights].check_config(c.delta)
-  rollout_lib.check_config(c)
-  update_lib.check_config(c.optim, c.rollout.prompts_per_step)
-  checks.choice('config.log.diagnostics_mode', c.log.diagnostics_mode, ('proxy', 'exact'))
-  checks.in_range('config.log.diagnostics_every', c.log.diagnostics_every, low=0, integer=True)
-  checks.positive_int('config.log.ckpt_every', c.log.ckpt_every)
-  checks.positive_int('config.log.keep_checkpoints', c.log.keep_checkpoints)
-  sharding_lib.check_batch_rows(
-      update_lib.microbatch_prompts(c.optim) * c.rollout.sampling.num_samples,
-      sharding_lib.mesh_sizes(**c.mesh))
 
 
 class Trainer:
@@ -81,7 +50,7 @@ class Trainer:
   tokenizer)` replaces the config's policy (tests and benchmarks)."""
 
   def __init__(self, config, workdir, *, policy=None, allow_config_change=False):
-    validate_config(config)
+    config_check.validate(config)
     self.c = c = config
     self.workdir = workdir
     self._lock, schedule_steps = workdir_lib.claim(workdir, c, allow_changes=allow_config_change)
@@ -102,19 +71,16 @@ class Trainer:
     self.optimizer = update_lib.make_optimizer(c.optim, total_updates)
     self.mesh = sharding_lib.make_mesh(**sharding_lib.mesh_sizes(**c.mesh))
     print(
-        f'mesh {dict(self.mesh.shape)} over {jax.device_count()} devices '
-        f'({jax.process_count()} processes)', file=sys.stderr)
-    self.replicated = sharding_lib.replicated(self.mesh)
+        f'mesh {dict(self.mesh.shape)}: {jax.device_count()} devices, {jax.process_count()} '
+        'processes', file=sys.stderr)
     param_sh = sharding_lib.param_shardings(params, self.mesh)
     self.state, self.state_sh = update_lib.init_state(params, self.optimizer,
                                                       param_shardings=param_sh,
-                                                      replicated=self.replicated)
+                                                      replicated=sharding_lib.replicated(self.mesh))
     self.ref_params = None
     if c.loss.hparams.get('kl_coef'):  # a frozen copy, never aliased with the donated state
-      self.ref_params = jax.jit(
-          functools.partial(checkpoints.cast_floats, dtype=c.policy.ref_param_dtype or
-                            self.model_config.param_dtype),
-          out_shardings=param_sh)(self.state.params)
+      self.ref_params = checkpoints.frozen_copy(
+          self.state.params, c.policy.ref_param_dtype or self.model_config.param_dtype, param_sh)
     # Sampling and the behaviour pass never differentiate: no rematerialisation there.
     infer_config = dataclasses.replace(self.model_config, remat=False)
     self.gen = rollout_lib.Generator.from_config(c, infer_config, self.tokenizer, self.task,
@@ -123,23 +89,9 @@ class Trainer:
         c.delta, group_size=self.G, model_config=self.model_config) if c.token_weights else None)
     self.run_state = update_lib.RunState.init(self.model_config.vocab_size,
                                               self.weighter.init_state() if self.weighter else None)
-    data_dir = c.data.data_dir or None  # None: jtc's cache ($JTC_DATA_DIR or ~/.cache/jtc/data)
-    # Every process reads the same global batch (shard 0 of 1): host-side logic (rewards,
-    # advantages) is replicated, the device work is sharded over the mesh.
-    self.train_iter = data_lib.make_prompt_iterator(c.data.dataset or c.data.task, split='train',
-                                                    batch_size=c.rollout.prompts_per_step,
-                                                    seed=c.seed, data_dir=data_dir, shard_index=0,
-                                                    shard_count=1)
-    self.eval_examples = data_lib.held_out_examples(c.data, data_dir=data_dir,
-                                                    limit=c.eval.problems)
-    self.gen.check_prompt_width([
-        e['prompt'] for e in self.eval_examples + data_lib.load_examples(
-            c.data.dataset or c.data.task, split='train', data_dir=data_dir, limit=2000)
-    ])
-    if c.data.dataset and not c.policy.checkpoint:
-      print(
-          f'note: config.data.dataset with the jtc policy {c.policy.init!r}: the shipped base '
-          'policy never writes \\boxed{}, so expect every reward to be 0', file=sys.stderr)
+    self.train_iter, self.eval_examples, prompts = data_lib.run_data(
+        c.data, batch_size=c.rollout.prompts_per_step, seed=c.seed, eval_problems=c.eval.problems)
+    self.gen.check_prompt_width(prompts)
     self.ckpt = checkpoints.TrainCheckpointer(os.path.join(workdir, 'checkpoints'),
                                               max_to_keep=c.log.keep_checkpoints)
     self._restore()
@@ -155,20 +107,8 @@ class Trainer:
         functools.partial(rollout_lib.behaviour_pass, model_config=infer_config,
                           completion_start=self.P, return_hidden=bool(self.weighter and
                                                                       self.weighter.needs_hidden)))
-    rows = update_lib.microbatch_prompts(c.optim) * self.G
-    minibatch_sh = jax.sharding.NamedSharding(
-        self.mesh,
-        jax.sharding.PartitionSpec(None,
-                                   *sharding_lib.logical_to_spec(('batch',), (rows,), self.mesh)))
-    self._minibatch = jax.jit(
-        functools.partial(update_lib.minibatch, num_micro=update_lib.num_microbatches(c.optim)),
-        out_shardings=minibatch_sh)
-    self._update = jax.jit(
-        functools.partial(update_lib.update_step, model_config=self.model_config,
-                          optimizer=self.optimizer, loss_name=c.loss.name,
-                          loss_hparams=c.loss.hparams.to_dict(), completion_start=self.P,
-                          group_size=self.G), in_shardings=(self.state_sh, minibatch_sh),
-        out_shardings=(self.state_sh, self.replicated), donate_argnums=(0,))
+    self._minibatch, self._update = update_lib.jit_minibatch_and_update(
+        c, self.model_config, self.optimizer, self.mesh, self.state_sh)
     self._diagnostics = jax.jit(
         functools.partial(  # (params, batch, token_counts)
             diagnostics.step_diagnostics, model_config=infer_config, loss_name=c.loss.name,
@@ -259,7 +199,7 @@ class Trainer:
           f'already finished: {self.workdir} holds {start} steps (num_steps {c.num_steps}, '
           f'token budget {c.token_budget or "none"}; raise them to continue it)', file=sys.stderr)
       self.close()
-      return _last_record(self.workdir), None
+      return metric_writer.last_record(self.workdir), None
     writer = metric_writer.MetricWriter(self.workdir, resume_step=start + 1 if start else 0)
     progress = cli.Progress(c.num_steps, start, every=c.log.progress_every)
     eval_every = c.eval.every if self.eval_examples else 0
@@ -301,11 +241,6 @@ class Trainer:
     """Releases the checkpointer and the workdir lock (another trainer may then use it)."""
     self.ckpt.close()
     self._lock.close()
-
-
-def _last_record(workdir):
-  records = metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
-  return records[-1] if records else {}
 
 
 if __name__ == '__main__':

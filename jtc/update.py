@@ -312,6 +312,25 @@ def update_step(state, batch, *, model_config, optimizer, loss_name, loss_hparam
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
+def jit_minibatch_and_update(c, model_config, optimizer, mesh, state_shardings):
+  """The jitted (minibatch_fn, update_fn) of `run_updates` for config ``c``: mini-batches of whole
+  groups sliced on device and sharded over the batch axes; `update_step` donating the state."""
+  rows = microbatch_prompts(c.optim) * c.rollout.sampling.num_samples
+  minibatch_sh = jax.sharding.NamedSharding(
+      mesh,
+      jax.sharding.PartitionSpec(None, *sharding_lib.logical_to_spec(('batch',), (rows,), mesh)))
+  minibatch_fn = jax.jit(functools.partial(minibatch, num_micro=num_microbatches(c.optim)),
+                         out_shardings=minibatch_sh)
+  update_fn = jax.jit(
+      functools.partial(update_step, model_config=model_config, optimizer=optimizer,
+                        loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
+                        completion_start=c.data.prompt_width,
+                        group_size=c.rollout.sampling.num_samples),
+      in_shardings=(state_shardings, minibatch_sh),
+      out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=(0,))
+  return minibatch_fn, update_fn
+
+
 def run_updates(state, batch, rng, *, update_fn, minibatch_fn, num_groups, minibatch_prompts,
                 ppo_epochs, group_size, diagnose_fn=None):
   """ppo_epochs x mini-batches of whole groups (a fresh permutation of the groups per epoch,

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from jtc import checkpoints
+from jtc import config_check
 from jtc import data as data_lib
 from jtc import hf_import
 from jtc import metric_writer
@@ -126,15 +127,15 @@ def test_real_config_validates_and_documents_its_run(name):
   assert e.max_new_tokens == c.rollout.sampling.max_new_tokens
   # Without a checkpoint and a dataset the config refuses to run, naming the keys.
   with pytest.raises(ValueError, match='config.policy.checkpoint'):
-    train.validate_config(c)
+    config_check.validate(c)
   with c.unlocked():
     c.policy.checkpoint = REPO  # not an HF directory
   with pytest.raises(ValueError, match='config.policy.checkpoint.*no config.json'):
-    train.validate_config(c)
+    config_check.validate(c)
   with c.unlocked():
     c.policy.checkpoint, c.policy.init = '', 'base'
   with pytest.raises(ValueError, match='config.data.dataset'):
-    train.validate_config(c)
+    config_check.validate(c)
 
 
 def even_length_reward(prompts, completions, answers):

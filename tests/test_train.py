@@ -18,11 +18,11 @@ from configs import common
 from jtc import checkpoints
 from jtc import checks
 from jtc import cli
+from jtc import config_check
 from jtc import metric_writer
 from jtc import model as model_lib
 from jtc import plot
 from jtc import tokenizer as tokenizer_lib
-from jtc import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = cli.methods()
@@ -57,7 +57,7 @@ def test_every_method_has_a_config():
 @pytest.mark.parametrize('arg', [None, 'smoke', 'runlocal'])
 def test_method_configs_validate(method, arg):
   c = _config(method, arg)
-  train.validate_config(c)
+  config_check.validate(c)
   assert c.loss.name == method
   doc = importlib.import_module(f'configs.{method}').__doc__
   assert f'configs/{method}.py' in doc  # the docstring carries the run command
@@ -94,7 +94,7 @@ def test_invalid_settings_fail_naming_the_key(key, value, needle):
       node = node[p]
     node[leaf] = value
   with pytest.raises(ValueError, match=needle):
-    train.validate_config(c)
+    config_check.validate(c)
 
 
 _METHOD_KEYS = ('loss.', 'delta.', 'token_weights', 'advantage.')  # Dr. GRPO: advantage
