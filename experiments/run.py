@@ -2,6 +2,7 @@ r"""Runs a sweep of `experiments/sweeps.py` (configs x seeds) and writes its res
 
   python -m experiments.run <sweep> [--seeds N] [--jobs J] [--smoke] [--workroot DIR]
                             [--num-steps S [--canonical]] [--replace] [--tables-only]
+                            [--runs NAME,...]
 
 Running lives here; the tables, statistics and figures of the results file in
 `experiments/report.py`.
@@ -23,6 +24,9 @@ Running lives here; the tables, statistics and figures of the results file in
   `experiments/results/scratch/` (unless `--canonical`), a per-run summary written with other
   settings is kept and the run refused (unless `--replace`), and an invocation that ran nothing
   new leaves the results file as it was.
+* A sweep too long for one sitting runs in parts: `--runs` names the runs of this part (all
+  seeds); `invocation.json` lists every part's command, wall time and revision, and the results
+  file shows the tables of whatever has been run so far.
 * A failed run is reported with the tail of its stderr; the others continue; the exit status
   is 1 if any run failed.
 * Text in `experiments/results/<sweep>.notes.md` (hand-written discussion) is copied into the
@@ -370,6 +374,12 @@ def result_paths(sweep_name, *, smoke, scratch=False, results_root=RESULTS_DIR):
   return os.path.join(root, sweep_name), os.path.join(root, f'{sweep_name}.md')
 
 
+def invocation_parts(invocation):
+  """The parts of a sweep's invocation.json: [{command, wall_time_s, revision}, ...]. A file
+  written before sweeps could run in parts holds one invocation, not a list."""
+  return invocation.get('parts', [invocation])
+
+
 def main(argv=None, *, make_command=trainer_command, results_root=RESULTS_DIR):
   parser = argparse.ArgumentParser(
       prog='python -m experiments.run', description=__doc__.split('\n\n')[0],
@@ -401,44 +411,57 @@ def main(argv=None, *, make_command=trainer_command, results_root=RESULTS_DIR):
                       help=f'root of the results files (default {results_root})')
   parser.add_argument('--tables-only', action='store_true',
                       help='rebuild the results file from the run summaries; run nothing')
+  parser.add_argument(
+      '--runs', default=None,
+      help='comma-separated run names: run only this part of the sweep (the tables still '
+      'cover the whole sweep; a later invocation runs the rest)')
   args = parser.parse_args(argv)
   if args.sweep not in sweeps_lib.SWEEPS:
     parser.error(f'unknown sweep {args.sweep!r}; valid: {sorted(sweeps_lib.SWEEPS)}')
   sweep = sweeps_lib.get_sweep(args.sweep, smoke=args.smoke, num_steps=args.num_steps)
   resized = sweep.num_steps != sweeps_lib.get_sweep(args.sweep, smoke=args.smoke).num_steps
   seeds = args.seeds or sweep.seeds
+  part = sweep
+  if args.runs is not None:
+    names = [n for n in args.runs.split(',') if n]
+    valid = [r.name for r in sweep.runs]
+    bad = [n for n in names if n not in valid]
+    if bad or not names:
+      parser.error(f'--runs {args.runs!r}: unknown run(s) {bad}; valid: {valid}')
+    part = dataclasses.replace(sweep, runs=tuple(r for r in sweep.runs if r.name in names))
   results_dir, md_path = result_paths(sweep.name, smoke=args.smoke, scratch=resized and
                                       not args.canonical, results_root=args.results_root)
   os.makedirs(results_dir, exist_ok=True)
   command = 'python -m experiments.run ' + shlex.join(sys.argv[1:] if argv is None else argv)
   t0 = time.time()
   invocation_path = os.path.join(results_dir, 'invocation.json')
-  invocation = {'command': command, 'wall_time_s': 0.0, 'revision': None}
-  if os.path.exists(invocation_path):  # the sweep's own command and wall time
+  parts = []  # the invocations that ran the sweep, a part each (see --runs)
+  if os.path.exists(invocation_path):
     with open(invocation_path) as f:
-      invocation = json.load(f)
+      parts = invocation_parts(json.load(f))
   if args.tables_only:
     failures = report.failures_on_disk(results_dir)
   else:
-    est = sweeps_lib.estimate_seconds(sweep, seeds=seeds)
+    est = sweeps_lib.estimate_seconds(part, seeds=seeds)
     print(
-        f'{sweep.name}: {len(sweep.runs)} configs x {seeds} seeds, {sweep.num_steps} steps; '
+        f'{sweep.name}: {len(part.runs)} configs x {seeds} seeds, {sweep.num_steps} steps; '
         f'estimated {est / 60:.0f} min of machine time; results in {md_path}', flush=True)
-    results = run_sweep(sweep, seeds=seeds, jobs=args.jobs, results_dir=results_dir,
+    results = run_sweep(part, seeds=seeds, jobs=args.jobs, results_dir=results_dir,
                         workroot=args.workroot, make_command=make_command, replace=args.replace)
     failures = {k: d for k, (s, d) in results.items() if s == 'failed'}
     if all(status == 'skipped' for status, _ in results.values()) and os.path.exists(md_path):
       print(f'nothing new: every run was already summarised; {md_path} left as it is')
       return 0
-    invocation = {
+    parts.append({
         'command': command,
         'wall_time_s': time.time() - t0,
         'revision': report.code_revision()
-    }
-    _write_json(invocation_path, invocation)
+    })
+    _write_json(invocation_path, {'parts': parts})
   path = report.write_results(sweep, results_dir=results_dir, md_path=md_path,
-                              command=invocation['command'], wall_time_s=invocation['wall_time_s'],
-                              revision=invocation['revision'], failures=failures,
+                              command='; '.join(p['command'] for p in parts) or command,
+                              wall_time_s=sum(p['wall_time_s'] for p in parts),
+                              revision=parts[-1]['revision'] if parts else None, failures=failures,
                               rebuilt_by=command if args.tables_only else None)
   print(f'wrote {path}' +
         (f'; {len(failures)} run(s) FAILED: {sorted(failures)}' if failures else ''))
