@@ -37,6 +37,7 @@ setuptools.setup(
         'tensorboard': ['tensorboard>=2.16'],
         'test': [
             'pytest>=8',
+            'pytest-xdist>=3.5',  # the README's test command runs the suite on 2 workers
             'yapf==0.43.0',  # tests/test_style.py: the one code style (.style.yapf)
             'hypothesis>=6.100',
             'nbclient>=0.10',

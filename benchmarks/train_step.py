@@ -177,20 +177,10 @@ def xla_flops(compiled):
   return float((cost or {}).get('flops', float('nan')))
 
 
-def time_update_step(c, *, repeats):
-  """Median seconds per jitted `update.update_step` plus its FLOP counts; returns a dict.
-
-  The policy is `c.policy.init` loaded as the trainer loads it (`checkpoints.load_policy`, so the
-  config's param/compute dtype, remat and model overrides apply), on one device.
-  """
-  G, P, T = c.rollout.sampling.num_samples, c.data.prompt_width, c.rollout.sampling.max_new_tokens
-  B = c.optim.minibatch_prompts * G
-  model_config, params, _ = checkpoints.load_policy(c.policy)
-  params = jax.tree.map(jnp.asarray, params)
+def compile_and_time_update(c, model_config, params, batch, *, P, G, repeats):
+  """Compiles `update.update_step` (config `c`'s loss and optimiser) and times it: the median of
+  `repeats` calls after one warm-up. Returns n_params, compile_s, seconds, loss, compiled."""
   optimizer = update.make_optimizer(c.optim, total_updates=1000)
-  n_micro = update.num_microbatches(c.optim)
-  infer_config = dataclasses.replace(model_config, remat=False)
-  batch = update_batch(params, infer_config, B=B, P=P, T=T, G=G, n_micro=n_micro)
   step_fn = jax.jit(
       functools.partial(update.update_step, model_config=model_config, optimizer=optimizer,
                         loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
@@ -198,7 +188,6 @@ def time_update_step(c, *, repeats):
   state = update.TrainState(step=jnp.array(0, jnp.int32), params=params,
                             opt_state=optimizer.init(params))
   n_params = model_lib.num_params(params)
-
   start = time.perf_counter()
   compiled = step_fn.lower(state, batch).compile()
   compile_s = time.perf_counter() - start
@@ -210,10 +199,29 @@ def time_update_step(c, *, repeats):
     state, metrics = compiled(state, batch)
     jax.block_until_ready((state, metrics))
     times.append(time.perf_counter() - start)
+  return dict(n_params=n_params, compile_s=compile_s, seconds=statistics.median(times),
+              loss=float(metrics['loss']), compiled=compiled)
+
+
+def time_update_step(c, *, repeats):
+  """Median seconds per jitted `update.update_step` plus its FLOP counts; returns a dict.
+
+  The policy is `c.policy.init` loaded as the trainer loads it (`checkpoints.load_policy`, so the
+  config's param/compute dtype, remat and model overrides apply), on one device.
+  """
+  G, P, T = c.rollout.sampling.num_samples, c.data.prompt_width, c.rollout.sampling.max_new_tokens
+  B = c.optim.minibatch_prompts * G
+  model_config, params, _ = checkpoints.load_policy(c.policy)
+  params = jax.tree.map(jnp.asarray, params)
+  n_micro = update.num_microbatches(c.optim)
+  infer_config = dataclasses.replace(model_config, remat=False)
+  batch = update_batch(params, infer_config, B=B, P=P, T=T, G=G, n_micro=n_micro)
+  timed = compile_and_time_update(c, model_config, params, batch, P=P, G=G, repeats=repeats)
+  n_params = timed['n_params']
   return dict(B=B, L=P + T, T=T, n_micro=n_micro, model_config=model_config, n_params=n_params,
-              seconds=statistics.median(times), compile_s=compile_s, xla_flops=xla_flops(compiled),
-              model_flops=model_flops(model_config, n_params, B=B, P=P,
-                                      T=T), loss=float(metrics['loss']))
+              seconds=timed['seconds'], compile_s=timed['compile_s'],
+              xla_flops=xla_flops(timed['compiled']), loss=timed['loss'],
+              model_flops=model_flops(model_config, n_params, B=B, P=P, T=T))
 
 
 MFU_SHAPES = ('qwen3_0_6b', 'qwen3_1_7b')
@@ -230,28 +238,11 @@ def time_mfu(shape, *, B, P, T, G, repeats, n_layers=None, compute_dtype='bfloat
   start = time.perf_counter()
   params = jax.block_until_ready(model_lib.init_params(mc, jax.random.key(0)))
   init_s = time.perf_counter() - start
-  optimizer = update.make_optimizer(c.optim, total_updates=1000)
   batch = update_batch(params, dataclasses.replace(mc, remat=False), B=B, P=P, T=T, G=G, n_micro=1)
-  step_fn = jax.jit(
-      functools.partial(update.update_step, model_config=mc, optimizer=optimizer,
-                        loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
-                        completion_start=P, group_size=G), donate_argnums=(0,))
-  state = update.TrainState(step=jnp.array(0, jnp.int32), params=params,
-                            opt_state=optimizer.init(params))
-  n_params = model_lib.num_params(params)
-  start = time.perf_counter()
-  compiled = step_fn.lower(state, batch).compile()
-  compile_s = time.perf_counter() - start
-  state, metrics = compiled(state, batch)
-  jax.block_until_ready(metrics)
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    state, metrics = compiled(state, batch)
-    jax.block_until_ready(metrics)
-    times.append(time.perf_counter() - start)
-  return dict(model_config=mc, n_params=n_params, init_s=init_s, compile_s=compile_s,
-              seconds=statistics.median(times), flops=model_flops(mc, n_params, B=B, P=P, T=T))
+  timed = compile_and_time_update(c, mc, params, batch, P=P, G=G, repeats=repeats)
+  n_params = timed['n_params']
+  return dict(model_config=mc, n_params=n_params, init_s=init_s, compile_s=timed['compile_s'],
+              seconds=timed['seconds'], flops=model_flops(mc, n_params, B=B, P=P, T=T))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -238,7 +238,8 @@ def build_table(sweep, table, summaries):
       lines.append('| ' + ' | '.join(cells) + ' |')
   else:
     base = values.get(('', baseline), {})
-    diff_head = f'ratio to {baseline}' if table.normalize else f'diff vs {baseline}'
+    ref = '0' if table.against_zero else baseline
+    diff_head = f'ratio to {ref}' if table.normalize else f'diff vs {ref}'
     head = [
         'Method', f'value{unit}', diff_head, 'p (sign-flip)', 'p (bootstrap)', 'seeds', 'paper',
         'verdict'
@@ -246,8 +247,9 @@ def build_table(sweep, table, summaries):
     lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for l in labels:
       vals = values.get(('', l), {})
-      is_base = l == baseline
-      row = compare(vals, vals if is_base else base, normalize=table.normalize)
+      is_base = l == baseline and not table.against_zero
+      against = dict.fromkeys(vals, 0.0) if table.against_zero else vals if is_base else base
+      row = compare(vals, against, normalize=table.normalize)
       diff = row['diff'] if not is_base else (np.nan,) * 3
       effect = diff[0] - 1.0 if table.normalize else diff[0]
       n_total = sum(1 for s in summaries if s['label'] == l and s.get('group', '') == '')

@@ -32,6 +32,8 @@ including start-up, compilation and two evaluations.
 
 import dataclasses
 
+from jtc.tasks import phrasing
+
 SMOKE_STEPS = 3
 
 FULL_STEPS = 80
@@ -68,8 +70,15 @@ class Table:
   expect: tuple = ()  # ((label, group or (group, label), '>' | '<'), ...): the
   # paper's direction vs the baseline ('>' = larger)
   baseline: str = ''  # label compared against; '' = the sweep's baseline
+  against_zero: bool = False  # test every row's value against 0 (one-sample sign-flip), no
+  # baseline: a systematic change in one direction across seeds
   prediction: str = ''  # the paper's prediction (metric, sign), written before the run
   digits: object = None  # decimals shown (None: 3 for ratios and raw values, else 1)
+
+  def __post_init__(self):
+    if self.against_zero and (self.normalize or self.by_group or self.expect):
+      raise ValueError(f'table {self.title!r}: against_zero tests each row against 0; it takes '
+                       'no normalize, by_group or expect')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,17 +368,20 @@ def drift(smoke=False):
       baseline='GSPO',
       curve_keys=('eval/probe/format_entropy', 'eval/probe/scaffold_logprob',
                   'diag/shared_net_share', 'diag/shared_energy', 'format/entropy', 'reward_mean'),
-      tables=(Table('Change of the exact phrasing entropy over training (nats)',
-                    'change:eval/probe/format_entropy', prediction=pred_drift, digits=4,
-                    expect=tuple((l, BETTER) for l in exchangeable)),
-              Table('Final exact phrasing entropy (nats; log 3 = 1.0986)',
-                    'final:eval/probe/format_entropy', digits=4),
-              Table('Net gradient on whole-group-shared tokens / total, mean over training',
-                    'mean:diag/shared_net_share', prediction=pred_tax, digits=4, expect=tuple(
-                        (l, LOWER) for l in exchangeable)),
-              Table('Change of log pi(scaffold) over training',
-                    'change:eval/probe/scaffold_logprob',
-                    digits=4), Table('Held-out accuracy', FINAL_AVG, unit='(%)', scale=100.0)),
+      tables=(
+          Table('Change of the exact phrasing entropy over training (nats)',
+                'change:eval/probe/format_entropy', prediction=pred_drift, digits=4, expect=tuple(
+                    (l, BETTER) for l in exchangeable)),
+          Table('Final exact phrasing entropy (nats; log 3 = 1.0986)',
+                'final:eval/probe/format_entropy', digits=4),
+          Table('Net gradient on whole-group-shared tokens / total, mean over training',
+                'mean:diag/shared_net_share', prediction=pred_tax, digits=4, expect=tuple(
+                    (l, LOWER) for l in exchangeable)),
+          Table('Change of log pi(scaffold) over training', 'change:eval/probe/scaffold_logprob',
+                digits=4), Table('Held-out accuracy', FINAL_AVG, unit='(%)', scale=100.0)) + tuple(
+                    Table(f'Systematic drift: change of log q({f!r}) over training, against 0',
+                          f'change:eval/probe/format_logq/{f}', digits=3, against_zero=True)
+                    for f in phrasing.FORMATS),
   )
 
 

@@ -408,6 +408,22 @@ def test_a_table_can_compare_against_another_baseline(tmp_path):
   assert rows['BASE'][3].strip().startswith(f'{100 * (0.35 - 0.525):.1f}')
 
 
+def test_a_table_against_zero_detects_a_one_sided_change_and_not_a_symmetric_one(tmp_path):
+  sweep = dataclasses.replace(_fake_sweep(), seeds=8)
+  drifted = np.linspace(0.1, 0.8, 8)  # every seed moves the same way: a systematic change
+  acc = {'BASE': drifted, 'BETTER': drifted * np.array([1, -1, -1, 1, -1, 1, 1, -1])}
+  _write_fake_summaries(str(tmp_path), sweep, acc, seeds=8)
+  table = sweeps_lib.Table('change', 'final:eval/avg@', against_zero=True)
+  lines = report.build_table(sweep, table, report.load_summaries(str(tmp_path)))
+  rows = {l.split('|')[1].strip(): [c.strip() for c in l.split('|')] for l in lines[4:] if l}
+  assert 'diff vs 0' in lines[2] and set(rows) == {'BASE', 'BETTER'}  # no baseline row
+  assert rows['BASE'][3].startswith(f'{drifted.mean():.3f}')
+  assert float(rows['BASE'][4]) == pytest.approx(2 / 2**8, rel=1e-2)  # the smallest p of 8
+  assert float(rows['BETTER'][4]) > 0.5
+  with pytest.raises(ValueError, match='against_zero'):
+    sweeps_lib.Table('bad', 'final:eval/avg@', against_zero=True, normalize=True)
+
+
 def test_grouped_table_and_normalised_compute(tmp_path):
   sweep = _fake_sweep()
   make, _ = _fake_command(tmp_path)
@@ -514,3 +530,25 @@ def test_a_resized_sweep_never_touches_the_committed_results(tmp_path, monkeypat
   assert run_lib.main(args + ['--num-steps', '1', '--seeds', '1', '--canonical', '--replace'],
                       make_command=make, results_root=str(root)) == 0
   assert json.loads((root / 'fake' / 'runs' / 'base__s0.json').read_text())['num_steps'] == 1
+
+
+def test_a_sweep_run_in_parts_runs_each_part_once_and_lists_the_parts(tmp_path, monkeypatch):
+  sweep = _fake_sweep(num_steps=4)
+  make, counter = _fake_command(tmp_path)
+  monkeypatch.setattr(sweeps_lib, 'get_sweep', lambda *a, **k: sweep)
+  monkeypatch.setattr(sweeps_lib, 'SWEEPS', {'fake': None})
+  root = tmp_path / 'results'
+  args = ['fake', '--jobs', '2', '--seeds', '2', '--workroot', str(tmp_path / 'w')]
+  with pytest.raises(SystemExit):  # an unknown run is refused before anything runs
+    run_lib.main(args + ['--runs', 'base,nope'], make_command=make, results_root=str(root))
+  assert _launches(counter) == []
+  assert run_lib.main(args + ['--runs', 'base'], make_command=make, results_root=str(root)) == 0
+  assert sorted(_launches(counter)) == ['base', 'base']
+  assert 'BETTER' in (root / 'fake.md').read_text()  # the tables cover the whole sweep
+  assert run_lib.main(args, make_command=make, results_root=str(root)) == 0
+  assert sorted(_launches(counter)) == ['base', 'base', 'better', 'better']
+  parts = json.loads((root / 'fake' / 'invocation.json').read_text())['parts']
+  assert [p['command'].endswith('--runs base') for p in parts] == [True, False]
+  assert all(p['wall_time_s'] >= 0 for p in parts)
+  old = dict(command='old', wall_time_s=1.0)  # the single-invocation file of earlier revisions
+  assert run_lib.invocation_parts(old) == [old]

@@ -86,7 +86,7 @@ def _digit_range(d: int) -> tuple[int, int]:
 
 
 @dataclasses.dataclass(frozen=True)
-class ArithmeticTask:
+class ArithmeticTask(base.SampledTask):
   """``a op b`` with ``digits_a``/``digits_b``-digit operands and ``op`` drawn from ``ops``.
 
     Attributes:
@@ -144,17 +144,6 @@ class ArithmeticTask:
     if op == '-' and not self.allow_negative and a < b:
       a, b = b, a
     return self.problem_key(a, op, b), self.make_example(a, op, b)
-
-  def examples(self, split: str, *, seed: int, num_examples: int) -> list[base.Example]:
-    """``num_examples`` distinct problems of ``split``, deterministic in ``seed``."""
-    return base.sample_unique(
-        self._sample,
-        task_name=self.name,
-        split=split,
-        seed=seed,
-        num_examples=num_examples,
-        test_fraction=self.test_fraction,
-    )
 
   def reward_fn(self, prompts: Sequence[str], completions: Sequence[str],
                 answers: Sequence[str]) -> np.ndarray:

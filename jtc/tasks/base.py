@@ -88,3 +88,13 @@ def sample_unique(
   raise ValueError(
       f'task {task_name!r} split {split!r}: found only {len(out)} distinct problems of the '
       f'{num_examples} asked for; lower num_examples or make the task harder (more digits/numbers)')
+
+
+class SampledTask:
+  """``examples`` for a task that draws one problem at a time: ``self._sample(rng) -> (key,
+  example)``, with ``name`` and ``test_fraction`` attributes (see ``sample_unique``)."""
+
+  def examples(self, split: str, *, seed: int, num_examples: int) -> list[Example]:
+    """``num_examples`` distinct problems (by key) of ``split``, deterministic in ``seed``."""
+    return sample_unique(self._sample, task_name=self.name, split=split, seed=seed,
+                         num_examples=num_examples, test_fraction=self.test_fraction)
