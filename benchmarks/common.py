@@ -1,10 +1,12 @@
-"""What every benchmark shares: `--cpu` (before jax is imported), the device line, load average.
+"""What every benchmark shares: `--cpu` (before jax is imported), the device line, the load a timing ran under.
 
 Import this module first, before `jax`: `--cpu` in the command line sets JAX_PLATFORMS=cpu;
 otherwise JAX picks the best backend it finds (GPU, TPU, else CPU).
 """
+import math
 import os
 import sys
+import time
 
 if '--cpu' in sys.argv:
   os.environ['JAX_PLATFORMS'] = 'cpu'
@@ -25,16 +27,49 @@ def device_line() -> str:
 
 
 def load_average() -> float:
-  """The 1-minute load average of the host."""
+  """The 1-minute load average of the host (it counts this benchmark's own threads too)."""
   return os.getloadavg()[0]
 
 
-def cores_used() -> int:
-  """Host cores a run may use (XLA:CPU and torch use them all)."""
-  return os.cpu_count() or 1
+# Other processes may keep at most this many cores busy while a timed call runs.
+MAX_OTHER_CORES = 0.25
 
 
-def load_note(load: float) -> str:
-  """'' on a quiet host, else the warning that makes a ratio invalid."""
-  return f'  LOADED: not a valid ratio (load {load:.1f} > {cores_used()} cores)' if (
-      load > cores_used()) else ''
+def _host_busy_seconds():
+  """CPU seconds all processes of the host have used so far (Linux /proc/stat), else None."""
+  try:
+    with open('/proc/stat') as f:
+      user, nice, system, _, _, irq, softirq, steal = map(int, f.readline().split()[1:9])
+  except (OSError, ValueError):
+    return None
+  return (user + nice + system + irq + softirq + steal) / os.sysconf('SC_CLK_TCK')
+
+
+class OtherLoad:
+  """``with OtherLoad() as o: ...`` sets ``o.cores``: the cores that OTHER processes kept busy
+  while the block ran (the host's CPU time minus this process's, over the wall time; nan
+  without /proc/stat), and ``o.load``, the 1-minute load average at the end."""
+
+  def __enter__(self):
+    self._start = (_host_busy_seconds(), time.process_time(), time.perf_counter())
+    return self
+
+  def __exit__(self, *exc_info):
+    host0, own0, wall0 = self._start
+    host1, own1, wall1 = _host_busy_seconds(), time.process_time(), time.perf_counter()
+    self.load = load_average()
+    self.cores = float('nan') if host0 is None else max(0.0, (host1 - host0) -
+                                                        (own1 - own0)) / (wall1 - wall0)
+
+
+def is_loaded(other: OtherLoad) -> bool:
+  """True if other processes competed for the cores (or, without /proc/stat, the load average
+  exceeded the host's cores): a timing taken then is not a valid ratio."""
+  if math.isnan(other.cores):
+    return other.load > (os.cpu_count() or 1)
+  return other.cores > MAX_OTHER_CORES
+
+
+def load_str(other: OtherLoad) -> str:
+  """'load 1.9, others 0.02 cores' beside a figure."""
+  return f'load {other.load:4.1f}, others {other.cores:4.2f} cores'

@@ -10,8 +10,11 @@ Quick check:
 Reports, measured in one run on whatever backend JAX finds (`--cpu` forces CPU):
 1. Generated tokens/s of three systems, each run `--rounds` times INTERLEAVED (old jtc, new
    jtc, HF, old jtc, ...) after one compile/warm-up call each, with the 1-minute load average
-   printed beside every figure; a line whose load average exceeds the host's cores says
-   "LOADED: not a valid ratio". The systems:
+   and the cores OTHER processes kept busy during that call (`common.OtherLoad`: the host's CPU
+   time from /proc/stat minus this process's) printed beside every figure; the 1-minute load
+   average counts the benchmark's own threads, so on a quiet 2-core host it reads about 2. If
+   other processes used more than `common.MAX_OTHER_CORES` during any timed call, the ratios
+   say "LOADED: not a valid ratio". The systems:
      old jtc  the sampler before this design (tests/reference_sampler.py, frozen): prompt
               cache repeated G times, the whole [P + T] cache of every row read every step,
               one unrolled Flax module per layer;
@@ -20,8 +23,9 @@ Reports, measured in one run on whatever backend JAX finds (`--cpu` forces CPU):
      HF       transformers `generate()` (greedy, torch CPU, same weights; CPU backend only).
    Ratios new/old and new/HF are of the medians.
 2. The bandwidth floor of each design's decode: the seconds needed to read, once per step,
-   the parameters plus the KV cache that the design reads at that step, at the copy bandwidth
-   measured here, summed over the T steps (tokens/s = generated tokens / that time):
+   the parameters plus the KV cache that the design reads at that step, at the read bandwidth
+   measured here (a jitted reduction over 256 MiB; 1 GiB on an accelerator), summed over the
+   T steps (tokens/s = generated tokens / that time):
      old: params + R * (P + T) slots * Y layers * K heads * H * 2 (k, v) * bytes, every step;
      new: params + B * P prompt slots (once per prompt) + R * ceil((t + 1) / C) * C slots at
           step t (C = block size).
@@ -67,15 +71,18 @@ def median_time(fn, repeats):
   return statistics.median(_times(fn, repeats))
 
 
-def copy_bandwidth_bytes_per_s(n_bytes=1 << 28, repeats=10):
-  """Best bytes moved (read + write) per second by a jitted elementwise op on a big array.
+def read_bandwidth_bytes_per_s(n_bytes=1 << 28, repeats=10):
+  """Best bytes read per second by a jitted reduction over a big array.
 
-  Best-of rather than median: a peak is what the machine can do when nothing else runs.
+  A decode step reads weights and cache and writes little, so the floor is set by reading. (A
+  copy also allocates and writes its output: on CPU it measured 5-7x lower, and the old sampler
+  ran at 121% of a "floor" computed from it.) Best-of rather than median: a peak is what the
+  machine can do when nothing else runs.
   """
   x = jnp.ones((n_bytes // 4,), jnp.float32)
-  f = jax.jit(lambda x: x * 1.0001)
+  f = jax.jit(jnp.sum)
   jax.block_until_ready(f(x))
-  return 2 * n_bytes / min(_times(lambda: f(x), repeats))
+  return n_bytes / min(_times(lambda: f(x), repeats))
 
 
 def matmul_flops_per_s(n=2048, repeats=10, dtype=jnp.float32):
@@ -169,10 +176,6 @@ def setups(args):
   return ('small_25m, f32', model_lib.ModelConfig.small_25m(), 32, 1, 64, 256, dict(greedy=True))
 
 
-def _fmt(tps, load):
-  return f'{tps:9.1f} (load {load:4.1f})'
-
-
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   common.add_cpu_flag(parser)
@@ -181,8 +184,9 @@ def main():
   size.add_argument('--qwen3-0.6b', dest='qwen3_0_6b', action='store_true',
                     help='issue 16 config: Qwen3-0.6B shape, bf16, 32 x G=8, P=128, T=512')
   parser.add_argument('--rounds', type=int, default=3, help='interleaved timed rounds')
-  parser.add_argument('--block_size', type=int, default=None,
-                      help='completion slots per attention block (default 64 on CPU, 128 else)')
+  parser.add_argument(
+      '--block_size', type=int, default=None,
+      help='completion slots per attention block (default: sampler.resolve_block_size)')
   parser.add_argument('--layer_loop', default='auto', choices=sampler_lib.LAYER_LOOPS)
   parser.add_argument('--naive_steps', type=int, default=2,
                       help='naive full-recompute steps timed (extrapolated to T)')
@@ -194,7 +198,7 @@ def main():
 
   label, config, B, G, P, T, sampling = setups(args)
   cpu = jax.default_backend() == 'cpu'
-  block_size = args.block_size or (64 if cpu else 128)
+  block_size = sampler_lib.resolve_block_size(args.block_size, T)
   layer_loop = sampler_lib.resolve_layer_loop(args.layer_loop)
   params = model_lib.init_params(config, jax.random.key(0))
   # EOS never wins the argmax (zero tied embedding row -> logit 0): greedy rows generate T.
@@ -208,10 +212,10 @@ def main():
         f'P={P}, T={T}, {sampling}; new: block_size={block_size} layer_loop={layer_loop}')
   print(f'# {common.device_line()}')
 
-  bandwidth = copy_bandwidth_bytes_per_s(1 << (28 if cpu else 30))
+  bandwidth = read_bandwidth_bytes_per_s(1 << (28 if cpu else 30))
   peak_flops = matmul_flops_per_s(dtype=jnp.float32 if cpu else jnp.bfloat16,
                                   n=2048 if cpu else 8192)
-  print(f'copy bandwidth           {bandwidth / 1e9:8.2f} GB/s (read+write, best of 10)')
+  print(f'read bandwidth           {bandwidth / 1e9:8.2f} GB/s (a reduction, best of 10)')
   print(f'matmul peak              {peak_flops / 1e9:8.2f} GFLOP/s '
         f'({"f32 2048" if cpu else "bf16 8192"}^3, best of 10)')
 
@@ -246,12 +250,14 @@ def main():
   if 'old jtc' in tokens:
     assert tokens['old jtc'] == tokens['new jtc'], tokens
   order = [n for n in ('old jtc', 'new jtc', 'HF generate') if n in systems]
-  runs = {name: [] for name in order}  # (tokens/s, load)
+  runs = {name: [] for name in order}  # (tokens/s, common.OtherLoad)
   for _ in range(args.rounds):
     for name in order:
-      start = time.perf_counter()
-      jax.block_until_ready(systems[name]())
-      runs[name].append((tokens[name] / (time.perf_counter() - start), common.load_average()))
+      with common.OtherLoad() as other:
+        start = time.perf_counter()
+        jax.block_until_ready(systems[name]())
+        seconds = time.perf_counter() - start
+      runs[name].append((tokens[name] / seconds, other))
 
   old_floor_s, new_floor_s = decode_floor_seconds(config, param_bytes, B=B, G=G, P=P, T=T,
                                                   block_size=block_size, bandwidth=bandwidth)
@@ -260,15 +266,18 @@ def main():
   print()
   print(f'decode bandwidth floor: new design {floors["new jtc"]:10.1f} tok/s, old design '
         f'{floors["old jtc"]:10.1f} tok/s  (params {param_bytes / 1e6:.0f} MB + the KV cache '
-        'each design reads per step, at the copy bandwidth above)')
-  print(f'tokens/s of {args.rounds} interleaved rounds (1-minute load average):')
+        'each design reads per step, at the read bandwidth above)')
+  print(f'tokens/s of {args.rounds} interleaved rounds (1-minute load average, and the cores '
+        'other processes used during the call):')
   for name in order:
-    figures = ' '.join(_fmt(t, load) for t, load in runs[name])
-    floor = (f' = {median[name] / floors[name]:5.1%} of its floor' if name in floors else '')
-    print(f'  {name:11s} {figures}  median {median[name]:9.1f}{floor}; compile+first run '
-          f'{compile_s[name]:.1f}s{common.load_note(max(l for _, l in runs[name]))}')
-  loaded = any(load > common.cores_used() for rs in runs.values() for _, load in rs)
-  tag = '  LOADED: not a valid ratio' if loaded else ''
+    print(f'  {name:11s} median {median[name]:9.1f}' +
+          (f' = {median[name] / floors[name]:5.1%} of its floor' if name in floors else '') +
+          f'; compile+first run {compile_s[name]:.1f}s')
+    for t, other in runs[name]:
+      print(f'      {t:9.1f} ({common.load_str(other)})')
+  loaded = any(common.is_loaded(o) for rs in runs.values() for _, o in rs)
+  tag = (f'  LOADED: not a valid ratio (other processes used > {common.MAX_OTHER_CORES} cores '
+         'during a timed call)' if loaded else '')
   for other in ('old jtc', 'HF generate'):
     if other in median:
       print(f'ratio new jtc / {other:12s} {median["new jtc"] / median[other]:6.2f}x{tag}')

@@ -50,6 +50,8 @@ CASES = {  # name -> (config, G, T, block_size, layer loop, sampling kwargs)
     'sampled_G3_blocks_of_4_unroll': ('qwen3_like', 3, 11, 4, 'unroll', dict(temperature=1.0)),
     'filtered_G2_one_block_scan': ('llama_like_mha', 2, 9, 128, 'scan',
                                    dict(temperature=0.9, top_k=12, top_p=0.9, min_p=0.02)),
+    'sampled_G2_default_block_and_loop': ('qwen3_like', 2, 11, None, 'auto',
+                                          dict(temperature=1.0)),
 }
 
 
