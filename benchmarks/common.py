@@ -1,4 +1,4 @@
-"""What every benchmark shares: `--cpu` (before jax is imported), the device line, the load a timing ran under.
+"""What every benchmark shares: `--cpu` (before jax is imported), the device line, the load.
 
 Import this module first, before `jax`: `--cpu` in the command line sets JAX_PLATFORMS=cpu;
 otherwise JAX picks the best backend it finds (GPU, TPU, else CPU).

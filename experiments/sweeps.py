@@ -351,6 +351,11 @@ def drift(smoke=False):
               'shares (the "Work: " scaffold) keep a net gradient under GSPO and none under the '
               'exchangeable objectives, so diag/shared_net_share is lower for DFPO and GRPO-fix '
               'than for GSPO.')
+  # Cor. 3.2 in expectation: each phrasing's log-share moves one way across seeds, or not.
+  systematic = tuple(
+      Table(f'Systematic drift: change of log q({f!r}) over training, against 0',
+            f'change:eval/probe/format_logq/{f}', digits=3, against_zero=True)
+      for f in phrasing.FORMATS)
   return _sweep(
       'drift',
       smoke,
@@ -368,20 +373,17 @@ def drift(smoke=False):
       baseline='GSPO',
       curve_keys=('eval/probe/format_entropy', 'eval/probe/scaffold_logprob',
                   'diag/shared_net_share', 'diag/shared_energy', 'format/entropy', 'reward_mean'),
-      tables=(
-          Table('Change of the exact phrasing entropy over training (nats)',
-                'change:eval/probe/format_entropy', prediction=pred_drift, digits=4, expect=tuple(
-                    (l, BETTER) for l in exchangeable)),
-          Table('Final exact phrasing entropy (nats; log 3 = 1.0986)',
-                'final:eval/probe/format_entropy', digits=4),
-          Table('Net gradient on whole-group-shared tokens / total, mean over training',
-                'mean:diag/shared_net_share', prediction=pred_tax, digits=4, expect=tuple(
-                    (l, LOWER) for l in exchangeable)),
-          Table('Change of log pi(scaffold) over training', 'change:eval/probe/scaffold_logprob',
-                digits=4), Table('Held-out accuracy', FINAL_AVG, unit='(%)', scale=100.0)) + tuple(
-                    Table(f'Systematic drift: change of log q({f!r}) over training, against 0',
-                          f'change:eval/probe/format_logq/{f}', digits=3, against_zero=True)
-                    for f in phrasing.FORMATS),
+      tables=(Table('Change of the exact phrasing entropy over training (nats)',
+                    'change:eval/probe/format_entropy', prediction=pred_drift, digits=4,
+                    expect=tuple((l, BETTER) for l in exchangeable)),
+              Table('Final exact phrasing entropy (nats; log 3 = 1.0986)',
+                    'final:eval/probe/format_entropy', digits=4),
+              Table('Net gradient on whole-group-shared tokens / total, mean over training',
+                    'mean:diag/shared_net_share', prediction=pred_tax, digits=4, expect=tuple(
+                        (l, LOWER) for l in exchangeable)),
+              Table('Change of log pi(scaffold) over training',
+                    'change:eval/probe/scaffold_logprob', digits=4),
+              Table('Held-out accuracy', FINAL_AVG, unit='(%)', scale=100.0), *systematic),
   )
 
 
