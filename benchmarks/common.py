@@ -46,9 +46,9 @@ def _host_busy_seconds():
 
 
 class OtherLoad:
-  """``with OtherLoad() as o: ...`` sets ``o.cores``: the cores that OTHER processes kept busy
-  while the block ran (the host's CPU time minus this process's, over the wall time; nan
-  without /proc/stat), and ``o.load``, the 1-minute load average at the end."""
+  """``with OtherLoad() as o: ...`` sets ``o.seconds``, the block's wall time, ``o.cores``, the
+  cores that OTHER processes kept busy meanwhile (the host's CPU time minus this process's, over
+  the wall time; nan without /proc/stat), and ``o.load``, the 1-minute load average at the end."""
 
   def __enter__(self):
     self._start = (_host_busy_seconds(), time.process_time(), time.perf_counter())
@@ -58,8 +58,9 @@ class OtherLoad:
     host0, own0, wall0 = self._start
     host1, own1, wall1 = _host_busy_seconds(), time.process_time(), time.perf_counter()
     self.load = load_average()
+    self.seconds = wall1 - wall0
     self.cores = float('nan') if host0 is None else max(0.0, (host1 - host0) -
-                                                        (own1 - own0)) / (wall1 - wall0)
+                                                        (own1 - own0)) / self.seconds
 
 
 def is_loaded(other: OtherLoad) -> bool:
