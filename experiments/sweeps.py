@@ -20,9 +20,9 @@ Statistics. Every sweep that states a verdict runs SEEDS = 8 seeds (an exact sig
 compares with a paper carries the paper's prediction (`Table.prediction`), committed before the
 sweep ran (experiments/report.py: verdict rules).
 
-Runs shared between sweeps. A run is identified by its settings: `mechanism`, `table2` and the
-lr=1e-4, mb=2 column of `offpolicy` are the `table1` runs (same config, same overrides in the
-same order), so they are reused, not re-run.
+Runs shared between sweeps. A run is identified by its settings: `mechanism`, `table2`, the
+lr=1e-4, mb=2 column of `offpolicy` and the G=8 column of `table4` are the `table1` runs (same
+config, same overrides in the same order), so they are reused, not re-run.
 
 Sizing. `num_steps` is the single knob of a sweep (`--num-steps` overrides it; results of a
 resized sweep go to experiments/results/scratch/). `estimate_seconds` uses the per-run cost
@@ -330,6 +330,56 @@ def offpolicy(smoke=False):
   )
 
 
+SEQUENCES_PER_STEP = 128
+TABLE4_PAPER = (('G=2', '+3.1'), ('G=4', '+4.2'), ('G=8', '+5.6'), ('G=16', '+5.7'))
+
+
+def _group_size(g, default):
+  """Overrides for group size ``g`` at SEQUENCES_PER_STEP sequences and 2 mini-batches per step;
+  none at the config's own ``default`` G (so that group reuses the table1 / offpolicy runs)."""
+  if g == default:
+    return ()
+  prompts = SEQUENCES_PER_STEP // g
+  return (('rollout.sampling.num_samples', g), ('rollout.prompts_per_step', prompts),
+          ('optim.minibatch_prompts', prompts // 2))
+
+
+def table4(smoke=False):
+  """Table 4: DFPO - GSPO by group size at a fixed number of sequences per step, lr 1e-4."""
+  lr = ('optim.learning_rate', 1e-4)
+  if smoke:  # the smoke config: 2 prompts x G = 4; G = 2 keeps its 8 sequences
+    sizes = (('G=4', ()), ('G=2', (('rollout.sampling.num_samples', 2),
+                                   ('rollout.prompts_per_step', 4), ('optim.minibatch_prompts',
+                                                                     2))))
+  else:
+    sizes = tuple((f'G={g}', _group_size(g, 8)) for g in (2, 4, 8, 16))
+  methods = (GSPO, DFPO_MIN) if smoke else (GSPO, DFPO_MIN, DFPO_GATED)
+  runs = tuple(at(r, group, lr, *ov) for group, ov in sizes for r in methods)
+  pred = ('paper Table 4 (AIME25 avg@32, Qwen3-32B): DFPO (Min-Replace) - GSPO is positive at '
+          'every group size and grows with G (+3.1, +4.2, +5.6, +5.7 at G = 2, 4, 8, 16): more '
+          'trajectories per group, more shared tokens whose gradients GSPO fails to cancel.')
+  return _sweep(
+      'table4',
+      smoke,
+      description=('Paper Table 4: DFPO (Min-Replace, both readings of GSPO\'s clip) - GSPO by '
+                   f'group size G = 2, 4, 8, 16 at peak learning rate 1e-4. Every run generates '
+                   f'{SEQUENCES_PER_STEP} sequences per step (prompts_per_step = '
+                   f'{SEQUENCES_PER_STEP} / G) in 2 mini-batches, so token slots and update '
+                   'steps are equal across G; G = 8 is the table1 setting (its runs are '
+                   'reused).'),
+      runs=runs,
+      baseline='GSPO',
+      tables=(Table('Held-out accuracy vs GSPO by group size (Table 4)', FINAL_AVG, unit='(%)',
+                    scale=100.0, by_group=True, prediction=pred, paper=TABLE4_PAPER,
+                    expect=_expect(runs, DFPO_LABELS, BETTER)),
+              Table('Effective step relative to GSPO, mean over training', 'mean:coef_mass_vs_gspo',
+                    by_group=True),
+              Table('Trajectories whose gradient is switched off, mean over training',
+                    'mean:frac_traj_gated', by_group=True),
+              Table('Asym (Eq. 23), mean over training', 'mean:asym', by_group=True)),
+  )
+
+
 PHRASING = (('data.task', 'phrasing'), ('policy.init', 'phrasing'),
             ('rollout.sampling.max_new_tokens', 48), ('eval.sampling.max_new_tokens', 48))
 DRIFT_STEPS = 400
@@ -443,6 +493,7 @@ SWEEPS = {
     'table2': table2,
     'table3': table3,
     'offpolicy': offpolicy,
+    'table4': table4,
     'drift': drift,
     'delta': delta,
 }

@@ -142,14 +142,17 @@ def test_compute_matching_within_each_comparison():
 
 
 def test_runs_shared_between_sweeps_have_identical_settings():
-  """mechanism and table2 read the table1 runs, offpolicy's mb=2 column and table3's DFPO /
-  GSPO rows are table1 runs: their keys (config + overrides) must be equal to be reused."""
+  """mechanism and table2 read the table1 runs, offpolicy's mb=2 column, table4's G=8 column
+  and table3's DFPO / GSPO rows are table1 runs: their keys (config + overrides) must be equal
+  to be reused."""
   key = lambda name: {(s.run.label, s.run.group, s.key)
                       for s in run_lib.make_specs(sweeps_lib.get_sweep(name), 1)}
   t1 = {k for _, _, k in key('table1')}
   assert {k for _, _, k in key('mechanism')} == t1
   assert {k for _, _, k in key('table2')} <= t1
   assert len({k for _, g, k in key('offpolicy') if g == 'mb=2'} & t1) == 3
+  assert {k for _, g, k in key('table4') if g == 'G=8'} < t1
+  assert not {k for _, g, k in key('table4') if g != 'G=8'} & t1
   assert len({k for _, _, k in key('table3')} & t1) == 3
 
 
