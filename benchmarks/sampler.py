@@ -1,4 +1,4 @@
-"""Sampler throughput against its bandwidth floor, today's design and Hugging Face, side by side.
+"""Sampler throughput against its roofline floor, today's design and Hugging Face, side by side.
 
 Run (CPU config: ~26M-parameter `small_25m`, f32, B=32 prompts x G=1, P=64, T=256, greedy):
   python -m benchmarks.sampler [--cpu]
@@ -22,14 +22,18 @@ Reports, measured in one run on whatever backend JAX finds (`--cpu` forces CPU):
               the live prefix of each row's completion cache in blocks, stacked layers;
      HF       transformers `generate()` (greedy, torch CPU, same weights; CPU backend only).
    Ratios new/old and new/HF are of the medians.
-2. The bandwidth floor of each design's decode: the seconds needed to read, once per step,
-   the parameters plus the KV cache that the design reads at that step, at the read bandwidth
-   measured here (a jitted reduction over 256 MiB; 1 GiB on an accelerator), summed over the
-   T steps (tokens/s = generated tokens / that time):
-     old: params + R * (P + T) slots * Y layers * K heads * H * 2 (k, v) * bytes, every step;
+2. The roofline floor of each design's decode: per step, the larger of (a) the seconds needed
+   to read the parameters plus the KV cache that the design reads at that step, at the read
+   bandwidth measured here (a jitted reduction over 256 MiB; 1 GiB on an accelerator), and (b)
+   the seconds its FLOPs take at the matmul peak measured here (2 * R * the weights a token is
+   multiplied through, plus attention over the slots read); summed over the T steps
+   (tokens/s = generated tokens / that time). Bytes read per step:
+     old: params + R * (P + T) slots * Y layers * K heads * H * 2 (k, v) * bytes;
      new: params + B * P prompt slots (once per prompt) + R * ceil((t + 1) / C) * C slots at
           step t (C = block size).
-   Tokens/s as a fraction of the floor says how far each implementation is from its design.
+   Tokens/s as a fraction of the floor says how far each implementation is from its design;
+   the share of compute-bound steps says which resource sets the floor (at R = 32 rows on a
+   2-core CPU, the FLOPs do).
 3. (CPU config) the naive sampler that re-runs the full forward over the [B, P + T] window
    for every new token, prefill time against the matmul peak, and the memory of the chunked
    `jtc.model.token_logprobs` vs naive logits (compiled `memory_analysis()`).
@@ -102,16 +106,37 @@ def load_reference_sampler():
   return module
 
 
-def decode_floor_seconds(config, n_param_bytes, *, B, G, P, T, block_size, bandwidth):
-  """(old, new) bandwidth-floor seconds of T decode steps (module docstring, item 2)."""
-  R = B * G
-  slot_bytes = 2 * config.n_layers * config.n_kv_heads * config.head_dim * jnp.dtype(
-      config.jnp_dtype).itemsize
+def decode_floor_seconds(config, n_param_bytes, *, B, G, P, T, block_size, bandwidth, peak_flops):
+  """{'old': (seconds, compute-bound fraction), 'new': ...}: the roofline floor of T decode
+  steps of each design (module docstring, item 2).
+
+  A step takes at least the larger of (bytes it reads) / bandwidth and (its FLOPs) / matmul
+  peak; the floor sums that over the T steps, and the fraction counts the steps where the
+  FLOPs term is the larger."""
+  R, c = B * G, config
+  slot_bytes = 2 * c.n_layers * c.n_kv_heads * c.head_dim * jnp.dtype(c.jnp_dtype).itemsize
   C = min(block_size, T)
-  old = T * (n_param_bytes + R * (P + T) * slot_bytes)
-  live = sum(-(-(t + 1) // C) * C for t in range(T))
-  new = T * (n_param_bytes + B * P * slot_bytes) + R * live * slot_bytes
-  return old / bandwidth, new / bandwidth
+  matmul_flops = 2 * R * num_matmul_params(c)
+  slot_flops = attention_flops(c, R, 1, 1)  # one query per row against one slot, all layers
+
+  def floor(reads):  # reads: (bytes, cache slots attended) of every step
+    steps = [(n_bytes / bandwidth, (matmul_flops + slot_flops * slots) / peak_flops)
+             for n_bytes, slots in reads]
+    return sum(max(s) for s in steps), sum(f > b for b, f in steps) / len(steps)
+
+  live = [-(-(t + 1) // C) * C for t in range(T)]
+  return {
+      'old': floor([(n_param_bytes + R * (P + T) * slot_bytes, P + T)] * T),
+      'new': floor([(n_param_bytes + (B * P + R * l) * slot_bytes, P + l) for l in live]),
+  }
+
+
+def num_matmul_params(config):
+  """Weights a token is multiplied through: every layer's, plus the LM head (V x D, tied or
+  not); the embedding lookup is a gather, not a matmul."""
+  c = config
+  attn = c.d_model * c.head_dim * (2 * c.n_heads + 2 * c.n_kv_heads)
+  return c.n_layers * (attn + 3 * c.d_model * c.d_ff) + c.vocab_size * c.d_model
 
 
 def naive_step_fn(config, P):
@@ -257,14 +282,16 @@ def main():
         jax.block_until_ready(systems[name]())
       runs[name].append((tokens[name] / other.seconds, other))
 
-  old_floor_s, new_floor_s = decode_floor_seconds(config, param_bytes, B=B, G=G, P=P, T=T,
-                                                  block_size=block_size, bandwidth=bandwidth)
-  floors = {'old jtc': tokens['new jtc'] / old_floor_s, 'new jtc': tokens['new jtc'] / new_floor_s}
+  floor = decode_floor_seconds(config, param_bytes, B=B, G=G, P=P, T=T, block_size=block_size,
+                               bandwidth=bandwidth, peak_flops=peak_flops)
+  floors = {f'{d} jtc': tokens['new jtc'] / floor[d][0] for d in ('old', 'new')}
   median = {name: statistics.median(t for t, _ in runs[name]) for name in order}
   print()
-  print(f'decode bandwidth floor: new design {floors["new jtc"]:10.1f} tok/s, old design '
-        f'{floors["old jtc"]:10.1f} tok/s  (params {param_bytes / 1e6:.0f} MB + the KV cache '
-        'each design reads per step, at the read bandwidth above)')
+  print(f'decode roofline floor: new design {floors["new jtc"]:10.1f} tok/s '
+        f'({floor["new"][1]:.0%} of steps compute-bound), old design {floors["old jtc"]:10.1f} '
+        f'tok/s ({floor["old"][1]:.0%})  (per step the larger of: params '
+        f'{param_bytes / 1e6:.0f} MB + the KV cache the design reads, at the read bandwidth; '
+        'its FLOPs at the matmul peak)')
   print(f'tokens/s of {args.rounds} interleaved rounds (1-minute load average, and the cores '
         'other processes used during the call):')
   for name in order:

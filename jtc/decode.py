@@ -117,18 +117,20 @@ def _group_attention(q_R1NH, prompt_k_BKPH, prompt_v_BKPH, prompt_mask_BP, read_
   scale = 1.0 / math.sqrt(H)
   dt = c.jnp_dtype
 
-  q_BGKQH = q_R1NH.reshape(B, G, K, Q, H)
-  scores_BKGQP = jnp.einsum('BGKQH,BKPH->BKGQP', q_BGKQH, prompt_k_BKPH.astype(dt),
-                            preferred_element_type=jnp.float32) * scale
-  scores_BKGQP = jnp.where(prompt_mask_BP[:, None, None, None, :], scores_BKGQP, model_lib.MASKED)
-  m1_BKGQ = jnp.max(scores_BKGQP, axis=-1)
-  p_BKGQP = jnp.exp(scores_BKGQP - m1_BKGQ[..., None])
-  l1_BKGQ = jnp.sum(p_BKGQP, axis=-1)
-  o1_BGKQH = jnp.einsum('BKGQP,BKPH->BGKQH', p_BKGQP.astype(dt), prompt_v_BKPH.astype(dt),
-                        preferred_element_type=jnp.float32)
-  to_rows = lambda x_BKGQ: x_BKGQ.transpose(0, 2, 1, 3).reshape(R, K, Q)
-  m1_RKQ, l1_RKQ = to_rows(m1_BKGQ), to_rows(l1_BKGQ)
-  o1_RKQH = o1_BGKQH.reshape(R, K, Q, H)
+  # The G*Q queries of prompt b and kv head k against that head's P prompt slots, as products
+  # summed in float32 (one fused pass over the prompt block; see `block` below).
+  f32 = lambda x: x.astype(jnp.float32)
+  q_BKMH = q_R1NH.reshape(B, G, K, Q, H).transpose(0, 2, 1, 3, 4).reshape(B, K, G * Q, H)
+  scores_BKMP = jnp.sum(f32(q_BKMH)[:, :, :, None] * f32(prompt_k_BKPH)[:, :, None],
+                        axis=-1) * scale
+  scores_BKMP = jnp.where(prompt_mask_BP[:, None, None, :], scores_BKMP, model_lib.MASKED)
+  m1_BKM = jnp.max(scores_BKMP, axis=-1)
+  p_BKMP = jnp.exp(scores_BKMP - m1_BKM[..., None])
+  l1_BKM = jnp.sum(p_BKMP, axis=-1)
+  o1_BKMH = jnp.sum(p_BKMP[..., None] * f32(prompt_v_BKPH)[:, :, None], axis=-2)
+  to_rows = lambda x_BKM_: x_BKM_.reshape(B, K, G, Q, *x_BKM_.shape[3:]).swapaxes(1, 2).reshape(
+      R, K, Q, *x_BKM_.shape[3:])
+  m1_RKQ, l1_RKQ, o1_RKQH = to_rows(m1_BKM), to_rows(l1_BKM), to_rows(o1_BKMH)
 
   q_RKQH = q_R1NH.reshape(R, K, Q, H)
 

@@ -149,7 +149,10 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
   # Per-layer weights and caches sliced once, outside the loop, for an unrolled layer loop.
   decode_params = params
   if layer_loop == 'unroll':
-    decode_params, cache = decode.split_layers(params), decode.split_cache(cache)
+    # The barrier keeps the slices here: without it XLA sinks them into the loop body, which
+    # then slices (and re-lays-out) the stacked weights and prompt caches at every step.
+    decode_params, cache = jax.lax.optimization_barrier(
+        (decode.split_layers(params), decode.split_cache(cache)))
   repeat = lambda x: jnp.repeat(x, G, axis=0)
   state = _DecodeState(step=jnp.zeros((), jnp.int32), logits_RV=repeat(logits_BV),
                        positions_R=repeat(jnp.sum(prompt_mask_BP, axis=-1)), completion_RT=jnp.full(
