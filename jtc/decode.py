@@ -8,7 +8,8 @@ prefix of their own completion cache, in fixed-size blocks up to the current len
 scan or, with `split_layers` / `split_cache`, as an unrolled loop (faster on XLA:CPU).
 
 Dimension key: as `jtc.model` (B prompts, G samples per prompt, R = B * G rows, P prompt length,
-T completion slots, Y layers, N heads, K kv heads, Q = N / K, H head dim, C cache block).
+T completion slots, Y layers, N heads, K kv heads, Q = N / K, M = G * Q queries of a prompt per kv
+head, H head dim, C cache block).
 """
 
 import dataclasses
