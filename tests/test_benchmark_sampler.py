@@ -2,9 +2,11 @@
 
 import math
 
+import jax
 import pytest
 
 from benchmarks import sampler as bench
+from jtc import model as model_lib
 from jtc.model_config import ModelConfig
 
 
@@ -14,8 +16,6 @@ def _floor(**kw):
 
 
 def test_matmul_params_are_the_weights_a_token_passes_through():
-  from jtc import model as model_lib  # pylint: disable=import-outside-toplevel
-  import jax  # pylint: disable=import-outside-toplevel
   c = ModelConfig.tiny(vocab_size=64)
   params = model_lib.init_params(c, jax.random.key(0))
   layer_weights = sum(x.size for x in jax.tree_util.tree_leaves(params['layers']) if x.ndim > 2)
