@@ -336,12 +336,12 @@ SEQUENCES_PER_STEP = 128
 TABLE4_PAPER = (('G=2', '+3.1'), ('G=4', '+4.2'), ('G=8', '+5.6'), ('G=16', '+5.7'))
 
 
-def _group_size(g, default):
-  """Overrides for group size ``g`` at SEQUENCES_PER_STEP sequences and 2 mini-batches per step;
-  none at the config's own ``default`` G (so that group reuses the table1 / offpolicy runs)."""
+def _group_size(g, default, sequences=SEQUENCES_PER_STEP):
+  """Overrides for group size ``g`` at ``sequences`` per step in 2 mini-batches; none at the
+  config's own ``default`` G (so that group reuses the table1 / offpolicy runs)."""
   if g == default:
     return ()
-  prompts = SEQUENCES_PER_STEP // g
+  prompts = sequences // g
   return (('rollout.sampling.num_samples', g), ('rollout.prompts_per_step', prompts),
           ('optim.minibatch_prompts', prompts // 2))
 
@@ -349,12 +349,9 @@ def _group_size(g, default):
 def table4(smoke=False):
   """Table 4: DFPO - GSPO by group size at a fixed number of sequences per step, lr 1e-4."""
   lr = ('optim.learning_rate', 1e-4)
-  if smoke:  # the smoke config: 2 prompts x G = 4; G = 2 keeps its 8 sequences
-    sizes = (('G=4', ()), ('G=2', (('rollout.sampling.num_samples', 2),
-                                   ('rollout.prompts_per_step', 4), ('optim.minibatch_prompts',
-                                                                     2))))
-  else:
-    sizes = tuple((f'G={g}', _group_size(g, 8)) for g in (2, 4, 8, 16))
+  # The smoke config runs 2 prompts x G = 4 = 8 sequences per step.
+  gs, default, sequences = ((4, 2), 4, 8) if smoke else ((2, 4, 8, 16), 8, SEQUENCES_PER_STEP)
+  sizes = tuple((f'G={g}', _group_size(g, default, sequences)) for g in gs)
   methods = (GSPO, DFPO_MIN) if smoke else (GSPO, DFPO_MIN, DFPO_GATED)
   runs = tuple(at(r, group, lr, *ov) for group, ov in sizes for r in methods)
   pred = ('paper Table 4 (AIME25 avg@32, Qwen3-32B): DFPO (Min-Replace) - GSPO is positive at '
