@@ -32,7 +32,20 @@ ALPHA = 0.05
 
 
 def curve(summary, key):
-  """(steps, values) float64 arrays of a summary's curve, or (None, None)."""
+  """(steps, values) float64 arrays of a summary's curve, or (None, None).
+
+  ``'A - B'`` is the difference of two curves logged at the same steps (e.g. the log-odds
+  between two equivalent solutions, ``format_logq/a - format_logq/b``).
+  """
+  if ' - ' in key:
+    a, b = (k.strip() for k in key.split(' - ', 1))
+    (sa, va), (sb, vb) = curve(summary, a), curve(summary, b)
+    if va is None or vb is None:
+      return None, None
+    if not np.array_equal(sa, sb):
+      raise ValueError(f'curves {a!r} and {b!r} are logged at different steps; '
+                       f'{key!r} needs the same steps')
+    return sa, va - vb
   stored = summary['curves']
   if key.endswith('@'):  # 'eval/avg@' -> 'eval/avg@K'
     matches = sorted(k for k in stored if k.startswith(key))

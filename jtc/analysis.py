@@ -148,25 +148,42 @@ def format_probe(params, config, tokenizer, examples, formats, *, prompt_width, 
 
   Returns floats: 'format_entropy' (mean over problems of the entropy, nats, of
   q_f = pi(y_f | x) / sum_f' pi(y_f' | x); log F when the forms are equally likely),
-  'format_logq/<f>' (mean log q_f: drift towards or away from form f) and, with a
+  'format_logq/<f>' (mean log q_f: drift towards or away from form f),
+  'ending_logprob/<f>' (mean log pi(the tokens every form ends with | x, form f before them),
+  EOS included: on the phrasing task the answer after the phrasing; equal across f when no
+  form makes the shared ending, hence the reward, more or less likely) and, with a
   ``scaffold`` every solution starts with, 'scaffold_logprob' (mean log pi(scaffold | x): the
   shared tokens' probability, whose change over training is the learning tax on them).
   Prompts are encoded as in training (``chat_template``, ``prompt_suffix``).
   """
-  logps_NFT, _ = completion_logprobs(params, config, tokenizer,
-                                     [e['prompt'] + prompt_suffix for e in examples],
-                                     [[e['solutions'][f] for f in formats] for e in examples],
-                                     prompt_width=prompt_width, width=width,
-                                     chat_template=chat_template)
+  texts = [[e['solutions'][f] for f in formats] for e in examples]
+  logps_NFT, mask_NFT = completion_logprobs(params, config, tokenizer,
+                                            [e['prompt'] + prompt_suffix for e in examples], texts,
+                                            prompt_width=prompt_width, width=width,
+                                            chat_template=chat_template)
   x_NF = logps_NFT.sum(-1).astype(np.float64)
   x_NF = x_NF - x_NF.max(-1, keepdims=True)
   q_NF = x_NF - np.log(np.exp(x_NF).sum(-1, keepdims=True))  # log q_f
   out = {'format_entropy': float(np.mean(-(np.exp(q_NF) * q_NF).sum(-1)))}
   out.update({f'format_logq/{f}': float(q_NF[:, i].mean()) for i, f in enumerate(formats)})
+  ending_NF = np.zeros(q_NF.shape)
+  for n, ts in enumerate(texts):
+    k = _common_suffix_len([tokenizer.encode(t) for t in ts]) + 1  # + 1: the EOS
+    ends_F = mask_NFT[n].sum(-1)
+    ending_NF[n] = [logps_NFT[n, f, e - k:e].sum() for f, e in enumerate(ends_F)]
+  out.update({f'ending_logprob/{f}': float(ending_NF[:, i].mean()) for i, f in enumerate(formats)})
   if scaffold:
     n = len(tokenizer.encode(scaffold))
     out['scaffold_logprob'] = float(logps_NFT[:, 0, :n].sum(-1).mean())
   return out
+
+
+def _common_suffix_len(token_lists):
+  """How many final tokens all the token lists share."""
+  k = 0
+  while k < min(map(len, token_lists)) and len({t[len(t) - 1 - k] for t in token_lists}) == 1:
+    k += 1
+  return k
 
 
 _sequence_logprobs_jit = jax.jit(model_lib.sequence_logprobs, static_argnums=1,

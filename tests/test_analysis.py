@@ -104,6 +104,21 @@ def test_format_probe_matches_per_problem_solution_logprobs():
   ]
   np.testing.assert_allclose(out['scaffold_logprob'], np.mean([float(p[0]) for p in prefix]),
                              rtol=1e-4)
+  # The shared ending (' <answer>.' and EOS) after each phrasing: the log-prob of the whole
+  # solution minus that of the solution without it.
+  endings = []
+  for e in examples:
+    ending = f' {e["answer"]}.'
+    texts = [e['solutions'][f] for f in task.formats]
+    assert all(t.endswith(ending) for t in texts)
+    full = analysis.solution_logprobs(params, cfg, tok, e['prompt'], texts, prompt_width=20)
+    head = analysis.solution_logprobs(params, cfg, tok, e['prompt'],
+                                      [t[:-len(ending)] for t in texts], append_eos=False,
+                                      prompt_width=20)
+    endings.append(np.asarray(full - head, np.float64))
+  got = np.array([out[f'ending_logprob/{f}'] for f in task.formats])
+  np.testing.assert_allclose(got, np.mean(endings, 0), rtol=1e-4, atol=1e-5)
+  assert np.ptp(got) > 1e-3  # a random policy continues differently after each phrasing
 
 
 def test_chi2_sf_and_wilson_interval_closed_forms():
