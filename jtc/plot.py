@@ -89,6 +89,8 @@ _PATTERNS = (
      (f"Held-out share of the '{m[1]}' format", 'fraction of correct')),
     (re.compile(r'format/(\w+)'), lambda m:
      (f"Share of the '{m[1]}' format", 'fraction of correct')),
+    (re.compile(r'eval/probe/format_logq/(\w+) - eval/probe/format_logq/(\w+)'), lambda m:
+     (f"Exact log-odds of '{m[1]}' vs '{m[2]}'", 'log q_a - log q_b (nats)')),
     (re.compile(r'diag/energy_b(\d+)'), lambda m:
      (f'Gradient energy in frequency bucket {m[1]} (b0 = frequent)', 'share of energy')),
 )
