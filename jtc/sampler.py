@@ -110,19 +110,32 @@ def sampling_logits(logits_RV, *, temperature: float, top_k: int, top_p: float, 
   return logits_RV
 
 
+def first_argmax(x_RV):
+  """`jnp.argmax(x_RV, axis=-1)` (the first index of the maximum; a NaN counts as the maximum),
+  written as two plain reductions: XLA:CPU runs argmax's variadic (value, index) reduction
+  several times slower (32 x 8192 f32: 1.6 ms against 0.4 ms). [R] int32."""
+  max_R1 = jnp.max(x_RV, axis=-1, keepdims=True)
+  hit_RV = (x_RV == max_R1) | jnp.isnan(x_RV)
+  iota_V = jnp.arange(x_RV.shape[-1], dtype=jnp.int32)
+  return jnp.min(jnp.where(hit_RV, iota_V, x_RV.shape[-1]), axis=-1)
+
+
 def _choose(logits_RV, key, *, temperature, top_k, top_p, min_p, greedy):
-  """Returns (token_R int32, logp_R float32)."""
+  """Returns (token_R int32, logp_R float32): the argmax (greedy) or a draw from
+  softmax(`sampling_logits`) by `jax.random.categorical`'s Gumbel-max rule (the same token for
+  the same key), and its log-softmax under the logits it was chosen from."""
   logits_RV = logits_RV.astype(jnp.float32)
   if greedy:
-    token_R = jnp.argmax(logits_RV, axis=-1)
-    logp_RV = jax.nn.log_softmax(logits_RV, axis=-1)
+    token_R = first_argmax(logits_RV)
   else:
-    filtered_RV = sampling_logits(logits_RV, temperature=temperature, top_k=top_k, top_p=top_p,
-                                  min_p=min_p)
-    token_R = jax.random.categorical(key, filtered_RV, axis=-1)
-    logp_RV = jax.nn.log_softmax(filtered_RV, axis=-1)
-  logp_R = jnp.take_along_axis(logp_RV, token_R[:, None], axis=-1)[:, 0]
-  return token_R.astype(jnp.int32), logp_R
+    logits_RV = sampling_logits(logits_RV, temperature=temperature, top_k=top_k, top_p=top_p,
+                                min_p=min_p)
+    token_R = first_argmax(jax.random.gumbel(key, logits_RV.shape, logits_RV.dtype) + logits_RV)
+  # log_softmax(logits)[token], without the [R, V] log-softmax.
+  max_R1 = jnp.max(logits_RV, axis=-1, keepdims=True)
+  chosen_R = jnp.take_along_axis(logits_RV, token_R[:, None], axis=-1)[:, 0]
+  logp_R = (chosen_R - max_R1[:, 0]) - jnp.log(jnp.sum(jnp.exp(logits_RV - max_R1), axis=-1))
+  return token_R, logp_R
 
 
 # ----------------------------------------------------------------------------------------
