@@ -2,6 +2,7 @@
 
 Run (CPU config: ~26M-parameter `small_25m`, f32, B=32 prompts x G=1, P=64, T=256, greedy):
   python -m benchmarks.sampler [--cpu]
+  python -m benchmarks.sampler --cpu --sampled --skip_naive --skip_memory   # T=1 draws, no HF
 The GPU config of issue 16 (Qwen3-0.6B shape, bf16, 32 prompts x G=8, P=128, T=512, T=1 sampling):
   python -m benchmarks.sampler --qwen3-0.6b
 Quick check:
@@ -197,9 +198,10 @@ def setups(args):
   if args.qwen3_0_6b:
     return ('Qwen3-0.6B shape, bf16', model_lib.ModelConfig.qwen3_0_6b(max_seq_len=4096), 32, 8,
             128, 512, dict(temperature=1.0))
+  sampling = dict(temperature=1.0) if args.sampled else dict(greedy=True)
   if args.small:
-    return ('tiny', model_lib.ModelConfig.tiny(vocab_size=512), 4, 2, 16, 32, dict(greedy=True))
-  return ('small_25m, f32', model_lib.ModelConfig.small_25m(), 32, 1, 64, 256, dict(greedy=True))
+    return ('tiny', model_lib.ModelConfig.tiny(vocab_size=512), 4, 2, 16, 32, sampling)
+  return ('small_25m, f32', model_lib.ModelConfig.small_25m(), 32, 1, 64, 256, sampling)
 
 
 def main():
@@ -209,6 +211,10 @@ def main():
   size.add_argument('--small', action='store_true', help='tiny sizes for a quick check')
   size.add_argument('--qwen3-0.6b', dest='qwen3_0_6b', action='store_true',
                     help='issue 16 config: Qwen3-0.6B shape, bf16, 32 x G=8, P=128, T=512')
+  parser.add_argument(
+      '--sampled', action='store_true',
+      help='draw at temperature 1 as RL rollouts do (CPU configs; default greedy, '
+      'which the HF baseline needs)')
   parser.add_argument('--rounds', type=int, default=3, help='interleaved timed rounds')
   parser.add_argument(
       '--block_size', type=int, default=None,
