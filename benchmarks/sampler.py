@@ -38,7 +38,9 @@ Reports, measured in one run on whatever backend JAX finds (`--cpu` forces CPU):
    read bandwidth, 36-65 GB/s between quiet runs).
 3. (CPU config) the naive sampler that re-runs the full forward over the [B, P + T] window
    for every new token, prefill time against the matmul peak, and the memory of the chunked
-   `jtc.model.token_logprobs` vs naive logits (compiled `memory_analysis()`).
+   `jtc.model.token_logprobs` vs naive logits (compiled `memory_analysis()`), and one token
+   choice from [R, V] logits (greedy and a temperature-1 draw, with the token's log-prob), the
+   old sampler's against the new one's, jitted alone and interleaved.
 Timings are wall clock; the machine peaks are best-of-10.
 """
 from __future__ import annotations
@@ -193,6 +195,34 @@ def logprob_memory(B, T, D, V, chunk):
   return out
 
 
+def choice_seconds(old_choose, new_choose, R, V, sampling, rounds=5, calls=50):
+  """{'greedy' | 'sampled': ({'old': s, 'new': s}, common.OtherLoad)}: one token choice from
+  [R, V] logits (token and its log-prob), each sampler's `_choose` jitted alone, interleaved,
+  best of `rounds`, and the other processes' load during the timing."""
+  logits_RV = jax.random.normal(jax.random.key(0), (R, V), jnp.float32)
+  key = jax.random.key(1)
+  out = {}
+  for mode, greedy in (('greedy', True), ('sampled', False)):
+    kw = dict(temperature=sampling.get('temperature', 1.0), top_k=0, top_p=1.0, min_p=0.0,
+              greedy=greedy)
+    fns = {
+        n: jax.jit(functools.partial(c, **kw)) for n, c in (('old', old_choose), ('new', new_choose))
+    }
+    best = {n: float('inf') for n in fns}
+    for fn in fns.values():
+      jax.block_until_ready(fn(logits_RV, key))
+    with common.OtherLoad() as other:
+      for _ in range(rounds):
+        for n, fn in fns.items():
+          start = time.perf_counter()
+          for _ in range(calls):
+            res = fn(logits_RV, key)
+          jax.block_until_ready(res)
+          best[n] = min(best[n], (time.perf_counter() - start) / calls)
+    out[mode] = (best, other)
+  return out
+
+
 def setups(args):
   """(label, config, B prompts, G, P, T, sampling kwargs) of the chosen size."""
   if args.qwen3_0_6b:
@@ -341,6 +371,15 @@ def main():
       config, B, P, P) + (2 * B * config.d_model * config.vocab_size)
   print(f'prefill                  {prefill_s * 1e3:8.1f} ms  {prefill_flops / 1e9:8.1f} GFLOP -> '
         f'{prefill_flops / prefill_s / peak_flops:6.1%} of matmul peak')
+
+  if not args.skip_old:
+    R, V = B * G, config.vocab_size
+    print(f'token choice, {R} x {V} f32 logits (old / new, best of 5 interleaved rounds of 50):')
+    for s, (t, other) in choice_seconds(load_reference_sampler()._choose, sampler_lib._choose, R, V,
+                                        sampling).items():  # pylint: disable=protected-access
+      print(f'  {s:8s} old {t["old"] * 1e3:7.3f} ms   new {t["new"] * 1e3:7.3f} ms   ratio '
+            f'{t["old"] / t["new"]:5.2f}x ({common.load_str(other)})' +
+            ('  LOADED: not a valid ratio' if common.is_loaded(other) else ''))
 
   if not args.skip_memory:
     Bm, Tm, Dm, Vm = 16, 1024, 256, 151_936
