@@ -35,7 +35,7 @@ Reports, measured in one run on whatever backend JAX finds (`--cpu` forces CPU):
    Tokens/s as a fraction of the floor says how far each implementation is from its design;
    the share of compute-bound steps says which resource sets the floor (for the CPU config on
    the 2-core machine the two terms are close, and which is larger changed with the measured
-   read bandwidth, 36-65 GB/s between quiet runs).
+   read bandwidth, 36-71 GB/s between quiet runs).
 3. (CPU config) the naive sampler that re-runs the full forward over the [B, P + T] window
    for every new token, prefill time against the matmul peak, and the memory of the chunked
    `jtc.model.token_logprobs` vs naive logits (compiled `memory_analysis()`), and one token
