@@ -294,6 +294,7 @@ def table3(smoke=False):
 OFFPOLICY = (
     ('mb=1', (('optim.minibatch_prompts', 16),)),  # one update: on-policy
     ('mb=2', ()),  # the table1 runs
+    ('mb=4', (('optim.minibatch_prompts', 4),)),  # added after the others ran (issue 17 asks 1-8)
     ('mb=8', (('optim.minibatch_prompts', 2),)),
     ('mb=2,epochs=2', (('optim.ppo_epochs', 2),)))
 # The smoke config has 2 prompts per step and 1 per mini-batch, so its default is mb=2 too.
@@ -315,7 +316,7 @@ def offpolicy(smoke=False):
       smoke,
       description=('The off-policy axis at peak learning rate 1e-4: mini-batches per RL step '
                    '(mb=1: one update per step, exactly on-policy; 2: the default and the '
-                   'table1 runs; 8) and two PPO epochs; GSPO vs DFPO (Min-Replace) under both '
+                   'table1 runs; 4; 8) and two PPO epochs; GSPO vs DFPO (Min-Replace) under both '
                    'readings. mb=1 is a negative control: DFPO and GSPO must coincide there.'),
       runs=runs,
       baseline='GSPO',
