@@ -112,9 +112,8 @@ def sampling_logits(logits_RV, *, temperature: float, top_k: int, top_p: float, 
 
 def first_argmax(x_RV):
   """`jnp.argmax(x_RV, axis=-1)` (the first index of the maximum; a NaN counts as the maximum),
-  written as two plain reductions: XLA:CPU runs argmax's variadic (value, index) reduction
-  several times slower (32 x 8192 f32, quiet 2-core host: 0.69 ms against 0.16 ms; with the
-  Gumbel draw and the log-prob, 2.4 ms against 0.9 ms). [R] int32."""
+  written as two plain reductions, which XLA:CPU runs several times faster than argmax's
+  variadic (value, index) reduction. [R] int32."""
   max_R1 = jnp.max(x_RV, axis=-1, keepdims=True)
   hit_RV = (x_RV == max_R1) | jnp.isnan(x_RV)
   iota_V = jnp.arange(x_RV.shape[-1], dtype=jnp.int32)
@@ -124,7 +123,9 @@ def first_argmax(x_RV):
 def _choose(logits_RV, key, *, temperature, top_k, top_p, min_p, greedy):
   """Returns (token_R int32, logp_R float32): the argmax (greedy) or a draw from
   softmax(`sampling_logits`) by `jax.random.categorical`'s Gumbel-max rule (the same token for
-  the same key), and its log-softmax under the logits it was chosen from."""
+  the same key), and its log-softmax under the logits it was chosen from. Against jnp.argmax /
+  jax.random.categorical and a [R, V] log-softmax, on a quiet 2-core CPU at 32 x 8192: greedy
+  0.69 -> 0.17 ms, a temperature-1 draw 2.3 -> 0.9 ms (`benchmarks/sampler.py`)."""
   logits_RV = logits_RV.astype(jnp.float32)
   if greedy:
     token_R = first_argmax(logits_RV)
