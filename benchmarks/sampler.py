@@ -2,7 +2,7 @@
 
 Run (CPU config: ~26M-parameter `small_25m`, f32, B=32 prompts x G=1, P=64, T=256, greedy):
   python -m benchmarks.sampler [--cpu]
-  python -m benchmarks.sampler --cpu --sampled --skip_naive --skip_memory   # T=1 draws, no HF
+  python -m benchmarks.sampler --cpu --sampled --skip_naive --skip_memory   # temperature-1 draws, no HF
 The GPU config of issue 16 (Qwen3-0.6B shape, bf16, 32 prompts x G=8, P=128, T=512, T=1 sampling):
   python -m benchmarks.sampler --qwen3-0.6b
 Quick check:
