@@ -34,8 +34,8 @@ def _child(n_layers):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from configs import dfpo_min_replace  # pylint: disable=import-outside-toplevel
-  from jtc import model as model_lib  # pylint: disable=import-outside-toplevel
-  from jtc import sampler as sampler_lib  # pylint: disable=import-outside-toplevel
+  from jtc.models import model as model_lib  # pylint: disable=import-outside-toplevel
+  from jtc.models import sampler as sampler_lib  # pylint: disable=import-outside-toplevel
 
   mc = model_lib.ModelConfig.tiny(vocab_size=512, n_layers=n_layers, d_model=256, n_heads=4,
                                   n_kv_heads=2, head_dim=64, d_ff=768, remat=True)
@@ -51,13 +51,9 @@ def _child(n_layers):
                input_mask=jnp.ones((1, B, P + T), jnp.int32), mask=jnp.ones((1, B, T), jnp.float32),
                advantages=jnp.asarray(rng.normal(size=(1, B)), jnp.float32), old_logps=jnp.full(
                    (1, B, T), -1.0, jnp.float32))
-  try:  # jtc.update (after the trainer restructure) or jtc.train (older checkouts)
-    from jtc import update as update_lib  # pylint: disable=import-outside-toplevel
-    optimizer = update_lib.make_optimizer(c.optim, 1000)
-    batch = update_lib.Batch(**batch)
-  except ImportError:
-    from jtc import train as update_lib  # pylint: disable=import-outside-toplevel
-    optimizer = update_lib.make_optimizer(c)
+  from jtc.rl import update as update_lib  # pylint: disable=import-outside-toplevel
+  optimizer = update_lib.make_optimizer(c.optim, 1000)
+  batch = update_lib.Batch(**batch)
   state = update_lib.TrainState(step=jnp.array(0, jnp.int32), params=params,
                                 opt_state=optimizer.init(params))
   update = jax.jit(

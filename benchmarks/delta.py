@@ -1,4 +1,4 @@
-"""Cost of DelTA token coefficients (jtc.delta) relative to one loss+grad step.
+"""Cost of DelTA token coefficients (jtc.objectives.delta) relative to one loss+grad step.
 
 Run (defaults: small_25m model, B=32, T=1024; memory table up to B*T=262,144 at D=4,096):
   python -m benchmarks.delta
@@ -9,7 +9,7 @@ Actually run the estimator at the full size (needs ~4.1 GiB: float32 hidden stat
 
 Three parts:
 1. Time of `token_coefficients` (default options, K = 1) against one jitted
-   forward+backward of a masked mean of -log p over the same batch with `jtc.model`
+   forward+backward of a masked mean of -log p over the same batch with `jtc.models.model`
    (`sequence_logprobs`, the pass whose hidden states DelTA reuses). Target <= 5%
    (paper: ~10% of a step, spent on K + 2 extra forward passes we do not need).
 2. Peak memory of the chunked estimator vs one chunk covering all tokens (unchunked), from
@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jtc import delta
+from jtc.objectives import delta
 
 
 def _median_times(fns, rounds):
@@ -47,7 +47,8 @@ def _median_times(fns, rounds):
 
 
 def relative_time(args):
-  from jtc import model  # the model helper's module; the estimator itself does not need it
+  from jtc.models import model  # the model helper's module; the estimator itself does not need it
+  from jtc.models import logprobs
   config = getattr(model.ModelConfig, args.model)()
   params = model.init_params(config, jax.random.PRNGKey(0))
   rng = np.random.default_rng(0)
@@ -59,12 +60,12 @@ def relative_time(args):
   adv_B = jnp.asarray(rng.normal(size=b), jnp.float32)
 
   def loss(params):
-    out = model.sequence_logprobs(params, config, tokens, input_mask, completion_start=p_len)
+    out = logprobs.sequence_logprobs(params, config, tokens, input_mask, completion_start=p_len)
     return -jnp.sum(out['logps'] * mask_BT) / jnp.sum(mask_BT)
 
   step = jax.jit(jax.value_and_grad(loss))
-  fwd = jax.jit(lambda params: model.sequence_logprobs(params, config, tokens, input_mask,
-                                                       completion_start=p_len, return_hidden=True))
+  fwd = jax.jit(lambda params: logprobs.sequence_logprobs(
+      params, config, tokens, input_mask, completion_start=p_len, return_hidden=True))
   out = fwd(params)
   hidden_BTD, probs_BT = out['hidden'], jnp.exp(out['logps'])
   coeffs = jax.jit(lambda h, p, a, m: delta.token_coefficients(

@@ -1,10 +1,10 @@
-r"""Cost of `jtc.diagnostics.step_diagnostics` relative to an ordinary update step.
+r"""Cost of `jtc.analysis.diagnostics.step_diagnostics` relative to an ordinary update step.
 
   python benchmarks/diagnostics.py                      # tiny policy, B = 8 groups x 8, T = 32
   python benchmarks/diagnostics.py --model small_25m    # the 25M benchmark model
   python benchmarks/diagnostics.py --small              # a quick check (B = 2 x 4, T = 16)
 
-Times (median of --repeats, after compilation) one jitted `jtc.update.update_step` (forward,
+Times (median of --repeats, after compilation) one jitted `jtc.rl.update.update_step` (forward,
 backward, AdamW) and one jitted `step_diagnostics` on the same mini-batch, then prints the
 amortised slow-down of logging diagnostics every `--every` update steps (default 10, the
 `diagnostics_every` of configs/common.py):  (every * t_update + t_diag) / (every * t_update).
@@ -26,9 +26,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from jtc import diagnostics  # noqa: E402
-from jtc import model as model_lib  # noqa: E402
-from jtc import update as update_lib  # noqa: E402
+from jtc.analysis import diagnostics  # noqa: E402
+from jtc.models import model as model_lib  # noqa: E402
+from jtc.models import logprobs
+from jtc.rl import update as update_lib  # noqa: E402
 from benchmarks.sampler import median_time  # noqa: E402  (the shared timer)
 
 
@@ -63,7 +64,7 @@ def main():
   mask = (np.arange(T)[None] < lengths[:, None]).astype(np.float32)
   tokens = jnp.asarray(np.concatenate([prompts, comp], 1), jnp.int32)
   input_mask = jnp.asarray(np.concatenate([np.ones((B, P)), mask], 1), jnp.int32)
-  old = model_lib.sequence_logprobs(params, config, tokens, input_mask, completion_start=P)
+  old = logprobs.sequence_logprobs(params, config, tokens, input_mask, completion_start=P)
   batch = update_lib.Batch(
       tokens=tokens, input_mask=input_mask, mask=jnp.asarray(mask),
       advantages=jnp.asarray(rng.normal(size=B), jnp.float32),

@@ -1,6 +1,6 @@
 """Hugging Face `transformers` greedy `generate()` throughput on the same weights as jtc.
 
-The jtc params are exported with `jtc.hf_import.export_hf_checkpoint` to a temporary
+The jtc params are exported with `jtc.models.hf_import.export_hf_checkpoint` to a temporary
 directory and loaded with `transformers.AutoModelForCausalLM` (torch, CPU, float32, default
 SDPA attention, KV cache on, all host cores). `benchmarks/sampler.py` calls `hf_generate_tokens_per_s` for
 its side-by-side ratio.
@@ -21,8 +21,8 @@ import time
 
 import numpy as np
 
-from jtc import hf_import
-from jtc import model as model_lib
+from jtc.models import hf_import
+from jtc.models import model as model_lib
 
 
 def make_hf_generate(config: model_lib.ModelConfig, params, prompt_tokens_BP, max_new_tokens: int,

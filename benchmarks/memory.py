@@ -9,7 +9,7 @@ Runs on whatever backend JAX finds (`--cpu` forces CPU). Peak memory is what the
 report, and each line says which: on a GPU/TPU the device's `memory_stats()['peak_bytes_in_use']`
 (`peak_memory=device`), on CPU the process's peak resident set size (`peak_memory=host_rss`,
 `ru_maxrss`; the host RSS is also printed on accelerators). Each model runs in its own
-subprocess (so its peaks are its own) through `jtc.train.Trainer.step` with random weights: the KV-cache sampler draws G completions
+subprocess (so its peaks are its own) through `jtc.trainer_lib.Trainer.step` with random weights: the KV-cache sampler draws G completions
 for each prompt, the rewards and the behaviour log-probs are computed ("score"), and one
 optimiser step (AdamW on float32 master weights, bf16 compute, per-block remat for the large
 model) updates the policy. Step 1 includes compilation; step 2 is the steady state. The
@@ -41,9 +41,9 @@ def _child(args):
   import dataclasses  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   from configs import dfpo_min_replace  # pylint: disable=import-outside-toplevel
-  from jtc import model as model_lib  # pylint: disable=import-outside-toplevel
-  from jtc import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
-  from jtc import train  # pylint: disable=import-outside-toplevel
+  from jtc.models import model as model_lib  # pylint: disable=import-outside-toplevel
+  from jtc.models import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
+  from jtc.rl import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
 
   class WideCharTokenizer(tokenizer_lib.CharTokenizer):
     """Characters for the prompts; ids beyond the alphabet decode to nothing."""
@@ -77,7 +77,7 @@ def _child(args):
   t_init = time.perf_counter() - t0
   n_params = model_lib.num_params(params)
   with tempfile.TemporaryDirectory() as workdir:
-    trainer = train.Trainer(c, workdir, policy=(mc, params, tok))
+    trainer = trainer_lib.Trainer(c, workdir, policy=(mc, params, tok))
     del params
     steps = []
     for step in (1, 2):

@@ -16,10 +16,10 @@ Reports, measured in one run on whatever backend JAX finds (`--cpu` forces CPU):
    average counts the benchmark's own threads, so on a quiet 2-core host it reads about 2. If
    other processes used more than `common.MAX_OTHER_CORES` during any timed call, the ratios
    say "LOADED: not a valid ratio". The systems:
-     old jtc  the sampler before this design (tests/reference_sampler.py, frozen): prompt
+     old jtc  the sampler before this design (tests/models/reference_sampler.py, frozen): prompt
               cache repeated G times, the whole [P + T] cache of every row read every step,
               one unrolled Flax module per layer;
-     new jtc  `jtc.sampler.sample`: the prompt's K/V once per prompt (shared by its G rows),
+     new jtc  `jtc.models.sampler.sample`: the prompt's K/V once per prompt (shared by its G rows),
               the live prefix of each row's completion cache in blocks, stacked layers;
      HF       transformers `generate()` (greedy, torch CPU, same weights; CPU backend only).
    Ratios new/old and new/HF are of the medians.
@@ -38,7 +38,7 @@ Reports, measured in one run on whatever backend JAX finds (`--cpu` forces CPU):
    read bandwidth, 36-71 GB/s between quiet runs).
 3. (CPU config) the naive sampler that re-runs the full forward over the [B, P + T] window
    for every new token, prefill time against the matmul peak, and the memory of the chunked
-   `jtc.model.token_logprobs` vs naive logits (compiled `memory_analysis()`), and one token
+   `jtc.models.logprobs.token_logprobs` vs naive logits (compiled `memory_analysis()`), and one token
    choice from [R, V] logits (greedy and a temperature-1 draw, with the token's log-prob), the
    old sampler's against the new one's, jitted alone and interleaved.
 Timings are wall clock; the machine peaks are best-of-10.
@@ -58,9 +58,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jtc import decode
-from jtc import model as model_lib
-from jtc import sampler as sampler_lib
+from jtc.models import decode
+from jtc.models import model as model_lib
+from jtc.models import logprobs
+from jtc.models import sampler as sampler_lib
 
 EOS = 0
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -102,8 +103,8 @@ def matmul_flops_per_s(n=2048, repeats=10, dtype=jnp.float32):
 
 
 def load_reference_sampler():
-  """tests/reference_sampler.py (the frozen earlier sampler) as a module."""
-  path = os.path.join(REPO, 'tests', 'reference_sampler.py')
+  """tests/models/reference_sampler.py (the frozen earlier sampler) as a module."""
+  path = os.path.join(REPO, 'tests', 'models', 'reference_sampler.py')
   spec = importlib.util.spec_from_file_location('reference_sampler', path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -175,7 +176,7 @@ def logprob_memory(B, T, D, V, chunk):
     tgt = jnp.take_along_axis(logp, t[..., None], axis=-1)[..., 0]
     return tgt, -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
-  chunked = functools.partial(model_lib.token_logprobs, vocab_chunk=chunk)
+  chunked = functools.partial(logprobs.token_logprobs, vocab_chunk=chunk)
 
   def loss(fn):
 

@@ -12,7 +12,7 @@ sequences x 128 tokens, float32; about 2 minutes on 2 cores):
 
 0. MFU of the update step at a real model's shape (`--mfu_shape`, default qwen3_0_6b): random
    weights (float32 master, bf16 compute; float32 on CPU), per-block remat, one jitted
-   `jtc.update.update_step` (DFPO Min-Replace, AdamW) on 64 sequences (8 groups of G = 8) x
+   `jtc.rl.update.update_step` (DFPO Min-Replace, AdamW) on 64 sequences (8 groups of G = 8) x
    640 tokens (P = 128, T = 512), median of `--repeats` after compilation (compile time
    printed). Model FLOPs per step (forward + backward, the usual MFU count; remat's extra
    forward is not counted):
@@ -25,7 +25,7 @@ sequences x 128 tokens, float32; about 2 minutes on 2 cores):
 Reports, measured in one run:
 1. The matmul peak of this machine (`benchmarks.sampler.matmul_flops_per_s`: best FLOP/s of a
    jitted f32 [n, n] @ [n, n], best of 10; on a shared machine other jobs only slow a run down).
-2. The jitted, buffer-donating `jtc.update.update_step` (loss, optimiser and mini-batch shape of
+2. The jitted, buffer-donating `jtc.rl.update.update_step` (loss, optimiser and mini-batch shape of
    the config: minibatch_prompts * group_size sequences of L = prompt_width + max_new_tokens
    tokens): seconds per step (median of `--repeats` after a compile call), tokens/s (all B * L
    tokens that go through forward + backward, and the B * T completion tokens), and FLOP/s as
@@ -37,7 +37,7 @@ Reports, measured in one run:
        forward + backward), the usual MFU count.
    XLA counts a loop body once, so with micro-batches (config.microbatch_prompts) or
    V > vocab_chunk the XLA count is too low; read the model count then.
-3. One RL step of the config through `jtc.train.Trainer` (the shipped base policy
+3. One RL step of the config through `jtc.trainer_lib.Trainer` (the shipped base policy
    `jtc/assets/base_policy`, or a random tiny policy bundle when it is not there yet): mean
    seconds of the trainer's own phase timers over `--rl_steps` steps after one warm-up step
    (so compiles are excluded) and each phase's share. The phases are the trainer's:
@@ -64,12 +64,12 @@ import numpy as np
 
 from benchmarks.sampler import matmul_flops_per_s
 from configs import dfpo_min_replace
-from jtc import checkpoints
-from jtc import model as model_lib
-from jtc import rollout
-from jtc import tokenizer as tokenizer_lib
-from jtc import train
-from jtc import update
+from jtc.rl import checkpoints
+from jtc.models import model as model_lib
+from jtc.rl import rollout
+from jtc.models import tokenizer as tokenizer_lib
+from jtc.rl import trainer as trainer_lib
+from jtc.rl import update
 
 CHAR_SPEC = {'kind': 'char'}
 
@@ -255,7 +255,7 @@ PHASES = ('sample', 'score', 'update')
 def time_rl_steps(c, *, n_steps):
   """Runs 1 warm-up + `n_steps` trainer steps; returns (per-step metrics, wall seconds)."""
   with tempfile.TemporaryDirectory(prefix='jtc_bench_') as workdir:
-    trainer = train.Trainer(c, os.path.join(workdir, 'run'))
+    trainer = trainer_lib.Trainer(c, os.path.join(workdir, 'run'))
     trainer.step(1)  # compiles the sampler, the behaviour pass and the update step
     steps, walls = [], []
     for step in range(2, n_steps + 2):

@@ -9,16 +9,16 @@ with jtc (`jtc/assets/base_policy`). Every field is overridable from the command
 
 Sections and who reads them:
   policy     where the weights come from and how they are held        (jtc.train)
-  data       task or dataset, verifier, prompt encoding                (jtc.train, jtc.rollout)
-  rollout    prompts per step, chunking; `sampling` goes straight to jtc.sampler.sample
-  advantage  group-relative advantages                                  (jtc.advantages)
+  data       task or dataset, verifier, prompt encoding                (jtc.train, jtc.rl.rollout)
+  rollout    prompts per step, chunking; `sampling` goes straight to jtc.models.sampler.sample
+  advantage  group-relative advantages                                  (jtc.objectives.advantages)
   loss       the objective and its hyper-parameters                     (jtc.objectives)
-  delta      DelTA's options, used when token_weights == 'delta'        (jtc.delta)
-  optim      optimiser, PPO epochs, mini- and micro-batches             (jtc.update)
-  dapo       DAPO's data-side options                                   (jtc.rollout)
-  eval       held-out avg@k; `sampling` has the rollout's field names   (jtc.rollout)
+  delta      DelTA's options, used when token_weights == 'delta'        (jtc.objectives.delta)
+  optim      optimiser, PPO epochs, mini- and micro-batches             (jtc.rl.update)
+  dapo       DAPO's data-side options                                   (jtc.rl.rollout)
+  eval       held-out avg@k; `sampling` has the rollout's field names   (jtc.rl.rollout)
   log        diagnostics and checkpoints                                 (jtc.train)
-  mesh       device mesh                                                 (jtc.sharding)
+  mesh       device mesh                                                 (jtc.rl.sharding)
 
 Args accepted by every method config (comma separated, e.g. `configs/gspo.py:smoke`):
   smoke     a few-second run for tests: 2 steps, 2 prompts x 4 samples, short completions.
@@ -69,7 +69,7 @@ def set_loss(c, name, **overrides):
 
 
 def sampling(num_samples, max_new_tokens, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
-  """A `sampling` section: the keyword arguments of `jtc.sampler.sample`."""
+  """A `sampling` section: the keyword arguments of `jtc.models.sampler.sample`."""
   return ConfigDict(
       dict(num_samples=num_samples, max_new_tokens=max_new_tokens, temperature=temperature,
            top_k=top_k, top_p=top_p, min_p=min_p))
@@ -97,13 +97,13 @@ def get_config(arg=None):
   c.policy.ref_param_dtype = ''  # dtype of the frozen KL reference (kept only if kl_coef > 0)
 
   c.data = ConfigDict()
-  c.data.task = 'arithmetic'  # a name from jtc.tasks
+  c.data.task = 'arithmetic'  # a name from jtc.data.tasks
   # Question/answer JSONL file or dir of <split>.jsonl instead of a task (GSM8K '#### x' and
   # MATH '\boxed{x}' answers are understood).
   c.data.dataset = ''
   c.data.eval_dataset = ''  # held-out JSONL ('' = the dataset's test split)
   c.data.data_dir = ''  # '' = $JTC_DATA_DIR or ~/.cache/jtc/data
-  c.data.reward = ''  # a jtc.rewards.REWARD_FNS name ('' = the task's own)
+  c.data.reward = ''  # a jtc.data.rewards.REWARD_FNS name ('' = the task's own)
   c.data.prompt_width = 20  # P: prompts (with BOS) are left-padded to this width
   c.data.prompt_suffix = ''  # appended to every question before the chat template
   c.data.chat_template = True  # wrap prompts with the tokenizer's chat template
@@ -125,8 +125,8 @@ def get_config(arg=None):
   c.loss.hparams = ConfigDict()
 
   c.token_weights = ''  # '' | 'delta': a plug-in producing per-token loss weights
-  c.delta = ConfigDict()  # its options (jtc.delta.options_for)
-  c.delta.ablation = 'full'  # a name in jtc.delta.DELTA_ABLATIONS
+  c.delta = ConfigDict()  # its options (jtc.objectives.delta.options_for)
+  c.delta.ablation = 'full'  # a name in jtc.objectives.delta.DELTA_ABLATIONS
   c.delta.lam_min = 0.8
   c.delta.lam_max = 1.2
   c.delta.num_refine = 1
@@ -158,7 +158,7 @@ def get_config(arg=None):
   c.eval.probe_problems = 64  # problems of the exact format probe (Cor. 3.2; 0 = off)
 
   c.log = ConfigDict()
-  c.log.diagnostics_every = 10  # jtc.diagnostics.step_diagnostics (0 = off)
+  c.log.diagnostics_every = 10  # jtc.analysis.diagnostics.step_diagnostics (0 = off)
   c.log.diagnostics_mode = 'proxy'  # proxy (LM-head gradient norms) | exact (small models)
   c.log.ckpt_every = 25
   c.log.keep_checkpoints = 3

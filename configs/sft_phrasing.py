@@ -1,5 +1,5 @@
 """Supervised training of the phrasing base policy: arithmetic with one chain of thought and three
-equally rewarded, equally long phrasings of the final answer (jtc/tasks/phrasing.py).
+equally rewarded, equally long phrasings of the final answer (jtc/data/tasks/phrasing.py).
 
 Rebuild the policy that ships in jtc/assets/phrasing_policy (400 steps; 15 min on 2 busy CPU cores):
   python -m jtc.sft --config configs/sft_phrasing.py --workdir /tmp/jtc/sft_phrasing \
@@ -16,7 +16,7 @@ def get_config(arg=None):
   c.seed = 0
   c.task = 'phrasing'
   c.tokenizer = ml_collections.ConfigDict({'kind': 'char'})
-  c.model_preset = 'tiny'  # a jtc.model.ModelConfig classmethod
+  c.model_preset = 'tiny'  # a jtc.models.model.ModelConfig classmethod
   c.prompt_width = 20  # P, as in configs/common.py
   c.max_new_tokens = 48  # T: the longest solution (46 tokens with EOS) fits
   c.train_problems = 5000  # the data pipeline builds 5000 train problems

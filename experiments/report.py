@@ -19,7 +19,7 @@ import numpy as np
 
 from experiments import stats
 from experiments import sweeps
-from jtc import curves
+from jtc.analysis import curves
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOOTH_STEPS = 5  # trailing mean of the reward before compute_at_threshold
@@ -298,7 +298,7 @@ STATS_NOTE = (
 def plot_curves(sweep, summaries, out_path):
   """Mean over seeds +- one standard error, per run label (and group), for the sweep's
   curve_keys and held-out accuracy; titles and styles from `jtc.plot`."""
-  from jtc import plot  # pylint: disable=import-outside-toplevel
+  from jtc.analysis import plot  # pylint: disable=import-outside-toplevel
   plt = plot.plt
   keys = list(sweep.curve_keys) + ['eval/avg@']
   n_cols = 3

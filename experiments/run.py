@@ -49,7 +49,7 @@ import numpy as np
 
 from experiments import report
 from experiments import sweeps as sweeps_lib
-from jtc import metric_writer
+from jtc.analysis import metric_writer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.path.join(ROOT, 'experiments', 'results')

@@ -242,7 +242,7 @@ def table2(smoke=False):
           'Paper Table 2 / Figure 2: generated tokens to reach a training-reward '
           'threshold (difference from GSPO, per learning rate) and Jitter2 (Eq. 20) of the per-step '
           'reward; the table1 runs. Thresholds fixed before the run: 0.60 and 0.65 '
-          '(5-step trailing mean; jtc.curves.compute_at_threshold).'),
+          '(5-step trailing mean; jtc.analysis.curves.compute_at_threshold).'),
       runs=runs,
       baseline='GSPO',
       plot_x='compute/generated_tokens',
@@ -404,7 +404,7 @@ def drift(smoke=False):
   # same first token, same length) has a change symmetric about 0 when nothing drifts
   # systematically, as the sign-flip test needs; a single log-share falls under any random walk
   # of the log-odds (log-softmax is concave), so testing it against 0 rejects far too often
-  # (tests/test_experiments.py simulates both).
+  # (tests/experiments/test_experiments.py simulates both).
   logq = 'eval/probe/format_logq/'
   systematic = Table(
       "Systematic drift: change of the log-odds log q('answer') - log q('result'), against 0",
@@ -416,7 +416,7 @@ def drift(smoke=False):
       seeds=1 if smoke else SEEDS,
       shared=PHRASING + shared,
       description=('Drift between exactly equivalent solutions and the learning tax on shared '
-                   'tokens, on the phrasing task (jtc/tasks/phrasing.py: identical reasoning, '
+                   'tokens, on the phrasing task (jtc/data/tasks/phrasing.py: identical reasoning, '
                    'then one of three equally long phrasings; every completion starts with the '
                    'scaffold "Work: ") from its own SFT base policy (jtc/assets/phrasing_policy), '
                    f'{n} RL steps at the default learning rate 2e-4. The phrasing entropy and '

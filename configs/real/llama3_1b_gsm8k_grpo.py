@@ -1,11 +1,11 @@
 """Llama-3.2-1B-Instruct on GSM8K with GRPO (the paper's Appendix I/J settings).
 
 RoPE: every Llama-3.2 config.json declares "llama3" frequency scaling (factor 32, low/high
-frequency factors 1/4, original context 8192), which `jtc.hf_import` reads and `jtc.model`
+frequency factors 1/4, original context 8192), which `jtc.models.hf_import` reads and `jtc.models.model`
 applies. It rescales frequencies, not long positions only: at head_dim 64 and theta 5e5, 17 of
 the 32 RoPE frequencies (those with wavelength >= 8192 / 4 tokens) differ from plain RoPE, so
 it changes the attention at every position (tested against transformers in
-tests/test_hf_import.py and tests/test_model.py).
+tests/models/test_hf_import.py and tests/models/test_model.py).
 
 Run:
   python -m jtc.train --config configs/real/llama3_1b_gsm8k_grpo.py \

@@ -1,0 +1,395 @@
+"""Prepared datasets: TFDS builders of the prompt data and their concurrency-safe preparation.
+
+Two TFDS builders, neither needing TensorFlow (tfds 4.9.10 writes and reads ``array_record``
+files with its numpy codecs):
+
+- ``JtcSynthetic``: a synthetic task of ``jtc.data.tasks`` (``'arithmetic'``, ``'countdown'``), with
+  features ``prompt``, ``answer`` and ``solutions/<format>``.
+- ``JtcJsonl``: local JSONL files with question/answer fields, features ``prompt``, ``answer``
+  (GSM8K ``"... #### 42"`` -> ``"42"``; MATH ``"... \\boxed{x}"`` -> ``"x"``; else the field
+  stripped) and ``solution`` (the raw answer field).
+
+Prepared data lives in ``data_dir`` (default ``$JTC_DATA_DIR`` or ``~/.cache/jtc/data``) in a
+folder keyed by a hash of everything that defines it (task config, generation seed, sizes; for
+JSONL the file paths, sizes and mtimes), so it is built once and rebuilt when that changes.
+
+Preparation is safe under concurrency: processes that start together on a fresh ``data_dir``
+(several trainers of one machine) serialise on an exclusive ``fcntl.flock`` of
+``<data_dir>/.<folder>.lock``; the first builds, the others wait and then read what it built.
+Nothing is downloaded, so TFDS's "Downloading and preparing dataset" / "Dataset ... prepared"
+lines are not printed (one ``absl`` INFO line says what was generated); reading a prepared
+dataset prints nothing.
+
+`jtc.data.pipeline` reads what is prepared here.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import io
+import json
+import os
+import re
+from typing import Any
+
+import numpy as np
+import tensorflow_datasets as tfds
+from absl import logging
+
+from jtc.data import rewards
+from jtc.data import tasks as tasks_lib
+
+DEFAULT_NUM_EXAMPLES = {'train': 5000, 'test': 500}
+_QUESTION_KEYS = ('question', 'problem', 'prompt', 'query')
+_ANSWER_KEYS = ('answer', 'solution', 'response')
+
+
+def default_data_dir() -> str:
+  """``$JTC_DATA_DIR`` if set, else ``~/.cache/jtc/data``."""
+  return os.environ.get('JTC_DATA_DIR') or os.path.join(os.path.expanduser('~'), '.cache', 'jtc',
+                                                        'data')
+
+
+# ----------------------------------------------------------------------------- JSONL
+
+
+def normalize_reference_answer(text: str) -> str:
+  """Final answer from a GSM8K (``#### 42``) or MATH (``\\boxed{x}``) answer field, else stripped."""
+  m = re.search(r'####\s*(.+?)\s*$', text.strip(), re.DOTALL)
+  if m:
+    answer = m.group(1).strip()
+    return answer.replace(',', '') if rewards.parse_number(answer) is not None else answer
+  boxed = rewards.extract_boxed(text)
+  if boxed is not None:
+    return boxed
+  return text.strip()
+
+
+def read_jsonl(path: str, *, question_key: str | None = None,
+               answer_key: str | None = None) -> list[dict[str, str]]:
+  """Reads a JSONL file of question/answer records into ``{'prompt', 'answer', 'solution'}``.
+
+    Keys default to the first present of ``question/problem/prompt/query`` and
+    ``answer/solution/response``. Blank lines are skipped. Raises ``ValueError`` naming the file
+    and 1-based line number for malformed JSON, a non-object line or a missing/non-string field,
+    and for a file with no records.
+    """
+  if not os.path.isfile(path):
+    raise ValueError(f'JSONL file not found: {path!r}')
+  out = []
+  with open(path, encoding='utf-8') as f:
+    for lineno, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f'{path}:{lineno}: malformed JSON ({e.msg})') from e
+      if not isinstance(record, dict):
+        raise ValueError(f'{path}:{lineno}: expected a JSON object, got {type(record).__name__}')
+      q_key = question_key or next((k for k in _QUESTION_KEYS if k in record), None)
+      a_key = answer_key or next((k for k in _ANSWER_KEYS if k in record), None)
+      for role, key, options in (('question', q_key, _QUESTION_KEYS), ('answer', a_key,
+                                                                       _ANSWER_KEYS)):
+        if key is None or key not in record:
+          raise ValueError(f'{path}:{lineno}: no {role} field {key!r}; looked for {list(options)}, '
+                           f'record has {sorted(record)}')
+        if not isinstance(record[key], (str, int, float)):
+          raise ValueError(f'{path}:{lineno}: field {key!r} must be a string or number')
+      raw_answer = str(record[a_key])
+      out.append({
+          'prompt': str(record[q_key]),
+          'answer': normalize_reference_answer(raw_answer),
+          'solution': raw_answer
+      })
+  if not out:
+    raise ValueError(f'empty dataset: {path!r} has no records')
+  return out
+
+
+def _jsonl_files(path: str) -> dict[str, str]:
+  """A directory -> its ``<split>.jsonl`` files; a single file -> ``{'train': path}``."""
+  if os.path.isdir(path):
+    files = {
+        f[:-len('.jsonl')]: os.path.join(path, f)
+        for f in sorted(os.listdir(path))
+        if f.endswith('.jsonl')
+    }
+    if not files:
+      raise ValueError(f'empty dataset: directory {path!r} has no <split>.jsonl files')
+    return files
+  if os.path.isfile(path):
+    return {'train': path}
+  raise ValueError(f'JSONL path not found: {path!r}')
+
+
+# ----------------------------------------------------------------------------- builders
+
+
+class _LocalBuilder(tfds.core.GeneratorBasedBuilder):
+  """A builder with no code-side files (checksums, metadata) to look up.
+
+    Both builders set ``disable_shuffling=True``: records keep generation order (synthetic
+    problems are already random; JSONL keeps file order), so ``load_examples(limit=n)`` is the
+    first n generated problems / lines.
+
+    tfds 4.9.10 resolves ``code_path`` of a builder defined inside a package through the
+    ``importlib_resources`` backport, which it only installs on Python < 3.9; nothing here needs
+    that path, so it is None.
+    """
+
+  @tfds.core.utils.classproperty
+  @classmethod
+  def code_path(cls):
+    return None
+
+
+class JtcSynthetic(_LocalBuilder):
+  """A ``jtc.data.tasks`` task as a TFDS dataset; ``spec`` is the JSON of ``_synthetic_spec``."""
+
+  VERSION = tfds.core.Version('1.0.0')
+
+  def __init__(self, *, spec: str, **kwargs):
+    self._spec = json.loads(spec)
+    self._task = tasks_lib.get_task(self._spec['task'], **self._spec['task_kwargs'])
+    super().__init__(**kwargs)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        disable_shuffling=True,
+        description=f'jtc synthetic task {self._spec}',
+        features=tfds.features.FeaturesDict({
+            'prompt':
+                tfds.features.Text(),
+            'answer':
+                tfds.features.Text(),
+            'solutions':
+                tfds.features.FeaturesDict({f: tfds.features.Text() for f in self._task.formats}),
+        }),
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    # Generate eagerly so "not enough distinct problems" fails here with its own ValueError.
+    examples = {
+        split: self._task.examples(split, seed=self._spec['seed'], num_examples=n)
+        for split, n in self._spec['num_examples'].items()
+    }
+    return {split: self._generate_examples(exs) for split, exs in examples.items()}
+
+  def _generate_examples(self, examples):
+    for i, example in enumerate(examples):
+      yield i, example
+
+
+class JtcJsonl(_LocalBuilder):
+  """Local JSONL question/answer files as a TFDS dataset; ``spec`` is ``_jsonl_spec`` JSON."""
+
+  VERSION = tfds.core.Version('1.0.0')
+
+  def __init__(self, *, spec: str, **kwargs):
+    self._spec = json.loads(spec)
+    super().__init__(**kwargs)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        disable_shuffling=True,
+        description=f"jtc JSONL dataset {self._spec['files']}",
+        features=tfds.features.FeaturesDict({
+            'prompt': tfds.features.Text(),
+            'answer': tfds.features.Text(),
+            'solution': tfds.features.Text()
+        }),
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    # Read eagerly so a malformed file fails here with its own clear ValueError.
+    records = {
+        split:
+            read_jsonl(path, question_key=self._spec['question_key'],
+                       answer_key=self._spec['answer_key'])
+        for split, path in self._spec['files'].items()
+    }
+    return {split: self._generate_examples(rs) for split, rs in records.items()}
+
+  def _generate_examples(self, records):
+    for i, record in enumerate(records):
+      yield i, record
+
+
+_BUILDERS = {'jtc_synthetic': JtcSynthetic, 'jtc_jsonl': JtcJsonl}
+
+_LAYOUT_VERSION = 2  # bump when the stored layout/order changes, so old caches are not reused
+
+
+def _spec_key(spec: dict[str, Any]) -> str:
+  keyed = {'layout': _LAYOUT_VERSION, **spec}
+  return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _resolve(
+    source: str,
+    *,
+    task_kwargs: dict[str, Any] | None,
+    data_seed: int,
+    num_examples: dict[str, int] | None,
+    question_key: str | None,
+    answer_key: str | None,
+) -> tuple[str, str, str]:
+  """-> (builder name, folder slug, spec JSON) for a task name or a JSONL path."""
+  if source in tasks_lib.TASKS:
+    task = tasks_lib.get_task(source, **(task_kwargs or {}))  # validates the knobs now
+    sizes = dict(DEFAULT_NUM_EXAMPLES if num_examples is None else num_examples)
+    bad = [s for s in sizes if s not in tasks_lib.SPLITS]
+    if bad:
+      raise ValueError(f'unknown splits {bad} in num_examples; valid: {list(tasks_lib.SPLITS)}')
+    config = task.config()
+    spec = {
+        'task': config.pop('name'),
+        'task_kwargs': json.loads(json.dumps(config)),
+        'seed': int(data_seed),
+        'num_examples': sizes,
+    }
+    return 'jtc_synthetic', source, json.dumps(spec, sort_keys=True)
+  if source.endswith('.jsonl') or os.path.isdir(source) or os.path.isfile(source):
+    files = {split: os.path.abspath(p) for split, p in _jsonl_files(source).items()}
+    stamps = {s: [os.path.getsize(p), os.stat(p).st_mtime_ns] for s, p in files.items()}
+    spec = {
+        'files': files,
+        'stamps': stamps,
+        'question_key': question_key,
+        'answer_key': answer_key
+    }
+    slug = re.sub(r'[^A-Za-z0-9_]+', '_', os.path.basename(os.path.normpath(source)))
+    return 'jtc_jsonl', f'jsonl_{slug}', json.dumps(spec, sort_keys=True)
+  raise ValueError(
+      f'unknown task or dataset {source!r}; valid: tasks {sorted(tasks_lib.TASKS)} or a path to a '
+      f'JSONL file / a directory of <split>.jsonl files')
+
+
+def prepare(
+    source: str,
+    *,
+    data_dir: str | None = None,
+    task_kwargs: dict[str, Any] | None = None,
+    data_seed: int = 0,
+    num_examples: dict[str, int] | None = None,
+    question_key: str | None = None,
+    answer_key: str | None = None,
+) -> dict[str, Any]:
+  """Builds the array_record files once (no-op when present) and returns ``tfds.data_source`` kwargs.
+
+    Args:
+      source: a task name in ``jtc.data.tasks.TASKS``, a JSONL file (used as split ``'train'``) or a
+        directory of ``<split>.jsonl`` files.
+      data_dir: cache root (default ``default_data_dir()``).
+      task_kwargs: knobs of the synthetic task (e.g. ``{'digits_a': 3}``).
+      data_seed: generation seed of a synthetic task (the problems; not the shuffle order).
+      num_examples: ``{split: count}`` for a synthetic task (default ``DEFAULT_NUM_EXAMPLES``).
+      question_key, answer_key: JSONL field names (default: auto-detected).
+
+    Returns:
+      ``{'name', 'data_dir', 'builder_kwargs'}`` for ``tfds.data_source(**it, split=...)``.
+    """
+  name, slug, spec = _resolve(
+      source,
+      task_kwargs=task_kwargs,
+      data_seed=data_seed,
+      num_examples=num_examples,
+      question_key=question_key,
+      answer_key=answer_key,
+  )
+  root = os.path.join(data_dir or default_data_dir(), f'{slug}-{_spec_key(json.loads(spec))}')
+  if not _is_prepared(_BUILDERS[name](spec=spec, data_dir=root, file_format='array_record')):
+    parent, folder = os.path.split(root)
+    os.makedirs(parent, exist_ok=True)
+    with _file_lock(os.path.join(parent, f'.{folder}.lock')):
+      # Built anew under the lock: another process may have finished while we waited.
+      builder = _BUILDERS[name](spec=spec, data_dir=root, file_format='array_record')
+      if not _is_prepared(builder):
+        _quiet_prepare(builder, rebuild=lambda: _BUILDERS[name](spec=spec, data_dir=root))
+  return {'name': name, 'data_dir': root, 'builder_kwargs': {'spec': spec}}
+
+
+def _is_prepared(builder: tfds.core.DatasetBuilder) -> bool:
+  """``builder.is_prepared()`` without TFDS's "has no dataset_info.json" warning on a fresh dir.
+
+    TFDS renames a fully written ``incomplete.*`` folder to ``builder.data_dir`` in one step, so
+    an existing folder is a finished one.
+    """
+  return os.path.isdir(builder.data_dir) and builder.is_prepared()
+
+
+@contextlib.contextmanager
+def _file_lock(path: str):
+  """Holds an exclusive ``fcntl.flock`` on ``path`` (created if missing) inside the block.
+
+    The lock is released when the block exits or the process dies, so a killed preparer never
+    blocks the next one (its half-written ``incomplete.*`` folder is simply not used). On a file
+    system without ``flock`` (some network mounts) it warns and runs the block unlocked;
+    ``_quiet_prepare`` then still tolerates losing the race.
+    """
+  with open(path, 'a') as f:
+    locked = True
+    try:
+      fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    except OSError as e:
+      logging.warning('jtc.data.pipeline: cannot lock %s (%s); preparing without a lock', path, e)
+      locked = False
+    try:
+      yield
+    finally:
+      if locked:
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _quiet_prepare(builder: tfds.core.DatasetBuilder, *, rebuild) -> None:
+  """``download_and_prepare`` without TFDS's download lines and progress bars on stdout.
+
+    Nothing here is downloaded (the records are generated or read from local files), so TFDS's
+    "Downloading and preparing dataset ..." is misleading; it prints it with ``print`` to
+    stdout, which is captured here and replaced by one INFO log line. If another process
+    renamed its finished folder into place first (only possible without the lock), the failed
+    rename (TFDS's ``FileExistsError``, or the ``OSError`` "Directory not empty" when both
+    renames race) is ignored when ``rebuild()`` (a fresh builder) finds the dataset prepared.
+    """
+  tfds.disable_progress_bar()
+  try:
+    with contextlib.redirect_stdout(io.StringIO()):
+      builder.download_and_prepare()
+  except OSError:  # FileExistsError is one
+    if not _is_prepared(rebuild()):
+      raise
+    return
+  logging.info('jtc.data.pipeline: generated %s records in %s', builder.name, builder.data_dir)
+
+
+def decode(example: dict[str, Any]) -> dict[str, Any]:
+  """bytes -> str, recursively (TFDS Text features come back as bytes without TensorFlow)."""
+  out = {}
+  for k, v in example.items():
+    if isinstance(v, dict):
+      out[k] = decode(v)
+    elif isinstance(v, (bytes, np.bytes_)):
+      out[k] = bytes(v).decode('utf-8')
+    else:
+      out[k] = v
+  return out
+
+
+def data_source(source: str, *, split: str, data_dir: str | None, **prepare_kwargs: Any):
+  """``tfds.data_source`` over the prepared split; unknown split -> ValueError listing them."""
+  kwargs = prepare(source, data_dir=data_dir, **prepare_kwargs)
+  builder = _BUILDERS[kwargs['name']](data_dir=kwargs['data_dir'], **kwargs['builder_kwargs'])
+  available = sorted(builder.info.splits)
+  if split not in available:
+    raise ValueError(f'unknown split {split!r} for {source!r}; valid: {available}')
+  records = tfds.data_source(kwargs['name'], split=split, data_dir=kwargs['data_dir'],
+                             builder_kwargs=kwargs['builder_kwargs'], download=False)
+  if len(records) == 0:
+    raise ValueError(f'empty dataset: split {split!r} of {source!r} has no records')
+  return records

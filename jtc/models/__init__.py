@@ -1,0 +1,1 @@
+"""The policy: model config, decoder, decoding caches, sampler, Hugging Face import, tokenizers."""

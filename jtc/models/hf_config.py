@@ -1,0 +1,250 @@
+"""Hugging Face ``config.json`` <-> jtc `ModelConfig`: which architectures load (Llama, Qwen2,
+Qwen3), their flags, RoPE scaling and dtypes. The tensors themselves are `jtc.models.hf_import`.
+
+RoPE scaling: ``default``, ``linear`` and ``llama3`` (Llama-3.1/3.2), read from ``rope_scaling``
+(transformers 4) or ``rope_parameters`` (transformers 5); a file with both that disagree is
+rejected.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import ml_dtypes
+import numpy as np
+
+from jtc.models import model as model_lib
+
+CONFIG_FILE = 'config.json'
+# config.json "torch_dtype"/"dtype" value -> safetensors code.
+HF_DTYPE_NAMES = {'float32': 'F32', 'float16': 'F16', 'bfloat16': 'BF16'}
+# jtc dtype names (ModelConfig.param_dtype / dtype) -> numpy dtype.
+JTC_DTYPES = {'float32': np.dtype(np.float32), 'bfloat16': np.dtype(ml_dtypes.bfloat16)}
+
+
+class CheckpointError(ValueError):
+  """A Hugging Face checkpoint directory that jtc cannot load as asked."""
+
+
+# ----------------------------------------------------------------------------
+# Architectures: config.json -> the two architecture flags of ModelConfig.
+# ----------------------------------------------------------------------------
+
+
+def _llama_flags(hf: Mapping[str, Any]) -> dict[str, bool]:
+  # Llama's `attention_bias` also puts a bias on o_proj, which jtc has no slot for.
+  _require_false(hf, 'attention_bias', 'LlamaForCausalLM')
+  _require_false(hf, 'mlp_bias', 'LlamaForCausalLM')
+  return dict(qk_norm=False, attn_bias=False)
+
+
+def _qwen2_flags(hf: Mapping[str, Any]) -> dict[str, bool]:
+  # Qwen2 always has biases on q/k/v (never on o_proj or the MLP).
+  _require_false(hf, 'use_sliding_window', 'Qwen2ForCausalLM')
+  return dict(qk_norm=False, attn_bias=True)
+
+
+def _qwen3_flags(hf: Mapping[str, Any]) -> dict[str, bool]:
+  # Qwen3's `attention_bias` would also put a bias on o_proj.
+  _require_false(hf, 'attention_bias', 'Qwen3ForCausalLM')
+  _require_false(hf, 'use_sliding_window', 'Qwen3ForCausalLM')
+  return dict(qk_norm=True, attn_bias=False)
+
+
+SUPPORTED_ARCHITECTURES: dict[str, Callable[[Mapping[str, Any]], dict[str, bool]]] = {
+    'LlamaForCausalLM': _llama_flags,
+    'Qwen2ForCausalLM': _qwen2_flags,
+    'Qwen3ForCausalLM': _qwen3_flags,
+}
+_MODEL_TYPES = {
+    'llama': 'LlamaForCausalLM',
+    'qwen2': 'Qwen2ForCausalLM',
+    'qwen3': 'Qwen3ForCausalLM'
+}
+
+
+def _require_false(hf: Mapping[str, Any], key: str, arch: str) -> None:
+  if hf.get(key):
+    raise CheckpointError(
+        f'{arch} with {key}={hf[key]!r} in {CONFIG_FILE} is not supported by jtc.models.model '
+        f'(only {key}=false).')
+
+
+def _architecture(hf: Mapping[str, Any]) -> str:
+  archs = hf.get('architectures') or []
+  if not archs and hf.get('model_type') in _MODEL_TYPES:
+    archs = [_MODEL_TYPES[hf['model_type']]]
+  if len(archs) != 1 or archs[0] not in SUPPORTED_ARCHITECTURES:
+    raise CheckpointError(
+        f"Unsupported architecture {archs!r} (model_type={hf.get('model_type')!r}) in "
+        f'{CONFIG_FILE}; supported: {sorted(SUPPORTED_ARCHITECTURES)}.')
+  return archs[0]
+
+
+_ROPE_KEYS = {  # HF key -> ModelConfig field, per rope_type
+    'linear': {'factor': 'rope_factor'},
+    'llama3': {'factor': 'rope_factor', 'low_freq_factor': 'rope_low_freq_factor',
+               'high_freq_factor': 'rope_high_freq_factor',
+               'original_max_position_embeddings': 'rope_original_max_len'},
+}
+
+
+def _rope_type(rope: Mapping[str, Any]) -> str:
+  return rope.get('rope_type', rope.get('type', 'default'))
+
+
+def _rope_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
+  """ModelConfig RoPE fields from ``rope_theta`` + ``rope_scaling`` (transformers 4) or
+  ``rope_parameters`` (transformers 5, theta inside); both may be present only if they agree."""
+  params = hf.get('rope_parameters') or {}
+  scaling = hf.get('rope_scaling') or {}
+  if params and scaling:
+    keys = ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings')
+    a = (_rope_type(params), *(params.get(k) for k in keys))
+    b = (_rope_type(scaling), *(scaling.get(k) for k in keys))
+    if a != b:
+      raise CheckpointError(f'{CONFIG_FILE} has both rope_parameters={dict(params)!r} and '
+                            f'rope_scaling={dict(scaling)!r}, and they disagree; keep one of them.')
+  rope = params or scaling
+  theta_top, theta_in = hf.get('rope_theta'), rope.get('rope_theta')
+  if theta_top is not None and theta_in is not None and float(theta_top) != float(theta_in):
+    raise CheckpointError(f'{CONFIG_FILE} has rope_theta={theta_top!r} but rope_parameters.'
+                          f'rope_theta={theta_in!r}; keep one of them.')
+  theta = theta_top if theta_top is not None else theta_in
+  if theta is None:
+    raise CheckpointError(
+        f"{CONFIG_FILE} has neither 'rope_theta' nor 'rope_parameters.rope_theta'.")
+  rope_type = _rope_type(rope)
+  supported = ['default', *_ROPE_KEYS]
+  if rope_type not in supported:
+    raise CheckpointError(
+        f'RoPE scaling rope_type={rope_type!r} in {CONFIG_FILE} is not supported by '
+        f'jtc.models.model; supported: {supported}.')
+  fields: dict[str, Any] = dict(rope_theta=float(theta), rope_scaling=rope_type)
+  for key, field in _ROPE_KEYS.get(rope_type, {}).items():
+    if rope.get(key) is None:
+      raise CheckpointError(f'RoPE scaling rope_type={rope_type!r} in {CONFIG_FILE} needs '
+                            f'{key!r}; it has {sorted(rope)}.')
+    fields[field] = int(rope[key]) if field == 'rope_original_max_len' else float(rope[key])
+  return fields
+
+
+def _rope_scaling_for_hf(config: model_lib.ModelConfig) -> dict[str, Any] | None:
+  """Inverse of `_rope_fields` (the ``rope_scaling`` dict, None for plain RoPE)."""
+  if config.rope_scaling == 'default':
+    return None
+  out: dict[str, Any] = {'rope_type': config.rope_scaling}
+  for key, field in _ROPE_KEYS[config.rope_scaling].items():
+    out[key] = getattr(config, field)
+  return out
+
+
+def _hf_dtype_code(hf: Mapping[str, Any]) -> str | None:
+  name = hf.get('torch_dtype', hf.get('dtype'))
+  if name is None:
+    return None
+  if name not in HF_DTYPE_NAMES:
+    raise CheckpointError(
+        f'Unsupported dtype {name!r} in {CONFIG_FILE}; supported: {sorted(HF_DTYPE_NAMES)}.')
+  return HF_DTYPE_NAMES[name]
+
+
+def _check_jtc_dtype(name: str, what: str) -> str:
+  if name not in JTC_DTYPES:
+    raise ValueError(f'Unsupported {what}={name!r}; valid: {sorted(JTC_DTYPES)}.')
+  return name
+
+
+def config_from_hf(hf_config: Mapping[str, Any], *, param_dtype: str | None = None,
+                   dtype: str | None = None,
+                   max_seq_len: int | None = None) -> model_lib.ModelConfig:
+  """Builds a `ModelConfig` from a parsed HF ``config.json``.
+
+  Args:
+    hf_config: the ``config.json`` dict.
+    param_dtype: 'float32' or 'bfloat16'. Default: 'bfloat16' if the checkpoint
+      declares bfloat16, else 'float32'.
+    dtype: compute dtype; default equals ``param_dtype``.
+    max_seq_len: default ``max_position_embeddings``.
+  """
+  hf = hf_config
+  flags = SUPPORTED_ARCHITECTURES[_architecture(hf)](hf)
+  act = hf.get('hidden_act', 'silu')
+  if act not in ('silu', 'swish'):
+    raise CheckpointError(
+        f"hidden_act={act!r} in {CONFIG_FILE} is not supported; supported: ['silu'].")
+  required = ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers',
+              'num_attention_heads', 'rms_norm_eps')
+  missing = [k for k in required if k not in hf]
+  if missing:
+    raise CheckpointError(f'{CONFIG_FILE} is missing keys {missing}.')
+  n_heads = int(hf['num_attention_heads'])
+  head_dim = hf.get('head_dim') or hf['hidden_size'] // n_heads
+  if param_dtype is None:
+    param_dtype = 'bfloat16' if _hf_dtype_code(hf) == 'BF16' else 'float32'
+  _check_jtc_dtype(param_dtype, 'param_dtype')
+  dtype = _check_jtc_dtype(dtype or param_dtype, 'dtype')
+  return model_lib.ModelConfig(
+      vocab_size=int(hf['vocab_size']),
+      d_model=int(hf['hidden_size']),
+      n_layers=int(hf['num_hidden_layers']),
+      n_heads=n_heads,
+      n_kv_heads=int(hf.get('num_key_value_heads') or n_heads),
+      head_dim=int(head_dim),
+      d_ff=int(hf['intermediate_size']),
+      **_rope_fields(hf),
+      norm_eps=float(hf['rms_norm_eps']),
+      qk_norm=flags['qk_norm'],
+      attn_bias=flags['attn_bias'],
+      tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
+      param_dtype=param_dtype,
+      dtype=dtype,
+      max_seq_len=int(max_seq_len or hf.get('max_position_embeddings', 4096)),
+  )
+
+
+def architecture_for(config: model_lib.ModelConfig) -> str:
+  """The HF architecture that represents `config` (used by the exporter)."""
+  if config.qk_norm and config.attn_bias:
+    raise ValueError('No supported HF architecture has both qk_norm and attn_bias '
+                     f'(supported: {sorted(SUPPORTED_ARCHITECTURES)}).')
+  if config.qk_norm:
+    return 'Qwen3ForCausalLM'
+  if config.attn_bias:
+    return 'Qwen2ForCausalLM'
+  return 'LlamaForCausalLM'
+
+
+def hf_config_from(config: model_lib.ModelConfig, *,
+                   torch_dtype: str = 'float32') -> dict[str, Any]:
+  """Inverse of `config_from_hf`: a ``config.json`` dict for `config`."""
+  arch = architecture_for(config)
+  model_type = {v: k for k, v in _MODEL_TYPES.items()}[arch]
+  hf: dict[str, Any] = dict(
+      architectures=[arch],
+      model_type=model_type,
+      vocab_size=config.vocab_size,
+      hidden_size=config.d_model,
+      intermediate_size=config.d_ff,
+      num_hidden_layers=config.n_layers,
+      num_attention_heads=config.n_heads,
+      num_key_value_heads=config.n_kv_heads,
+      head_dim=config.head_dim,
+      hidden_act='silu',
+      max_position_embeddings=config.max_seq_len,
+      rms_norm_eps=config.norm_eps,
+      rope_theta=config.rope_theta,
+      rope_scaling=_rope_scaling_for_hf(config),
+      tie_word_embeddings=config.tie_embeddings,
+      torch_dtype=torch_dtype,
+      use_cache=True,
+      bos_token_id=None,
+      eos_token_id=None,
+      pad_token_id=None,
+  )
+  if arch != 'Qwen2ForCausalLM':
+    hf.update(attention_bias=False)
+  if arch == 'LlamaForCausalLM':
+    hf.update(mlp_bias=False)
+  else:
+    hf.update(use_sliding_window=False, sliding_window=None)
+  return hf

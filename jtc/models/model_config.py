@@ -1,0 +1,140 @@
+"""`ModelConfig`: the architecture of a Llama / Qwen2 / Qwen3 decoder and its presets.
+
+A frozen dataclass (hashable: static under jit) with classmethod presets
+(`ModelConfig.tiny()`, `.qwen3_0_6b()`, ...); `jtc.models.model` is the network it describes.
+"""
+
+import dataclasses
+
+import jax.numpy as jnp
+
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+ROPE_SCALINGS = ('default', 'linear', 'llama3')
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Architecture hyper-parameters; `tiny()` is the default for a 2-core CPU."""
+  vocab_size: int = 64
+  d_model: int = 128
+  n_layers: int = 4
+  n_heads: int = 4
+  n_kv_heads: int = 2
+  head_dim: int = 32
+  d_ff: int = 384
+  rope_theta: float = 10_000.0
+  # RoPE frequency scaling (Hugging Face `rope_scaling` / `rope_parameters`):
+  #   'default': angle_j = pos * theta^(-2j/H);
+  #   'linear':  every frequency divided by rope_factor (positions interpolated);
+  #   'llama3':  Llama-3.1/3.2: with wavelength w_j = 2 pi / f_j and
+  #              s_j = clip((rope_original_max_len / w_j - low) / (high - low), 0, 1),
+  #              f_j <- (1 - s_j) f_j / rope_factor + s_j f_j (low/high = rope_*_freq_factor):
+  #              short wavelengths kept, long ones divided by the factor, a blend between.
+  rope_scaling: str = 'default'
+  rope_factor: float = 1.0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_max_len: int = 8192
+  norm_eps: float = 1e-6
+  qk_norm: bool = False
+  attn_bias: bool = False
+  tie_embeddings: bool = True
+  param_dtype: str = 'float32'
+  dtype: str = 'float32'
+  max_seq_len: int = 2048
+  # Rematerialise each block's activations in the backward pass (jax.checkpoint around the
+  # scanned block): memory O(n_layers * B L D) instead of O(n_layers * B L (D + F + N S)),
+  # for about one extra forward pass. Same parameters, same values, same gradients.
+  remat: bool = False
+
+  def __post_init__(self):
+    for name in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'head_dim', 'd_ff',
+                 'max_seq_len', 'rope_original_max_len'):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f'ModelConfig.{name} must be a positive int, got {value!r}')
+    if self.n_heads % self.n_kv_heads:
+      raise ValueError(f'ModelConfig.n_heads={self.n_heads} must be divisible by '
+                       f'ModelConfig.n_kv_heads={self.n_kv_heads}')
+    if self.head_dim % 2:
+      raise ValueError(f'ModelConfig.head_dim={self.head_dim} must be even for RoPE')
+    if not self.rope_theta > 0:
+      raise ValueError(f'ModelConfig.rope_theta must be > 0, got {self.rope_theta!r}')
+    if self.rope_scaling not in ROPE_SCALINGS:
+      raise ValueError(f'ModelConfig.rope_scaling={self.rope_scaling!r} is not one of '
+                       f'{list(ROPE_SCALINGS)}')
+    if not self.rope_factor > 0:
+      raise ValueError(f'ModelConfig.rope_factor must be > 0, got {self.rope_factor!r}')
+    if self.rope_scaling == 'llama3' and not (0 < self.rope_low_freq_factor <
+                                              self.rope_high_freq_factor):
+      raise ValueError('ModelConfig.rope_low_freq_factor and rope_high_freq_factor must satisfy '
+                       f'0 < low < high for llama3 RoPE, got {self.rope_low_freq_factor!r}, '
+                       f'{self.rope_high_freq_factor!r}')
+    if not self.norm_eps > 0:
+      raise ValueError(f'ModelConfig.norm_eps must be > 0, got {self.norm_eps!r}')
+    for name in ('param_dtype', 'dtype'):
+      value = getattr(self, name)
+      if value not in DTYPES:
+        raise ValueError(f'ModelConfig.{name}={value!r} is not one of {sorted(DTYPES)}')
+    for name in ('qk_norm', 'attn_bias', 'tie_embeddings', 'remat'):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f'ModelConfig.{name} must be a bool, got {getattr(self, name)!r}')
+
+  @property
+  def jnp_dtype(self):
+    return DTYPES[self.dtype]
+
+  @property
+  def jnp_param_dtype(self):
+    return DTYPES[self.param_dtype]
+
+  @classmethod
+  def tiny(cls, vocab_size: int = 64, **overrides) -> 'ModelConfig':
+    """About 0.8M parameters (+ V * 128): 4 layers, d_model 128, 4 heads, 2 kv heads."""
+    return cls(
+        **{
+            **dict(vocab_size=vocab_size, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, d_ff=384, max_seq_len=2048),
+            **overrides
+        })
+
+  @classmethod
+  def small_25m(cls, **overrides) -> 'ModelConfig':
+    """26.2M parameters (7 x 3.15M layers + tied 8192 x 512 embedding): the benchmark size."""
+    return cls(
+        **{
+            **dict(vocab_size=8192, d_model=512, n_layers=7, n_heads=8, n_kv_heads=4, head_dim=64, d_ff=1536, max_seq_len=4096),
+            **overrides
+        })
+
+  @classmethod
+  def qwen3_0_6b(cls, **overrides) -> 'ModelConfig':
+    return cls(
+        **{
+            **dict(vocab_size=151_936, d_model=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, d_ff=3072, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True, attn_bias=False, tie_embeddings=True, param_dtype='bfloat16', dtype='bfloat16', max_seq_len=40_960),
+            **overrides
+        })
+
+  @classmethod
+  def qwen3_1_7b(cls, **overrides) -> 'ModelConfig':
+    return cls(
+        **{
+            **dict(vocab_size=151_936, d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, d_ff=6144, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True, attn_bias=False, tie_embeddings=True, param_dtype='bfloat16', dtype='bfloat16', max_seq_len=40_960),
+            **overrides
+        })
+
+  @classmethod
+  def qwen3_8b(cls, **overrides) -> 'ModelConfig':
+    return cls(
+        **{
+            **dict(vocab_size=151_936, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128, d_ff=12_288, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True, attn_bias=False, tie_embeddings=False, param_dtype='bfloat16', dtype='bfloat16', max_seq_len=40_960),
+            **overrides
+        })
+
+  @classmethod
+  def llama3_1b(cls, **overrides) -> 'ModelConfig':
+    """Llama-3.2-1B sizes, including its "llama3" RoPE frequency scaling (factor 32)."""
+    return cls(
+        **{
+            **dict(vocab_size=128_256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64, d_ff=8192, rope_theta=500_000.0, rope_scaling='llama3', rope_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_len=8192, norm_eps=1e-5, qk_norm=False, attn_bias=False, tie_embeddings=True, param_dtype='bfloat16', dtype='bfloat16', max_seq_len=131_072),
+            **overrides
+        })

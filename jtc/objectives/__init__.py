@@ -1,0 +1,6 @@
+"""Intra-group objectives: advantages, in-group weight transforms, per-token surrogates, the loss, DelTA.
+
+The loss entry point is re-exported here: ``from jtc import objectives;
+objectives.compute_loss(name, ...)`` (it lives in `jtc.objectives.loss`).
+"""
+from jtc.objectives.loss import AGGREGATIONS, LOSSES, asym, check_hparams, compute_loss, default_hparams

@@ -1,0 +1,1 @@
+"""The RL loop: rollouts, the update, the trainer, workdirs, checkpoints, sharding, the command line, SFT."""

@@ -1,0 +1,275 @@
+"""Saving and restoring: policy bundles and resumable training checkpoints.
+
+Two kinds of artefact, one place for both:
+
+* A *policy bundle* is a directory holding everything needed to sample from a policy:
+  `model.json` (the `ModelConfig`), `tokenizer.json` (a tokenizer spec, see
+  `jtc.models.tokenizer`), `params.msgpack` (Flax serialisation) and `meta.json` (how it was made).
+  Bundles in the earlier per-layer parameter layout (`layers_0` ...) load into the stacked
+  layout of `jtc.models.model` (`model.stack_layers`).
+  The default base policy ships inside the package as one (`jtc/assets/base_policy`).
+  Bundles are written to a temporary directory and renamed into place, so a reader never sees
+  half a bundle.
+* A *training checkpoint* is an orbax `CheckpointManager` step under `<workdir>/checkpoints`
+  with the train state (params, optimiser state, step), the run state (counters, token counts,
+  the token-weight plug-in's state; arrays) and a JSON item with the data-iterator state and
+  the config. Orbax finalises a step by an atomic rename; a step whose restore fails (partial or
+  corrupt files) is moved aside, never deleted, in favour of the previous one; a step written by
+  another model (other shapes) is refused (`CheckpointMismatch`).
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+
+from jtc.models import model as model_lib
+from jtc.models import tokenizer as tokenizer_lib
+
+ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'assets')
+BASE_POLICY_DIR = os.path.join(ASSETS_DIR, 'base_policy')
+# Policy bundles shipped with jtc, by name: the arithmetic base policy and the one of the
+# phrasing task (configs/sft_phrasing.py).
+SHIPPED = {'base': BASE_POLICY_DIR, 'phrasing': os.path.join(ASSETS_DIR, 'phrasing_policy')}
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyBundle:
+  model_config: model_lib.ModelConfig
+  params: dict
+  tokenizer: object
+  tokenizer_spec: dict
+  meta: dict
+
+
+def resolve_policy_path(name_or_path):
+  """A shipped bundle's name ('base', 'phrasing') -> its directory; else a directory path."""
+  return SHIPPED.get(name_or_path, name_or_path)
+
+
+def save_policy_bundle(path, *, model_config, params, tokenizer_spec, meta=None):
+  """Writes a policy bundle to `path` atomically (temporary directory + rename)."""
+  parent = os.path.dirname(os.path.abspath(path))
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix='.tmp_bundle_', dir=parent)
+  with open(os.path.join(tmp, 'model.json'), 'w') as f:
+    json.dump(dataclasses.asdict(model_config), f, indent=1)
+  with open(os.path.join(tmp, 'tokenizer.json'), 'w') as f:
+    json.dump(tokenizer_spec, f, indent=1)
+  with open(os.path.join(tmp, 'meta.json'), 'w') as f:
+    json.dump(meta or {}, f, indent=1)
+  with open(os.path.join(tmp, 'params.msgpack'), 'wb') as f:
+    f.write(flax.serialization.to_bytes(jax.device_get(params)))
+  if os.path.exists(path):
+    old = path + '.old'
+    shutil.rmtree(old, ignore_errors=True)
+    os.rename(path, old)
+    os.rename(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+  else:
+    os.rename(tmp, path)
+
+
+def load_policy_bundle(name_or_path):
+  """Reads a policy bundle ('base' = the one shipped with jtc)."""
+  path = resolve_policy_path(name_or_path)
+  needed = ('model.json', 'tokenizer.json', 'params.msgpack')
+  missing = [n for n in needed if not os.path.exists(os.path.join(path, n))]
+  if missing:
+    raise FileNotFoundError(
+        f'{path!r} is not a policy bundle: missing {missing} (a bundle has {list(needed)}; '
+        "use 'base' for the shipped policy or a directory written by `python -m jtc.sft`)")
+  with open(os.path.join(path, 'model.json')) as f:
+    model_config = model_lib.ModelConfig(**json.load(f))
+  with open(os.path.join(path, 'tokenizer.json')) as f:
+    tokenizer_spec = json.load(f)
+  meta = {}
+  if os.path.exists(os.path.join(path, 'meta.json')):
+    with open(os.path.join(path, 'meta.json')) as f:
+      meta = json.load(f)
+  template = jax.eval_shape(lambda: model_lib.init_params(model_config, jax.random.key(0)))
+  with open(os.path.join(path, 'params.msgpack'), 'rb') as f:
+    raw = flax.serialization.msgpack_restore(f.read())
+  # Bundles written before the layers were stacked hold 'layers_0' .. 'layers_{Y-1}'; the
+  # conversion only stacks them (values unchanged).
+  params = flax.serialization.from_state_dict(template, model_lib.stack_layers(raw))
+  mismatched = [
+      f'{jax.tree_util.keystr(p)}: {getattr(x, "shape", None)} != {t.shape}' for (p, x), t in zip(
+          jax.tree_util.tree_leaves_with_path(params), jax.tree_util.tree_leaves(template))
+      if getattr(x, 'shape', None) != t.shape
+  ]
+  if mismatched:
+    raise ValueError(f'{path!r}: params.msgpack does not match model.json: {mismatched[:3]}')
+  return PolicyBundle(model_config=model_config, params=params,
+                      tokenizer=tokenizer_lib.from_spec(tokenizer_spec),
+                      tokenizer_spec=tokenizer_spec, meta=meta)
+
+
+def check_policy_config(policy):
+  """A config's `policy` section, before any compute."""
+  if not policy.checkpoint and not policy.init:
+    raise ValueError('config.policy.checkpoint (a Hugging Face model directory) or '
+                     'config.policy.init (a jtc policy bundle) is required')
+  if policy.checkpoint and not os.path.isfile(os.path.join(policy.checkpoint, 'config.json')):
+    raise ValueError(f'config.policy.checkpoint={policy.checkpoint!r} is not a Hugging Face '
+                     'model directory (no config.json)')
+  if (not policy.checkpoint and
+      not os.path.isfile(os.path.join(resolve_policy_path(policy.init), 'model.json'))):
+    raise ValueError(f'config.policy.init={policy.init!r} is neither a shipped policy '
+                     f'({sorted(SHIPPED)}) nor a policy bundle directory (no model.json)')
+  for key in ('param_dtype', 'compute_dtype', 'ref_param_dtype'):
+    if policy[key] not in ('', 'float32', 'bfloat16'):
+      raise ValueError(f"config.policy.{key}={policy[key]!r} is not valid; valid: '' (the "
+                       "policy's own), 'bfloat16', 'float32'")
+
+
+def cast_floats(tree, dtype):
+  """Every floating leaf of ``tree`` as ``dtype`` (integer leaves unchanged)."""
+  return jax.tree.map(lambda x: x.astype(dtype)
+                      if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def frozen_copy(params, dtype, shardings):
+  """A copy of ``params`` cast to ``dtype`` in new buffers (the KL reference policy: never
+  aliased with the state that the update step donates)."""
+  return jax.jit(lambda p: cast_floats(p, dtype), out_shardings=shardings)(params)
+
+
+def load_policy(policy):
+  """(model_config, params on host, tokenizer) from a config's `policy` section: a Hugging Face
+  directory (`hf_import`) or a policy bundle, then the section's dtypes / remat / overrides (the
+  params are cast to the master `param_dtype`)."""
+  from jtc.models import hf_import  # pylint: disable=import-outside-toplevel
+  if policy.checkpoint:
+    model_config, params = hf_import.load_hf_checkpoint(policy.checkpoint,
+                                                        param_dtype=policy.param_dtype or None,
+                                                        dtype=policy.compute_dtype or None,
+                                                        as_numpy=True)
+    tokenizer = tokenizer_lib.HFTokenizer.from_dir(policy.checkpoint)
+  else:
+    bundle = load_policy_bundle(policy.init)
+    model_config, params, tokenizer = bundle.model_config, bundle.params, bundle.tokenizer
+  overrides = {
+      k: v for k, v in (('param_dtype', policy.param_dtype), ('dtype', policy.compute_dtype),
+                        ('remat', policy.remat)) if v
+  }
+  model_config = dataclasses.replace(model_config, **overrides, **dict(policy.overrides))
+  params = cast_floats(jax.device_get(params), model_config.jnp_param_dtype)
+  for name in ('eos_id', 'pad_id'):
+    tid = getattr(tokenizer, name)
+    if tid is None or not 0 <= tid < model_config.vocab_size:
+      raise ValueError(f'tokenizer {name}={tid!r} is not a token of the model (vocab_size='
+                       f'{model_config.vocab_size})')
+  return model_config, params, tokenizer
+
+
+class CheckpointMismatch(ValueError):
+  """A checkpoint that is readable but belongs to another model or optimiser (other shapes or
+  structure): incompatible, not unreadable. Nothing is moved or deleted."""
+
+
+def _key_name(k):
+  for attr in ('key', 'name', 'idx'):
+    if hasattr(k, attr):
+      return str(getattr(k, attr))
+  return str(k)
+
+
+def _shapes(tree):
+  """{path: shape} of a pytree's leaves; paths as tuples of names, so a stored metadata tree
+  (nested dicts and lists) and a template (dataclasses, named tuples) compare equal."""
+  leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {tuple(_key_name(k) for k in path): tuple(getattr(x, 'shape', ())) for path, x in leaves}
+
+
+class TrainCheckpointer:
+  """Orbax `CheckpointManager` of a run: the train state and the run state (both pytrees of
+  arrays) and a JSON `extra` item (the data-iterator state and the config).
+
+  `restore_latest` never deletes anything: a step that cannot be read (partial or corrupt
+  files) is moved aside to `<directory>/unreadable/<step>-<unix time>` with a one-line warning
+  and the previous step is tried; a step that reads but does not fit the run (another model's shapes)
+  raises `CheckpointMismatch`.
+  """
+
+  def __init__(self, directory, *, max_to_keep=3):
+    self.directory = os.path.abspath(directory)
+    # Handlers registered up front, so a step's metadata can be read before any restore.
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                                             enable_async_checkpointing=False),
+        item_names=('state', 'run', 'extra'), item_handlers={
+            'state': ocp.StandardCheckpointHandler(),
+            'run': ocp.StandardCheckpointHandler(),
+            'extra': ocp.JsonCheckpointHandler()
+        })
+
+  def save(self, step, *, state, run_state, extra):
+    self.manager.save(
+        step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                      run=ocp.args.StandardSave(run_state),
+                                      extra=ocp.args.JsonSave(extra)), force=True)
+    self.manager.wait_until_finished()
+
+  def _check_fits(self, step, name, template):
+    """Raises CheckpointMismatch when the stored item's structure or shapes differ from
+    ``template``'s; returns quietly when they match or the metadata cannot be read."""
+    try:
+      stored = self.manager.item_metadata(step)[name]
+    except Exception:  # pylint: disable=broad-except
+      return  # unreadable metadata: the restore fails and the step is moved aside
+    if stored is None:
+      return
+    want, got = _shapes(template), _shapes(stored)
+    if got != want:
+      missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+      if missing or extra:
+        diff = (f'{len(got)} stored arrays, {len(want)} expected; e.g. '
+                f'{"/".join((missing or extra)[0])} is {"missing" if missing else "extra"}')
+      else:
+        path = next(p for p in want if got[p] != want[p])
+        diff = f'{"/".join(path)} has shape {got[path]} stored, {want[path]} expected'
+      raise CheckpointMismatch(
+          f'checkpoint step {step} in {self.directory} does not fit this run ({name}: stored '
+          f'structure differs from the model / optimiser of the config: {diff}). '
+          'It was written by a run of another model or config; use another --workdir. '
+          'Nothing was changed.')
+
+  def _move_aside(self, step, error):
+    src = os.path.join(self.directory, str(step))
+    dst_dir = os.path.join(self.directory, 'unreadable')
+    os.makedirs(dst_dir, exist_ok=True)
+    dst = os.path.join(dst_dir, f'{step}-{int(time.time())}')
+    os.rename(src, dst)
+    self.manager.reload()
+    reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else ''
+    print(
+        f'warning: checkpoint step {step} is unreadable ({type(error).__name__}: {reason}); '
+        f'moved to {dst}, resuming from the previous step', file=sys.stderr)
+
+  def restore_latest(self, state_template, run_template):
+    """(state, run_state, extra) of the newest readable step, or None if there is none."""
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      self._check_fits(step, 'state', state_template)
+      self._check_fits(step, 'run', run_template)
+      try:
+        restored = self.manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(state_template),
+                                          run=ocp.args.StandardRestore(run_template),
+                                          extra=ocp.args.JsonRestore()))
+      except Exception as e:  # pylint: disable=broad-except
+        self._move_aside(step, e)
+        continue
+      return restored.state, restored.run, restored.extra
+    return None
+
+  def close(self):
+    self.manager.close()

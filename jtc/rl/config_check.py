@@ -1,0 +1,52 @@
+"""The trainer config checked as a whole before any compute: `validate(config)`.
+
+Each section is checked by the module that consumes it (`checkpoints.check_policy_config`,
+`data.check_config`, `rollout.check_config`, `update.check_config`, ...); this module only calls
+them in turn and checks what spans sections (a token-weighted loss needs a token-weight plug-in).
+"""
+
+import sys
+
+from jtc.objectives import advantages as advantages_lib
+from jtc.rl import checkpoints
+from jtc import checks
+from jtc.data import pipeline as data_lib
+from jtc import objectives
+from jtc.data import rewards as rewards_lib
+from jtc.rl import rollout as rollout_lib
+from jtc.rl import sharding as sharding_lib
+from jtc.objectives import surrogates
+from jtc.data import tasks as tasks_lib
+from jtc.objectives import token_weights
+from jtc.rl import update as update_lib
+
+
+def validate(c):
+  """Raises ValueError naming the offending key for any invalid setting, before any compute;
+  each section is checked by the module that consumes it."""
+  checkpoints.check_policy_config(c.policy)
+  data_lib.check_config(c.data, tasks=tasks_lib.TASKS, reward_fns=rewards_lib.REWARD_FNS)
+  checks.positive_int('config.num_steps', c.num_steps)
+  checks.choice('config.advantage.name', c.advantage.name, advantages_lib.ADVANTAGES)
+  checks.choice('config.loss.name', c.loss.name, objectives.LOSSES)
+  objectives.check_hparams(c.loss.name, c.loss.hparams.to_dict())
+  if (c.loss.name in surrogates.TOKEN_WEIGHTED) != bool(c.token_weights):
+    raise ValueError(f'config.loss.name={c.loss.name!r} with config.token_weights='
+                     f'{c.token_weights!r}: losses {surrogates.TOKEN_WEIGHTED} need a token-weight '
+                     f'plug-in ({sorted(token_weights.PLUGINS)}), the others none')
+  if c.token_weights:
+    checks.choice('config.token_weights', c.token_weights, token_weights.PLUGINS)
+    token_weights.PLUGINS[c.token_weights].check_config(c.delta)
+  rollout_lib.check_config(c)
+  update_lib.check_config(c.optim, c.rollout.prompts_per_step)
+  checks.choice('config.log.diagnostics_mode', c.log.diagnostics_mode, ('proxy', 'exact'))
+  checks.in_range('config.log.diagnostics_every', c.log.diagnostics_every, low=0, integer=True)
+  checks.positive_int('config.log.ckpt_every', c.log.ckpt_every)
+  checks.positive_int('config.log.keep_checkpoints', c.log.keep_checkpoints)
+  sharding_lib.check_batch_rows(
+      update_lib.microbatch_prompts(c.optim) * c.rollout.sampling.num_samples,
+      sharding_lib.mesh_sizes(**c.mesh))
+  if c.data.dataset and not c.policy.checkpoint:
+    print(
+        f'note: config.data.dataset with the jtc policy {c.policy.init!r}: the shipped base '
+        'policy never writes \\boxed{}, so expect every reward to be 0', file=sys.stderr)

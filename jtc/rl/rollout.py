@@ -1,0 +1,318 @@
+"""Rollouts: prompts -> G completions -> text -> verifier rewards, written once.
+
+The same code samples and scores for training (`collect`, with DAPO's dynamic sampling and
+refill), for held-out evaluation (`evaluate`, used by `jtc.train` and `jtc.sft`) and for the
+behaviour pass (`behaviour_pass`: the log-probs, and hidden states when asked, of the rollouts
+under the policy that produced them).
+
+Dimension key: B rows (= prompts x G, each group contiguous), G samples per prompt, P prompt
+width, T new tokens, L = P + T, D model width.
+"""
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jtc import checks
+from jtc.data import pipeline as data_lib
+from jtc.models import model as model_lib
+from jtc.models import logprobs
+from jtc.data import rewards as rewards_lib
+from jtc.models import sampler as sampler_lib
+from jtc.rl import sharding as sharding_lib
+
+# Verifiers return 1 for a correct solution and 0 otherwise (shaping may add fractions):
+# "correct" means a reward above one half, everywhere in jtc.
+CORRECT_ABOVE = 0.5
+
+# The sampler keyword arguments a config's `sampling` section holds (rollout and evaluation).
+SAMPLING_KEYS = ('num_samples', 'max_new_tokens', 'temperature', 'top_k', 'top_p', 'min_p')
+
+
+def is_correct(rewards_B):
+  """[B] bool: the completions whose verifier reward counts as a correct solution."""
+  return np.asarray(rewards_B) > CORRECT_ABOVE
+
+
+@flax.struct.dataclass
+class Rollout:
+  """Sampled and scored completions, on the host. Row b * G + g is sample g of prompt b.
+
+  tokens_BL / input_mask_BL: prompt (left-padded) then completion, as the sampler returns them.
+  completion_BT / completion_mask_BT: the completion tokens (mask 1 up to and including EOS).
+  sampler_logps_BT: log-probs of the chosen tokens under the sampling distribution.
+  truncated_B: no EOS within T tokens.
+  rewards_B: verifier rewards (before any shaping).
+  texts: the decoded completions.
+  """
+  tokens_BL: np.ndarray
+  input_mask_BL: np.ndarray
+  completion_BT: np.ndarray
+  completion_mask_BT: np.ndarray
+  sampler_logps_BT: np.ndarray
+  truncated_B: np.ndarray
+  rewards_B: np.ndarray
+  texts: tuple = flax.struct.field(pytree_node=False)
+
+  @property
+  def lengths_B(self):
+    return self.completion_mask_BT.sum(-1)
+
+  @property
+  def correct_B(self):
+    return is_correct(self.rewards_B)
+
+
+@dataclasses.dataclass(frozen=True)
+class Generator:
+  """What sampling and scoring need besides the parameters and the sampling settings.
+
+  ``to_device`` places a host [B, ...] array for the sampler (the trainer: on its mesh with the
+  batch sharding); ``chunk_prompts`` bounds the prompts per sampler call (0 = all at once).
+  """
+  model_config: model_lib.ModelConfig
+  tokenizer: Any
+  reward_fn: Callable
+  prompt_width: int
+  chat_template: bool = True
+  prompt_suffix: str = ''
+  chunk_prompts: int = 0
+  to_device: Callable = jnp.asarray
+
+  @classmethod
+  def from_config(cls, c, model_config, tokenizer, task, *, to_device=jnp.asarray):
+    """The generator of a run config: its task's verifier (or `data.reward`; a dataset run
+    defaults to boxed_numeric), prompt encoding and chunking."""
+    reward = c.data.reward or ('' if task else 'boxed_numeric')
+    return cls(model_config=model_config, tokenizer=tokenizer,
+               reward_fn=rewards_lib.REWARD_FNS[reward] if reward else task.reward_fn,
+               prompt_width=c.data.prompt_width, chat_template=c.data.chat_template,
+               prompt_suffix=c.data.prompt_suffix, chunk_prompts=c.rollout.chunk_prompts,
+               to_device=to_device)
+
+  def encode(self, prompts):
+    """Questions -> left-padded [B, P] prompt tokens / mask on the device."""
+    tokens_BP, mask_BP = data_lib.encode_prompts(self.tokenizer,
+                                                 [p + self.prompt_suffix for p in prompts],
+                                                 width=self.prompt_width,
+                                                 chat_template=self.chat_template)
+    return self.to_device(tokens_BP), self.to_device(mask_BP)
+
+  def check_prompt_width(self, prompts):
+    """ValueError naming config.data.prompt_width when the longest of ``prompts`` (suffix and
+    chat template included) does not fit, before any compute."""
+    need, longest = max(((len(
+        data_lib.prompt_ids(self.tokenizer, p + self.prompt_suffix,
+                            chat_template=self.chat_template)), p)
+                         for p in prompts), default=(0, ''))
+    if need > self.prompt_width:
+      raise ValueError(f'config.data.prompt_width={self.prompt_width} is too small: the prompt '
+                       f'{longest!r} takes {need} tokens with the template; set it to >= {need}')
+
+  def sample(self, params, prompts, rng, sampling):
+    """sampler.sample on the encoded prompts; a `SampleOutput` on the host."""
+    tokens_BP, mask_BP = self.encode(prompts)
+    out = sampler_lib.sample(params, self.model_config, tokens_BP, mask_BP, rng=rng,
+                             eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id, **sampling)
+    return sharding_lib.to_host(out)
+
+  def decode(self, completion_BT, completion_mask_BT):
+    return tuple(
+        self.tokenizer.decode(row[m > 0].tolist())
+        for row, m in zip(completion_BT, completion_mask_BT))
+
+
+def generate(gen, params, prompts, answers, rng, sampling):
+  """G samples of every prompt, decoded and scored by the verifier: a `Rollout`.
+
+  Prompts go to the sampler `gen.chunk_prompts` at a time (key folded with the chunk index;
+  one chunk keeps ``rng`` as it is).
+  """
+  G = sampling['num_samples']
+  chunk = gen.chunk_prompts or len(prompts)
+  outs = []
+  for i, s in enumerate(range(0, len(prompts), chunk)):
+    key = rng if chunk == len(prompts) else jax.random.fold_in(rng, i)
+    outs.append(gen.sample(params, prompts[s:s + chunk], key, sampling))
+  out = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *outs)
+  texts = gen.decode(out.completion, out.completion_mask)
+  rewards_B = np.asarray(
+      gen.reward_fn([p for p in prompts for _ in range(G)], list(texts),
+                    [a for a in answers for _ in range(G)]), np.float32)
+  return Rollout(tokens_BL=out.tokens, input_mask_BL=out.input_mask, completion_BT=out.completion,
+                 completion_mask_BT=out.completion_mask, sampler_logps_BT=out.logps,
+                 truncated_B=out.truncated, rewards_B=rewards_B, texts=texts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training rollouts: DAPO dynamic sampling (refill zero-variance groups), overlong shaping.
+# ---------------------------------------------------------------------------------------------
+
+
+def informative_groups(rewards_B, group_size):
+  """[B / G] bool: groups whose rewards are not all equal (DAPO dynamic sampling)."""
+  r = np.asarray(rewards_B).reshape(-1, group_size)
+  return r.max(-1) > r.min(-1)
+
+
+def refill(rollout, donor, keep_M, group_size):
+  """``rollout`` with its groups where ``keep_M`` is False replaced, in order, by the
+  informative groups of ``donor`` (as many as it has)."""
+  G = group_size
+  donors = list(np.flatnonzero(informative_groups(donor.rewards_B, G)))
+  arrays = {
+      f.name: np.array(getattr(rollout, f.name))
+      for f in dataclasses.fields(rollout)
+      if f.name != 'texts'
+  }
+  texts = list(rollout.texts)
+  for g in np.flatnonzero(~keep_M):
+    if not donors:
+      break
+    d = donors.pop(0)
+    dst, src = slice(g * G, (g + 1) * G), slice(d * G, (d + 1) * G)
+    for name, x in arrays.items():
+      x[dst] = np.asarray(getattr(donor, name))[src]
+    texts[dst] = donor.texts[src]
+  return rollout.replace(texts=tuple(texts), **arrays)
+
+
+def collect(gen, params, next_examples, rng, *, sampling, dynamic_sampling, max_rounds):
+  """The training rollout of one RL step; returns (Rollout, extra rounds sampled).
+
+  ``next_examples()`` gives a batch {'prompt': [...], 'answer': [...]} of the prompt stream.
+  With ``dynamic_sampling`` (DAPO) zero-variance groups are replaced by informative groups of
+  up to ``max_rounds`` further batches.
+  """
+  G = sampling['num_samples']
+  examples = next_examples()
+  rng, sub = jax.random.split(rng)
+  rollout = generate(gen, params, examples['prompt'], examples['answer'], sub, sampling)
+  rounds = 0
+  if dynamic_sampling:
+    keep_M = informative_groups(rollout.rewards_B, G)
+    while not keep_M.all() and rounds < max_rounds:
+      rounds += 1
+      rng, sub = jax.random.split(rng)
+      more = next_examples()
+      donor = generate(gen, params, more['prompt'], more['answer'], sub, sampling)
+      rollout = refill(rollout, donor, keep_M, G)
+      keep_M = informative_groups(rollout.rewards_B, G)
+  return rollout, rounds
+
+
+def overlong_shaping(lengths_B, *, max_new_tokens, buffer, penalty):
+  """DAPO soft overlong punishment: a linear penalty over the last ``buffer`` tokens."""
+  if buffer <= 0:
+    return np.zeros_like(lengths_B, dtype=np.float32)
+  start = max_new_tokens - buffer
+  over = np.clip(lengths_B - start, 0, buffer).astype(np.float32)
+  return -penalty * over / buffer
+
+
+def behaviour_pass(params, tokens_BL, input_mask_BL, *, model_config, completion_start,
+                   return_hidden):
+  """Log-probs [B, T] (and hidden states [B, T, D] when asked) of the rollouts: one forward
+  pass, no gradient. Jit with everything but the arrays static."""
+  return logprobs.sequence_logprobs(params, model_config, tokens_BL, input_mask_BL,
+                                    completion_start=completion_start, return_hidden=return_hidden)
+
+
+def behaviour_logps(behaviour_fn, params, *, rollout, tokens_BL, input_mask_BL, chunk_rows,
+                    to_device):
+  """``behaviour_fn`` (a jitted `behaviour_pass`) over the rollouts already on the device, or
+  ``chunk_rows`` rows at a time from the host copy in ``rollout`` (0 = all at once)."""
+  B = tokens_BL.shape[0]
+  if not chunk_rows or chunk_rows >= B:
+    return behaviour_fn(params, tokens_BL, input_mask_BL)
+  parts = [
+      behaviour_fn(params, to_device(rollout.tokens_BL[s:s + chunk_rows]),
+                   to_device(rollout.input_mask_BL[s:s + chunk_rows]))
+      for s in range(0, B, chunk_rows)
+  ]
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Held-out evaluation and the equivalent-format shares.
+# ---------------------------------------------------------------------------------------------
+
+
+def format_metrics(task, texts, correct_B):
+  """Share of each equivalent solution format among the correct completions and its entropy
+  (nats); {} for a task without formats or when nothing is correct."""
+  formats = getattr(task, 'formats', ())
+  names = [task.format_of(t) for t, ok in zip(texts, correct_B) if ok] if formats else []
+  if not names:
+    return {}
+  counts = np.array([names.count(f) for f in formats], np.float64)
+  p = counts / max(counts.sum(), 1)
+  nz = p[p > 0]
+  out = {f'format/{f}': float(v) for f, v in zip(formats, p)}
+  out['format/entropy'] = float(-(nz * np.log(nz)).sum())
+  return out
+
+
+def evaluate(gen, params, examples, rng, *, sampling, batch_prompts, task=None):
+  """avg@k accuracy (k = sampling['num_samples']) on held-out ``examples`` and the format
+  shares of the correct samples. Prompts go ``batch_prompts`` at a time (the last batch padded
+  by repeating its last prompt, so one shape compiles); batch s uses fold_in(rng, s)."""
+  k = sampling['num_samples']
+  correct, texts = [], []
+  for s in range(0, len(examples), batch_prompts):
+    chunk = examples[s:s + batch_prompts]
+    n_real = len(chunk)
+    chunk = chunk + [chunk[-1]] * (batch_prompts - n_real)
+    out = gen.sample(params, [e['prompt'] for e in chunk], jax.random.fold_in(rng, s), sampling)
+    n_keep = n_real * k
+    chunk_texts = gen.decode(out.completion[:n_keep], out.completion_mask[:n_keep])
+    rep = [e for e in chunk[:n_real] for _ in range(k)]
+    rewards = gen.reward_fn([e['prompt'] for e in rep], list(chunk_texts),
+                            [e['answer'] for e in rep])
+    correct.append(is_correct(rewards))
+    texts += chunk_texts
+  correct = np.concatenate(correct)
+  return {f'avg@{k}': float(correct.mean()), **format_metrics(task, texts, correct)}
+
+
+def check_sampling(section, name):
+  """A config `sampling` section: its keys are exactly SAMPLING_KEYS, with valid values."""
+  keys = set(section.keys())
+  if keys != set(SAMPLING_KEYS):
+    raise ValueError(f'{name} has keys {sorted(keys)}; expected {sorted(SAMPLING_KEYS)}')
+  checks.positive_int(f'{name}.num_samples', section.num_samples)
+  checks.positive_int(f'{name}.max_new_tokens', section.max_new_tokens)
+  checks.in_range(f'{name}.temperature', section.temperature, low=0.0, low_open=True)
+  checks.in_range(f'{name}.top_k', section.top_k, low=0, integer=True)
+  checks.in_range(f'{name}.top_p', section.top_p, low=0.0, high=1.0, low_open=True)
+  checks.in_range(f'{name}.min_p', section.min_p, low=0.0, high=1.0)
+
+
+def check_config(c):
+  """The sections a run's rollouts consume: data (prompt width), rollout, eval, dapo."""
+  checks.positive_int('config.data.prompt_width', c.data.prompt_width)
+  checks.positive_int('config.rollout.prompts_per_step', c.rollout.prompts_per_step)
+  check_sampling(c.rollout.sampling, 'config.rollout.sampling')
+  check_sampling(c.eval.sampling, 'config.eval.sampling')
+  G = c.rollout.sampling.num_samples
+  if G < 2:
+    raise ValueError(f'config.rollout.sampling.num_samples={G} must be >= 2: intra-group '
+                     'objectives compare at least two completions of a prompt')
+  checks.choice('config.rollout.behaviour_logps', c.rollout.behaviour_logps,
+                ('recompute', 'sampler'))
+  chunk = c.rollout.chunk_prompts
+  if chunk < 0 or (chunk and c.rollout.prompts_per_step % chunk):
+    raise ValueError(f'config.rollout.chunk_prompts={chunk} must be 0 (off) or a divisor of '
+                     f'config.rollout.prompts_per_step={c.rollout.prompts_per_step}')
+  checks.in_range('config.eval.every', c.eval.every, low=0, integer=True)
+  checks.positive_int('config.eval.problems', c.eval.problems)
+  checks.in_range('config.eval.probe_problems', c.eval.probe_problems, low=0, integer=True)
+  checks.in_range('config.dapo.dynamic_sampling_rounds', c.dapo.dynamic_sampling_rounds, low=0,
+                  integer=True)
+  checks.in_range('config.dapo.overlong_buffer', c.dapo.overlong_buffer, low=0,
+                  high=c.rollout.sampling.max_new_tokens, high_open=True, integer=True)
+  checks.in_range('config.dapo.overlong_penalty', c.dapo.overlong_penalty, low=0.0)

@@ -1,0 +1,219 @@
+"""Device mesh, logical-axis rules and sharded jit: the one place that knows about devices.
+
+Mesh axes:
+  'data'   pure data parallelism (parameters replicated);
+  'fsdp'   data parallelism with parameters (and so optimiser state) sharded over 'embed';
+  'tensor' Megatron-style model parallelism over heads, MLP hidden units and vocabulary.
+
+The model names *logical* axes only (`jtc.models.model.param_logical_axes`, `model.CACHE_AXES`);
+`LOGICAL_AXIS_RULES` below maps them to mesh axes. A dimension whose size is not divisible by
+the product of its mesh axes keeps the longest prefix of those axes that divides it (possibly
+none, i.e. replicated), so every preset runs on every mesh.
+
+Single host: `mesh = make_mesh(data=1, fsdp=-1, tensor=1)` (-1: all remaining devices), then
+`shard_params`, `shard_batch`, and `jax.jit(fn, in_shardings=..., out_shardings=...)` with these
+NamedShardings. Anything jitted on sharded inputs (e.g. `jtc.models.sampler.sample`) also runs
+sharded: XLA propagates the input shardings.
+
+Multi-host (TPU pods, GPU clusters): call `initialize_distributed()` first thing in *every*
+process, before any other JAX call (`jax.distributed.initialize`; on TPU/SLURM/Open MPI the
+coordinator, process count and id are detected, otherwise pass them). `jax.devices()` then
+lists every host's devices and `make_mesh` spans them all. The trainer reads the same global
+batch in every process (host-side rewards and advantages are replicated) and places it with
+`to_device`, each process filling its own shards; a pipeline that reads a per-process slice
+instead assembles the global array with `host_local_to_global`. Parameters are created with `jax.jit(init_params, out_shardings=...)` so no
+host ever holds them whole.
+
+Dimension key: B batch, L sequence length, plus the model's (see `jtc.models.model`).
+"""
+
+import math
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jtc.models import decode
+from jtc.models import model as model_lib
+
+MESH_AXES = ('data', 'fsdp', 'tensor')
+
+# logical axis -> mesh axis / tuple of mesh axes / None (replicated).
+LOGICAL_AXIS_RULES = {
+    # Activations, batches and the KV cache.
+    'batch': ('data', 'fsdp'),
+    'length': None,
+    'cache_length': None,
+    # The stacked-layer axis of parameters and KV caches ([Y, ...]): never sharded (the layer
+    # scan reads one layer at a time).
+    'layers': None,
+    # Parameters.
+    'vocab': 'tensor',
+    'embed': 'fsdp',
+    'heads': 'tensor',
+    'kv_heads': 'tensor',
+    'head_dim': None,
+    'mlp': 'tensor',
+    'norm': None,
+}
+
+
+def make_mesh(*, data: int = 1, fsdp: int = -1, tensor: int = 1,
+              devices: Sequence[Any] | None = None) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh; at most one size may be -1 (= the rest)."""
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = {'data': data, 'fsdp': fsdp, 'tensor': tensor}
+  free = [k for k, v in sizes.items() if v == -1]
+  if len(free) > 1 or any(v == 0 or v < -1 for v in sizes.values()):
+    raise ValueError(f'mesh sizes {sizes} invalid: positive ints, at most one -1')
+  if free:
+    known = math.prod(v for v in sizes.values() if v != -1)
+    if len(devices) % known:
+      raise ValueError(f'{len(devices)} devices not divisible by mesh sizes {sizes}')
+    sizes[free[0]] = len(devices) // known
+  if math.prod(sizes.values()) != len(devices):
+    raise ValueError(f'mesh sizes {sizes} do not multiply to {len(devices)} devices')
+  grid = np.array(devices, dtype=object).reshape([sizes[a] for a in MESH_AXES])
+  return Mesh(grid, MESH_AXES)
+
+
+def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                    rules: dict = LOGICAL_AXIS_RULES) -> PartitionSpec:
+  """PartitionSpec for an array of `shape` whose dimensions have these logical names."""
+  if len(logical_axes) != len(shape):
+    raise ValueError(f'logical axes {logical_axes} do not match shape {shape}')
+  used, spec = set(), []
+  for name, size in zip(logical_axes, shape):
+    if name is not None and name not in rules:
+      raise ValueError(f'unknown logical axis {name!r}; valid: {sorted(rules)}')
+    target = rules.get(name) if name is not None else None
+    target = (target,) if isinstance(target, str) else tuple(target or ())
+    chosen = []
+    for axis in target:
+      if axis in used or size % (math.prod(mesh.shape[a] for a in chosen) * mesh.shape[axis]):
+        break
+      chosen.append(axis)
+    used.update(chosen)
+    spec.append(None if not chosen else chosen[0] if len(chosen) == 1 else tuple(chosen))
+  return PartitionSpec(*spec)
+
+
+def named_sharding(mesh: Mesh, logical_axes, shape) -> NamedSharding:
+  return NamedSharding(mesh, logical_to_spec(logical_axes, shape, mesh))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def param_shardings(params, mesh: Mesh):
+  """A pytree like `params` of NamedShardings (works on arrays or ShapeDtypeStructs)."""
+  axes = model_lib.param_logical_axes(params)
+  return jax.tree_util.tree_map(lambda a, x: named_sharding(mesh, a, x.shape), axes, params,
+                                is_leaf=lambda x: isinstance(x, tuple))
+
+
+def shard_params(params, mesh: Mesh):
+  return jax.device_put(params, param_shardings(params, mesh))
+
+
+def batch_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
+  """Leading dimension over ('data', 'fsdp'), the rest replicated ([B, ...] arrays)."""
+  return named_sharding(mesh, ('batch',) + (None,) * (len(shape) - 1), shape)
+
+
+def batch_shardings(tree, mesh: Mesh):
+  return jax.tree_util.tree_map(lambda x: batch_sharding(mesh, x.shape), tree)
+
+
+def shard_batch(tree, mesh: Mesh):
+  """device_put every [B, ...] leaf with the batch sharding."""
+  return jax.device_put(tree, batch_shardings(tree, mesh))
+
+
+def cache_shardings(cache, mesh: Mesh):
+  """Shardings for a `model.KVCache` or `decode.GroupCache`: keys/values [Y, B, K, S, H] over
+  (-, batch, kv_heads, -, -) (the group cache's transposed completion keys [Y, R, K, H, S]
+  likewise), masks [B, S] over (batch, -), counters replicated."""
+  kv = lambda x, axes=model_lib.CACHE_AXES: named_sharding(mesh, axes, x.shape)
+  mask = lambda x: named_sharding(mesh, model_lib.CACHE_MASK_AXES, x.shape)
+  if isinstance(cache, decode.GroupCache):
+    k_axes = model_lib.CACHE_AXES[:3] + model_lib.CACHE_AXES[:2:-1]  # [Y, R, K, H, S]
+    return decode.GroupCache(prompt_k=kv(cache.prompt_k), prompt_v=kv(cache.prompt_v),
+                             prompt_mask_BP=mask(cache.prompt_mask_BP), k=kv(cache.k, k_axes),
+                             v=kv(cache.v), length=replicated(mesh))
+  return model_lib.KVCache(k=kv(cache.k), v=kv(cache.v), mask_BS=mask(cache.mask_BS),
+                           index=replicated(mesh))
+
+
+def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None) -> None:
+  """Multi-host start-up: `jax.distributed.initialize` (call once, before any JAX work).
+
+  With no arguments the cluster is auto-detected (Cloud TPU, SLURM, Open MPI, ...). A single
+  process with nothing to detect is left alone, so scripts work unchanged on one machine.
+  """
+  if coordinator_address is None and num_processes is None and process_id is None:
+    try:
+      jax.distributed.initialize()
+    except (ValueError, RuntimeError):  # nothing to auto-detect: single process.
+      pass
+    return
+  jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                             process_id=process_id)
+
+
+def host_local_to_global(tree, mesh: Mesh):
+  """Assemble per-process [B_local, ...] batches into global [B, ...] arrays on `mesh`."""
+
+  def to_global(x):
+    x = np.asarray(x)
+    global_shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
+    return jax.make_array_from_process_local_data(batch_sharding(mesh, global_shape), x,
+                                                  global_shape)
+
+  return jax.tree_util.tree_map(to_global, tree)
+
+
+def to_device(x, sharding: NamedSharding) -> jax.Array:
+  """A host array -> a global jax.Array with ``sharding`` (multi-host safe: each process fills
+  its addressable shards from the same full host value)."""
+  x = np.asarray(x)
+  return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def to_host(tree):
+  """Global arrays -> numpy on every process (an all-gather when the mesh spans hosts)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    return multihost_utils.process_allgather(tree, tiled=True)
+  return jax.device_get(tree)
+
+
+def mesh_sizes(data: int, fsdp: int, tensor: int, n_devices: int | None = None) -> dict:
+  """{'data', 'fsdp', 'tensor'} sizes with a -1 resolved to the remaining devices; a
+  ValueError naming `config.mesh` when they do not fit the devices."""
+  n = jax.device_count() if n_devices is None else n_devices
+  sizes = {'data': data, 'fsdp': fsdp, 'tensor': tensor}
+  free = [k for k, v in sizes.items() if v == -1]
+  if len(free) > 1 or any(v == 0 or v < -1 for v in sizes.values()):
+    raise ValueError(f'config.mesh.data/fsdp/tensor = {list(sizes.values())} are invalid: '
+                     'positive ints, at most one -1 (= the remaining devices)')
+  known = math.prod(v for v in sizes.values() if v != -1)
+  if free:
+    if n % known:
+      raise ValueError(f'{n} devices do not split over config.mesh = {sizes}')
+    sizes[free[0]] = n // known
+  if math.prod(sizes.values()) != n:
+    raise ValueError(f'config.mesh = {sizes} does not multiply to the {n} devices')
+  return sizes
+
+
+def check_batch_rows(rows: int, sizes: dict) -> None:
+  """A (micro-)batch of ``rows`` sequences must split over the mesh's batch axes."""
+  n = sizes['data'] * sizes['fsdp']
+  if rows % n:
+    raise ValueError(f'a (micro-)batch of {rows} sequences (config.optim.microbatch_prompts or '
+                     'minibatch_prompts, times the group size) does not split over the '
+                     f'{n} devices of config.mesh.data x config.mesh.fsdp')

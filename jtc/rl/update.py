@@ -1,0 +1,363 @@
+"""The optimisation half of an RL step: train state, optimiser, batch, mini-batches, updates.
+
+`make_batch` turns a `rollout.Rollout` into the update's `Batch` on the device (advantages,
+behaviour log-probs, token weights; once per step); `run_updates` takes ppo_epochs x mini-batches
+of whole groups, sliced on the device by `minibatch`, through `update_step` (jit it with
+``donate_argnums=0``), which accumulates the gradients of its micro-batches exactly
+(`microbatch_weights`).
+
+Dimension key: B sequences, G group size, T completion length, L = P + T, n micro-batches per
+mini-batch.
+"""
+
+import functools
+
+import chex
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jtc.objectives import advantages as advantages_lib
+from jtc import checks
+from jtc.analysis import diagnostics
+from jtc.models import logprobs
+from jtc import objectives
+from jtc.rl import rollout as rollout_lib
+from jtc.rl import sharding as sharding_lib
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: dict
+  opt_state: optax.OptState
+
+
+COUNTERS = ('rl_steps', 'generated_tokens', 'rollouts', 'update_steps', 'prompts')
+
+
+@flax.struct.dataclass
+class RunState:
+  """What a run carries between steps besides the train state (checkpointed as arrays):
+  counters int64 [5] (`COUNTERS`), token_counts_V float32 [V] (the Energy diagnostic's
+  frequency buckets) and the token-weight plug-in's state (DelTA's token cloud) or None."""
+  counters: np.ndarray
+  token_counts_V: jax.Array
+  weighter: object = None
+
+  @classmethod
+  def init(cls, vocab_size, weighter_state=None):
+    return cls(counters=np.zeros(len(COUNTERS), np.int64), token_counts_V=jnp.zeros(
+        (vocab_size,), jnp.float32), weighter=weighter_state)
+
+  def count(self, name):
+    return int(self.counters[COUNTERS.index(name)])
+
+  def add(self, **increments):
+    counters = self.counters.copy()
+    for k, v in increments.items():
+      counters[COUNTERS.index(k)] += v
+    return self.replace(counters=counters)
+
+
+@flax.struct.dataclass
+class Batch:
+  """What the update consumes, [B, ...] per leaf (a mini-batch: [n, B/n, ...]).
+
+  tokens / input_mask: [B, L] the rollouts (prompt then completion); mask: [B, T] the tokens
+  that carry gradient; advantages [B]; old_logps [B, T] behaviour log-probs; ref_logps [B, T]
+  (KL reference) and token_weights [B, T] (e.g. DelTA's) or None.
+  """
+  tokens: jax.Array
+  input_mask: jax.Array
+  mask: jax.Array
+  advantages: jax.Array
+  old_logps: jax.Array
+  ref_logps: jax.Array | None = None
+  token_weights: jax.Array | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimiser.
+# ---------------------------------------------------------------------------------------------
+
+
+def updates_per_step(optim, prompts_per_step):
+  """Optimiser steps per RL step: ppo_epochs x mini-batches."""
+  return optim.ppo_epochs * (prompts_per_step // optim.minibatch_prompts)
+
+
+def learning_rate_schedule(optim, total_updates):
+  """Linear warm-up over ``warmup_frac`` of the updates, then cosine to ``min_lr_ratio`` x peak."""
+  warmup = int(round(optim.warmup_frac * total_updates))
+  return optax.warmup_cosine_decay_schedule(init_value=0.0 if warmup else optim.learning_rate,
+                                            peak_value=optim.learning_rate, warmup_steps=warmup,
+                                            decay_steps=max(total_updates, warmup + 1),
+                                            end_value=optim.learning_rate * optim.min_lr_ratio)
+
+
+def make_optimizer(optim, total_updates):
+  """Global-norm clipping (``grad_clip`` > 0) then AdamW on the schedule above."""
+  return optax.chain(
+      optax.clip_by_global_norm(optim.grad_clip) if optim.grad_clip > 0 else optax.identity(),
+      optax.adamw(learning_rate_schedule(optim, total_updates), b1=optim.adam_b1, b2=optim.adam_b2,
+                  weight_decay=optim.weight_decay))
+
+
+def init_state(params, optimizer, *, param_shardings, replicated):
+  """(TrainState, its shardings): the params placed with ``param_shardings``, the optimiser
+  state sharded like the params it mirrors (its scalars replicated), step 0."""
+  params = jax.tree.map(sharding_lib.to_device, params, param_shardings)
+  opt_shapes = jax.eval_shape(optimizer.init, params)
+  opt_sh = optax.tree_map_params(optimizer, lambda _, sh: sh, opt_shapes, param_shardings,
+                                 transform_non_params=lambda _: replicated)
+  shardings = TrainState(step=replicated, params=param_shardings, opt_state=opt_sh)
+  state = TrainState(step=sharding_lib.to_device(np.zeros((), np.int32), replicated), params=params,
+                     opt_state=jax.jit(optimizer.init, out_shardings=opt_sh)(params))
+  return state, shardings
+
+
+def microbatch_prompts(optim):
+  """Prompts per forward/backward pass: ``microbatch_prompts``, or the whole mini-batch (0)."""
+  return optim.microbatch_prompts or optim.minibatch_prompts
+
+
+def num_microbatches(optim):
+  """n: micro-batches per mini-batch (1 = no gradient accumulation)."""
+  return optim.minibatch_prompts // microbatch_prompts(optim)
+
+
+def check_config(optim, prompts_per_step):
+  """The `optim` section against the rollout batch it splits."""
+  checks.positive('optim.learning_rate', optim.learning_rate)
+  checks.positive_int('optim.ppo_epochs', optim.ppo_epochs)
+  checks.positive_int('optim.minibatch_prompts', optim.minibatch_prompts)
+  checks.in_range('optim.warmup_frac', optim.warmup_frac, low=0.0, high=1.0, high_open=True)
+  checks.in_range('optim.min_lr_ratio', optim.min_lr_ratio, low=0.0, high=1.0)
+  checks.in_range('optim.weight_decay', optim.weight_decay, low=0.0)
+  checks.in_range('optim.grad_clip', optim.grad_clip, low=0.0)
+  checks.in_range('optim.adam_b1', optim.adam_b1, low=0.0, high=1.0, high_open=True)
+  checks.in_range('optim.adam_b2', optim.adam_b2, low=0.0, high=1.0, high_open=True)
+  if prompts_per_step % optim.minibatch_prompts:
+    raise ValueError(f'config.rollout.prompts_per_step={prompts_per_step} is not divisible by '
+                     f'config.optim.minibatch_prompts={optim.minibatch_prompts}')
+  if optim.microbatch_prompts < 0 or (optim.microbatch_prompts and
+                                      optim.minibatch_prompts % optim.microbatch_prompts):
+    raise ValueError(f'config.optim.microbatch_prompts={optim.microbatch_prompts} must be 0 '
+                     f'(off) or a divisor of config.optim.minibatch_prompts='
+                     f'{optim.minibatch_prompts}')
+
+
+# ---------------------------------------------------------------------------------------------
+# The batch of a step.
+# ---------------------------------------------------------------------------------------------
+
+
+def make_batch(c, rollout, params, run_state, *, task, behaviour_fn, ref_params, to_device,
+               weighter=None, rng=None):
+  """Rollout -> `Batch` on the device; returns (batch, the step's rollout metrics, run_state).
+
+  Rewards (+ DAPO overlong shaping) -> advantages (``c.advantage``) -> the token mask (minus
+  truncated completions with ``c.dapo.mask_truncated``) -> behaviour log-probs of ``params``
+  (``behaviour_fn``, a jitted `rollout.behaviour_pass`, ``c.rollout.chunk_prompts`` groups at a
+  time; or the sampler's, by ``c.rollout.behaviour_logps``) -> the KL reference's (when
+  ``ref_params``) -> token weights of the ``weighter`` plug-in (DelTA), from the behaviour pass.
+  ``run_state`` comes back with the plug-in's state and the token counts updated.
+  """
+  rewards_B = rollout.rewards_B + rollout_lib.overlong_shaping(
+      rollout.lengths_B, max_new_tokens=c.rollout.sampling.max_new_tokens,
+      buffer=c.dapo.overlong_buffer, penalty=c.dapo.overlong_penalty)
+  adv_B, adv_metrics = advantages_lib.compute_advantages(
+      c.advantage.name, jnp.asarray(rewards_B), group_size=c.rollout.sampling.num_samples,
+      eps=c.advantage.eps, std_ddof=c.advantage.std_ddof,
+      batch_normalize=c.advantage.batch_normalize)
+  mask_BT = rollout.completion_mask_BT.astype(np.float32)
+  if c.dapo.mask_truncated:
+    mask_BT = mask_BT * (~rollout.truncated_B)[:, None]
+  tokens_BL, input_mask_BL = to_device(rollout.tokens_BL), to_device(rollout.input_mask_BL)
+  score = functools.partial(rollout_lib.behaviour_logps, behaviour_fn, rollout=rollout,
+                            tokens_BL=tokens_BL, input_mask_BL=input_mask_BL, to_device=to_device,
+                            chunk_rows=c.rollout.chunk_prompts * c.rollout.sampling.num_samples)
+  recompute = c.rollout.behaviour_logps == 'recompute'
+  behaviour = score(params) if recompute or weighter is not None else None
+  batch = Batch(tokens=tokens_BL, input_mask=input_mask_BL, mask=to_device(mask_BT),
+                advantages=to_device(np.asarray(adv_B)),
+                old_logps=behaviour['logps'] if recompute else to_device(rollout.sampler_logps_BT),
+                ref_logps=None if ref_params is None else score(ref_params)['logps'])
+  metrics = {f'adv/{k}': float(v) for k, v in adv_metrics.items()}
+  completion_BT = jnp.asarray(rollout.completion_BT)
+  if weighter is not None:
+    weights_BT, weight_metrics, weighter_state = weighter.weights(run_state.weighter, params,
+                                                                  behaviour, completion_BT, adv_B,
+                                                                  jnp.asarray(mask_BT), rng)
+    batch = batch.replace(token_weights=weights_BT)
+    metrics.update({f'{c.token_weights}/{k}': v for k, v in weight_metrics.items()})
+    run_state = run_state.replace(weighter=weighter_state)
+  run_state = run_state.replace(token_counts_V=diagnostics.update_token_counts(
+      run_state.token_counts_V, completion_BT, batch.mask))
+  metrics.update(reward_mean=float(rewards_B.mean()), reward_std=float(rewards_B.std()),
+                 accuracy=float(rollout.correct_B.mean()),
+                 response_length=float(rollout.lengths_B.mean()),
+                 frac_truncated=float(rollout.truncated_B.mean()),
+                 **rollout_lib.format_metrics(task, rollout.texts, rollout.correct_B))
+  return batch, metrics, run_state
+
+
+# ---------------------------------------------------------------------------------------------
+# Mini-batches.
+# ---------------------------------------------------------------------------------------------
+
+
+def minibatch_rows(order_M, start, num_prompts, group_size):
+  """[num_prompts * G] row indices of the groups order_M[start:start + num_prompts]."""
+  groups = np.asarray(order_M)[start:start + num_prompts]
+  return (groups[:, None] * group_size + np.arange(group_size)[None, :]).reshape(-1)
+
+
+def minibatch(batch, rows, *, num_micro):
+  """The rows of ``batch`` as n = ``num_micro`` micro-batches [n, len(rows)/n, ...] (on device;
+  jit it with out_shardings to place them)."""
+  return jax.tree.map(lambda x: x[rows].reshape((num_micro, -1) + x.shape[1:]), batch)
+
+
+def microbatch_weights(mask_nBT, *, aggregation):
+  """w_n: how much micro-batch k's loss counts in the loss of the whole mini-batch.
+
+  The mini-batch loss is sum_k w_k loss_k exactly when
+    token_mean:  w_k = N_k / N   (N_k real tokens of micro-batch k; DelTA too, since its
+                                  coefficients arrive normalised and the loss is a token mean);
+    seq_mean_* / seq_mean_token_sum_norm:  w_k = 1 / n   (equal-size micro-batches).
+  Sequence-level transforms (GSPO, DFPO) act within a group and groups never straddle
+  micro-batches, so they are unaffected.
+
+  Args:
+    mask_nBT: [n, B, T] real-token mask of each micro-batch.
+    aggregation: the loss's aggregation (`objectives.AGGREGATIONS`).
+
+  Returns:
+    w_n float32 [n], summing to 1.
+  """
+  chex.assert_rank(mask_nBT, 3)
+  n = mask_nBT.shape[0]
+  if aggregation != 'token_mean':
+    return jnp.full((n,), 1.0 / n, jnp.float32)
+  z_n = jnp.sum((mask_nBT > 0).astype(jnp.float32), axis=(1, 2))
+  total = jnp.sum(z_n)
+  return jnp.where(total > 0, z_n / jnp.where(total > 0, total, 1.0), 1.0 / n)
+
+
+def _combine_metrics(metrics_n, w_n):
+  """Per-micro-batch metrics -> mini-batch metrics: max of *_max, min of *_min, else sum w m."""
+  out = {}
+  for k, v_n in metrics_n.items():
+    if k.endswith('_max'):
+      out[k] = jnp.max(v_n)
+    elif k.endswith('_min'):
+      out[k] = jnp.min(v_n)
+    else:
+      out[k] = jnp.sum(w_n * v_n)
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The update.
+# ---------------------------------------------------------------------------------------------
+
+
+def update_step(state, batch, *, model_config, optimizer, loss_name, loss_hparams, completion_start,
+                group_size):
+  """One optimiser step on a mini-batch of whole groups; returns (state, metrics).
+
+  ``batch`` is a `Batch` with leaves [n, B/n, ...]: n micro-batches of whole groups. Their
+  gradients are accumulated in float32 with `microbatch_weights` (n = 1: a plain step), so the
+  update equals the one on the un-split mini-batch while holding the activations of one
+  micro-batch. Metrics: the loss's (`objectives.compute_loss`) plus loss, grad / update / param
+  l2 norms.
+  """
+
+  def loss_fn(params, mb):
+    out = logprobs.sequence_logprobs(params, model_config, mb.tokens, mb.input_mask,
+                                     completion_start=completion_start)
+    return objectives.compute_loss(loss_name, logps=out['logps'], old_logps=mb.old_logps,
+                                   advantages=mb.advantages, mask=mb.mask, group_size=group_size,
+                                   ref_logps=mb.ref_logps, token_weights=mb.token_weights,
+                                   entropy=out['entropy'], **loss_hparams)
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  n = batch.tokens.shape[0]
+  if n == 1:
+    (loss, metrics), grads = grad_fn(state.params, jax.tree.map(lambda x: x[0], batch))
+  else:
+    aggregation = loss_hparams.get('aggregation',
+                                   objectives.default_hparams(loss_name)['aggregation'])
+    w_n = microbatch_weights(batch.mask, aggregation=aggregation)
+
+    def accumulate(acc, xs):
+      mb, w = xs
+      (loss, metrics), grads = grad_fn(state.params, mb)
+      acc = jax.tree.map(lambda a, g: a + w * g.astype(jnp.float32), acc, grads)
+      return acc, (loss, metrics)
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+    grads, (loss_n, metrics_n) = jax.lax.scan(accumulate, zeros, (batch, w_n))
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+    loss = jnp.sum(w_n * loss_n)
+    metrics = _combine_metrics(metrics_n, w_n)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics.update(loss=loss, grad_norm=optax.tree.norm(grads), update_norm=optax.tree.norm(updates),
+                 param_norm=optax.tree.norm(params))
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def jit_minibatch_and_update(c, model_config, optimizer, mesh, state_shardings):
+  """The jitted (minibatch_fn, update_fn) of `run_updates` for config ``c``: mini-batches of whole
+  groups sliced on device and sharded over the batch axes; `update_step` donating the state."""
+  rows = microbatch_prompts(c.optim) * c.rollout.sampling.num_samples
+  minibatch_sh = jax.sharding.NamedSharding(
+      mesh,
+      jax.sharding.PartitionSpec(None, *sharding_lib.logical_to_spec(('batch',), (rows,), mesh)))
+  minibatch_fn = jax.jit(functools.partial(minibatch, num_micro=num_microbatches(c.optim)),
+                         out_shardings=minibatch_sh)
+  update_fn = jax.jit(
+      functools.partial(update_step, model_config=model_config, optimizer=optimizer,
+                        loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
+                        completion_start=c.data.prompt_width,
+                        group_size=c.rollout.sampling.num_samples),
+      in_shardings=(state_shardings, minibatch_sh),
+      out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=(0,))
+  return minibatch_fn, update_fn
+
+
+def run_updates(state, batch, rng, *, update_fn, minibatch_fn, num_groups, minibatch_prompts,
+                ppo_epochs, group_size, diagnose_fn=None):
+  """ppo_epochs x mini-batches of whole groups (a fresh permutation of the groups per epoch,
+  fold_in(rng, epoch)); returns (state, mean metrics over the updates).
+
+  ``diagnose_fn(params, batch=flat_minibatch)``, when given, is measured where the update is taken
+  off-policy: on every mini-batch after the first, with the parameters about to be updated (at
+  the first one params == behaviour policy: every ratio is 1 and all methods coincide). A step
+  with a single update is on-policy by construction: it is measured there and
+  'diag/off_policy_points' is 0.
+  """
+  n_updates = ppo_epochs * (num_groups // minibatch_prompts)
+  update_metrics, diags = [], []
+  for epoch in range(ppo_epochs):
+    order_M = np.asarray(jax.random.permutation(jax.random.fold_in(rng, epoch), num_groups))
+    for start in range(0, num_groups, minibatch_prompts):
+      mb = minibatch_fn(batch,
+                        jnp.asarray(minibatch_rows(order_M, start, minibatch_prompts, group_size)))
+      if diagnose_fn is not None and (update_metrics or n_updates == 1):
+        diags.append(
+            diagnose_fn(state.params, batch=jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]),
+                                                         mb)))
+      state, m = update_fn(state, mb)
+      update_metrics.append(m)
+  update_metrics, diags = jax.device_get((update_metrics, diags))
+  metrics = {k: float(np.mean([m[k] for m in update_metrics])) for k in update_metrics[0]}
+  if diags:
+    metrics.update({k: float(np.mean([d[k] for d in diags])) for k in diags[0]})
+    metrics['diag/off_policy_points'] = len(diags) if n_updates > 1 else 0
+  return state, metrics

@@ -1,0 +1,273 @@
+"""Tests for jtc.data.pipeline: TFDS array_record round trip, grain pipeline, state restore, JSONL, padding."""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from jtc.data import pipeline as data
+from jtc.data import datasets
+from jtc.models import tokenizer as tok_lib
+from jtc.data.tasks import get_task
+
+SIZES = {'train': 48, 'test': 12}
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp('jtc_data'))
+
+
+def _iter(data_dir, **kwargs):
+  base = dict(split='train', batch_size=8, seed=0, data_dir=data_dir, num_examples=SIZES,
+              shard_index=0, shard_count=1)
+  return data.make_prompt_iterator('arithmetic', **{**base, **kwargs})
+
+
+def test_one_epoch_holds_exactly_the_task_examples(data_dir):
+  it = _iter(data_dir, num_epochs=1, drop_remainder=False, batch_size=5)
+  batches = list(it)
+  assert [len(b['prompt']) for b in batches] == [5] * 9 + [3]
+  got = [(p, a, s)
+         for b in batches
+         for p, a, s in zip(b['prompt'], b['answer'], b['solutions']['steps'])]
+  want = get_task('arithmetic').examples('train', seed=0, num_examples=SIZES['train'])
+  assert sorted(got) == sorted((e['prompt'], e['answer'], e['solutions']['steps']) for e in want)
+  assert all(isinstance(p, str) for p, _, _ in got)
+
+
+def test_built_once(data_dir):
+  datasets.prepare('arithmetic', data_dir=data_dir, num_examples=SIZES)
+  files = sorted(
+      glob.glob(os.path.join(data_dir, 'arithmetic-*', '**', '*.array_record*'), recursive=True))
+  assert files
+  stamps = [os.stat(f).st_mtime_ns for f in files]
+  datasets.prepare('arithmetic', data_dir=data_dir, num_examples=SIZES)
+  assert [os.stat(f).st_mtime_ns for f in files] == stamps
+  # a different config gets its own folder
+  datasets.prepare('arithmetic', data_dir=data_dir, num_examples=SIZES, task_kwargs={'ops': ['*']})
+  assert len(glob.glob(os.path.join(data_dir, 'arithmetic-*'))) == 2
+
+
+def test_shuffle_is_seeded_and_epochs_reshuffle(data_dir):
+
+  def order(seed):
+    it = _iter(data_dir, seed=seed, batch_size=6)
+    return [p for _ in range(16) for p in next(it)['prompt']]  # two epochs of 48
+
+  a, b = order(0), order(1)
+  assert a == order(0) and a != b
+  assert sorted(a[:48]) == sorted(a[48:]) and a[:48] != a[48:]
+
+
+def test_state_restore_continues_with_the_same_batches(data_dir):
+  it = _iter(data_dir, batch_size=7)
+  for _ in range(9):  # past the first epoch boundary
+    next(it)
+  state = it.get_state()
+  want = [next(it) for _ in range(5)]
+  restored = _iter(data_dir, batch_size=7)
+  restored.set_state(json.loads(json.dumps(state)))  # the state survives serialization
+  assert [next(restored) for _ in range(5)] == want
+
+
+def test_shards_are_disjoint_equal_and_cover(data_dir):
+  shards = [[
+      p
+      for b in _iter(data_dir, shard_index=i, shard_count=3, num_epochs=1, batch_size=4)
+      for p in b['prompt']
+  ]
+            for i in range(3)]
+  assert [len(s) for s in shards] == [16, 16, 16]
+  assert len(set().union(*map(set, shards))) == 48
+  with pytest.raises(ValueError, match='shard_index'):
+    _iter(data_dir, shard_index=3, shard_count=3)
+
+
+def test_default_sharding_uses_jax_process(data_dir):
+  it = data.make_prompt_iterator('arithmetic', split='test', batch_size=4, seed=0,
+                                 data_dir=data_dir, num_examples=SIZES)
+  assert len(next(it)['prompt']) == 4
+
+
+def test_tokens_in_batches(data_dir):
+  tok = tok_lib.CharTokenizer()
+  batch = next(_iter(data_dir, tokenizer=tok, prompt_width=24))
+  assert batch['prompt_tokens'].shape == (8, 24) and batch['prompt_tokens'].dtype == np.int32
+  for row, mask, prompt in zip(batch['prompt_tokens'], batch['prompt_mask'], batch['prompt']):
+    assert tok.decode(row[mask == 1]) == tok.apply_chat_template(prompt)
+
+
+def test_encode_prompts_left_pads():
+  tok = tok_lib.CharTokenizer()
+  prompts = ['What is 1+2?', 'What is 10*99?', '']
+  tokens_BP, mask_BP = data.encode_prompts(tok, prompts, width=20)
+  assert tokens_BP.dtype == np.int32 and mask_BP.dtype == np.int32 and tokens_BP.shape == (3, 20)
+  for b, p in enumerate(prompts):  # reference built with a plain loop
+    ids = [tok.bos_id] + [tok.encode(c)[0] for c in tok.apply_chat_template(p)]
+    want = [tok.pad_id] * (20 - len(ids)) + ids
+    assert tokens_BP[b].tolist() == want
+    assert mask_BP[b].tolist() == [0] * (20 - len(ids)) + [1] * len(ids)
+  no_bos, _ = data.encode_prompts(tok, ['ab'], width=4, add_bos=False, chat_template=False)
+  assert no_bos.tolist() == [[0, 0] + tok.encode('ab')]
+  with pytest.raises(ValueError, match="'What is 10\\*99\\?' has 16 tokens"):
+    data.encode_prompts(tok, prompts, width=15)
+
+
+def _write(path, lines):
+  path.write_text('\n'.join(lines) + '\n')
+  return path
+
+
+def test_jsonl_gsm8k_and_math(tmp_path, data_dir):
+  d = tmp_path / 'mathds'
+  d.mkdir()
+  _write(d / 'train.jsonl', [
+      json.dumps({
+          'question': 'Tom has 3 apples and buys 1,000 more.',
+          'answer': '3+1000=1003\n#### 1,003'
+      }),
+      '',
+      json.dumps({
+          'problem': 'Half of 1?',
+          'solution': 'It is $\\boxed{\\frac{1}{2}}$.'
+      }),
+      json.dumps({
+          'question': 'Name?',
+          'answer': '#### Bob'
+      }),
+  ])
+  _write(d / 'test.jsonl', [json.dumps({'question': '2+2?', 'answer': '#### 4'})])
+  it = data.make_prompt_iterator(str(d), split='train', batch_size=3, seed=0, data_dir=data_dir,
+                                 num_epochs=1, shuffle=False, shard_index=0, shard_count=1)
+  batch = next(it)
+  assert batch['prompt'][0] == 'Tom has 3 apples and buys 1,000 more.'
+  assert batch['answer'] == ['1003', '\\frac{1}{2}', 'Bob']
+  assert batch['solution'][0].endswith('#### 1,003')
+  test = next(
+      data.make_prompt_iterator(str(d), split='test', batch_size=1, seed=0, data_dir=data_dir,
+                                shard_index=0, shard_count=1))
+  assert test['answer'] == ['4']
+  with pytest.raises(ValueError, match=r"unknown split 'validation'.*\['test', 'train'\]"):
+    data.make_prompt_iterator(str(d), split='validation', batch_size=1, seed=0, data_dir=data_dir,
+                              shard_index=0, shard_count=1)
+
+
+def test_jsonl_errors_name_file_and_line(tmp_path, data_dir):
+  bad = _write(tmp_path / 'bad.jsonl', [json.dumps({'question': 'q', 'answer': 'a'}), '{not json'])
+  with pytest.raises(ValueError, match=r'bad\.jsonl:2: malformed JSON'):
+    datasets.prepare(str(bad), data_dir=data_dir)
+  missing = _write(tmp_path / 'missing.jsonl', [json.dumps({'q': 'x', 'answer': '1'})])
+  with pytest.raises(ValueError, match=r'missing\.jsonl:1: no question field'):
+    datasets.read_jsonl(str(missing))
+  arr = _write(tmp_path / 'arr.jsonl', ['[1, 2]'])
+  with pytest.raises(ValueError, match=r'arr\.jsonl:1: expected a JSON object'):
+    datasets.read_jsonl(str(arr))
+  empty = _write(tmp_path / 'empty.jsonl', ['', '  '])
+  with pytest.raises(ValueError, match='empty dataset'):
+    datasets.prepare(str(empty), data_dir=data_dir)
+
+
+def test_unknown_source_lists_tasks(data_dir):
+  with pytest.raises(ValueError, match=r"unknown task or dataset 'nope'.*arithmetic.*countdown"):
+    data.make_prompt_iterator('nope', split='train', batch_size=1, seed=0, data_dir=data_dir)
+  with pytest.raises(ValueError, match='unknown splits'):
+    datasets.prepare('arithmetic', data_dir=data_dir, num_examples={'dev': 3})
+
+
+def test_load_examples_matches_the_task(data_dir):
+  got = data.load_examples('arithmetic', split='test', data_dir=data_dir, num_examples=SIZES,
+                           limit=5)
+  want = get_task('arithmetic').examples('test', seed=0, num_examples=SIZES['test'])
+  assert got == want[:5]  # stored order is generation order; nested solutions decoded to str
+  assert len(data.load_examples('arithmetic', split='test', data_dir=data_dir,
+                                num_examples=SIZES)) == 12
+
+
+# ----------------------------------------------------------------------------- concurrency
+
+_PREPARE_SCRIPT = r"""
+import contextlib, json, os, sys, time
+barrier, index, count, data_dir, unlocked = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
+from jtc.data import pipeline as data
+from jtc.data import datasets
+if unlocked:  # exercise the FileExistsError tolerance that covers file systems without flock
+    datasets._file_lock = lambda path: contextlib.nullcontext()
+open(os.path.join(barrier, f"ready_{index}"), "w").close()
+deadline = time.time() + 300
+while len(os.listdir(barrier)) < count and time.time() < deadline:  # all imported: go together
+    time.sleep(0.005)
+got = {split: data.load_examples("arithmetic", split=split, data_dir=data_dir, num_examples={"train": 40, "test": 10})
+       for split in ("train", "test")}
+print("RESULT " + json.dumps(got, sort_keys=True))
+"""
+
+_CHATTER = ('download', 'prepared', 'variant folder', '%|', 'generating', 'shuffling')
+
+
+def _run_preparers(tmp_path, data_dir, count, *, unlocked=False):
+  """Starts `count` processes that prepare + read the same dataset at the same moment."""
+  barrier = tmp_path / f'barrier_{unlocked}'
+  barrier.mkdir()
+  env = {
+      **os.environ, 'PYTHONPATH': os.pathsep.join([REPO, os.environ.get('PYTHONPATH', '')]),
+      'JAX_PLATFORMS': 'cpu'
+  }
+  procs = [
+      subprocess.Popen([
+          sys.executable, '-c', _PREPARE_SCRIPT,
+          str(barrier),
+          str(i),
+          str(count), data_dir, '1' if unlocked else '0'
+      ], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in range(count)
+  ]
+  outs = [p.communicate(timeout=600) for p in procs]
+  for p, (out, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  return outs
+
+
+def _results(outs):
+  return [
+      json.loads(next(l
+                      for l in out.splitlines()
+                      if l.startswith('RESULT '))[len('RESULT '):])
+      for out, _ in outs
+  ]
+
+
+@pytest.mark.parametrize('unlocked', [False, True], ids=['flock', 'no_lock_rename_race'])
+def test_concurrent_prepare_on_a_fresh_dir(tmp_path, unlocked):
+  data_dir = str(tmp_path / 'fresh')
+  outs = _run_preparers(tmp_path, data_dir, 4, unlocked=unlocked)
+  results = _results(outs)
+  want = {
+      split: get_task('arithmetic').examples(split, seed=0, num_examples=n) for split, n in {
+          'train': 40,
+          'test': 10
+      }.items()
+  }
+  assert all(r == want for r in results)  # every process read the same, complete examples
+  folders = glob.glob(os.path.join(data_dir, 'arithmetic-*'))
+  assert len(folders) == 1
+  versions = glob.glob(os.path.join(folders[0], 'jtc_synthetic', '1.0.0'))
+  assert len(versions) == 1 and os.path.isfile(os.path.join(versions[0], 'dataset_info.json'))
+  if not unlocked:  # with the lock, only one process generated: no stray incomplete folders
+    assert not glob.glob(os.path.join(folders[0], 'jtc_synthetic', 'incomplete.*'))
+
+
+def test_no_download_chatter_when_generating_or_reading(tmp_path):
+  data_dir = str(tmp_path / 'quiet')
+  for attempt in ('generate', 'read'):  # the first run builds the files, the second reads them
+    (tmp_path / attempt).mkdir()
+    [(out, err)] = _run_preparers(tmp_path / attempt, data_dir, 1)
+    text = (out + err).lower()
+    assert not [w for w in _CHATTER if w in text], (attempt, out, err)
+    assert [l for l in out.splitlines() if l.strip()
+           ] == [l for l in out.splitlines() if l.startswith('RESULT ')]
+  assert glob.glob(
+      os.path.join(data_dir, 'arithmetic-*', 'jtc_synthetic', '1.0.0', 'dataset_info.json'))

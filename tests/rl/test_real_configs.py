@@ -1,0 +1,216 @@
+"""The real-model path: configs/real/* in smoke mode against a tiny random Hugging Face checkpoint.
+
+One tiny checkpoint is written per session in the Hugging Face layout (`config.json`,
+`model.safetensors` via `hf_import.export_hf_checkpoint`, a byte-level `tokenizers`
+`tokenizer.json` and a `tokenizer_config.json` with a chat template and eos/pad tokens), plus a
+tiny GSM8K-style JSONL. Each real config then runs end to end in-process (load, sample, score,
+update, checkpoint) and a second Trainer on the same workdir resumes from the checkpoint.
+Also: the boxed reward, the chat template reaching the prompts, and gradient accumulation
+giving the same update as the un-split mini-batch.
+"""
+
+import dataclasses
+import glob
+import importlib
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jtc.rl import checkpoints
+from jtc.rl import config_check
+from jtc.data import pipeline as data_lib
+from jtc.models import hf_import
+from jtc.analysis import metric_writer
+from jtc.models import model as model_lib
+from jtc.models import logprobs
+from jtc.data import rewards
+from jtc.models import tokenizer as tokenizer_lib
+from jtc.rl import trainer as trainer_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REAL = sorted(
+    os.path.basename(p)[:-3]
+    for p in glob.glob(os.path.join(REPO, 'configs', 'real', '*.py'))
+    if os.path.basename(p) not in ('__init__.py', 'base.py'))
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                 '<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n'
+                 '{% endif %}')
+SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>']
+
+
+@pytest.fixture(scope='module', autouse=True)
+def compilation_cache(tmp_path_factory):
+  """A persistent compilation cache for this module, so that a resumed Trainer (which builds
+  the same computations again) loads them instead of recompiling; settings restored afterwards.
+  The directory outlives the module (pytest keeps it for the session) because JAX keeps the
+  cache it initialised and later modules may still write to it."""
+  keys = ('jax_compilation_cache_dir', 'jax_persistent_cache_min_compile_time_secs',
+          'jax_persistent_cache_min_entry_size_bytes')
+  old = {k: getattr(jax.config, k) for k in keys}
+  jax.config.update('jax_compilation_cache_dir', str(tmp_path_factory.mktemp('jax_cache')))
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+  yield
+  for k, v in old.items():
+    jax.config.update(k, v)
+
+
+def write_tiny_hf_checkpoint(path, *, arch='qwen3'):
+  """A random tiny Qwen3 (or Llama) checkpoint + byte-level tokenizer in the HF layout."""
+  import tokenizers  # pylint: disable=import-outside-toplevel
+  from tokenizers import decoders, models, pre_tokenizers  # pylint: disable=import-outside-toplevel
+  alphabet = pre_tokenizers.ByteLevel.alphabet()
+  vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+  tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens(SPECIALS)
+  os.makedirs(path, exist_ok=True)
+  tok.save(os.path.join(path, 'tokenizer.json'))
+  with open(os.path.join(path, 'tokenizer_config.json'), 'w') as f:
+    json.dump(
+        {
+            'eos_token': '<|im_end|>',
+            'pad_token': '<|endoftext|>',
+            'chat_template': CHAT_TEMPLATE
+        }, f)
+  extra = dict(qk_norm=True) if arch == 'qwen3' else dict(qk_norm=False)
+  config = model_lib.ModelConfig.tiny(vocab_size=272, n_layers=2, d_ff=256, **extra)
+  params = model_lib.init_params(config, jax.random.key(0))
+  hf_import.export_hf_checkpoint(config, params, path, torch_dtype='bfloat16')
+  return config
+
+
+@pytest.fixture(scope='session')
+def tiny_hf(tmp_path_factory):
+  root = tmp_path_factory.mktemp('real')
+  ckpt = str(root / 'tiny_qwen3')
+  write_tiny_hf_checkpoint(ckpt)
+  data = root / 'gsm'
+  data.mkdir()
+  rows = [(f'What is {a} plus {b}?', f'{a} + {b} = {a + b}\n#### {a + b}')
+          for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (2, 2), (9, 1)]]
+  for split, part in (('train', rows), ('test', rows[:2])):
+    with open(data / f'{split}.jsonl', 'w') as f:
+      for q, a in part:
+        f.write(json.dumps({'question': q, 'answer': a}) + '\n')
+  return dict(checkpoint=ckpt, dataset=str(data), data_dir=str(root / 'cache'))
+
+
+def _real_config(name, tiny_hf, **overrides):
+  c = importlib.import_module(f'configs.real.{name}').get_config('smoke')
+  with c.unlocked():
+    c.policy.checkpoint = tiny_hf['checkpoint']
+    c.data.dataset = tiny_hf['dataset']
+    c.data.data_dir = tiny_hf['data_dir']
+    for k, v in overrides.items():  # dotted keys: 'data.reward'
+      *parents, leaf = k.split('.')
+      node = c
+      for part in parents:
+        node = node[part]
+      node[leaf] = v
+  return c
+
+
+@pytest.mark.parametrize('name', REAL)
+def test_real_config_validates_and_documents_its_run(name):
+  module = importlib.import_module(f'configs.real.{name}')
+  c = module.get_config(None)
+  assert f'configs/real/{name}.py' in module.__doc__
+  o, e = c.optim, c.eval.sampling
+  assert o.learning_rate == 8e-7 and o.min_lr_ratio == 0.2 and o.warmup_frac == 0.03
+  assert c.rollout.sampling.num_samples == 32 and o.minibatch_prompts == 32
+  assert (e.temperature, e.top_p, e.top_k, e.min_p) == (0.6, 0.95, 20, 0.0)
+  assert e.max_new_tokens == c.rollout.sampling.max_new_tokens
+  # Without a checkpoint and a dataset the config refuses to run, naming the keys.
+  with pytest.raises(ValueError, match='config.policy.checkpoint'):
+    config_check.validate(c)
+  with c.unlocked():
+    c.policy.checkpoint = REPO  # not an HF directory
+  with pytest.raises(ValueError, match='config.policy.checkpoint.*no config.json'):
+    config_check.validate(c)
+  with c.unlocked():
+    c.policy.checkpoint, c.policy.init = '', 'base'
+  with pytest.raises(ValueError, match='config.data.dataset'):
+    config_check.validate(c)
+
+
+def even_length_reward(prompts, completions, answers):
+  """1 for a completion with an even number of characters: a deterministic reward of the
+  completion alone that a random policy earns about half the time, so groups split and the
+  update is non-zero (the checkpoint's task reward is 0 for every random completion)."""
+  del prompts, answers
+  return np.asarray([len(c) % 2 == 0 for c in completions], np.float32)
+
+
+@pytest.mark.parametrize('name', REAL)
+def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tmp_path, monkeypatch):
+  workdir = str(tmp_path)
+  monkeypatch.setitem(rewards.REWARD_FNS, 'test_even_length', even_length_reward)
+  c = _real_config(name, tiny_hf, **{'data.reward': 'test_even_length'})
+  trainer = trainer_lib.Trainer(c, workdir)
+  start_params = jax.tree.map(np.array, trainer.state.params)
+  # The HF model, tokenizer (eos/pad from tokenizer_config.json) and chat template are in use.
+  assert trainer.model_config.vocab_size == 272 and trainer.model_config.qk_norm
+  assert trainer.model_config.param_dtype == 'float32'  # master weights
+  assert trainer.model_config.dtype == 'bfloat16'  # compute
+  assert trainer.model_config.remat
+  assert trainer.tokenizer.eos_id == trainer.tokenizer._tok.token_to_id('<|im_end|>')
+  assert trainer.tokenizer.pad_id == trainer.tokenizer._tok.token_to_id('<|endoftext|>')
+  with c.unlocked():
+    c.num_steps = 1
+  trainer.c = c
+  trainer.run()
+  with c.unlocked():
+    c.num_steps = 2
+  resumed = trainer_lib.Trainer(c, workdir)
+  assert resumed.run_state.count('rl_steps') == 1
+  resumed.run()
+  records = metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  assert [r['step'] for r in records] == [0, 1, 2]
+  assert 'eval/avg@2' in records[0] and 'eval/avg@2' in records[-1]
+  assert records[-1]['compute/update_steps'] == 2
+  for r in records[1:]:
+    assert np.isfinite(r['loss']) and np.isfinite(r['grad_norm']), r
+  assert os.path.isdir(os.path.join(workdir, 'checkpoints', '2'))
+  # The update path really ran: some group had unequal rewards, the gradient was non-zero and
+  # the parameters moved (weight decay is 0 in these configs, so only the gradient moves them).
+  assert min(r['adv/frac_zero_std'] for r in records[1:]) < 1, records
+  assert max(r['grad_norm'] for r in records[1:]) > 0, records
+  moved = [
+      np.abs(a - b).max()
+      for a, b in zip(jax.tree.leaves(resumed.state.params), jax.tree.leaves(start_params))
+  ]
+  assert max(moved) > 0
+
+
+def test_prompts_carry_the_chat_template_and_suffix(tiny_hf):
+  tok = tokenizer_lib.HFTokenizer.from_dir(tiny_hf['checkpoint'])
+  c = _real_config('qwen3_0_6b_gsm8k_dfpo', tiny_hf)
+  tokens, mask = data_lib.encode_prompts(tok, ['What is 1 plus 2?' + c.data.prompt_suffix],
+                                         width=c.data.prompt_width)
+  text = tok._tok.decode(tokens[0][mask[0] > 0].tolist(), skip_special_tokens=False)
+  assert text == ('<|im_start|>user\nWhat is 1 plus 2?\nPlease reason step by step, and put '
+                  'your final answer within \\boxed{}.<|im_end|>\n<|im_start|>assistant\n')
+
+
+def test_hf_checkpoint_loads_as_master_f32_with_bf16_compute(tiny_hf):
+  c = _real_config('qwen3_8b_math_dapo', tiny_hf)
+  mc, params, tok = checkpoints.load_policy(c.policy)
+  assert mc.param_dtype == 'float32' and mc.dtype == 'bfloat16' and mc.remat
+  assert all(x.dtype == np.float32 for x in jax.tree.leaves(params))
+  ref_mc, ref_params = hf_import.load_hf_checkpoint(tiny_hf['checkpoint'], param_dtype='float32')
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
+    np.testing.assert_array_equal(a, b)
+  out = logprobs.sequence_logprobs(params, mc, jnp.ones((1, 6), jnp.int32),
+                                   jnp.ones((1, 6), jnp.int32), completion_start=2)
+  assert out['logps'].dtype == jnp.float32  # log-probs stay f32 under bf16 compute
+  ref = logprobs.sequence_logprobs(params, dataclasses.replace(mc, dtype='float32'),
+                                   jnp.ones((1, 6), jnp.int32), jnp.ones((1, 6), jnp.int32),
+                                   completion_start=2)
+  np.testing.assert_allclose(out['logps'], ref['logps'], atol=0.1)
+  assert tok.eos_id is not None

@@ -1,0 +1,153 @@
+"""Tests for jtc.rl.sharding: 8 simulated CPU devices (in a subprocess) match one device."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import pytest
+from jax.sharding import PartitionSpec
+
+from jtc.models import model as model_lib
+from jtc.rl import sharding
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CHILD = textwrap.dedent('''
+    import os
+    os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
+    os.environ['JAX_PLATFORMS'] = 'cpu'
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    jax.config.update('jax_default_matmul_precision', 'highest')
+    from jax.sharding import PartitionSpec as PS
+    from jtc.models import decode
+    from jtc.models import logprobs
+    from jtc.models import model as model_lib
+    from jtc.models import sampler as sampler_lib
+    from jtc.rl import sharding
+
+    assert len(jax.devices()) == 8, jax.devices()
+    config = model_lib.ModelConfig.tiny(vocab_size=64, n_layers=1, d_model=32, n_heads=4,
+                                        n_kv_heads=2, head_dim=8, d_ff=64, qk_norm=True,
+                                        tie_embeddings=False)
+    shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
+    rng = np.random.default_rng(0)
+    fan_in = lambda x: x.shape[1 if x.ndim >= 3 else 0]  # [Y, in, ...] kernels, else [in, ...]
+    params = jax.tree_util.tree_map(
+        lambda x: jnp.asarray(rng.standard_normal(x.shape) / np.sqrt(fan_in(x)), jnp.float32),
+        shapes)
+    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+    p_sh = sharding.param_shardings(params, mesh)
+    sharded_params = sharding.shard_params(params, mesh)
+    spec = sharded_params['layers']['mlp']['gate']['kernel'].sharding.spec
+    assert spec == PS(None, 'fsdp', 'tensor'), spec  # [Y, D, F]: the layer axis unsharded
+    assert sharded_params['embed']['embedding'].sharding.spec == PS('tensor', 'fsdp')
+
+    B, P, T = 8, 6, 5
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, P + 1, size=B)
+    prompt_mask = (np.arange(P)[None] >= P - lengths[:, None]).astype(np.int32)
+    prompt = np.where(prompt_mask, rng.integers(2, 64, size=(B, P)), 0).astype(np.int32)
+    completion = rng.integers(2, 64, size=(B, T)).astype(np.int32)
+    comp_mask = (np.arange(T)[None] < rng.integers(1, T + 1, size=B)[:, None]).astype(np.int32)
+    tokens = jnp.asarray(np.concatenate([prompt, completion], 1))
+    mask = jnp.asarray(np.concatenate([prompt_mask, comp_mask], 1))
+    comp_mask = jnp.asarray(comp_mask)
+
+    def fwd(params, tokens, mask):
+      return model_lib.forward(params, config, tokens, model_lib.positions_from_mask(mask),
+                               mask).logits_BLV
+
+    def loss(params, tokens, mask, comp_mask):
+      out = logprobs.sequence_logprobs(params, config, tokens, mask, completion_start=P,
+                                        vocab_chunk=16)
+      return jnp.sum(-out['logps'] * comp_mask) / jnp.sum(comp_mask)
+
+    b_sh = lambda x: sharding.batch_sharding(mesh, x.shape)
+    logits_1 = jax.jit(fwd)(params, tokens, mask)
+    logits_8 = jax.jit(
+        fwd, in_shardings=(p_sh, b_sh(tokens), b_sh(mask)),
+        out_shardings=b_sh(logits_1))(sharded_params, *sharding.shard_batch((tokens, mask), mesh))
+    assert len(logits_8.sharding.device_set) == 8
+    np.testing.assert_allclose(logits_8, logits_1, rtol=1e-5, atol=1e-5)
+
+    grad_fn = jax.value_and_grad(loss)
+    l1, g1 = jax.jit(grad_fn)(params, tokens, mask, comp_mask)
+    l8, g8 = jax.jit(
+        grad_fn, in_shardings=(p_sh, b_sh(tokens), b_sh(mask), b_sh(comp_mask)),
+        out_shardings=(sharding.replicated(mesh), p_sh))(
+            sharded_params, *sharding.shard_batch((tokens, mask, comp_mask), mesh))
+    assert g8['layers']['attn']['q']['kernel'].sharding.spec == PS(None, 'fsdp', 'tensor', None)
+    np.testing.assert_allclose(l8, l1, rtol=1e-5, atol=1e-5)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+                           g8, g1)
+
+    kwargs = dict(rng=jax.random.key(4), num_samples=2, max_new_tokens=T, eos_id=1, pad_id=0,
+                  temperature=0.8, top_k=20)
+    s1 = sampler_lib.sample(params, config, jnp.asarray(prompt), jnp.asarray(prompt_mask),
+                            **kwargs)
+    s8 = sampler_lib.sample(sharded_params, config,
+                            *sharding.shard_batch((jnp.asarray(prompt), jnp.asarray(prompt_mask)),
+                                                  mesh), **kwargs)
+    assert len(s8.tokens.sharding.device_set) == 8
+    np.testing.assert_array_equal(s8.tokens, s1.tokens)
+    np.testing.assert_array_equal(s8.completion_mask, s1.completion_mask)
+    np.testing.assert_allclose(s8.logps, s1.logps, rtol=1e-5, atol=1e-5)
+
+    cache = model_lib.init_cache(config, B, P + T)
+    c_sh = sharding.cache_shardings(cache, mesh)
+    assert c_sh.k.spec == PS(None, ('data', 'fsdp'), 'tensor', None, None), c_sh.k.spec
+    _, group = decode.prefill(params, config, jnp.asarray(prompt), jnp.asarray(prompt_mask),
+                                 num_samples=2, max_new_tokens=T)
+    g_sh = sharding.cache_shardings(group, mesh)
+    assert g_sh.prompt_k.spec == g_sh.k.spec == c_sh.k.spec
+    assert g_sh.prompt_mask_BP.spec == PS(('data', 'fsdp'), None)
+    print('SHARDING_OK')
+''')
+
+
+def test_sharded_equals_single_device_on_8_cpu_devices():
+  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
+             XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
+  proc = subprocess.run([sys.executable, '-c', CHILD], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0 and 'SHARDING_OK' in proc.stdout, proc.stderr[-5000:]
+
+
+def test_logical_to_spec_falls_back_when_not_divisible():
+  mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
+  assert sharding.logical_to_spec(('embed', 'mlp'), (6, 8), mesh) == PartitionSpec('fsdp', 'tensor')
+
+  class FakeMesh:  # only .shape is consulted
+    shape = {'data': 2, 'fsdp': 4, 'tensor': 2}
+
+  spec = lambda axes, shape: sharding.logical_to_spec(axes, shape, FakeMesh())
+  assert spec(('batch', 'length'), (16, 5)) == PartitionSpec(('data', 'fsdp'), None)
+  assert spec(('batch', 'length'), (6, 5)) == PartitionSpec('data', None)  # 6 % 8 != 0
+  assert spec(('kv_heads', 'head_dim'), (3, 8)) == PartitionSpec(None, None)
+  assert spec(('vocab', 'embed'), (64, 12)) == PartitionSpec('tensor', 'fsdp')
+  with pytest.raises(ValueError, match='bogus'):
+    spec(('bogus',), (4,))
+
+
+def test_param_axes_cover_every_preset_parameter():
+  for preset in ('tiny', 'qwen3_0_6b', 'llama3_1b'):
+    config = getattr(model_lib.ModelConfig, preset)(**({'n_layers': 1}))
+    shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
+
+    class FakeMesh:
+      shape = {'data': 1, 'fsdp': 8, 'tensor': 4}
+
+    specs = jax.tree_util.tree_map(
+        lambda axes, x: sharding.logical_to_spec(axes, x.shape, FakeMesh()),
+        model_lib.param_logical_axes(shapes), shapes, is_leaf=lambda x: isinstance(x, tuple))
+    assert specs['layers']['attn']['q']['kernel'] == PartitionSpec(None, 'fsdp', 'tensor', None)
+
+
+def test_make_mesh_validates_sizes():
+  with pytest.raises(ValueError, match='mesh sizes'):
+    sharding.make_mesh(data=-1, fsdp=-1)
+  with pytest.raises(ValueError):
+    sharding.make_mesh(data=3, fsdp=1, tensor=1, devices=jax.devices()[:1])
