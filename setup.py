@@ -27,6 +27,7 @@ setuptools.setup(
         'tensorboardX>=2.6',
         'matplotlib>=3.8',
         'tqdm',
+        'scipy',  # experiments/stats.py: t quantiles (JAX needs it too)
     ],
     extras_require={
         # Accelerators: the jax wheels for the backend (same jax version as the CPU install).

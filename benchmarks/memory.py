@@ -9,7 +9,7 @@ Runs on whatever backend JAX finds (`--cpu` forces CPU). Peak memory is what the
 report, and each line says which: on a GPU/TPU the device's `memory_stats()['peak_bytes_in_use']`
 (`peak_memory=device`), on CPU the process's peak resident set size (`peak_memory=host_rss`,
 `ru_maxrss`; the host RSS is also printed on accelerators). Each model runs in its own
-subprocess (so its peaks are its own) through `jtc.trainer_lib.Trainer.step` with random weights: the KV-cache sampler draws G completions
+subprocess (so its peaks are its own) through `jtc.rl.trainer.Trainer.step` with random weights: the KV-cache sampler draws G completions
 for each prompt, the rewards and the behaviour log-probs are computed ("score"), and one
 optimiser step (AdamW on float32 master weights, bf16 compute, per-block remat for the large
 model) updates the policy. Step 1 includes compilation; step 2 is the steady state. The
@@ -81,7 +81,7 @@ def _child(args):
     del params
     steps = []
     for step in (1, 2):
-      m = trainer.step(step)
+      m, = trainer.step(step)
       steps.append({k: round(m[k], 3) for k in ('time_sample', 'time_score', 'time_update')})
       steps[-1]['tokens'] = int(m['compute/generated_tokens'])
   rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux

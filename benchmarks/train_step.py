@@ -37,7 +37,7 @@ Reports, measured in one run:
        forward + backward), the usual MFU count.
    XLA counts a loop body once, so with micro-batches (config.microbatch_prompts) or
    V > vocab_chunk the XLA count is too low; read the model count then.
-3. One RL step of the config through `jtc.trainer_lib.Trainer` (the shipped base policy
+3. One RL step of the config through `jtc.rl.trainer.Trainer` (the shipped base policy
    `jtc/assets/base_policy`, or a random tiny policy bundle when it is not there yet): mean
    seconds of the trainer's own phase timers over `--rl_steps` steps after one warm-up step
    (so compiles are excluded) and each phase's share. The phases are the trainer's:
@@ -260,7 +260,7 @@ def time_rl_steps(c, *, n_steps):
     steps, walls = [], []
     for step in range(2, n_steps + 2):
       start = time.perf_counter()
-      steps.append(trainer.step(step))
+      steps.extend(trainer.step(step))
       walls.append(time.perf_counter() - start)
     trainer.close()
   return steps, walls

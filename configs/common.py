@@ -164,7 +164,14 @@ def get_config(arg=None):
   c.log.keep_checkpoints = 3
   c.log.progress_every = 10  # a progress line when stderr is not a terminal
 
+  c.population = ConfigDict()  # jtc.rl.population: N members trained by one program
+  c.population.size = 1  # seeds per setting: seed, seed + 1, ..., seed + size - 1
+  # 'KEY=v1,v2[;KEY2=w1,w2]': per-member values crossed with the seeds; KEY is
+  # optim.learning_rate, rollout.sampling.temperature or a float of loss.hparams.
+  c.population.vary = ''
+
   c.mesh = ConfigDict()
+  c.mesh.population = 1  # devices the population's members are sharded over
   c.mesh.data = -1  # devices on the data axis (-1 = all remaining)
   c.mesh.fsdp = 1  # devices sharding params + optimiser state (FSDP) and batch
   c.mesh.tensor = 1  # devices sharding heads / MLP / vocab (tensor parallel)

@@ -1,15 +1,20 @@
 r"""Runs a sweep of `experiments/sweeps.py` (configs x seeds) and writes its results file.
 
-  python -m experiments.run <sweep> [--seeds N] [--jobs J] [--smoke] [--workroot DIR]
-                            [--num-steps S [--canonical]] [--replace] [--tables-only]
-                            [--runs NAME,...]
+  python -m experiments.run <sweep> [--seeds N] [--first-seed K] [--jobs J] [--smoke]
+                            [--workroot DIR] [--num-steps S [--canonical]] [--replace]
+                            [--tables-only] [--runs NAME,...] [--no-population]
 
 Running lives here; the tables, statistics and figures of the results file in
 `experiments/report.py`.
 
-* Every run x seed is one `python -m jtc.train` subprocess, at most `--jobs` at a time
-  (default: the number of cores). Its workdir is `<workroot>/<sweep>/<run>__s<seed>__<hash>`
-  (hash of the command's settings, so a re-sized sweep never resumes a different run).
+* Runs that differ only in seed or in a hyper-parameter a population can vary (the learning
+  rate, ...) are trained together as one seed population, one `python -m jtc.train` program
+  (`experiments/populations.py`); `--no-population` runs every run x seed as its own process
+  instead. At most `--jobs` programs run at a time (default: the number of cores). Workdirs go
+  to `<workroot>/<sweep>/`, named by a hash of their settings (a re-sized sweep never resumes a
+  different run). Either way each run x seed gets the same per-run summary.
+* Seeds K..K+N-1 (`--first-seed K --seeds N`): confirmatory runs use seeds that no run used to
+  choose a setting (experiments/claims.py).
 * Runs are identified by their settings: a run with exactly the settings (and seed) of a run
   already summarised by another sweep (e.g. table2's GSPO and DFPO rows = table1's) is copied
   from there, not re-run, and the results file says so.
@@ -45,23 +50,15 @@ import sys
 import threading
 import time
 
-import numpy as np
-
+from experiments import populations as populations_lib
 from experiments import report
 from experiments import sweeps as sweeps_lib
-from jtc.analysis import metric_writer
+from experiments.summaries import _write_json, find_same_run, is_finished, make_summary, read_metrics, reuse_summary, summary_path  # pylint: disable=unused-import
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.path.join(ROOT, 'experiments', 'results')
 DEFAULT_WORKROOT = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'jtc_experiments')
-MAX_CURVE_POINTS = 1000
 STDERR_TAIL_LINES = 25
-CURVE_KEYS = ('reward_mean', 'reward_std', 'accuracy', 'entropy', 'asym', 'format/entropy',
-              'response_length', 'approx_kl', 'clip_frac_high', 'clip_frac_low', 'asym_gated',
-              'coef_mass_vs_gspo', 'frac_traj_gated', 'compute/generated_tokens',
-              'compute/update_steps', 'compute/rollouts', 'compute/prompts', 'time_sample',
-              'time_update')
-CURVE_PATTERNS = ('eval/', 'energy', 'diag/', 'delta/')
 
 # ---------------------------------------------------------------------------------------------
 # Run specs and commands.
@@ -108,9 +105,10 @@ def trainer_command(spec, workdir):
   ] + override_flags(spec)
 
 
-def make_specs(sweep, seeds):
+def make_specs(sweep, seeds, first_seed=0):
+  """The run x seed specs of seeds first_seed .. first_seed + seeds - 1."""
   specs = []
-  for seed in range(seeds):  # seed-major: partial sweeps stay balanced
+  for seed in range(first_seed, first_seed + seeds):  # seed-major: partial sweeps stay balanced
     for run in sweep.runs:
       overrides = (tuple(sweep.shared) + tuple(run.overrides) + (('seed', seed),
                                                                  ('num_steps', sweep.num_steps)))
@@ -151,111 +149,6 @@ def validate_spec(spec):
 
 
 # ---------------------------------------------------------------------------------------------
-# Per-run summaries.
-# ---------------------------------------------------------------------------------------------
-
-
-def read_metrics(workdir):
-  """Records of `<workdir>/metrics.jsonl` (a torn last line is ignored)."""
-  return metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
-
-
-def _is_number(v):
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
-
-
-def _keep_curve(key):
-  return key in CURVE_KEYS or any(p in key for p in CURVE_PATTERNS)
-
-
-def extract_curves(records, *, max_points=MAX_CURVE_POINTS):
-  """{key: {'step': [...], 'value': [...]}} for the tracked keys, at most `max_points` each."""
-  curves = {}
-  for r in records:
-    for k, v in r.items():
-      if k != 'step' and _keep_curve(k) and _is_number(v):
-        c = curves.setdefault(k, {'step': [], 'value': []})
-        c['step'].append(r['step'])
-        c['value'].append(v)
-  for c in curves.values():
-    n = len(c['step'])
-    if n > max_points:
-      idx = np.unique(np.linspace(0, n - 1, max_points).round().astype(int))
-      c['step'] = [c['step'][i] for i in idx]
-      c['value'] = [c['value'][i] for i in idx]
-      c['subsampled_from'] = n
-  return curves
-
-
-def is_finished(records, num_steps):
-  return any(r.get('step') == num_steps for r in records)
-
-
-def make_summary(spec, workdir, records, *, wall_time_s, command):
-  final = next((r for r in reversed(records) if r.get('step') == spec.num_steps), records[-1])
-  return {
-      'sweep': spec.sweep,
-      'run': spec.run.name,
-      'label': spec.run.label,
-      'group': spec.run.group,
-      'config': spec.run.config,
-      'config_arg': spec.config_arg,
-      'seed': spec.seed,
-      'num_steps': spec.num_steps,
-      'key': spec.key,
-      'overrides': {
-          k: v for k, v in spec.overrides
-      },
-      'command': shlex.join(command),
-      'workdir': workdir,
-      'wall_time_s': wall_time_s,
-      'final': {
-          k: v for k, v in final.items() if _is_number(v)
-      },
-      'compute': {
-          k: v for k, v in final.items() if k.startswith('compute/')
-      },
-      'curves': extract_curves(records),
-  }
-
-
-def summary_path(results_dir, spec):
-  return os.path.join(results_dir, 'runs', f'{spec.run_id}.json')
-
-
-def find_same_run(results_dir, spec):
-  """A finished summary of `spec`'s exact settings (same key) in a sibling sweep, or None.
-
-  Runs are identified by their settings, not their sweep: table2 and table3 compare DFPO and
-  GSPO runs that table1 already made, with the same config, overrides and seeds.
-  """
-  own = os.path.abspath(results_dir)
-  root = os.path.dirname(own)
-  for name in sorted(os.listdir(root)) if os.path.isdir(root) else ():
-    other = os.path.join(root, name)
-    if other == own or not os.path.isdir(os.path.join(other, 'runs')):
-      continue
-    for s in report.load_summaries(other):
-      if s.get('key') == spec.key and s.get('seed') == spec.seed:
-        return s
-  return None
-
-
-def reuse_summary(summary, spec):
-  """`summary` relabelled as `spec`'s run of `spec.sweep`, remembering where it was made."""
-  return dict(summary, sweep=spec.sweep, run=spec.run.name, label=spec.run.label,
-              group=spec.run.group, reused_from=summary.get('reused_from', summary['sweep']))
-
-
-def _write_json(path, obj):
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(obj, f, indent=1)
-  os.replace(tmp, path)
-
-
-# ---------------------------------------------------------------------------------------------
 # Launching.
 # ---------------------------------------------------------------------------------------------
 
@@ -271,8 +164,8 @@ def _tail(path, n=STDERR_TAIL_LINES):
     return ''.join(f.readlines()[-n:])
 
 
-def execute(spec, *, results_dir, workroot, make_command=trainer_command, log=_say, replace=False):
-  """Runs (or resumes, skips, reuses) one spec: ('skipped'|'reused'|'ok'|'failed', detail).
+def _existing(spec, *, results_dir, log, replace):
+  """('skipped' | 'reused' | 'failed', detail) when ``spec`` needs no run, else None.
 
   A summary of the same run id with OTHER settings is never replaced without ``replace``: the
   spec fails with a message naming the file (a quick try-out must not overwrite a sweep).
@@ -292,44 +185,84 @@ def execute(spec, *, results_dir, workroot, make_command=trainer_command, log=_s
   if same is not None:
     _write_json(spath, reuse_summary(same, spec))
     return 'reused', f'from {same["sweep"]}'
-  workdir = os.path.join(workroot, spec.sweep, f'{spec.run_id}__{spec.key}')
+  return None
+
+
+def _launch(command, workdir, *, finished, label, results_dir, log):
+  """Runs ``command`` in ``workdir`` unless ``finished()``; (None, wall seconds so far) or
+  (failure detail, wall) — the detail is also written to ``runs/<label>.failed.txt``."""
   os.makedirs(workdir, exist_ok=True)
-  command = make_command(spec, workdir)
   wall_path = os.path.join(workdir, 'runner_wall_time_s')
   wall = float(open(wall_path).read()) if os.path.exists(wall_path) else 0.0
-  records = read_metrics(workdir)
-  if not is_finished(records, spec.num_steps):
-    log(f'[{spec.run_id}] start: {shlex.join(command)}')
-    t0 = time.time()
-    with open(os.path.join(workdir, 'stdout.log'), 'a') as out, \
-         open(os.path.join(workdir, 'stderr.log'), 'w') as err:
-      rc = subprocess.run(command, cwd=ROOT, stdout=out, stderr=err, check=False).returncode
-    wall += time.time() - t0
-    with open(wall_path, 'w') as f:
-      f.write(repr(wall))
-    records = read_metrics(workdir)
-    failed_path = os.path.join(results_dir, 'runs', f'{spec.run_id}.failed.txt')
-    if rc != 0 or not is_finished(records, spec.num_steps):
-      why = (f'exit status {rc}'
-             if rc != 0 else f'exit status 0 but metrics.jsonl has no step {spec.num_steps}')
-      detail = f'{why}\n$ {shlex.join(command)}\n{_tail(os.path.join(workdir, "stderr.log"))}'
-      os.makedirs(os.path.dirname(failed_path), exist_ok=True)
-      with open(failed_path, 'w') as f:
-        f.write(detail)
-      return 'failed', detail
-    if os.path.exists(failed_path):
-      os.remove(failed_path)
-  _write_json(spath, make_summary(spec, workdir, records, wall_time_s=wall, command=command))
+  failed_path = os.path.join(results_dir, 'runs', f'{label}.failed.txt')
+  if finished():
+    return None, wall
+  log(f'[{label}] start: {shlex.join(command)}')
+  t0 = time.time()
+  with open(os.path.join(workdir, 'stdout.log'), 'a') as out, \
+       open(os.path.join(workdir, 'stderr.log'), 'w') as err:
+    rc = subprocess.run(command, cwd=ROOT, stdout=out, stderr=err, check=False).returncode
+  wall += time.time() - t0
+  with open(wall_path, 'w') as f:
+    f.write(repr(wall))
+  if rc != 0 or not finished():
+    why = f'exit status {rc}' if rc != 0 else 'exit status 0 but a run did not reach its last step'
+    detail = f'{why}\n$ {shlex.join(command)}\n{_tail(os.path.join(workdir, "stderr.log"))}'
+    os.makedirs(os.path.dirname(failed_path), exist_ok=True)
+    with open(failed_path, 'w') as f:
+      f.write(detail)
+    return detail, wall
+  if os.path.exists(failed_path):
+    os.remove(failed_path)
+  return None, wall
+
+
+def execute(spec, *, results_dir, workroot, make_command=trainer_command, log=_say, replace=False):
+  """Runs (or resumes, skips, reuses) one spec as its own process:
+  ('skipped'|'reused'|'ok'|'failed', detail)."""
+  existing = _existing(spec, results_dir=results_dir, log=log, replace=replace)
+  if existing is not None:
+    return existing
+  workdir = os.path.join(workroot, spec.sweep, f'{spec.run_id}__{spec.key}')
+  command = make_command(spec, workdir)
+  failure, wall = _launch(command, workdir, label=spec.run_id, results_dir=results_dir, log=log,
+                          finished=lambda: is_finished(read_metrics(workdir), spec.num_steps))
+  if failure:
+    return 'failed', failure
+  _write_json(summary_path(results_dir, spec),
+              make_summary(spec, workdir, read_metrics(workdir), wall_time_s=wall, command=command))
   return 'ok', f'{wall:.0f}s'
 
 
-def run_sweep(sweep, *, seeds, jobs, results_dir, workroot, make_command=trainer_command,
+def execute_program(program, *, results_dir, workroot, log=_say):
+  """Runs (or resumes) one population and summarises each of its members as its spec's run:
+  {run_id: (status, detail)}. A member's wall time is its share of the program's."""
+  workdir = os.path.join(workroot, program.specs[0].sweep, program.name)
+  command = program.command(workdir)
+  dirs = {s.run_id: program.member_dir(workdir, s) for s in program.specs}
+  num_steps = program.specs[0].num_steps
+  failure, wall = _launch(
+      command, workdir, label=program.name, results_dir=results_dir, log=log,
+      finished=lambda: all(is_finished(read_metrics(d), num_steps) for d in dirs.values()))
+  if failure:
+    return {s.run_id: ('failed', failure) for s in program.specs}
+  share = wall / len(program.specs)
+  for spec in program.specs:
+    summary = make_summary(spec, dirs[spec.run_id], read_metrics(dirs[spec.run_id]),
+                           wall_time_s=share, command=command)
+    summary.update(engine='population', population_workdir=workdir)
+    _write_json(summary_path(results_dir, spec), summary)
+  return {s.run_id: ('ok', f'{wall:.0f}s for {len(program.specs)} members') for s in program.specs}
+
+
+def run_sweep(sweep, *, seeds, jobs, results_dir, workroot, first_seed=0, make_command=None,
               validate=True, log=_say, replace=False):
-  """Runs every spec (bounded parallelism); returns {run_id: (status, detail)}."""
-  specs = make_specs(sweep, seeds)
-  total = len(specs)
-  results = {}
-  invalid = {}
+  """Runs every spec (bounded parallelism: ``jobs`` processes at once); returns {run_id: (status,
+  detail)}. Specs that still need a run go as seed populations (`experiments.populations`), or
+  each as its own process with ``make_command(spec, workdir)`` (`trainer_command`:
+  --no-population)."""
+  specs = make_specs(sweep, seeds, first_seed)
+  total, results, invalid = len(specs), {}, {}
   if validate:
     for spec in specs[:len(sweep.runs)]:  # the configs differ by run, not by seed
       try:
@@ -337,29 +270,49 @@ def run_sweep(sweep, *, seeds, jobs, results_dir, workroot, make_command=trainer
       except ValueError as e:
         invalid[spec.run.name] = str(e)
         log(f'[{spec.run.name}] INVALID, not launched: {e}')
-  for spec in specs:
-    if spec.run.name in invalid:
-      results[spec.run_id] = ('failed', invalid[spec.run.name])
-  specs = [s for s in specs if s.run.name not in invalid]
   lock = threading.Lock()
+
+  def report(run_id, status, detail):
+    with lock:
+      results[run_id] = (status, detail)
+      log(f'[{run_id}] {status} ({len(results)}/{total})' +
+          (f'\n{detail}' if status == 'failed' else ''))
 
   def locked_log(*args):  # one line at a time from parallel runs
     with lock:
       log(*args)
 
-  def one(spec):
+  def guarded(fn, item, run_ids):
     try:
-      status, detail = execute(spec, results_dir=results_dir, workroot=workroot,
-                               make_command=make_command, log=locked_log, replace=replace)
+      return fn(item)
     except Exception as e:  # pylint: disable=broad-except
-      status, detail = 'failed', f'{type(e).__name__}: {e}'
-    with lock:
-      results[spec.run_id] = (status, detail)
-      log(f'[{spec.run_id}] {status} ({len(results)}/{total})' +
-          (f'\n{detail}' if status == 'failed' else ''))
+      return {r: ('failed', f'{type(e).__name__}: {e}') for r in run_ids}
+
+  needed = []
+  for spec in specs:
+    existing = (('failed', invalid[spec.run.name]) if spec.run.name in invalid else _existing(
+        spec, results_dir=results_dir, log=locked_log, replace=replace))
+    if existing is None:
+      needed.append(spec)
+    else:
+      report(spec.run_id, *existing)
+  if make_command is not None:
+    work = [(s, [s.run_id]) for s in needed]
+    fn = lambda s: {
+        s.run_id:
+            execute(s, results_dir=results_dir, workroot=workroot, make_command=make_command, log=
+                    locked_log, replace=replace)
+    }
+  else:
+    work = [(p, [s.run_id for s in p.specs]) for p in populations_lib.programs(needed)]
+    fn = lambda p: execute_program(p, results_dir=results_dir, workroot=workroot, log=locked_log)
+
+  def one(item_ids):
+    for run_id, (status, detail) in guarded(fn, *item_ids).items():
+      report(run_id, status, detail)
 
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-    list(pool.map(one, specs))
+    list(pool.map(one, work))
   return results
 
 
@@ -380,7 +333,7 @@ def invocation_parts(invocation):
   return invocation.get('parts', [invocation])
 
 
-def main(argv=None, *, make_command=trainer_command, results_root=RESULTS_DIR):
+def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
   parser = argparse.ArgumentParser(
       prog='python -m experiments.run', description=__doc__.split('\n\n')[0],
       epilog='Results go to experiments/results/<sweep>.md (tables, discussion) and '
@@ -390,7 +343,13 @@ def main(argv=None, *, make_command=trainer_command, results_root=RESULTS_DIR):
       'workdirs go to --workroot.')
   parser.add_argument('sweep', help=f'one of {sorted(sweeps_lib.SWEEPS)}')
   parser.add_argument('--seeds', type=int, default=None,
-                      help="seeds 0..N-1 per config (default: the sweep's own)")
+                      help="N seeds per config (default: the sweep's own)")
+  parser.add_argument('--first-seed', type=int, default=0,
+                      help='seeds K..K+N-1 (confirmatory runs use seeds no run chose a setting on)')
+  parser.add_argument(
+      '--no-population', action='store_true',
+      help='one trainer process per run x seed instead of one population per '
+      'group of runs that differ only in seed or a varied hyper-parameter')
   parser.add_argument('--jobs', type=int, default=os.cpu_count() or 1,
                       help='trainer processes at once (default: the number of cores)')
   parser.add_argument('--smoke', action='store_true',
@@ -446,8 +405,11 @@ def main(argv=None, *, make_command=trainer_command, results_root=RESULTS_DIR):
     print(
         f'{sweep.name}: {len(part.runs)} configs x {seeds} seeds, {sweep.num_steps} steps; '
         f'estimated {est / 60:.0f} min of machine time; results in {md_path}', flush=True)
-    results = run_sweep(part, seeds=seeds, jobs=args.jobs, results_dir=results_dir,
-                        workroot=args.workroot, make_command=make_command, replace=args.replace)
+    if args.no_population and make_command is None:
+      make_command = trainer_command
+    results = run_sweep(part, seeds=seeds, first_seed=args.first_seed, jobs=args.jobs,
+                        results_dir=results_dir, workroot=args.workroot, make_command=make_command,
+                        replace=args.replace)
     failures = {k: d for k, (s, d) in results.items() if s == 'failed'}
     if all(status == 'skipped' for status, _ in results.values()) and os.path.exists(md_path):
       print(f'nothing new: every run was already summarised; {md_path} left as it is')

@@ -1,4 +1,5 @@
-"""Statistics over seeds: bootstrap confidence intervals, paired bootstrap and sign-flip tests.
+"""Statistics over seeds: bootstrap and t intervals, the exact paired sign-flip test, Holm and
+Benjamini-Hochberg corrections, TOST equivalence.
 
 Every function draws from its own `np.random.default_rng(seed)`, so a table rebuilt from the
 same per-run summaries prints the same intervals and p-values on any machine.
@@ -24,6 +25,7 @@ Conventions
 """
 
 import numpy as np
+import scipy.stats
 
 DEFAULT_RESAMPLES = 10_000
 MAX_EXACT_PAIRS = 20  # paired_signflip_pvalue enumerates all 2^n sign patterns up to this n
@@ -180,3 +182,73 @@ def paired_signflip_pvalue(x, y, *, num_resamples=DEFAULT_RESAMPLES, seed=0):
     signs = rng.choice(np.array([-1.0, 1.0]), size=(size, n))
     extreme += np.count_nonzero(np.abs(signs @ d) >= threshold)
   return float((1 + extreme) / (1 + num_resamples))
+
+
+# ---------------------------------------------------------------------------------------------
+# What a verdict needs: t-based intervals, multiplicity corrections, equivalence.
+# ---------------------------------------------------------------------------------------------
+
+
+def t_ci(d, *, level=0.95):
+  """(mean, lo, hi): the mean of the paired differences ``d`` and its Student-t interval
+  mean +- t_{n-1, (1+level)/2} sd / sqrt(n). On 8 values it is about 20% wider than the
+  percentile bootstrap's, which under-covers at such n; NaNs for fewer than two values."""
+  d = _as_1d(d, 'd')
+  _check_level(level)
+  if len(d) < 2:
+    return (float(d.mean()) if len(d) else float('nan')), float('nan'), float('nan')
+  mean, se = float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d)))
+  half = float(scipy.stats.t.ppf(0.5 + level / 2, len(d) - 1)) * se
+  return mean, mean - half, mean + half
+
+
+def _finite(p):
+  p = np.asarray(p, np.float64)
+  return p, np.flatnonzero(np.isfinite(p))
+
+
+def holm(pvalues):
+  """Holm's step-down adjusted p-values (family-wise error control): the k-th smallest of the
+  m finite p-values becomes max_{j <= k} min(1, (m - j + 1) p_(j)); NaN stays NaN."""
+  p, idx = _finite(pvalues)
+  out = np.full(p.shape, np.nan)
+  order = idx[np.argsort(p[idx], kind='stable')]
+  m = len(order)
+  running = 0.0
+  for rank, i in enumerate(order):
+    running = max(running, min(1.0, (m - rank) * p[i]))
+    out[i] = running
+  return out
+
+
+def benjamini_hochberg(pvalues):
+  """Benjamini-Hochberg q-values (false discovery rate over all claims): the k-th smallest of the
+  m finite p-values becomes min_{j >= k} min(1, m p_(j) / j); NaN stays NaN."""
+  p, idx = _finite(pvalues)
+  out = np.full(p.shape, np.nan)
+  order = idx[np.argsort(p[idx], kind='stable')]
+  m = len(order)
+  running = 1.0
+  for rank in range(m - 1, -1, -1):
+    i = order[rank]
+    running = min(running, m * p[i] / (rank + 1))
+    out[i] = running
+  return out
+
+
+def tost_pvalue(d, sesoi):
+  """Two one-sided paired t-tests of equivalence (TOST, Schuirmann 1987): H0 |E d| >= sesoi.
+  p = max(P(T >= (mean + sesoi) / se), P(T <= (mean - sesoi) / se)) with T ~ t_{n-1}; below 0.05
+  the difference is within +-sesoi. NaN for fewer than two values."""
+  d = _as_1d(d, 'd')
+  if not sesoi > 0:
+    raise ValueError(f'sesoi={sesoi!r} must be > 0')
+  if len(d) < 2:
+    return float('nan')
+  mean, se = float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d)))
+  if se == 0.0:  # every difference equal: equivalent iff inside the bounds
+    return 0.0 if abs(mean) < sesoi else 1.0
+  df = len(d) - 1
+  p_lower = scipy.stats.t.sf((mean + sesoi) / se, df)
+  p_upper = scipy.stats.t.cdf((mean - sesoi) / se, df)
+  return float(max(p_lower, p_upper))

@@ -36,6 +36,21 @@ def read_jsonl(path):
   return records
 
 
+def run_dirs(workdir):
+  """The directories holding a workdir's runs: its population members' (``members/*/``, in
+  member order), or the workdir itself."""
+  members = os.path.join(workdir, 'members')
+  if not os.path.isdir(members):
+    return [workdir]
+  found = []
+  for name in os.listdir(members):
+    path = os.path.join(members, name, 'member.json')
+    if os.path.isfile(path):
+      with open(path) as f:
+        found.append((json.load(f)['index'], os.path.join(members, name)))
+  return [path for _, path in sorted(found)] or [workdir]
+
+
 def last_record(workdir):
   """The last record of ``workdir``/metrics.jsonl ({} when there is none)."""
   records = read_jsonl(os.path.join(workdir, 'metrics.jsonl'))

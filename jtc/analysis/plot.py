@@ -3,7 +3,7 @@ r"""Draws the training curves of one or more runs on one figure.
   python -m jtc.plot W1 [W2 ...] --out curves.png [--keys reward_mean,eval/avg@4] [--smooth 10]
 
 Each W is a workdir of `jtc.train` (its `metrics.jsonl`, one JSON object per line with 'step',
-is read). Every panel has a human title and y-label (`describe(key)`: a table of known keys,
+is read); a population's workdir stands for its members (`metric_writer.run_dirs`). Every panel has a human title and y-label (`describe(key)`: a table of known keys,
 patterns such as 'eval/avg@K', and a readable fallback for the rest).
 
   * Runs are named by the shortest path suffix that tells them apart (`run_labels`), so
@@ -306,11 +306,12 @@ def main(argv=None):
                       help='trailing-mean window in logged points (default 1: no smoothing)')
   args = parser.parse_args(argv)
   keys = None if args.keys is None else [k.strip() for k in args.keys.split(',') if k.strip()]
+  workdirs = [d for w in args.workdirs for d in metric_writer.run_dirs(w)]
   try:
-    print(plot_runs(args.workdirs, args.out, keys, smooth=args.smooth))
+    print(plot_runs(workdirs, args.out, keys, smooth=args.smooth))
   except (ValueError, FileNotFoundError) as e:
     parser.error(str(e))
-  clouds = plot_token_clouds(args.workdirs, os.path.splitext(args.out)[0] + '_tokens.png')
+  clouds = plot_token_clouds(workdirs, os.path.splitext(args.out)[0] + '_tokens.png')
   if clouds:
     print(clouds)
 

@@ -201,21 +201,25 @@ def held_out_examples(data: Any, *, data_dir: str | None, limit: int) -> list[di
   return []
 
 
-def run_data(data: Any, *, batch_size: int, seed: int,
-             eval_problems: int) -> tuple[grain.DatasetIterator, list[dict[str, Any]], list[str]]:
-  """What a run of a config's `data` section reads: (training prompt iterator, held-out
-  examples, prompts to size the prompt width on: the held-out ones and up to 2,000 training ones).
+def run_data(
+    data: Any, *, batch_size: int, seeds: Sequence[int],
+    eval_problems: int) -> tuple[list[grain.DatasetIterator], list[dict[str, Any]], list[str]]:
+  """What a run of a config's `data` section reads: (a training prompt iterator per seed (one per
+  member of a population), held-out examples, prompts to size the prompt width on: the held-out
+  ones and up to 2,000 training ones).
 
   Every process reads the same global batch (shard 0 of 1): host-side logic (rewards,
   advantages) is replicated, the device work is sharded over the mesh.
   """
   data_dir = data.data_dir or None  # None: jtc's cache ($JTC_DATA_DIR or ~/.cache/jtc/data)
   source = data.dataset or data.task
-  train_iter = make_prompt_iterator(source, split='train', batch_size=batch_size, seed=seed,
-                                    data_dir=data_dir, shard_index=0, shard_count=1)
+  train_iters = [
+      make_prompt_iterator(source, split='train', batch_size=batch_size, seed=seed,
+                           data_dir=data_dir, shard_index=0, shard_count=1) for seed in seeds
+  ]
   eval_examples = held_out_examples(data, data_dir=data_dir, limit=eval_problems)
   train_examples = load_examples(source, split='train', data_dir=data_dir, limit=2000)
-  return train_iter, eval_examples, [e['prompt'] for e in eval_examples + train_examples]
+  return train_iters, eval_examples, [e['prompt'] for e in eval_examples + train_examples]
 
 
 def check_config(data: Any, *, tasks: Any, reward_fns: Any) -> None:

@@ -34,6 +34,7 @@ import chex
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jtc.models import decode
 from jtc.models import model as model_lib
@@ -243,9 +244,37 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
     `SampleOutput` with R = B * num_samples rows.
   """
   chex.assert_rank([prompt_tokens_BP, prompt_mask_BP], 2)
+  static = _static_args(config, prompt_tokens_BP.shape[-1], num_samples=num_samples,
+                        max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
+                        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                        greedy=greedy, block_size=block_size, layer_loop=layer_loop)
   chex.assert_equal_shape([prompt_tokens_BP, prompt_mask_BP])
+  return _sample_jit(params, prompt_tokens_BP, prompt_mask_BP, rng, **static)
+
+
+def sample_members(params, config: model_lib.ModelConfig, prompt_tokens_NBP, prompt_mask_NBP, *,
+                   rng: jax.Array, temperature=1.0, **kwargs) -> SampleOutput:
+  """`sample` for N policies at once (a seed population, `jtc.rl.population`): every argument
+  but the static ones carries a leading member axis N (params leaves [N, ...], prompts
+  [N, B, P], ``rng`` [N] keys) and so does every field of the output. ``temperature`` is a float
+  or an [N] array (one per member, traced: members of different temperatures share one program).
+  Member n's samples are those of `sample` on member n's arguments."""
+  chex.assert_rank([prompt_tokens_NBP, prompt_mask_NBP], 3)
+  chex.assert_equal_shape([prompt_tokens_NBP, prompt_mask_NBP])
+  per_member = not isinstance(temperature, (int, float))
+  if per_member and not np.all(np.asarray(temperature) > 0):
+    raise ValueError(f'sample_members: temperature={temperature!r} must be > 0 for every member')
+  static = _static_args(config, prompt_tokens_NBP.shape[-1],
+                        temperature=1.0 if per_member else temperature, **kwargs)
+  return _sample_members_jit(params, prompt_tokens_NBP, prompt_mask_NBP, rng,
+                             jnp.asarray(temperature, jnp.float32) if per_member else None,
+                             **static)
+
+
+def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temperature=1.0,
+                 top_k=0, top_p=1.0, min_p=0.0, greedy=False, block_size=None, layer_loop='auto'):
+  """The sampler's static arguments, checked (a ValueError naming the bad one) and resolved."""
   V = config.vocab_size
-  P = prompt_tokens_BP.shape[1]
   eos_ids = tuple(int(e) for e in (eos_id if isinstance(eos_id, (tuple, list)) else [eos_id]))
   checks = {
       'num_samples': (num_samples, isinstance(num_samples, int) and num_samples >= 1, '>= 1'),
@@ -266,12 +295,24 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
   for name, (value, ok, valid) in checks.items():
     if not ok:
       raise ValueError(f'sample: {name}={value!r} is invalid; must be {valid}')
-  return _sample_jit(params, prompt_tokens_BP, prompt_mask_BP, rng, config=config,
-                     num_samples=num_samples, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
-                     pad_id=int(pad_id), temperature=float(temperature), top_k=int(top_k),
-                     top_p=float(top_p), min_p=float(min_p), greedy=bool(greedy),
-                     block_size=resolve_block_size(block_size, max_new_tokens),
-                     layer_loop=resolve_layer_loop(layer_loop))
+  return dict(config=config, num_samples=num_samples, max_new_tokens=max_new_tokens,
+              eos_ids=eos_ids, pad_id=int(pad_id), temperature=float(temperature), top_k=int(top_k),
+              top_p=float(top_p), min_p=float(min_p), greedy=bool(greedy),
+              block_size=resolve_block_size(block_size, max_new_tokens),
+              layer_loop=resolve_layer_loop(layer_loop))
+
+
+def _sample_members_impl(params, prompt_tokens_NBP, prompt_mask_NBP, rng_N, temperature_N,
+                         **static):
+  """`_sample_impl` vmapped over members; a traced per-member temperature when given."""
+  if temperature_N is None:
+    one = lambda p, t, m, r: _sample_impl(p, t, m, r, **static)
+    return jax.vmap(one)(params, prompt_tokens_NBP, prompt_mask_NBP, rng_N)
+  one = lambda p, t, m, r, temp: _sample_impl(p, t, m, r, **{**static, 'temperature': temp})
+  return jax.vmap(one)(params, prompt_tokens_NBP, prompt_mask_NBP, rng_N, temperature_N)
+
+
+_sample_members_jit = jax.jit(_sample_members_impl, static_argnames=_STATIC)
 
 
 def resolve_block_size(block_size: int | None, max_new_tokens: int) -> int:

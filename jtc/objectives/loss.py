@@ -128,7 +128,14 @@ def default_hparams(name):
   return {**_loss_defaults(name), 'aggregation': DEFAULT_AGGREGATION[name], **_COMMON_HPARAMS}
 
 
+def _is_traced(x):
+  """A hyper-parameter given as an array (a population member's traced value): the population
+  engine checked its values before compiling, so only the static ones are checked here."""
+  return isinstance(x, jax.Array)
+
+
 def _check_hparams(name, hp):
+  hp = {k: v for k, v in hp.items() if not _is_traced(v)}
   checks.choice('aggregation', hp['aggregation'], AGGREGATIONS)
   checks.choice('kl_estimator', hp['kl_estimator'], KL_ESTIMATORS)
   if 'solver' in hp:
@@ -309,9 +316,9 @@ def compute_loss(name, *, logps, old_logps, advantages, mask, group_size, ref_lo
   hp = check_hparams(name, hparams)
   _check_arrays(name, logps, old_logps, advantages, mask, group_size, ref_logps, token_weights,
                 entropy)
-  if hp['kl_coef'] != 0 and ref_logps is None:
+  if (_is_traced(hp['kl_coef']) or hp['kl_coef'] != 0) and ref_logps is None:
     raise ValueError(f'kl_coef={hp["kl_coef"]} needs ref_logps')
-  if hp['entropy_coef'] != 0 and entropy is None:
+  if (_is_traced(hp['entropy_coef']) or hp['entropy_coef'] != 0) and entropy is None:
     raise ValueError(f'entropy_coef={hp["entropy_coef"]} needs entropy [B, T]')
 
   aggregate = AGGREGATIONS[hp.pop('aggregation')]
@@ -348,14 +355,14 @@ def compute_loss(name, *, logps, old_logps, advantages, mask, group_size, ref_lo
                          jnp.where(mask_BT > 0, ref_logps_BT, 0.0))
     kl = aggregate(kl_BT, mask_BT)
     metrics['kl'] = kl
-    if kl_coef != 0:
+    if _is_traced(kl_coef) or kl_coef != 0:
       loss = loss + kl_coef * kl
   if entropy is not None:
     entropy_BT = jnp.where(mask_BT > 0, jnp.asarray(entropy, jnp.float32), 0.0)
     # The logged entropy is the per-token mean for every loss (comparable across methods); the
     # bonus uses the loss's own aggregation.
     metrics['entropy'] = token_mean(entropy_BT, mask_BT)
-    if entropy_coef != 0:
+    if _is_traced(entropy_coef) or entropy_coef != 0:
       loss = loss - entropy_coef * aggregate(entropy_BT, mask_BT)
   # pg_loss / kl / entropy are reported values, not extra gradient paths.
   metrics = jax.tree.map(jax.lax.stop_gradient, metrics)

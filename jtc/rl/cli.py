@@ -21,6 +21,7 @@ from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
+import numpy as np
 
 from jtc import checks
 
@@ -152,7 +153,8 @@ class StopOnSignal:
 
 class Progress:
   """A tqdm bar on a terminal; else (nohup, cluster logs) one line every ``every`` steps with
-  step, reward, accuracy, steps/s and the time left."""
+  step, reward, accuracy, steps/s and the time left. A population's line shows the members'
+  mean and [min, max]."""
 
   def __init__(self, total, start, *, every):
     self.total, self.start, self.every, self.t0 = total, start, every, time.perf_counter()
@@ -161,17 +163,27 @@ class Progress:
       from tqdm import tqdm  # pylint: disable=import-outside-toplevel
       self.bar = tqdm(total=total, initial=start, desc='rl', dynamic_ncols=True, file=sys.stderr)
 
+  @staticmethod
+  def summary(metrics, key):
+    """'0.512' for one run; '0.512 [0.450, 0.580]' (mean [min, max]) for a population."""
+    values = [m[key] for m in metrics]
+    if len(values) == 1:
+      return f'{values[0]:.3f}'
+    return f'{np.mean(values):.3f} [{min(values):.3f}, {max(values):.3f}]'
+
   def update(self, step, metrics):
-    reward, acc = metrics['reward_mean'], metrics['accuracy']
+    """``metrics``: the step's metrics of each member (a list of one for a run)."""
+    reward, acc = self.summary(metrics, 'reward_mean'), self.summary(metrics, 'accuracy')
     if self.bar is not None:
       self.bar.update(1)
-      self.bar.set_postfix(reward=f'{reward:.3f}', acc=f'{acc:.2f}')
+      self.bar.set_postfix(reward=reward, acc=acc)
     elif self.every and (step % self.every == 0 or step == self.total):
       rate = (step - self.start) / max(time.perf_counter() - self.t0, 1e-9)
       eta = (self.total - step) / max(rate, 1e-9)
+      members = f' ({len(metrics)} members: mean [min, max])' if len(metrics) > 1 else ''
       print(
-          f'step {step}/{self.total} reward {reward:.3f} accuracy {acc:.3f} '
-          f'{rate:.2f} steps/s ETA {eta / 60:.1f} min', file=sys.stderr, flush=True)
+          f'step {step}/{self.total} reward {reward} accuracy {acc} '
+          f'{rate:.2f} steps/s ETA {eta / 60:.1f} min{members}', file=sys.stderr, flush=True)
 
   def close(self):
     if self.bar is not None:
@@ -199,9 +211,12 @@ def _train(trainer_cls, argv):
   except (ValueError, workdir_lib.WorkdirError, checkpoints.CheckpointMismatch) as e:
     _fail(str(e))
   last, stopped = trainer.run()
-  print(
-      json.dumps({
-          k: v for k, v in last.items() if 'eval' in k or k in ('step', 'reward_mean', 'accuracy')
-      }))
+  for path, record in zip(trainer.member_dirs, last):  # one line per member
+    shown = {
+        k: v for k, v in record.items() if 'eval' in k or k in ('step', 'reward_mean', 'accuracy')
+    }
+    if len(last) > 1:
+      shown = {'member': os.path.relpath(path, trainer.workdir), **shown}
+    print(json.dumps(shown))
   if stopped:
     sys.exit(128 + signal.Signals[stopped].value)

@@ -13,6 +13,7 @@ from jtc import checks
 from jtc.data import pipeline as data_lib
 from jtc import objectives
 from jtc.data import rewards as rewards_lib
+from jtc.rl import population as population_lib
 from jtc.rl import rollout as rollout_lib
 from jtc.rl import sharding as sharding_lib
 from jtc.objectives import surrogates
@@ -23,7 +24,33 @@ from jtc.rl import update as update_lib
 
 def validate(c):
   """Raises ValueError naming the offending key for any invalid setting, before any compute;
-  each section is checked by the module that consumes it."""
+  each section is checked by the module that consumes it, and a population's members are each
+  checked as the single run they equal (so a varied value is checked like a set one)."""
+  population_lib.check_config(c)
+  members = population_lib.members(c)
+  if len(members) > 1 or members[0].values:
+    if c.token_budget:
+      raise ValueError(f'config.token_budget={c.token_budget} needs a single run '
+                       '(config.population.size=1, no population.vary): a population steps its '
+                       'members together, and they generate different numbers of tokens')
+    for member in members:
+      try:
+        _validate_run(population_lib.member_config(c, member))
+      except ValueError as e:
+        raise ValueError(f'population member {member.name}: {e}') from None
+  else:
+    _validate_run(c)
+  sharding_lib.check_batch_rows(
+      update_lib.microbatch_prompts(c.optim) * c.rollout.sampling.num_samples,
+      sharding_lib.mesh_sizes(**c.mesh))
+  if c.data.dataset and not c.policy.checkpoint:
+    print(
+        f'note: config.data.dataset with the jtc policy {c.policy.init!r}: the shipped base '
+        'policy never writes \\boxed{}, so expect every reward to be 0', file=sys.stderr)
+
+
+def _validate_run(c):
+  """Every section of a single run's config but the mesh (the population's)."""
   checkpoints.check_policy_config(c.policy)
   data_lib.check_config(c.data, tasks=tasks_lib.TASKS, reward_fns=rewards_lib.REWARD_FNS)
   checks.positive_int('config.num_steps', c.num_steps)
@@ -43,10 +70,3 @@ def validate(c):
   checks.in_range('config.log.diagnostics_every', c.log.diagnostics_every, low=0, integer=True)
   checks.positive_int('config.log.ckpt_every', c.log.ckpt_every)
   checks.positive_int('config.log.keep_checkpoints', c.log.keep_checkpoints)
-  sharding_lib.check_batch_rows(
-      update_lib.microbatch_prompts(c.optim) * c.rollout.sampling.num_samples,
-      sharding_lib.mesh_sizes(**c.mesh))
-  if c.data.dataset and not c.policy.checkpoint:
-    print(
-        f'note: config.data.dataset with the jtc policy {c.policy.init!r}: the shipped base '
-        'policy never writes \\boxed{}, so expect every reward to be 0', file=sys.stderr)

@@ -23,6 +23,7 @@ from jtc.models import model as model_lib
 from jtc.models import logprobs
 from jtc.data import rewards as rewards_lib
 from jtc.models import sampler as sampler_lib
+from jtc.rl import population as population_lib
 from jtc.rl import sharding as sharding_lib
 
 # Verifiers return 1 for a correct solution and 0 otherwise (shaping may add fractions):
@@ -71,8 +72,10 @@ class Rollout:
 class Generator:
   """What sampling and scoring need besides the parameters and the sampling settings.
 
-  ``to_device`` places a host [B, ...] array for the sampler (the trainer: on its mesh with the
-  batch sharding); ``chunk_prompts`` bounds the prompts per sampler call (0 = all at once).
+  ``to_device`` places a host [B, ...] array (a population's [N, B, ...]) for the sampler (the
+  trainer: on its mesh with the batch sharding); ``chunk_prompts`` bounds the prompts per sampler
+  call (0 = all at once); ``population``: the members whose policies sample together (the
+  functions below take and return one value per member, `population_lib.Population`).
   """
   model_config: model_lib.ModelConfig
   tokenizer: Any
@@ -82,9 +85,11 @@ class Generator:
   prompt_suffix: str = ''
   chunk_prompts: int = 0
   to_device: Callable = jnp.asarray
+  population: population_lib.Population = population_lib.SINGLE
 
   @classmethod
-  def from_config(cls, c, model_config, tokenizer, task, *, to_device=jnp.asarray):
+  def from_config(cls, c, model_config, tokenizer, task, *, to_device=jnp.asarray,
+                  population=population_lib.SINGLE):
     """The generator of a run config: its task's verifier (or `data.reward`; a dataset run
     defaults to boxed_numeric), prompt encoding and chunking."""
     reward = c.data.reward or ('' if task else 'boxed_numeric')
@@ -92,15 +97,7 @@ class Generator:
                reward_fn=rewards_lib.REWARD_FNS[reward] if reward else task.reward_fn,
                prompt_width=c.data.prompt_width, chat_template=c.data.chat_template,
                prompt_suffix=c.data.prompt_suffix, chunk_prompts=c.rollout.chunk_prompts,
-               to_device=to_device)
-
-  def encode(self, prompts):
-    """Questions -> left-padded [B, P] prompt tokens / mask on the device."""
-    tokens_BP, mask_BP = data_lib.encode_prompts(self.tokenizer,
-                                                 [p + self.prompt_suffix for p in prompts],
-                                                 width=self.prompt_width,
-                                                 chat_template=self.chat_template)
-    return self.to_device(tokens_BP), self.to_device(mask_BP)
+               to_device=to_device, population=population)
 
   def check_prompt_width(self, prompts):
     """ValueError naming config.data.prompt_width when the longest of ``prompts`` (suffix and
@@ -113,12 +110,26 @@ class Generator:
       raise ValueError(f'config.data.prompt_width={self.prompt_width} is too small: the prompt '
                        f'{longest!r} takes {need} tokens with the template; set it to >= {need}')
 
-  def sample(self, params, prompts, rng, sampling):
-    """sampler.sample on the encoded prompts; a `SampleOutput` on the host."""
-    tokens_BP, mask_BP = self.encode(prompts)
-    out = sampler_lib.sample(params, self.model_config, tokens_BP, mask_BP, rng=rng,
-                             eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id, **sampling)
-    return sharding_lib.to_host(out)
+  def sample(self, params, prompts_M, rng, sampling, temperature=None):
+    """Every member's samples of its own prompts (``prompts_M``: a list of prompt lists, one per
+    member; ``params`` and ``rng`` stacked as `Population.stack`): per-member `SampleOutput`s
+    on the host. ``temperature`` (per member, stacked) replaces sampling['temperature'] in a
+    population that varies it."""
+    pop = self.population
+    encoded = [
+        data_lib.encode_prompts(self.tokenizer, [p + self.prompt_suffix
+                                                 for p in prompts], width=self.prompt_width,
+                                chat_template=self.chat_template)
+        for prompts in prompts_M
+    ]
+    tokens_BP = self.to_device(pop.stack([t for t, _ in encoded]))
+    mask_BP = self.to_device(pop.stack([m for _, m in encoded]))
+    kwargs = dict(sampling, eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id)
+    if temperature is not None:
+      kwargs['temperature'] = temperature if pop.batched else float(temperature)
+    sample = sampler_lib.sample_members if pop.batched else sampler_lib.sample
+    out = sample(params, self.model_config, tokens_BP, mask_BP, rng=rng, **kwargs)
+    return pop.unstack(sharding_lib.to_host(out))
 
   def decode(self, completion_BT, completion_mask_BT):
     return tuple(
@@ -126,26 +137,32 @@ class Generator:
         for row, m in zip(completion_BT, completion_mask_BT))
 
 
-def generate(gen, params, prompts, answers, rng, sampling):
-  """G samples of every prompt, decoded and scored by the verifier: a `Rollout`.
+def generate(gen, params, prompts_M, answers_M, rng, sampling, temperature=None):
+  """G samples of every member's prompts, decoded and scored by the verifier: a `Rollout` per
+  member. ``rng``: the members' keys, stacked.
 
   Prompts go to the sampler `gen.chunk_prompts` at a time (key folded with the chunk index;
   one chunk keeps ``rng`` as it is).
   """
-  G = sampling['num_samples']
-  chunk = gen.chunk_prompts or len(prompts)
+  pop, G = gen.population, sampling['num_samples']
+  n_prompts = len(prompts_M[0])
+  chunk = gen.chunk_prompts or n_prompts
   outs = []
-  for i, s in enumerate(range(0, len(prompts), chunk)):
-    key = rng if chunk == len(prompts) else jax.random.fold_in(rng, i)
-    outs.append(gen.sample(params, prompts[s:s + chunk], key, sampling))
-  out = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *outs)
-  texts = gen.decode(out.completion, out.completion_mask)
-  rewards_B = np.asarray(
-      gen.reward_fn([p for p in prompts for _ in range(G)], list(texts),
-                    [a for a in answers for _ in range(G)]), np.float32)
-  return Rollout(tokens_BL=out.tokens, input_mask_BL=out.input_mask, completion_BT=out.completion,
-                 completion_mask_BT=out.completion_mask, sampler_logps_BT=out.logps,
-                 truncated_B=out.truncated, rewards_B=rewards_B, texts=texts)
+  for i, s in enumerate(range(0, n_prompts, chunk)):
+    key = rng if chunk == n_prompts else pop.fold_in(rng, i)
+    outs.append(gen.sample(params, [p[s:s + chunk] for p in prompts_M], key, sampling, temperature))
+  rollouts = []
+  for m, (prompts, answers) in enumerate(zip(prompts_M, answers_M)):
+    out = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *[o[m] for o in outs])
+    texts = gen.decode(out.completion, out.completion_mask)
+    rewards_B = np.asarray(
+        gen.reward_fn([p for p in prompts for _ in range(G)], list(texts),
+                      [a for a in answers for _ in range(G)]), np.float32)
+    rollouts.append(
+        Rollout(tokens_BL=out.tokens, input_mask_BL=out.input_mask, completion_BT=out.completion,
+                completion_mask_BT=out.completion_mask, sampler_logps_BT=out.logps,
+                truncated_B=out.truncated, rewards_B=rewards_B, texts=texts))
+  return rollouts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,28 +198,43 @@ def refill(rollout, donor, keep_M, group_size):
   return rollout.replace(texts=tuple(texts), **arrays)
 
 
-def collect(gen, params, next_examples, rng, *, sampling, dynamic_sampling, max_rounds):
-  """The training rollout of one RL step; returns (Rollout, extra rounds sampled).
+def collect(gen, params, next_examples_M, rng, *, sampling, dynamic_sampling, max_rounds,
+            temperature=None):
+  """The training rollouts of one RL step; returns (a `Rollout` per member, extra rounds sampled
+  per member).
 
-  ``next_examples()`` gives a batch {'prompt': [...], 'answer': [...]} of the prompt stream.
-  With ``dynamic_sampling`` (DAPO) zero-variance groups are replaced by informative groups of
-  up to ``max_rounds`` further batches.
+  ``next_examples_M[m]()`` gives member m's next batch {'prompt': [...], 'answer': [...]} of its
+  prompt stream; ``rng``: the members' keys, stacked. With ``dynamic_sampling`` (DAPO)
+  zero-variance groups are replaced by informative groups of up to ``max_rounds`` further
+  batches, per member: a member draws a batch (and splits its key) only in the rounds it needs,
+  exactly as a single run would; the others fill the program with a stand-in whose samples are
+  dropped.
   """
-  G = sampling['num_samples']
-  examples = next_examples()
-  rng, sub = jax.random.split(rng)
-  rollout = generate(gen, params, examples['prompt'], examples['answer'], sub, sampling)
-  rounds = 0
-  if dynamic_sampling:
-    keep_M = informative_groups(rollout.rewards_B, G)
-    while not keep_M.all() and rounds < max_rounds:
-      rounds += 1
-      rng, sub = jax.random.split(rng)
-      more = next_examples()
-      donor = generate(gen, params, more['prompt'], more['answer'], sub, sampling)
-      rollout = refill(rollout, donor, keep_M, G)
-      keep_M = informative_groups(rollout.rewards_B, G)
-  return rollout, rounds
+  pop, G = gen.population, sampling['num_samples']
+  keys = pop.unstack(rng)
+  examples = [f() for f in next_examples_M]
+  subs = []
+  for m in range(pop.n):
+    keys[m], sub = jax.random.split(keys[m])
+    subs.append(sub)
+  rollouts = generate(gen, params, [e['prompt'] for e in examples], [e['answer'] for e in examples],
+                      pop.stack(subs), sampling, temperature)
+  rounds = [0] * pop.n
+  keep = [informative_groups(r.rewards_B, G) for r in rollouts]
+  while dynamic_sampling:
+    need = [not k.all() and r < max_rounds for k, r in zip(keep, rounds)]
+    if not any(need):
+      break
+    for m in np.flatnonzero(need):
+      rounds[m] += 1
+      keys[m], subs[m] = jax.random.split(keys[m])
+      examples[m] = next_examples_M[m]()
+    donors = generate(gen, params, [e['prompt'] for e in examples], [e['answer'] for e in examples],
+                      pop.stack(subs), sampling, temperature)
+    for m in np.flatnonzero(need):
+      rollouts[m] = refill(rollouts[m], donors[m], keep[m], G)
+      keep[m] = informative_groups(rollouts[m].rewards_B, G)
+  return rollouts, rounds
 
 
 def overlong_shaping(lengths_B, *, max_new_tokens, buffer, penalty):
@@ -222,19 +254,20 @@ def behaviour_pass(params, tokens_BL, input_mask_BL, *, model_config, completion
                                     completion_start=completion_start, return_hidden=return_hidden)
 
 
-def behaviour_logps(behaviour_fn, params, *, rollout, tokens_BL, input_mask_BL, chunk_rows,
-                    to_device):
+def behaviour_logps(behaviour_fn, params, *, tokens_BL, input_mask_BL, host_tokens_BL,
+                    host_input_mask_BL, chunk_rows, to_device, axis=0):
   """``behaviour_fn`` (a jitted `behaviour_pass`) over the rollouts already on the device, or
-  ``chunk_rows`` rows at a time from the host copy in ``rollout`` (0 = all at once)."""
-  B = tokens_BL.shape[0]
+  ``chunk_rows`` rows at a time from their host copies (0 = all at once); the rows are on
+  ``axis`` (1 behind a population's member axis)."""
+  B = tokens_BL.shape[axis]
   if not chunk_rows or chunk_rows >= B:
     return behaviour_fn(params, tokens_BL, input_mask_BL)
+  rows = lambda x, s: x[(slice(None),) * axis + (slice(s, s + chunk_rows),)]
   parts = [
-      behaviour_fn(params, to_device(rollout.tokens_BL[s:s + chunk_rows]),
-                   to_device(rollout.input_mask_BL[s:s + chunk_rows]))
-      for s in range(0, B, chunk_rows)
+      behaviour_fn(params, to_device(rows(host_tokens_BL, s)),
+                   to_device(rows(host_input_mask_BL, s))) for s in range(0, B, chunk_rows)
   ]
-  return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *parts)
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=axis), *parts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,25 +291,46 @@ def format_metrics(task, texts, correct_B):
 
 
 def evaluate(gen, params, examples, rng, *, sampling, batch_prompts, task=None):
-  """avg@k accuracy (k = sampling['num_samples']) on held-out ``examples`` and the format
-  shares of the correct samples. Prompts go ``batch_prompts`` at a time (the last batch padded
-  by repeating its last prompt, so one shape compiles); batch s uses fold_in(rng, s)."""
-  k = sampling['num_samples']
-  correct, texts = [], []
+  """avg@k accuracy (k = sampling['num_samples']) of every member on the same held-out
+  ``examples`` and the format shares of its correct samples: a dict per member. Prompts go
+  ``batch_prompts`` at a time (the last batch padded by repeating its last prompt, so one shape
+  compiles); batch s uses fold_in(member key, s), ``rng`` being the members' keys, stacked."""
+  pop, k = gen.population, sampling['num_samples']
+  correct, texts = [[] for _ in range(pop.n)], [[] for _ in range(pop.n)]
   for s in range(0, len(examples), batch_prompts):
     chunk = examples[s:s + batch_prompts]
     n_real = len(chunk)
     chunk = chunk + [chunk[-1]] * (batch_prompts - n_real)
-    out = gen.sample(params, [e['prompt'] for e in chunk], jax.random.fold_in(rng, s), sampling)
+    outs = gen.sample(params, [[e['prompt'] for e in chunk]] * pop.n, pop.fold_in(rng, s), sampling)
     n_keep = n_real * k
-    chunk_texts = gen.decode(out.completion[:n_keep], out.completion_mask[:n_keep])
     rep = [e for e in chunk[:n_real] for _ in range(k)]
-    rewards = gen.reward_fn([e['prompt'] for e in rep], list(chunk_texts),
-                            [e['answer'] for e in rep])
-    correct.append(is_correct(rewards))
-    texts += chunk_texts
-  correct = np.concatenate(correct)
-  return {f'avg@{k}': float(correct.mean()), **format_metrics(task, texts, correct)}
+    for m, out in enumerate(outs):
+      chunk_texts = gen.decode(out.completion[:n_keep], out.completion_mask[:n_keep])
+      rewards = gen.reward_fn([e['prompt'] for e in rep], list(chunk_texts),
+                              [e['answer'] for e in rep])
+      correct[m].append(is_correct(rewards))
+      texts[m] += chunk_texts
+  results = []
+  for c_m, t_m in zip(correct, texts):
+    c_m = np.concatenate(c_m)
+    results.append({
+        f'avg@{k}': float(c_m.mean()),
+        f'avg@{k}_se': sampling_se(c_m.reshape(-1, k)),
+        **format_metrics(task, t_m, c_m)
+    })
+  return results
+
+
+def sampling_se(correct_NK):
+  """The standard error of avg@k that comes from sampling alone (the problems fixed): with
+  p_n the chance that a sample of problem n is correct, Var(avg@k) = sum_n p_n (1 - p_n) /
+  (k N^2), estimated without bias by p_hat (1 - p_hat) k / (k - 1) per problem (NaN for k = 1).
+  A run evaluated again with other sampling keys moves by about this much."""
+  n, k = correct_NK.shape
+  if k < 2:
+    return float('nan')
+  p_N = correct_NK.mean(-1)
+  return float(np.sqrt(np.sum(p_N * (1 - p_N) * k / (k - 1)) / (k * n * n)))
 
 
 def check_sampling(section, name):

@@ -121,9 +121,9 @@ def train_sft(c, workdir):
       print(rec, file=sys.stderr)
   gen = rollout_lib.Generator(model_config=model_config, tokenizer=tokenizer,
                               reward_fn=task.reward_fn, prompt_width=c.prompt_width)
-  result = rollout_lib.evaluate(gen, params, test, jax.random.key(c.seed + 1),
-                                sampling=eval_sampling(c.eval_k, c.max_new_tokens),
-                                batch_prompts=32, task=task)
+  result, = rollout_lib.evaluate(gen, params, test, jax.random.key(c.seed + 1),
+                                 sampling=eval_sampling(c.eval_k, c.max_new_tokens),
+                                 batch_prompts=32, task=task)
   result['train_seconds'] = time.time() - t0
   log.write(json.dumps(dict(step=c.num_steps, **result)) + '\n')
   log.close()

@@ -1,6 +1,8 @@
 """Device mesh, logical-axis rules and sharded jit: the one place that knows about devices.
 
 Mesh axes:
+  'population'  the members of a seed population (`jtc.rl.population`): each device holds
+           whole members (their parameters, optimiser state and batches), size 1 for a run;
   'data'   pure data parallelism (parameters replicated);
   'fsdp'   data parallelism with parameters (and so optimiser state) sharded over 'embed';
   'tensor' Megatron-style model parallelism over heads, MLP hidden units and vocabulary.
@@ -37,10 +39,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jtc.models import decode
 from jtc.models import model as model_lib
 
-MESH_AXES = ('data', 'fsdp', 'tensor')
+MESH_AXES = ('population', 'data', 'fsdp', 'tensor')
 
 # logical axis -> mesh axis / tuple of mesh axes / None (replicated).
 LOGICAL_AXIS_RULES = {
+    # The leading member axis of a population's values ([N, ...]).
+    'members': 'population',
     # Activations, batches and the KV cache.
     'batch': ('data', 'fsdp'),
     'length': None,
@@ -59,11 +63,11 @@ LOGICAL_AXIS_RULES = {
 }
 
 
-def make_mesh(*, data: int = 1, fsdp: int = -1, tensor: int = 1,
+def make_mesh(*, population: int = 1, data: int = 1, fsdp: int = -1, tensor: int = 1,
               devices: Sequence[Any] | None = None) -> Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh; at most one size may be -1 (= the rest)."""
+  """A ('population', 'data', 'fsdp', 'tensor') mesh; at most one size may be -1 (= the rest)."""
   devices = list(jax.devices() if devices is None else devices)
-  sizes = {'data': data, 'fsdp': fsdp, 'tensor': tensor}
+  sizes = {'population': population, 'data': data, 'fsdp': fsdp, 'tensor': tensor}
   free = [k for k, v in sizes.items() if v == -1]
   if len(free) > 1 or any(v == 0 or v < -1 for v in sizes.values()):
     raise ValueError(f'mesh sizes {sizes} invalid: positive ints, at most one -1')
@@ -107,20 +111,25 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
 
-def param_shardings(params, mesh: Mesh):
-  """A pytree like `params` of NamedShardings (works on arrays or ShapeDtypeStructs)."""
+def param_shardings(params, mesh: Mesh, members: int = 0):
+  """A pytree like `params` of NamedShardings (works on arrays or ShapeDtypeStructs); with
+  ``members`` = N > 0, of the population's [N, ...] copies of those (one member's) params."""
   axes = model_lib.param_logical_axes(params)
-  return jax.tree_util.tree_map(lambda a, x: named_sharding(mesh, a, x.shape), axes, params,
-                                is_leaf=lambda x: isinstance(x, tuple))
+  lead = (('members',), (members,)) if members else ((), ())
+  return jax.tree_util.tree_map(
+      lambda a, x: named_sharding(mesh, lead[0] + a, lead[1] + tuple(x.shape)), axes, params,
+      is_leaf=lambda x: isinstance(x, tuple))
 
 
 def shard_params(params, mesh: Mesh):
   return jax.device_put(params, param_shardings(params, mesh))
 
 
-def batch_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
-  """Leading dimension over ('data', 'fsdp'), the rest replicated ([B, ...] arrays)."""
-  return named_sharding(mesh, ('batch',) + (None,) * (len(shape) - 1), shape)
+def batch_sharding(mesh: Mesh, shape: Sequence[int], members: bool = False) -> NamedSharding:
+  """Leading dimension over ('data', 'fsdp'), the rest replicated ([B, ...] arrays); with
+  ``members``, a population's [N, B, ...] arrays: N over 'population', then the same."""
+  lead = ('members',) if members else ()
+  return named_sharding(mesh, lead + ('batch',) + (None,) * (len(shape) - 1 - len(lead)), shape)
 
 
 def batch_shardings(tree, mesh: Mesh):
@@ -191,15 +200,16 @@ def to_host(tree):
   return jax.device_get(tree)
 
 
-def mesh_sizes(data: int, fsdp: int, tensor: int, n_devices: int | None = None) -> dict:
-  """{'data', 'fsdp', 'tensor'} sizes with a -1 resolved to the remaining devices; a
-  ValueError naming `config.mesh` when they do not fit the devices."""
+def mesh_sizes(data: int, fsdp: int, tensor: int, population: int = 1,
+               n_devices: int | None = None) -> dict:
+  """{'population', 'data', 'fsdp', 'tensor'} sizes with a -1 resolved to the remaining devices;
+  a ValueError naming `config.mesh` when they do not fit the devices."""
   n = jax.device_count() if n_devices is None else n_devices
-  sizes = {'data': data, 'fsdp': fsdp, 'tensor': tensor}
+  sizes = {'population': population, 'data': data, 'fsdp': fsdp, 'tensor': tensor}
   free = [k for k, v in sizes.items() if v == -1]
   if len(free) > 1 or any(v == 0 or v < -1 for v in sizes.values()):
-    raise ValueError(f'config.mesh.data/fsdp/tensor = {list(sizes.values())} are invalid: '
-                     'positive ints, at most one -1 (= the remaining devices)')
+    raise ValueError(f'config.mesh.population/data/fsdp/tensor = {list(sizes.values())} are '
+                     'invalid: positive ints, at most one -1 (= the remaining devices)')
   known = math.prod(v for v in sizes.values() if v != -1)
   if free:
     if n % known:

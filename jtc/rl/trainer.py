@@ -1,6 +1,7 @@
-r"""The RL trainer: config-driven runs of every intra-group objective.
+r"""The RL trainer: config-driven runs of every intra-group objective, one run or a seed population.
 
   python -m jtc.train --config configs/<method>.py[:smoke|runlocal] --workdir W [--config.key=value]
+  python -m jtc.train --config configs/gspo.py --config.population.size=8 --workdir W
 
 Methods: one config file each in configs/; every key is documented in configs/common.py.
 
@@ -8,15 +9,20 @@ One RL step (`Trainer.step`), each stage handing the next a typed value:
   prompts -> `rollout.collect` (G samples per prompt, rewards, DAPO refill)     -> Rollout
   -> advantages -> behaviour pass (+ token weights, e.g. DelTA)                -> update.Batch
   -> ppo_epochs x mini-batches of `update.update_step` (jitted, donated)       -> metrics.
+A population (`jtc.rl.population`) runs the same stages for N members at once: host values are
+lists of N (one `Rollout`, one metrics dict per member), device values carry a leading member
+axis and the jitted functions are vmapped over it; with N = 1 nothing changes.
 
 Real models (configs/real/): `--config.policy.checkpoint=DIR` loads a Hugging Face Llama/Qwen
 directory; `--config.data.dataset=FILE.jsonl` reads question/answer records (docs/scaling.md).
 
-A workdir holds one run: checkpoints (train state, run state, data-iterator state, config),
-`metrics.jsonl` (one line per step) and TensorBoard events; started again, it resumes exactly.
+A workdir holds one run or one population: checkpoints (train state, run state, data-iterator
+states, config); `metrics.jsonl` (one line per step), TensorBoard events and config.json in the
+workdir (a run) or in each member's ``members/<name>/`` (a population); started again, it resumes
+exactly.
 
 Dimension key: B rollout sequences (= prompts_per_step * G), G group size, P prompt width,
-T max new tokens, L = P + T, V vocabulary.
+T max new tokens, L = P + T, V vocabulary, N population members.
 """
 
 import dataclasses
@@ -30,30 +36,32 @@ from absl import flags
 import jax
 import numpy as np
 
-from jtc.analysis import probes
-from jtc.rl import checkpoints
-from jtc.rl import config_check
-from jtc.rl import cli
-from jtc.data import pipeline as data_lib
 from jtc.analysis import diagnostics
 from jtc.analysis import metric_writer
-from jtc.rl import rollout as rollout_lib
-from jtc.rl import sharding as sharding_lib
+from jtc.analysis import probes
+from jtc.data import pipeline as data_lib
 from jtc.data import tasks as tasks_lib
 from jtc.objectives import token_weights
+from jtc.rl import checkpoints
+from jtc.rl import cli
+from jtc.rl import config_check
+from jtc.rl import population as population_lib
+from jtc.rl import rollout as rollout_lib
+from jtc.rl import sharding as sharding_lib
 from jtc.rl import update as update_lib
 from jtc.rl import workdir as workdir_lib
 
 
 class Trainer:
-  """A run's compiled functions and state; `run()` is the loop. `policy=(model_config, params,
-  tokenizer)` replaces the config's policy (tests and benchmarks)."""
+  """A run's (or a population's) compiled functions and state; `run()` is the loop.
+  `policy=(model_config, params, tokenizer)` replaces the config's policy (tests, benchmarks)."""
 
   def __init__(self, config, workdir, *, policy=None, allow_config_change=False):
     config_check.validate(config)
-    self.c = c = config
-    self.workdir = workdir
-    self._lock, schedule_steps = workdir_lib.claim(workdir, c, allow_changes=allow_config_change)
+    self.c, self.workdir = config, workdir
+    self.pop = population_lib.Population.of(config)
+    self._lock, schedule_steps = workdir_lib.claim(workdir, config,
+                                                   allow_changes=allow_config_change)
     try:
       self._build(schedule_steps, policy)
     except BaseException:
@@ -61,160 +69,208 @@ class Trainer:
       raise
 
   def _build(self, schedule_steps, policy):
-    c, workdir = self.c, self.workdir
+    c, pop = self.c, self.pop
     self.model_config, params, self.tokenizer = policy or checkpoints.load_policy(c.policy)
     self.G, self.P = c.rollout.sampling.num_samples, c.data.prompt_width
     self.task = None if c.data.dataset else tasks_lib.get_task(c.data.task)
     self.updates_per_step = update_lib.updates_per_step(c.optim, c.rollout.prompts_per_step)
     total_updates = schedule_steps * self.updates_per_step
-    self.schedule = update_lib.learning_rate_schedule(c.optim, total_updates)
-    self.optimizer = update_lib.make_optimizer(c.optim, total_updates)
+    self.schedules = [  # each member's learning rate, logged
+        update_lib.learning_rate_schedule(c.optim, total_updates,
+                                          dict(m.values).get('optim.learning_rate'))
+        for m in pop.members
+    ]
+    optimizer = update_lib.make_optimizer(c.optim, total_updates)
+    self.hparams = pop.varied()  # the varied keys' per-member values, traced in the step
     self.mesh = sharding_lib.make_mesh(**sharding_lib.mesh_sizes(**c.mesh))
     print(
         f'mesh {dict(self.mesh.shape)}: {jax.device_count()} devices, {jax.process_count()} '
-        'processes', file=sys.stderr)
-    param_sh = sharding_lib.param_shardings(params, self.mesh)
-    self.state, self.state_sh = update_lib.init_state(params, self.optimizer,
-                                                      param_shardings=param_sh,
-                                                      replicated=sharding_lib.replicated(self.mesh))
+        f'processes' + (f', {pop.n} population members' if pop.batched else ''), file=sys.stderr)
+    param_sh = sharding_lib.param_shardings(params, self.mesh, members=pop.n if pop.batched else 0)
+    self.state, self.state_sh = update_lib.init_state(params, optimizer, param_shardings=param_sh,
+                                                      replicated=sharding_lib.replicated(self.mesh),
+                                                      population=pop)
     self.ref_params = None
-    if c.loss.hparams.get('kl_coef'):  # a frozen copy, never aliased with the donated state
+    kl = [
+        dict(m.values).get('loss.hparams.kl_coef', c.loss.hparams.get('kl_coef'))
+        for m in pop.members
+    ]
+    if any(kl):  # a frozen copy, never aliased with the donated state
       self.ref_params = checkpoints.frozen_copy(
           self.state.params, c.policy.ref_param_dtype or self.model_config.param_dtype, param_sh)
     # Sampling and the behaviour pass never differentiate: no rematerialisation there.
     infer_config = dataclasses.replace(self.model_config, remat=False)
     self.gen = rollout_lib.Generator.from_config(c, infer_config, self.tokenizer, self.task,
-                                                 to_device=self._to_device)
+                                                 to_device=self._to_device, population=pop)
     self.weighter = (token_weights.PLUGINS[c.token_weights].from_config(
         c.delta, group_size=self.G, model_config=self.model_config) if c.token_weights else None)
-    self.run_state = update_lib.RunState.init(self.model_config.vocab_size,
-                                              self.weighter.init_state() if self.weighter else None)
-    self.train_iter, self.eval_examples, prompts = data_lib.run_data(
-        c.data, batch_size=c.rollout.prompts_per_step, seed=c.seed, eval_problems=c.eval.problems)
+    self.run_state = pop.stack([
+        update_lib.RunState.init(self.model_config.vocab_size,
+                                 self.weighter.init_state() if self.weighter else None)
+        for _ in pop.members
+    ])
+    self.train_iters, self.eval_examples, prompts = data_lib.run_data(
+        c.data, batch_size=c.rollout.prompts_per_step, seeds=[m.seed for m in pop.members],
+        eval_problems=c.eval.problems)
     self.gen.check_prompt_width(prompts)
-    self.ckpt = checkpoints.TrainCheckpointer(os.path.join(workdir, 'checkpoints'),
+    self.ckpt = checkpoints.TrainCheckpointer(os.path.join(self.workdir, 'checkpoints'),
                                               max_to_keep=c.log.keep_checkpoints)
     self._restore()
-    workdir_lib.record_config(workdir, c, schedule_steps)
-    self._build_jits(infer_config)
+    self.member_dirs = population_lib.record(self.workdir, c, schedule_steps, pop)
+    lr_varies = 'optim.learning_rate' in self.hparams
+    self._build_jits(
+        infer_config,
+        functools.partial(update_lib.make_optimizer, c.optim, total_updates)
+        if lr_varies else optimizer)
 
   def _to_device(self, x):
-    return sharding_lib.to_device(x, sharding_lib.batch_sharding(self.mesh, np.shape(x)))
+    sharding = sharding_lib.batch_sharding(self.mesh, np.shape(x), members=self.pop.batched)
+    return sharding_lib.to_device(x, sharding)
 
-  def _build_jits(self, infer_config):
-    c = self.c
+  def _build_jits(self, infer_config, optimizer):
+    c, pop = self.c, self.pop
     self._behaviour = jax.jit(
-        functools.partial(rollout_lib.behaviour_pass, model_config=infer_config,
-                          completion_start=self.P, return_hidden=bool(self.weighter and
-                                                                      self.weighter.needs_hidden)))
+        pop.map(
+            functools.partial(rollout_lib.behaviour_pass, model_config=infer_config,
+                              completion_start=self.P,
+                              return_hidden=bool(self.weighter and self.weighter.needs_hidden))))
     self._minibatch, self._update = update_lib.jit_minibatch_and_update(
-        c, self.model_config, self.optimizer, self.mesh, self.state_sh)
-    self._diagnostics = jax.jit(
-        functools.partial(  # (params, batch, token_counts)
-            diagnostics.step_diagnostics, model_config=infer_config, loss_name=c.loss.name,
-            loss_hparams=c.loss.hparams.to_dict(), group_size=self.G, completion_start=self.P,
-            mode=c.log.diagnostics_mode))
+        c, self.model_config, optimizer, self.mesh, self.state_sh, pop)
+
+    def diagnose(params, batch, hparams, token_counts):
+      prefix = 'loss.hparams.'
+      loss_hparams = {
+          **c.loss.hparams.to_dict(),
+          **{
+              k[len(prefix):]: v for k, v in hparams.items() if k.startswith(prefix)
+          }
+      }
+      return diagnostics.step_diagnostics(params, infer_config, batch, loss_name=c.loss.name,
+                                          loss_hparams=loss_hparams, group_size=self.G,
+                                          completion_start=self.P, token_counts=token_counts,
+                                          mode=c.log.diagnostics_mode)
+
+    self._diagnostics = jax.jit(pop.map(diagnose))
 
   def step(self, step):
-    """Rollout -> batch -> updates for RL step ``step``; returns its metrics."""
-    c = self.c
-    k_rollout, k_order, k_weights = jax.random.split(
-        jax.random.fold_in(jax.random.key(c.seed), step), 3)
+    """Rollout -> batch -> updates for RL step ``step``; returns each member's metrics."""
+    c, pop = self.c, self.pop
+    keys = [
+        jax.random.split(jax.random.fold_in(jax.random.key(m.seed), step), 3) for m in pop.members
+    ]
+    k_rollout, k_order, k_weights = (pop.stack([k[i] for k in keys]) for i in range(3))
     t0 = time.perf_counter()
-    rollout, rounds = rollout_lib.collect(self.gen, self.state.params,
-                                          lambda: next(self.train_iter), k_rollout,
-                                          sampling=c.rollout.sampling.to_dict(),
-                                          dynamic_sampling=c.dapo.dynamic_sampling,
-                                          max_rounds=c.dapo.dynamic_sampling_rounds)
+    rollouts, rounds = rollout_lib.collect(
+        self.gen, self.state.params, [functools.partial(next, it) for it in self.train_iters],
+        k_rollout, sampling=c.rollout.sampling.to_dict(), dynamic_sampling=c.dapo.dynamic_sampling,
+        max_rounds=c.dapo.dynamic_sampling_rounds,
+        temperature=self.hparams.get('rollout.sampling.temperature'))
+    self.rollouts = rollouts  # the step's rollouts, one per member (for inspection)
     t1 = time.perf_counter()
-    batch, metrics, self.run_state = update_lib.make_batch(c, rollout, self.state.params,
-                                                           self.run_state, task=self.task,
-                                                           behaviour_fn=self._behaviour,
-                                                           ref_params=self.ref_params,
-                                                           to_device=self._to_device,
-                                                           weighter=self.weighter, rng=k_weights)
+    batch, metrics, self.run_state = update_lib.make_batch(
+        c, rollouts, self.state.params, self.run_state, task=self.task,
+        behaviour_fn=self._behaviour, ref_params=self.ref_params, to_device=self._to_device,
+        weighter=self.weighter, rng=k_weights, population=pop)
     jax.block_until_ready(batch.old_logps)
     t2 = time.perf_counter()
     diagnose = c.log.diagnostics_every and step % c.log.diagnostics_every == 0
     self.state, update_metrics = update_lib.run_updates(
-        self.state, batch, k_order, update_fn=self._update, minibatch_fn=self._minibatch,
-        num_groups=c.rollout.prompts_per_step, minibatch_prompts=c.optim.minibatch_prompts,
-        ppo_epochs=c.optim.ppo_epochs, group_size=self.G, diagnose_fn=functools.partial(
+        self.state, batch, k_order, self.hparams, update_fn=self._update,
+        minibatch_fn=self._minibatch, num_groups=c.rollout.prompts_per_step,
+        minibatch_prompts=c.optim.minibatch_prompts, ppo_epochs=c.optim.ppo_epochs,
+        group_size=self.G, population=pop, diagnose_fn=functools.partial(
             self._diagnostics, token_counts=self.run_state.token_counts_V) if diagnose else None)
-    metrics.update(update_metrics)
     t3 = time.perf_counter()
-    n_tokens = int(rollout.completion_mask_BT.sum())
-    self.run_state = self.run_state.add(rl_steps=1, generated_tokens=n_tokens,
-                                        rollouts=rollout.rewards_B.shape[0],
-                                        update_steps=self.updates_per_step,
-                                        prompts=c.rollout.prompts_per_step * (1 + rounds))
-    metrics.update(dynamic_sampling_rounds=rounds, time_sample=t1 - t0, time_score=t2 - t1,
-                   time_update=t3 - t2, tokens_per_s=n_tokens / max(t3 - t0, 1e-9),
-                   learning_rate=float(self.schedule(self.run_state.count('update_steps') - 1)),
-                   **{f'compute/{k}': self.run_state.count(k) for k in update_lib.COUNTERS})
+    n_tokens = [int(r.completion_mask_BT.sum()) for r in rollouts]
+    self.run_state = self.run_state.add(
+        rl_steps=1, generated_tokens=pop.stack([np.int64(n) for n in n_tokens]),
+        rollouts=rollouts[0].rewards_B.shape[0], update_steps=self.updates_per_step,
+        prompts=pop.stack([np.int64(c.rollout.prompts_per_step * (1 + r)) for r in rounds]))
+    counts = {k: pop.unstack(np.asarray(self.run_state.count(k))) for k in update_lib.COUNTERS}
+    for m in range(pop.n):
+      metrics[m].update(update_metrics[m])
+      metrics[m].update(dynamic_sampling_rounds=rounds[m], time_sample=t1 - t0, time_score=t2 - t1,
+                        time_update=t3 - t2, tokens_per_s=n_tokens[m] / max(t3 - t0, 1e-9),
+                        learning_rate=float(self.schedules[m](counts['update_steps'][m] - 1)), **{
+                            f'compute/{k}': int(v[m]) for k, v in counts.items()
+                        })
     return metrics
 
   def evaluate(self, step):
-    """avg@k accuracy on the held-out problems at the config's evaluation decoding."""
-    c = self.c
-    out = rollout_lib.evaluate(self.gen, self.state.params, self.eval_examples,
-                               jax.random.fold_in(jax.random.key(c.seed + 1),
-                                                  step), sampling=c.eval.sampling.to_dict(),
-                               batch_prompts=c.rollout.chunk_prompts or c.rollout.prompts_per_step,
-                               task=self.task)
+    """Each member's avg@k on the held-out problems at the config's evaluation decoding."""
+    c, pop = self.c, self.pop
+    t0 = time.perf_counter()
+    keys = pop.keys(lambda m: jax.random.fold_in(jax.random.key(m.seed + 1), step))
+    outs = rollout_lib.evaluate(self.gen, self.state.params, self.eval_examples, keys,
+                                sampling=c.eval.sampling.to_dict(),
+                                batch_prompts=c.rollout.chunk_prompts or c.rollout.prompts_per_step,
+                                task=self.task)
     if self.task is not None and c.eval.probe_problems:  # exact drift between equivalent forms
-      out.update({
-          f'probe/{k}': v for k, v in probes.format_probe(
-              self.state.params, self.gen.model_config, self.tokenizer,
-              self.eval_examples[:c.eval.probe_problems], self.task.formats, prompt_width=self.P,
-              scaffold=self.task.scaffold, chat_template=c.data.chat_template,
-              prompt_suffix=c.data.prompt_suffix).items()
-      })
-    return {f'eval/{k}': v for k, v in out.items()}
+      for out, params in zip(outs, pop.unstack(self.state.params)):
+        out.update({
+            f'probe/{k}': v for k, v in probes.format_probe(
+                params, self.gen.model_config, self.tokenizer,
+                self.eval_examples[:c.eval.probe_problems], self.task.formats, prompt_width=self.P,
+                scaffold=self.task.scaffold, chat_template=c.data.chat_template,
+                prompt_suffix=c.data.prompt_suffix).items()
+        })
+    seconds = time.perf_counter() - t0
+    return [dict({f'eval/{k}': v for k, v in out.items()}, time_eval=seconds) for out in outs]
 
   def _restore(self):
     restored = self.ckpt.restore_latest(self.state, self.run_state)
     if restored is not None:
       self.state, self.run_state, extra = restored
-      self.train_iter.set_state(extra['data_state'])
+      states = extra['data_states'] if self.pop.batched else [extra['data_state']]
+      for it, state in zip(self.train_iters, states):
+        it.set_state(state)
       print(
-          f"resumed from step {self.run_state.count('rl_steps')} (optimiser step "
-          f'{int(self.state.step)}) in {self.workdir}', file=sys.stderr)
+          f'resumed from step {self._steps_done()} (optimiser step '
+          f'{int(np.max(self.state.step))}) in {self.workdir}', file=sys.stderr)
 
   def _save(self, step):
-    self.ckpt.save(
-        step, state=self.state, run_state=self.run_state,
-        extra=dict(data_state=self.train_iter.get_state(),
-                   config=json.loads(self.c.to_json_best_effort())))
+    states = [it.get_state() for it in self.train_iters]
+    data = {'data_states': states} if self.pop.batched else {'data_state': states[0]}
+    self.ckpt.save(step, state=self.state, run_state=self.run_state,
+                   extra=dict(data, config=json.loads(self.c.to_json_best_effort())))
     if self.weighter:
-      self.weighter.write(self.run_state.weighter, self.workdir, self.tokenizer)
+      for path, state in zip(self.member_dirs, self.pop.unstack(self.run_state.weighter)):
+        self.weighter.write(state, path, self.tokenizer)
+
+  def _steps_done(self):
+    return int(np.max(self.run_state.count('rl_steps')))
 
   def run(self):
     """The loop: evaluate step 0, then step / evaluate / log / checkpoint up to num_steps. On
     SIGINT or SIGTERM the step in flight finishes, a checkpoint is written and the loop ends;
-    returns the last metrics record and the signal that stopped it (or None)."""
-    c, start = self.c, self.run_state.count('rl_steps')
+    returns each member's last metrics record and the signal that stopped it (or None)."""
+    c, start = self.c, self._steps_done()
     if start >= c.num_steps or self._budget_spent():
       print(
           f'already finished: {self.workdir} holds {start} steps (num_steps {c.num_steps}, '
           f'token budget {c.token_budget or "none"}; raise them to continue it)', file=sys.stderr)
       self.close()
-      return metric_writer.last_record(self.workdir), None
-    writer = metric_writer.MetricWriter(self.workdir, resume_step=start + 1 if start else 0)
+      return [metric_writer.last_record(d) for d in self.member_dirs], None
+    writers = [
+        metric_writer.MetricWriter(d, resume_step=start + 1 if start else 0)
+        for d in self.member_dirs
+    ]
     progress = cli.Progress(c.num_steps, start, every=c.log.progress_every)
     eval_every = c.eval.every if self.eval_examples else 0
     if not self.eval_examples and c.eval.every:
       print('no held-out problems (no test split): evaluation is skipped', file=sys.stderr)
-    last, step = {}, start
+    last = [{}] * self.pop.n
     with cli.StopOnSignal() as stop:
       if start == 0 and eval_every:
-        writer.write(0, self.evaluate(0))
+        for writer, metrics in zip(writers, self.evaluate(0)):
+          writer.write(0, metrics)
       for step in range(start + 1, c.num_steps + 1):
         metrics = self.step(step)
         final = step == c.num_steps or self._budget_spent()
         if eval_every and (step % eval_every == 0 or final):
-          metrics.update(self.evaluate(step))
-        last = writer.write(step, metrics)
+          for m, e in zip(metrics, self.evaluate(step)):
+            m.update(e)
+        last = [w.write(step, m) for w, m in zip(writers, metrics)]
         if step % c.log.ckpt_every == 0 or final or stop.signal:
           self._save(step)
         progress.update(step, metrics)
@@ -227,12 +283,13 @@ class Trainer:
               'resume', file=sys.stderr)
           break
     progress.close()
-    writer.close()
+    for w in writers:
+      w.close()
     self.close()
     return last, stop.signal
 
   def _budget_spent(self):
-    budget = self.c.token_budget
+    budget = self.c.token_budget  # a single run's (config_check: no budget for a population)
     return bool(budget) and self.run_state.count('generated_tokens') >= budget
 
   def close(self):

@@ -25,6 +25,7 @@ from jtc.analysis import diagnostics
 from jtc.models import logprobs
 from jtc import objectives
 from jtc.rl import rollout as rollout_lib
+from jtc.rl import population as population_lib
 from jtc.rl import sharding as sharding_lib
 
 
@@ -53,12 +54,15 @@ class RunState:
         (vocab_size,), jnp.float32), weighter=weighter_state)
 
   def count(self, name):
-    return int(self.counters[COUNTERS.index(name)])
+    """The counter ``name``: an int, or [N] int64 for a population (counters [N, 5])."""
+    value = self.counters[..., COUNTERS.index(name)]
+    return int(value) if np.ndim(value) == 0 else value
 
   def add(self, **increments):
+    """Counters plus ``increments`` (ints, or [N] arrays for a population)."""
     counters = self.counters.copy()
     for k, v in increments.items():
-      counters[COUNTERS.index(k)] += v
+      counters[..., COUNTERS.index(k)] += v
     return self.replace(counters=counters)
 
 
@@ -89,33 +93,45 @@ def updates_per_step(optim, prompts_per_step):
   return optim.ppo_epochs * (prompts_per_step // optim.minibatch_prompts)
 
 
-def learning_rate_schedule(optim, total_updates):
-  """Linear warm-up over ``warmup_frac`` of the updates, then cosine to ``min_lr_ratio`` x peak."""
+def learning_rate_schedule(optim, total_updates, learning_rate=None):
+  """Linear warm-up over ``warmup_frac`` of the updates, then cosine to ``min_lr_ratio`` x peak;
+  the peak is ``optim.learning_rate`` or ``learning_rate`` (a population member's, traced)."""
+  if isinstance(learning_rate, jax.Array):  # traced: the schedule is linear in its peak
+    unit = learning_rate_schedule(optim, total_updates, 1.0)
+    return lambda count: learning_rate * unit(count)
+  peak = optim.learning_rate if learning_rate is None else learning_rate
   warmup = int(round(optim.warmup_frac * total_updates))
-  return optax.warmup_cosine_decay_schedule(init_value=0.0 if warmup else optim.learning_rate,
-                                            peak_value=optim.learning_rate, warmup_steps=warmup,
+  return optax.warmup_cosine_decay_schedule(init_value=0.0 if warmup else peak, peak_value=peak,
+                                            warmup_steps=warmup,
                                             decay_steps=max(total_updates, warmup + 1),
-                                            end_value=optim.learning_rate * optim.min_lr_ratio)
+                                            end_value=peak * optim.min_lr_ratio)
 
 
-def make_optimizer(optim, total_updates):
+def make_optimizer(optim, total_updates, learning_rate=None):
   """Global-norm clipping (``grad_clip`` > 0) then AdamW on the schedule above."""
   return optax.chain(
       optax.clip_by_global_norm(optim.grad_clip) if optim.grad_clip > 0 else optax.identity(),
-      optax.adamw(learning_rate_schedule(optim, total_updates), b1=optim.adam_b1, b2=optim.adam_b2,
-                  weight_decay=optim.weight_decay))
+      optax.adamw(learning_rate_schedule(optim, total_updates, learning_rate), b1=optim.adam_b1,
+                  b2=optim.adam_b2, weight_decay=optim.weight_decay))
 
 
-def init_state(params, optimizer, *, param_shardings, replicated):
+def init_state(params, optimizer, *, param_shardings, replicated, population=population_lib.SINGLE):
   """(TrainState, its shardings): the params placed with ``param_shardings``, the optimiser
-  state sharded like the params it mirrors (its scalars replicated), step 0."""
-  params = jax.tree.map(sharding_lib.to_device, params, param_shardings)
-  opt_shapes = jax.eval_shape(optimizer.init, params)
-  opt_sh = optax.tree_map_params(optimizer, lambda _, sh: sh, opt_shapes, param_shardings,
-                                 transform_non_params=lambda _: replicated)
+  state sharded like the params it mirrors (its scalars replicated), step 0. A population's
+  members start from the same host ``params``, broadcast to [N, ...] on the device."""
+  pop = population
+  if pop.batched:
+    broadcast = lambda p: jax.tree.map(lambda x: jnp.broadcast_to(x, (pop.n,) + x.shape), p)
+    params = jax.jit(broadcast, out_shardings=param_shardings)(params)
+  else:
+    params = jax.tree.map(sharding_lib.to_device, params, param_shardings)
+  init = pop.map(optimizer.init)
+  opt_sh = optax.tree_map_params(optimizer, lambda _, sh: sh, jax.eval_shape(init, params),
+                                 param_shardings, transform_non_params=lambda _: replicated)
   shardings = TrainState(step=replicated, params=param_shardings, opt_state=opt_sh)
-  state = TrainState(step=sharding_lib.to_device(np.zeros((), np.int32), replicated), params=params,
-                     opt_state=jax.jit(optimizer.init, out_shardings=opt_sh)(params))
+  step = np.zeros((pop.n,) if pop.batched else (), np.int32)
+  state = TrainState(step=sharding_lib.to_device(step, replicated), params=params,
+                     opt_state=jax.jit(init, out_shardings=opt_sh)(params))
   return state, shardings
 
 
@@ -155,17 +171,59 @@ def check_config(optim, prompts_per_step):
 # ---------------------------------------------------------------------------------------------
 
 
-def make_batch(c, rollout, params, run_state, *, task, behaviour_fn, ref_params, to_device,
-               weighter=None, rng=None):
-  """Rollout -> `Batch` on the device; returns (batch, the step's rollout metrics, run_state).
+def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params, to_device,
+               weighter=None, rng=None, population=population_lib.SINGLE):
+  """Rollouts (one per member) -> `Batch` on the device; returns (batch, each member's rollout
+  metrics, run_state).
 
   Rewards (+ DAPO overlong shaping) -> advantages (``c.advantage``) -> the token mask (minus
   truncated completions with ``c.dapo.mask_truncated``) -> behaviour log-probs of ``params``
   (``behaviour_fn``, a jitted `rollout.behaviour_pass`, ``c.rollout.chunk_prompts`` groups at a
   time; or the sampler's, by ``c.rollout.behaviour_logps``) -> the KL reference's (when
   ``ref_params``) -> token weights of the ``weighter`` plug-in (DelTA), from the behaviour pass.
-  ``run_state`` comes back with the plug-in's state and the token counts updated.
+  ``run_state`` comes back with the plug-in's state and the token counts updated. Every device
+  value carries the population's member axis (`population.Population.stack`).
   """
+  pop = population
+  host = [_host_batch(c, r) for r in rollouts]
+  stack = lambda key: pop.stack([h[key] for h in host])
+  tokens, input_mask = pop.stack([r.tokens_BL for r in rollouts
+                                 ]), pop.stack([r.input_mask_BL for r in rollouts])
+  tokens_BL, input_mask_BL = to_device(tokens), to_device(input_mask)
+  score = functools.partial(rollout_lib.behaviour_logps, behaviour_fn, tokens_BL=tokens_BL,
+                            input_mask_BL=input_mask_BL, host_tokens_BL=tokens,
+                            host_input_mask_BL=input_mask, to_device=to_device,
+                            chunk_rows=c.rollout.chunk_prompts * c.rollout.sampling.num_samples,
+                            axis=1 if pop.batched else 0)
+  recompute = c.rollout.behaviour_logps == 'recompute'
+  behaviour = score(params) if recompute or weighter is not None else None
+  sampler_logps = pop.stack([r.sampler_logps_BT for r in rollouts])
+  batch = Batch(tokens=tokens_BL, input_mask=input_mask_BL, mask=to_device(stack('mask_BT')),
+                advantages=to_device(stack('adv_B')),
+                old_logps=behaviour['logps'] if recompute else to_device(sampler_logps),
+                ref_logps=None if ref_params is None else score(ref_params)['logps'])
+  metrics = [h['metrics'] for h in host]
+  completion_BT = jnp.asarray(pop.stack([r.completion_BT for r in rollouts]))
+  if weighter is not None:
+    weights_BT, weight_metrics, weighter_state = pop.map(weighter.weights)(
+        run_state.weighter, params, behaviour, completion_BT, jnp.asarray(stack('adv_B')),
+        jnp.asarray(stack('mask_BT')), rng)
+    batch = batch.replace(token_weights=weights_BT)
+    for m, wm in zip(metrics, pop.unstack(jax.device_get(weight_metrics))):
+      m.update({f'{c.token_weights}/{k}': float(v) for k, v in wm.items()})
+    run_state = run_state.replace(weighter=weighter_state)
+  run_state = run_state.replace(token_counts_V=pop.map(diagnostics.update_token_counts)(
+      run_state.token_counts_V, completion_BT, batch.mask))
+  for m, r in zip(metrics, rollouts):
+    m.update(accuracy=float(r.correct_B.mean()), response_length=float(r.lengths_B.mean()),
+             frac_truncated=float(r.truncated_B.mean()),
+             **rollout_lib.format_metrics(task, r.texts, r.correct_B))
+  return batch, metrics, run_state
+
+
+def _host_batch(c, rollout):
+  """One member's host-side batch: shaped rewards -> advantages (``c.advantage``) and the token
+  mask; {'adv_B', 'mask_BT', 'metrics'}."""
   rewards_B = rollout.rewards_B + rollout_lib.overlong_shaping(
       rollout.lengths_B, max_new_tokens=c.rollout.sampling.max_new_tokens,
       buffer=c.dapo.overlong_buffer, penalty=c.dapo.overlong_penalty)
@@ -176,33 +234,9 @@ def make_batch(c, rollout, params, run_state, *, task, behaviour_fn, ref_params,
   mask_BT = rollout.completion_mask_BT.astype(np.float32)
   if c.dapo.mask_truncated:
     mask_BT = mask_BT * (~rollout.truncated_B)[:, None]
-  tokens_BL, input_mask_BL = to_device(rollout.tokens_BL), to_device(rollout.input_mask_BL)
-  score = functools.partial(rollout_lib.behaviour_logps, behaviour_fn, rollout=rollout,
-                            tokens_BL=tokens_BL, input_mask_BL=input_mask_BL, to_device=to_device,
-                            chunk_rows=c.rollout.chunk_prompts * c.rollout.sampling.num_samples)
-  recompute = c.rollout.behaviour_logps == 'recompute'
-  behaviour = score(params) if recompute or weighter is not None else None
-  batch = Batch(tokens=tokens_BL, input_mask=input_mask_BL, mask=to_device(mask_BT),
-                advantages=to_device(np.asarray(adv_B)),
-                old_logps=behaviour['logps'] if recompute else to_device(rollout.sampler_logps_BT),
-                ref_logps=None if ref_params is None else score(ref_params)['logps'])
   metrics = {f'adv/{k}': float(v) for k, v in adv_metrics.items()}
-  completion_BT = jnp.asarray(rollout.completion_BT)
-  if weighter is not None:
-    weights_BT, weight_metrics, weighter_state = weighter.weights(run_state.weighter, params,
-                                                                  behaviour, completion_BT, adv_B,
-                                                                  jnp.asarray(mask_BT), rng)
-    batch = batch.replace(token_weights=weights_BT)
-    metrics.update({f'{c.token_weights}/{k}': v for k, v in weight_metrics.items()})
-    run_state = run_state.replace(weighter=weighter_state)
-  run_state = run_state.replace(token_counts_V=diagnostics.update_token_counts(
-      run_state.token_counts_V, completion_BT, batch.mask))
-  metrics.update(reward_mean=float(rewards_B.mean()), reward_std=float(rewards_B.std()),
-                 accuracy=float(rollout.correct_B.mean()),
-                 response_length=float(rollout.lengths_B.mean()),
-                 frac_truncated=float(rollout.truncated_B.mean()),
-                 **rollout_lib.format_metrics(task, rollout.texts, rollout.correct_B))
-  return batch, metrics, run_state
+  metrics.update(reward_mean=float(rewards_B.mean()), reward_std=float(rewards_B.std()))
+  return {'adv_B': np.asarray(adv_B), 'mask_BT': mask_BT, 'metrics': metrics}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,16 +300,28 @@ def _combine_metrics(metrics_n, w_n):
 # ---------------------------------------------------------------------------------------------
 
 
-def update_step(state, batch, *, model_config, optimizer, loss_name, loss_hparams, completion_start,
-                group_size):
+def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_name, loss_hparams,
+                completion_start, group_size):
   """One optimiser step on a mini-batch of whole groups; returns (state, metrics).
 
   ``batch`` is a `Batch` with leaves [n, B/n, ...]: n micro-batches of whole groups. Their
   gradients are accumulated in float32 with `microbatch_weights` (n = 1: a plain step), so the
   update equals the one on the un-split mini-batch while holding the activations of one
   micro-batch. Metrics: the loss's (`objectives.compute_loss`) plus loss, grad / update / param
-  l2 norms.
+  l2 norms. ``hparams``: a population member's traced values of the varied keys
+  ('loss.hparams.<k>' override ``loss_hparams``; 'optim.learning_rate' is passed to
+  ``optimizer``, then a function learning_rate -> optimiser, e.g. a partial `make_optimizer`).
   """
+  hparams = hparams or {}
+  prefix = 'loss.hparams.'
+  loss_hparams = {
+      **loss_hparams,
+      **{
+          k[len(prefix):]: v for k, v in hparams.items() if k.startswith(prefix)
+      }
+  }
+  if 'optim.learning_rate' in hparams:
+    optimizer = optimizer(hparams['optim.learning_rate'])
 
   def loss_fn(params, mb):
     out = logprobs.sequence_logprobs(params, model_config, mb.tokens, mb.input_mask,
@@ -312,52 +358,74 @@ def update_step(state, batch, *, model_config, optimizer, loss_name, loss_hparam
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def jit_minibatch_and_update(c, model_config, optimizer, mesh, state_shardings):
+def jit_minibatch_and_update(c, model_config, optimizer, mesh, state_shardings,
+                             population=population_lib.SINGLE):
   """The jitted (minibatch_fn, update_fn) of `run_updates` for config ``c``: mini-batches of whole
-  groups sliced on device and sharded over the batch axes; `update_step` donating the state."""
+  groups sliced on device and sharded over the batch axes; `update_step` donating the state; both
+  mapped over the population's members."""
+  pop = population
+  members = (('members',), (pop.n,)) if pop.batched else ((), ())
   rows = microbatch_prompts(c.optim) * c.rollout.sampling.num_samples
   minibatch_sh = jax.sharding.NamedSharding(
       mesh,
-      jax.sharding.PartitionSpec(None, *sharding_lib.logical_to_spec(('batch',), (rows,), mesh)))
-  minibatch_fn = jax.jit(functools.partial(minibatch, num_micro=num_microbatches(c.optim)),
+      sharding_lib.logical_to_spec(members[0] + (None, 'batch'),
+                                   members[1] + (num_microbatches(c.optim), rows), mesh))
+  minibatch_fn = jax.jit(pop.map(functools.partial(minibatch, num_micro=num_microbatches(c.optim))),
                          out_shardings=minibatch_sh)
   update_fn = jax.jit(
-      functools.partial(update_step, model_config=model_config, optimizer=optimizer,
-                        loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
-                        completion_start=c.data.prompt_width,
-                        group_size=c.rollout.sampling.num_samples),
-      in_shardings=(state_shardings, minibatch_sh),
+      pop.map(
+          functools.partial(update_step, model_config=model_config, optimizer=optimizer,
+                            loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
+                            completion_start=c.data.prompt_width,
+                            group_size=c.rollout.sampling.num_samples)),
+      in_shardings=(state_shardings, minibatch_sh, state_shardings.step),
       out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=(0,))
   return minibatch_fn, update_fn
 
 
-def run_updates(state, batch, rng, *, update_fn, minibatch_fn, num_groups, minibatch_prompts,
-                ppo_epochs, group_size, diagnose_fn=None):
-  """ppo_epochs x mini-batches of whole groups (a fresh permutation of the groups per epoch,
-  fold_in(rng, epoch)); returns (state, mean metrics over the updates).
+def _flat(minibatch_batch, batched):
+  """A mini-batch [(N,) n, B/n, ...] as one [(N,) B, ...] batch."""
+  lead = 2 if batched else 1
+  return jax.tree.map(lambda x: x.reshape(x.shape[:lead - 1] + (-1,) + x.shape[lead + 1:]),
+                      minibatch_batch)
 
-  ``diagnose_fn(params, batch=flat_minibatch)``, when given, is measured where the update is taken
+
+def run_updates(state, batch, rng, hparams=None, *, update_fn, minibatch_fn, num_groups,
+                minibatch_prompts, ppo_epochs, group_size, diagnose_fn=None,
+                population=population_lib.SINGLE):
+  """ppo_epochs x mini-batches of whole groups (a fresh permutation of the groups per epoch,
+  fold_in(member's key, epoch)); returns (state, each member's mean metrics over the updates).
+
+  ``diagnose_fn(params, batch, hparams)``, when given, is measured where the update is taken
   off-policy: on every mini-batch after the first, with the parameters about to be updated (at
   the first one params == behaviour policy: every ratio is 1 and all methods coincide). A step
   with a single update is on-policy by construction: it is measured there and
-  'diag/off_policy_points' is 0.
+  'diag/off_policy_points' is 0. ``hparams``: the varied keys' per-member values ({} if none).
   """
+  pop, hparams = population, hparams or {}
+  keys = pop.unstack(rng)
   n_updates = ppo_epochs * (num_groups // minibatch_prompts)
   update_metrics, diags = [], []
   for epoch in range(ppo_epochs):
-    order_M = np.asarray(jax.random.permutation(jax.random.fold_in(rng, epoch), num_groups))
+    orders = [
+        np.asarray(jax.random.permutation(jax.random.fold_in(k, epoch), num_groups)) for k in keys
+    ]
     for start in range(0, num_groups, minibatch_prompts):
-      mb = minibatch_fn(batch,
-                        jnp.asarray(minibatch_rows(order_M, start, minibatch_prompts, group_size)))
+      rows = pop.stack([minibatch_rows(o, start, minibatch_prompts, group_size) for o in orders])
+      mb = minibatch_fn(batch, jnp.asarray(rows))
       if diagnose_fn is not None and (update_metrics or n_updates == 1):
-        diags.append(
-            diagnose_fn(state.params, batch=jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]),
-                                                         mb)))
-      state, m = update_fn(state, mb)
+        diags.append(diagnose_fn(state.params, _flat(mb, pop.batched), hparams))
+      state, m = update_fn(state, mb, hparams)
       update_metrics.append(m)
   update_metrics, diags = jax.device_get((update_metrics, diags))
-  metrics = {k: float(np.mean([m[k] for m in update_metrics])) for k in update_metrics[0]}
-  if diags:
-    metrics.update({k: float(np.mean([d[k] for d in diags])) for k in diags[0]})
-    metrics['diag/off_policy_points'] = len(diags) if n_updates > 1 else 0
-  return state, metrics
+  per_member = [pop.unstack(m) for m in update_metrics]
+  out = []
+  for i in range(pop.n):
+    ms = [m[i] for m in per_member]
+    metrics = {k: float(np.mean([m[k] for m in ms])) for k in ms[0]}
+    if diags:
+      ds = [pop.unstack(d)[i] for d in diags]
+      metrics.update({k: float(np.mean([d[k] for d in ds])) for k in ds[0]})
+      metrics['diag/off_policy_points'] = len(ds) if n_updates > 1 else 0
+    out.append(metrics)
+  return state, out

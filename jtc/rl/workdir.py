@@ -1,7 +1,8 @@
 """A workdir holds exactly one run: it is locked while a trainer uses it, it remembers the
 config that made it, and a run of another config is never resumed into it by accident.
 
-  claim(workdir, config)           all three, for a trainer that is about to use it
+  claim(workdir, config)           all three, for a trainer that is about to use it (never a
+                                   population member's directory)
   lock(workdir)                    an exclusive lock (fcntl) naming the holder's PID
   check_writable(workdir)          one clear line for a workdir that is a file or read-only
   check_identity(workdir, config)  compared with the run's config.json on resume (only
@@ -18,12 +19,16 @@ from jtc import checks
 
 CONFIG_FILE = 'config.json'
 LOCK_FILE = '.lock'
+MEMBER_FILE = 'member.json'  # marks a population member's directory
 # Keys that may change when a run is resumed: they change how long it runs and what it logs,
 # never what a step computes. (num_steps keeps the run's original learning-rate schedule.)
 RESUMABLE_KEYS = ('num_steps', 'token_budget', 'eval.every', 'eval.problems', 'eval.probe_problems',
                   'log.ckpt_every', 'log.keep_checkpoints', 'log.diagnostics_every',
                   'log.progress_every')
 SCHEDULE_KEY = 'schedule_num_steps'  # in config.json: the num_steps the schedule was built for
+# Keys that define which members a population has: never changed on resume, even with
+# --allow_config_change (the checkpoint would be restored into other members).
+POPULATION_KEYS = ('population.size', 'population.vary')
 
 
 class WorkdirError(RuntimeError):
@@ -83,6 +88,12 @@ def check_identity(workdir, config, *, allow_changes=False, has_checkpoint):
   new = checks.flatten(json.loads(config.to_json_best_effort()))
   differing = sorted(
       k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS)
+  members = [k for k in differing if k in POPULATION_KEYS]
+  if members:
+    shown = '; '.join(
+        f'{k}: {old.get(k, "(absent)")!r} -> {new.get(k, "(absent)")!r}' for k in members)
+    raise WorkdirError(f'--workdir={workdir} holds a run of other population members ({shown}); '
+                       'its checkpoint cannot become another population. Use another --workdir.')
   if differing and not allow_changes:
     shown = '; '.join(
         f'{k}: {old.get(k, "(absent)")!r} -> {new.get(k, "(absent)")!r}' for k in differing[:8])
@@ -112,7 +123,14 @@ def _write(path, obj):
 
 def claim(workdir, config, *, allow_changes=False):
   """Checks the workdir is writable, locks it and checks the config against the run it holds;
-  returns (the lock, the num_steps of the learning-rate schedule)."""
+  returns (the lock, the num_steps of the learning-rate schedule). A population member's
+  directory is refused: its population's trainer writes it."""
+  member_file = os.path.join(workdir, MEMBER_FILE)
+  if os.path.exists(member_file):
+    with open(member_file) as f:
+      owner = json.load(f).get('population_workdir', '?')
+    raise WorkdirError(f'--workdir={workdir} is a member of the population in {owner}: resume '
+                       'that population (same command, --workdir of the population) instead')
   check_writable(workdir)
   held = lock(workdir)
   ckpt_dir = os.path.join(workdir, 'checkpoints')

@@ -107,3 +107,73 @@ def test_signflip_bad_input():
     stats.min_attainable_p(-1)
   with pytest.raises(ValueError, match='n=2.5'):
     stats.min_attainable_p(2.5)
+
+
+def _holm_reference(p):
+  """Holm by its definition: reject H_(k) iff p_(j) <= alpha / (m - j + 1) for all j <= k; the
+  adjusted p is the smallest alpha at which H_k is rejected (searched on a fine grid)."""
+  m = len(p)
+  order = np.argsort(p)
+  out = np.empty(m)
+  for k in range(m):
+    out[order[k]] = max(min(1.0, (m - j) * p[order[j]]) for j in range(k + 1))
+  return out
+
+
+def test_holm_and_bh_on_a_worked_example_and_a_reference():
+  p = np.array([0.01, 0.04, 0.03, 0.005])
+  # Holm: sorted 0.005 x 4, 0.01 x 3, 0.03 x 2, 0.04 x 1 -> 0.02, 0.03, 0.06, max(0.06, 0.04).
+  np.testing.assert_allclose(stats.holm(p), [0.03, 0.06, 0.06, 0.02])
+  # BH: sorted 0.005 x 4/1, 0.01 x 4/2, 0.03 x 4/3, 0.04 x 4/4, then cumulative min from the top.
+  np.testing.assert_allclose(stats.benjamini_hochberg(p), [0.02, 0.04, 0.04, 0.02])
+  rng = np.random.default_rng(0)
+  for _ in range(20):
+    p = rng.uniform(size=7)**3
+    np.testing.assert_allclose(stats.holm(p), _holm_reference(p))
+    q = stats.benjamini_hochberg(p)
+    assert np.all(q >= p - 1e-15) and np.all(stats.holm(p) >= q - 1e-15)  # BH is the laxer
+  # A NaN (a claim with no data) is neither counted nor adjusted.
+  out = stats.holm([0.01, np.nan, 0.02])
+  assert np.isnan(out[1]) and out[0] == pytest.approx(0.02) and out[2] == pytest.approx(0.02)
+
+
+def test_holm_controls_the_family_wise_error_under_the_global_null():
+  rng = np.random.default_rng(1)
+  p = rng.uniform(size=(4000, 6))
+  any_rejected = np.mean([np.any(stats.holm(row) < 0.05) for row in p])
+  assert any_rejected <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / 4000)
+  assert np.mean(np.any(p < 0.05, axis=1)) > 0.2  # uncorrected, the same data reject often
+
+
+def test_t_ci_covers_at_the_nominal_rate_and_is_wider_than_the_percentile_bootstrap():
+  rng = np.random.default_rng(2)
+  covered, wider = 0, 0
+  for i in range(600):
+    d = rng.normal(1.0, 2.0, size=8)
+    mean, lo, hi = stats.t_ci(d)
+    covered += lo <= 1.0 <= hi
+    _, blo, bhi = stats.bootstrap_ci(d, num_resamples=2000, seed=i)
+    wider += (hi - lo) > (bhi - blo)
+  assert abs(covered / 600 - 0.95) < 3 * np.sqrt(0.05 * 0.95 / 600)
+  assert wider / 600 > 0.9
+
+
+def test_tost_concludes_equivalence_only_inside_the_bounds():
+  rng = np.random.default_rng(3)
+  tight = rng.normal(0.0, 0.5, size=16)
+  assert stats.tost_pvalue(tight, 1.0) < 0.05  # a small, precise difference: equivalent
+  assert stats.tost_pvalue(rng.normal(0.0, 5.0, size=16), 1.0) > 0.05  # imprecise: no
+  assert stats.tost_pvalue(tight + 2.0, 1.0) > 0.5  # precise but outside +-1: no
+  assert stats.tost_pvalue(np.zeros(16), 1.0) == 0.0  # exactly 0 every time (a negative control)
+  # Size: at the boundary (true mean = sesoi) equivalence is concluded at most 5% of the time.
+  hits = np.mean([stats.tost_pvalue(rng.normal(1.0, 1.0, 16), 1.0) < 0.05 for _ in range(2000)])
+  assert hits <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / 2000)
+  with pytest.raises(ValueError, match='sesoi'):
+    stats.tost_pvalue(tight, 0.0)
+
+
+def test_exact_signflip_reaches_below_the_eight_seed_floor_with_sixteen():
+  x, y = np.arange(1.0, 17.0), np.zeros(16)
+  assert stats.paired_signflip_pvalue(x, y) == 2.0**-15
+  # Holm's smallest threshold over a family of seven is 0.05 / 7: out of reach with 8 seeds.
+  assert stats.min_attainable_p(16) < 0.05 / 7 < stats.min_attainable_p(8)

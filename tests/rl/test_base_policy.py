@@ -44,9 +44,10 @@ def base_eval(request, tmp_path_factory):
   texts, correct = [], []
   for s in range(0, len(test), 32):
     chunk = test[s:s + 32]
-    ro = rollout.generate(gen, bundle.params, [e['prompt'] for e in chunk],
-                          [e['answer'] for e in chunk], jax.random.fold_in(jax.random.key(123), s),
-                          sft.eval_sampling(4, c.max_new_tokens))
+    ro, = rollout.generate(gen, bundle.params,
+                           [[e['prompt'] for e in chunk]], [[e['answer'] for e in chunk]],
+                           jax.random.fold_in(jax.random.key(123), s),
+                           sft.eval_sampling(4, c.max_new_tokens))
     texts += ro.texts
     correct += list(ro.correct_B)
   correct = np.array(correct)

@@ -77,17 +77,17 @@ def test_generate_scores_every_sample_and_evaluate_agrees_with_it():
   gen = rollout.Generator(model_config=bundle.model_config, tokenizer=bundle.tokenizer,
                           reward_fn=task.reward_fn, prompt_width=20)
   prompts, answers = ['What is 23+58?', 'What is 12+9?'], ['81', '21']
-  ro = rollout.generate(gen, bundle.params, prompts, answers, jax.random.key(0), _sampling(4))
+  ro, = rollout.generate(gen, bundle.params, [prompts], [answers], jax.random.key(0), _sampling(4))
   assert ro.rewards_B.shape == (8,) and len(ro.texts) == 8
   want = task.reward_fn([p for p in prompts for _ in range(4)], list(ro.texts),
                         [a for a in answers for _ in range(4)])
   np.testing.assert_array_equal(ro.rewards_B, want)
   examples = [dict(prompt=p, answer=a) for p, a in zip(prompts, answers)]
-  out = rollout.evaluate(gen, bundle.params, examples, jax.random.key(0), sampling=_sampling(4),
-                         batch_prompts=2, task=task)
+  out, = rollout.evaluate(gen, bundle.params, examples, jax.random.key(0), sampling=_sampling(4),
+                          batch_prompts=2, task=task)
   # Batch s = 0 uses fold_in(rng, 0) as its key: the same draw as generate with that key.
-  ro0 = rollout.generate(gen, bundle.params, prompts, answers,
-                         jax.random.fold_in(jax.random.key(0), 0), _sampling(4))
+  ro0, = rollout.generate(gen, bundle.params, [prompts], [answers],
+                          jax.random.fold_in(jax.random.key(0), 0), _sampling(4))
   assert out['avg@4'] == pytest.approx(ro0.correct_B.mean())
 
 
@@ -97,7 +97,7 @@ def test_chunked_generation_scores_the_same_prompts():
   gen = rollout.Generator(model_config=bundle.model_config, tokenizer=bundle.tokenizer,
                           reward_fn=task.reward_fn, prompt_width=20, chunk_prompts=1)
   prompts, answers = ['What is 23+58?', 'What is 12+9?'], ['81', '21']
-  ro = rollout.generate(gen, bundle.params, prompts, answers, jax.random.key(1), _sampling(2))
+  ro, = rollout.generate(gen, bundle.params, [prompts], [answers], jax.random.key(1), _sampling(2))
   assert ro.tokens_BL.shape[0] == 4
   want = task.reward_fn([p for p in prompts for _ in range(2)], list(ro.texts),
                         [a for a in answers for _ in range(2)])
@@ -111,3 +111,23 @@ def test_bad_sampling_settings_name_the_key(key, value):
   section = ml_collections.ConfigDict(_sampling(4, **{key: value}))
   with pytest.raises(ValueError, match=f'config.rollout.sampling.{key}'):
     rollout.check_sampling(section, 'config.rollout.sampling')
+
+
+def test_sampling_se_predicts_the_spread_of_repeated_evaluations():
+  """avg@k_se, estimated from one evaluation's per-problem counts, against the standard
+  deviation of avg@k over 40 evaluations of the same policy with other sampling keys."""
+  bundle = checkpoints.load_policy_bundle('base')
+  task = tasks_lib.get_task('arithmetic')
+  gen = rollout.Generator(model_config=bundle.model_config, tokenizer=bundle.tokenizer,
+                          reward_fn=task.reward_fn, prompt_width=20)
+  examples = task.examples('test', seed=0, num_examples=32)
+  outs = [
+      rollout.evaluate(gen, bundle.params, examples, jax.random.key(r), sampling=_sampling(4),
+                       batch_prompts=32)[0] for r in range(40)
+  ]
+  spread = np.std([o['avg@4'] for o in outs], ddof=1)
+  se = np.mean([o['avg@4_se'] for o in outs])
+  assert 0.01 < se < 0.1  # a non-degenerate policy: some problems neither always nor never solved
+  assert 0.7 < spread / se < 1.4, (spread, se)
+  np.testing.assert_allclose(rollout.sampling_se(np.ones((5, 4), bool)), 0.0)
+  assert np.isnan(rollout.sampling_se(np.ones((5, 1), bool)))

@@ -1,4 +1,5 @@
-"""The papers' experiments as plain data: `SWEEPS[name](smoke=False) -> Sweep`.
+"""The exploratory sweeps: the papers' tables at CPU scale on seeds 0-7 (the runs that chose the
+confirmatory settings, experiments/sweeps/confirm.py).
 
 A Sweep is a list of runs (a method config + `--config.key=value` overrides), the row that the
 others are compared with (`baseline`, paired by seed), the tables to print and the curves to
@@ -30,134 +31,10 @@ measured with `--jobs 2` on the 2-core machine, about 60-75 machine-seconds per 
 including start-up, compilation and two evaluations.
 """
 
-import dataclasses
-
-SMOKE_STEPS = 3
-
-FULL_STEPS = 80
-
-# `estimate_seconds`: machine-seconds (wall time with both cores busy), measured (see above).
-STEP_SECONDS = 0.7
-STARTUP_SECONDS = 8.0
-EVAL_SECONDS = 2.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-  """One row of a sweep: `configs/<config>.py` with `--config.<key>=<value>` overrides."""
-  name: str  # unique, filesystem-safe id inside the sweep
-  config: str  # method config name, e.g. 'gspo'
-  label: str  # row label in the tables, e.g. 'DFPO (Min-Replace)'
-  overrides: tuple = ()  # ((key, value), ...) on top of the sweep's shared overrides
-  group: str = ''  # e.g. 'lr=1e-4'; comparisons are within a group
-
-
-@dataclasses.dataclass(frozen=True)
-class Table:
-  """One results table. `metric` is '<extractor>:<metric key>' (see report.EXTRACTORS)."""
-  title: str
-  metric: str
-  unit: str = ''  # column header suffix, e.g. '(%)'
-  scale: float = 1.0  # multiply values for display (100 for accuracies)
-  higher_is_better: bool = True
-  normalize: bool = False  # Table 2: divide by the baseline's mean (ratio of means)
-  threshold: object = None  # compute_at: a float, or 'auto' (see report.auto_threshold)
-  by_group: bool = False  # one row per group (e.g. learning rate), one column per label
-  rows: tuple = ()  # labels to show ('' = all runs of the sweep)
-  paper: tuple = ()  # ((label or group, value string), ...) the paper's numbers
-  expect: tuple = ()  # ((label, group or (group, label), '>' | '<'), ...): the
-  # paper's direction vs the baseline ('>' = larger)
-  baseline: str = ''  # label compared against; '' = the sweep's baseline
-  against_zero: bool = False  # test every row's value against 0 (one-sample sign-flip), no
-  # baseline: a systematic change in one direction across seeds
-  prediction: str = ''  # the paper's prediction (metric, sign), written before the run
-  digits: object = None  # decimals shown (None: 3 for ratios and raw values, else 1)
-
-  def __post_init__(self):
-    if self.against_zero and (self.normalize or self.by_group or self.expect):
-      raise ValueError(f'table {self.title!r}: against_zero tests each row against 0; it takes '
-                       'no normalize, by_group or expect')
-
-
-@dataclasses.dataclass(frozen=True)
-class Sweep:
-  name: str
-  description: str
-  runs: tuple
-  baseline: str  # label of the baseline run (per group when grouped)
-  tables: tuple
-  num_steps: int  # THE sizing knob
-  seeds: int  # default number of seeds
-  shared: tuple = ()  # ((key, value), ...) overrides applied to every run
-  config_arg: str = ''  # '' | 'smoke'
-  curve_keys: tuple = ('reward_mean', 'accuracy', 'entropy', 'asym', 'format/entropy',
-                       'response_length')
-  plot_x: str = 'step'  # or 'compute/generated_tokens'
-  smoke: bool = False
-
-
-def estimate_seconds(sweep, *, seeds=None, step_seconds=STEP_SECONDS):
-  """Machine-seconds for all runs x seeds under the sizing assumptions above."""
-  seeds = seeds or sweep.seeds
-  per_run = STARTUP_SECONDS + sweep.num_steps * step_seconds + 2 * EVAL_SECONDS
-  return len(sweep.runs) * seeds * per_run
-
-
-# ---------------------------------------------------------------------------------------------
-# Method rows shared by several sweeps.
-# ---------------------------------------------------------------------------------------------
-
-SEEDS = 8
-FINAL_AVG = 'final:eval/avg@'  # the eval/avg@K key, K = config.eval.sampling.num_samples
-BETTER, LOWER = '>', '<'
-GATED = (('loss.hparams.clip_gating', 'gspo'),)
-
-GSPO = Run('gspo', 'gspo', 'GSPO')
-DFPO_MIN = Run('dfpo_min_replace', 'dfpo_min_replace', 'DFPO (Min-Replace)')
-DFPO_GATED = Run('dfpo_min_replace_gated', 'dfpo_min_replace', 'DFPO (Min-Replace, gated)', GATED)
-GRPO = Run('grpo', 'grpo', 'GRPO')
-GRPO_FIX = Run('grpo_fix', 'grpo_fix', 'GRPO-fix')
-DFPO_LABELS = (DFPO_MIN.label, DFPO_GATED.label)
-# 1e-4 and 2e-4 from the start; 5e-5 added after every method did best at 1e-4 (the lowest), to
-# bracket each method's best rate.
-LEARNING_RATES = (('5e-5', 5e-5), ('1e-4', 1e-4), ('2e-4', 2e-4))
-
-
-def at(run, group, *overrides):
-  """``run`` in ``group`` with extra overrides (appended after its own)."""
-  tag = '_'.join(f'{k.split(".")[-1]}{v}' for k, v in overrides)
-  return Run(f'{run.name}_{tag}' if tag else run.name, run.config, run.label,
-             tuple(run.overrides) + tuple(overrides), group)
-
-
-def _steps(smoke, full=FULL_STEPS):
-  return SMOKE_STEPS if smoke else full
-
-
-def _shared(num_steps, *extra):
-  """Evaluate at step 0 and at the end; the per-step diagnostics every 5 steps (measured at
-  the off-policy mini-batches, see jtc/update.run_updates) so `mechanism` reads these runs."""
-  return (('eval.every', num_steps), ('log.diagnostics_every', 5)) + extra
-
-
-def _expect(runs, labels, op):
-  """((group, label), op) for every run of ``runs`` whose label is one of ``labels``."""
-  return tuple(((r.group, r.label), op) for r in runs if r.label in labels)
-
-
-def _lr_runs(runs, smoke):
-  out = [
-      at(r, f'lr={name}', ('optim.learning_rate', lr)) for name, lr in LEARNING_RATES for r in runs
-  ]
-  return tuple(r for r in out if not smoke or r.group == 'lr=1e-4')
-
-
-def _sweep(name, smoke, **kw):
-  kw.setdefault('num_steps', _steps(smoke))
-  kw.setdefault('seeds', 1 if smoke else SEEDS)
-  kw.setdefault('shared', _shared(kw['num_steps']))
-  return Sweep(name=name, smoke=smoke, config_arg='smoke' if smoke else '', **kw)
-
+from experiments.sweeps.base import (BETTER, LOWER, predicted, DFPO_GATED, DFPO_LABELS, DFPO_MIN,
+                                     FINAL_AVG, GATED, GRPO, GRPO_FIX, GSPO, LEARNING_RATES, Run,
+                                     SEEDS, Table, at, lr_runs, make_sweep, num_steps_of,
+                                     shared_overrides)
 
 TABLE1_RUNS = (GSPO, DFPO_MIN, DFPO_GATED, GRPO, GRPO_FIX)
 TABLE1_PREDICTION = ('paper Table 1 (AIME25 avg@32, Qwen3-32B): DFPO (Min-Replace) 82.5 > GSPO '
@@ -166,8 +43,8 @@ TABLE1_PREDICTION = ('paper Table 1 (AIME25 avg@32, Qwen3-32B): DFPO (Min-Replac
 
 
 def table1(smoke=False):
-  runs = _lr_runs(TABLE1_RUNS, smoke)
-  return _sweep(
+  runs = lr_runs(TABLE1_RUNS, smoke)
+  return make_sweep(
       'table1',
       smoke,
       description=('Paper Table 1: held-out avg@k after compute-matched RL from the same base '
@@ -181,12 +58,12 @@ def table1(smoke=False):
       tables=(Table('Held-out accuracy vs GSPO (Table 1), by learning rate', FINAL_AVG, unit='(%)',
                     scale=100.0, by_group=True, prediction=TABLE1_PREDICTION, paper=tuple(
                         (f'lr={n}', 'DFPO +5.6, GRPO-fix +3.7') for n, _ in LEARNING_RATES),
-                    expect=_expect(runs, DFPO_LABELS + ('GRPO-fix',), BETTER)),
+                    expect=predicted(runs, DFPO_LABELS + ('GRPO-fix',), BETTER)),
               Table('Held-out accuracy: GRPO-fix vs GRPO (symmetric clip), by learning rate',
                     FINAL_AVG, unit='(%)', scale=100.0, by_group=True, baseline='GRPO',
                     rows=('GRPO', 'GRPO-fix'), prediction=TABLE1_PREDICTION, paper=tuple(
                         (f'lr={n}', '+3.7') for n, _ in LEARNING_RATES),
-                    expect=_expect(runs, ('GRPO-fix',), BETTER)),
+                    expect=predicted(runs, ('GRPO-fix',), BETTER)),
               Table(
                   'Effective step: |coefficient| mass relative to GSPO on the same '
                   'mini-batch, mean over training', 'mean:coef_mass_vs_gspo', by_group=True),
@@ -199,12 +76,12 @@ def table1(smoke=False):
 
 def mechanism(smoke=False):
   """The diagnostics of the table1 runs (reused): measured at the off-policy mini-batches."""
-  runs = _lr_runs(TABLE1_RUNS, smoke)
+  runs = lr_runs(TABLE1_RUNS, smoke)
   pred = ('paper Sec. 6.1 / Prop. 3.1: the decoupled objectives (DFPO, GRPO-fix) leave a '
           'smaller net gradient on the tokens the whole group shares (diag/shared_net_share), '
           'lower Asym (Eq. 23) and less gradient energy on high-frequency tokens (Eq. 24) '
           'than GSPO (resp. GRPO).')
-  return _sweep(
+  return make_sweep(
       'mechanism',
       smoke,
       description=('Paper Sec. 6.1 mechanism diagnostics over training, from the table1 runs: '
@@ -217,25 +94,25 @@ def mechanism(smoke=False):
                   'coef_mass_vs_gspo', 'entropy'),
       tables=(Table('Net gradient on whole-group-shared tokens / total (diag/shared_net_share)',
                     'mean:diag/shared_net_share', by_group=True, prediction=pred,
-                    expect=_expect(runs, DFPO_LABELS + ('GRPO-fix',), LOWER), digits=4),
+                    expect=predicted(runs, DFPO_LABELS + ('GRPO-fix',), LOWER), digits=4),
               Table('The same, GRPO-fix vs GRPO', 'mean:diag/shared_net_share', by_group=True,
                     baseline='GRPO', rows=('GRPO', 'GRPO-fix'), prediction=pred,
-                    expect=_expect(runs, ('GRPO-fix',), LOWER), digits=4),
+                    expect=predicted(runs, ('GRPO-fix',), LOWER), digits=4),
               Table('Asym (Eq. 23), mean over training', 'mean:asym', by_group=True,
-                    prediction=pred, expect=_expect(runs, DFPO_LABELS, LOWER)),
+                    prediction=pred, expect=predicted(runs, DFPO_LABELS, LOWER)),
               Table('High-frequency Energy (Eq. 24, diag/energy_b0), mean over training',
                     'mean:diag/energy_b0', by_group=True, prediction=pred,
-                    expect=_expect(runs, DFPO_LABELS, LOWER))),
+                    expect=predicted(runs, DFPO_LABELS, LOWER))),
   )
 
 
 def table2(smoke=False):
   """Compute to a reward threshold and Jitter2, from the table1 runs (reused)."""
-  runs = tuple(r for r in _lr_runs((GSPO, DFPO_MIN, DFPO_GATED), smoke))
+  runs = tuple(r for r in lr_runs((GSPO, DFPO_MIN, DFPO_GATED), smoke))
   pred = ('paper Table 2 / Fig. 2: DFPO reaches a fixed training-reward threshold with less '
           'compute (0.91x GSPO) and its reward curve is smoother (Jitter2 lower, Eq. 21).')
-  expect = lambda op: _expect(runs, DFPO_LABELS, op)
-  return _sweep(
+  expect = lambda op: predicted(runs, DFPO_LABELS, op)
+  return make_sweep(
       'table2',
       smoke,
       description=(
@@ -268,7 +145,7 @@ def table3(smoke=False):
       at(r, 'lr=1e-4', lr) for r in (GSPO, DFPO_MIN, DFPO_GATED, no_sg, scaled, scaled_gated))
   pred = ('paper Table 3: DFPO without stop-gradient (75.6) and DFPO scaled by 0.5 (75.1) '
           'are below DFPO (82.5); "not solely a smaller effective step size".')
-  return _sweep(
+  return make_sweep(
       'table3',
       smoke,
       description=('Paper Table 3 at peak learning rate 1e-4: DFPO (Min-Replace) without the '
@@ -280,12 +157,13 @@ def table3(smoke=False):
       tables=(Table(
           'Held-out accuracy vs DFPO (Table 3)', FINAL_AVG, unit='(%)', scale=100.0, by_group=True,
           prediction=pred, paper=(('lr=1e-4', 'no stop-grad -6.9, scale -7.4'),),
-          expect=_expect(runs, ('DFPO (no stop-grad)', 'DFPO (scale by 0.5)'), LOWER) +
-          _expect(runs, ('GSPO',), LOWER)),
+          expect=predicted(runs, ('DFPO (no stop-grad)', 'DFPO (scale by 0.5)'), LOWER) +
+          predicted(runs, ('GSPO',), LOWER)),
               Table('The scaled rows against gated DFPO', FINAL_AVG, unit='(%)', scale=100.0,
                     by_group=True, baseline='DFPO (Min-Replace, gated)',
                     rows=('DFPO (Min-Replace, gated)', 'DFPO (scale by 0.5, gated)'),
-                    prediction=pred, expect=_expect(runs, ('DFPO (scale by 0.5, gated)',), LOWER)),
+                    prediction=pred, expect=predicted(runs, ('DFPO (scale by 0.5, gated)',),
+                                                      LOWER)),
               Table('Effective step relative to GSPO, mean over training', 'mean:coef_mass_vs_gspo',
                     by_group=True)),
   )
@@ -311,7 +189,7 @@ def offpolicy(smoke=False):
   pred = ('paper App. B / D: DFPO differs from GSPO only off-policy (on-policy every ratio is 1 '
           'and the transforms are the identity), so DFPO - GSPO should be 0 at mb=1 and '
           'grow in the paper\'s direction (DFPO > GSPO) as updates go further off-policy.')
-  return _sweep(
+  return make_sweep(
       'offpolicy',
       smoke,
       description=('The off-policy axis at peak learning rate 1e-4: mini-batches per RL step '
@@ -323,7 +201,7 @@ def offpolicy(smoke=False):
       tables=(Table(
           'Held-out accuracy vs GSPO by off-policy setting', FINAL_AVG, unit='(%)', scale=100.0,
           by_group=True, prediction=pred,
-          expect=tuple(e for e in _expect(runs, DFPO_LABELS, BETTER) if e[0][0] != 'mb=1')),
+          expect=tuple(e for e in predicted(runs, DFPO_LABELS, BETTER) if e[0][0] != 'mb=1')),
               Table('Effective step relative to GSPO, mean over training', 'mean:coef_mass_vs_gspo',
                     by_group=True),
               Table('Policy change per update: k3 KL(behaviour || updated), mean over training',
@@ -356,7 +234,7 @@ def table4(smoke=False):
   pred = ('paper Table 4 (AIME25 avg@32, Qwen3-32B): DFPO (Min-Replace) - GSPO is positive at '
           'every group size and grows with G (+3.1, +4.2, +5.6, +5.7 at G = 2, 4, 8, 16): more '
           'trajectories per group, more shared tokens whose gradients GSPO fails to cancel.')
-  return _sweep(
+  return make_sweep(
       'table4',
       smoke,
       description=('Paper Table 4: DFPO (Min-Replace, both readings of GSPO\'s clip) - GSPO by '
@@ -369,7 +247,7 @@ def table4(smoke=False):
       baseline='GSPO',
       tables=(Table('Held-out accuracy vs GSPO by group size (Table 4)', FINAL_AVG, unit='(%)',
                     scale=100.0, by_group=True, prediction=pred, paper=TABLE4_PAPER,
-                    expect=_expect(runs, DFPO_LABELS, BETTER)),
+                    expect=predicted(runs, DFPO_LABELS, BETTER)),
               Table('Effective step relative to GSPO, mean over training', 'mean:coef_mass_vs_gspo',
                     by_group=True),
               Table('Trajectories whose gradient is switched off, mean over training',
@@ -385,7 +263,7 @@ DRIFT_STEPS = 400
 
 def drift(smoke=False):
   """Reward-irrelevant drift and learning tax on the exactly-equivalent phrasing task."""
-  n = _steps(smoke, DRIFT_STEPS)
+  n = num_steps_of(smoke, DRIFT_STEPS)
   shared = (('eval.every', 5 if smoke else 50), ('log.diagnostics_every', 1 if smoke else 10))
   runs = (GSPO, DFPO_MIN) if smoke else (GSPO, DFPO_MIN, GRPO_FIX, GRPO)
   exchangeable = tuple(r.label for r in runs if r in (DFPO_MIN, GRPO_FIX))
@@ -409,7 +287,7 @@ def drift(smoke=False):
   systematic = Table(
       "Systematic drift: change of the log-odds log q('answer') - log q('result'), against 0",
       f'change:{logq}answer - {logq}result', digits=3, against_zero=True)
-  return _sweep(
+  return make_sweep(
       'drift',
       smoke,
       num_steps=n,
@@ -459,10 +337,11 @@ def delta(smoke=False):
           'w/o lambda-norm (21.39) and w/o adaptive gamma (21.19) below DelTA (23.27).')
   pred_sel = ('DelTA paper Figure 3: training on the top-lambda half of the tokens beats the '
               'bottom-lambda half (which collapses); random 50% stays near DAPO.')
-  return _sweep(
+  return make_sweep(
       'delta',
       smoke,
-      shared=_shared(_steps(smoke), ('dapo.dynamic_sampling', False), ('dapo.overlong_buffer', 8)),
+      shared=shared_overrides(num_steps_of(smoke), ('dapo.dynamic_sampling', False),
+                              ('dapo.overlong_buffer', 8)),
       description=('DelTA paper: DAPO vs DelTA, the two component ablations whose instrument was '
                    'fixed (w/o lambda-norm now trains on sum(lambda ppo) / N; the fixed gamma is '
                    'stated in units of E||v||^2), and Figure 3 hard selection of half of the '
@@ -489,29 +368,3 @@ def delta(smoke=False):
                     rows=rows('Random 50% tokens', 'Top-lambda tokens', 'Bottom-lambda tokens'),
                     expect=(('Top-lambda tokens', BETTER), ('Bottom-lambda tokens', LOWER)))),
   )
-
-
-SWEEPS = {
-    'table1': table1,
-    'mechanism': mechanism,
-    'table2': table2,
-    'table3': table3,
-    'offpolicy': offpolicy,
-    'table4': table4,
-    'drift': drift,
-    'delta': delta,
-}
-
-
-def get_sweep(name, *, smoke=False, num_steps=None):
-  """The sweep `name` (smoke form if `smoke`); `num_steps` replaces the sweep's knob."""
-  if name not in SWEEPS:
-    raise ValueError(f'unknown sweep {name!r}; valid: {sorted(SWEEPS)}')
-  sweep = SWEEPS[name](smoke=smoke)
-  if num_steps is not None:
-    if num_steps < 1:
-      raise ValueError(f'num_steps={num_steps!r} must be >= 1')
-    shared = tuple((k, num_steps if k == 'eval.every' and v == sweep.num_steps else v)
-                   for k, v in sweep.shared)  # an end-only evaluation stays end-only
-    sweep = dataclasses.replace(sweep, num_steps=num_steps, shared=shared)
-  return sweep

@@ -1,0 +1,164 @@
+r"""Machine time of a seed population (one program) against the same runs as single processes.
+
+  python -m benchmarks.population                  # 8 seeds x 80 steps, table1's GSPO at lr 1e-4
+  python -m benchmarks.population --members 16 --jobs 8 --rounds 2   # a GPU (see README)
+
+The workload is table1's GSPO configuration (experiments/sweeps.py: lr 1e-4, evaluation at step
+0 and at the end, diagnostics every 5 steps), seeds 0 .. N-1, trained two ways, interleaved and
+repeated ``--rounds`` times (the order alternates between rounds):
+  population  one `python -m jtc.train` with --config.population.size=N;
+  processes   N `python -m jtc.train` processes, ``--jobs`` at a time (experiments.run
+              --no-population).
+Each figure is the wall time of the whole workload with the CPU seconds its processes used
+(user + system, from the kernel's accounting of the children) and the 1-minute load average
+before and after; a round during which other processes kept more than 0.25 cores busy is marked
+LOADED and its ratio is not to be reported. The time split sums the trainer's own phase timers
+over the steps of every member (a population's members share one program, so its phases are
+counted once): sample / score / update / eval, and the rest (start-up, compilation,
+checkpoints) as wall minus their sum.
+
+The final held-out accuracy of each population member and of the single run of its seed are
+printed side by side (the members equal those runs at step 1 exactly; later they diverge by
+float rounding like any two runs, so this compares distributions, paired by seed).
+"""
+
+from benchmarks import common  # first: --cpu must act before jax is imported
+
+import argparse
+import concurrent.futures
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PHASES = ('sample', 'score', 'update', 'eval')
+STEPS = 80
+CONFIG = [
+    '--config=configs/gspo.py', '--config.optim.learning_rate=0.0001', '--config.eval.every={n}',
+    '--config.log.diagnostics_every=5', '--config.num_steps={n}'
+]
+
+
+def _flags(steps):
+  return [f.format(n=steps) for f in CONFIG]
+
+
+def _children_cpu():
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
+
+
+def _run(cmd, log):
+  with open(log, 'w') as err:
+    subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, check=True)
+
+
+def population(root, members, steps):
+  workdir = os.path.join(root, 'population')
+  cmd = [
+      sys.executable, '-m', 'jtc.train', f'--workdir={workdir}', '--config.seed=0',
+      f'--config.population.size={members}'
+  ] + _flags(steps)
+  _run(cmd, os.path.join(root, 'population.log'))
+  return [os.path.join(workdir, 'members', f'seed{s}') for s in range(members)]
+
+
+def processes(root, members, steps, jobs):
+  dirs = [os.path.join(root, f'seed{s}') for s in range(members)]
+
+  def one(seed):
+    cmd = [sys.executable, '-m', 'jtc.train', f'--workdir={dirs[seed]}', f'--config.seed={seed}'
+          ] + _flags(steps)
+    _run(cmd, dirs[seed] + '.log')
+
+  with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+    list(pool.map(one, range(members)))
+  return dirs
+
+
+def phase_seconds(dirs, shared):
+  """Summed phase timers of the runs in ``dirs`` (of one of them when they share a program)."""
+  out = dict.fromkeys(PHASES, 0.0)
+  for d in dirs[:1] if shared else dirs:
+    with open(os.path.join(d, 'metrics.jsonl')) as f:
+      for line in f:
+        record = json.loads(line)
+        for p in PHASES:
+          out[p] += record.get(f'time_{p}', 0.0)
+  return out
+
+
+def final_accuracy(d):
+  with open(os.path.join(d, 'metrics.jsonl')) as f:
+    last = [json.loads(line) for line in f][-1]
+  return next(v for k, v in last.items() if k.startswith('eval/avg@'))
+
+
+def measure(name, fn, root):
+  """Runs ``fn(root)`` in a fresh directory; (dirs, figures)."""
+  shutil.rmtree(root, ignore_errors=True)
+  os.makedirs(root)
+  load0, cpu0 = common.load_average(), _children_cpu()
+  with common.OtherLoad() as other:
+    dirs = fn(root)
+  cpu = _children_cpu() - cpu0
+  phases = phase_seconds(dirs, shared=name == 'population')
+  rest = other.seconds - sum(phases.values()) if name == 'population' else float('nan')
+  return dirs, dict(wall=other.seconds, cpu=cpu, load0=load0, phases=phases, rest=rest, other=other)
+
+
+def _line(name, m):
+  split = ' / '.join(f'{p} {m["phases"][p]:.0f}' for p in PHASES)
+  rest = '' if np.isnan(m['rest']) else f' / rest {m["rest"]:.0f}'
+  loaded = '  LOADED' if common.is_loaded(m['other']) else ''
+  # The children's own CPU use is counted as "others" by OtherLoad: subtract it.
+  others = max(0.0, m['other'].cores - m['cpu'] / m['wall'])
+  return (f'{name:10s} wall {m["wall"]:7.1f} s  cpu {m["cpu"]:7.1f} s  (load {m["load0"]:.1f} -> '
+          f'{m["other"].load:.1f}, others {others:.2f} cores)  phases: {split}{rest} '
+          f'(summed over {"one program" if name == "population" else "the processes"}){loaded}')
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  common.add_cpu_flag(parser)
+  parser.add_argument('--members', type=int, default=8)
+  parser.add_argument('--steps', type=int, default=STEPS)
+  parser.add_argument('--jobs', type=int, default=2, help='single processes at once')
+  parser.add_argument('--rounds', type=int, default=2)
+  parser.add_argument('--workroot', default=os.path.join(tempfile.gettempdir(), 'jtc_bench_pop'))
+  args = parser.parse_args()
+  print(common.device_line())
+  print(f'{args.members} seeds x {args.steps} steps of table1 GSPO (lr 1e-4); processes at '
+        f'--jobs {args.jobs}; {args.rounds} interleaved rounds')
+  ratios = []
+  for r in range(args.rounds):
+    order = ['population', 'processes'] if r % 2 == 0 else ['processes', 'population']
+    got = {}
+    for name in order:
+      fn = ((lambda root: population(root, args.members, args.steps)) if name == 'population' else
+            (lambda root: processes(root, args.members, args.steps, args.jobs)))
+      dirs, got[name] = measure(name, fn, os.path.join(args.workroot, name))
+      got[name]['acc'] = [final_accuracy(d) for d in dirs]
+      print(f'round {r + 1}: ' + _line(name, got[name]), flush=True)
+    ratio = got['processes']['wall'] / got['population']['wall']
+    cpu_ratio = got['processes']['cpu'] / got['population']['cpu']
+    ratios.append((ratio, cpu_ratio))
+    print(f'round {r + 1}: processes / population: wall {ratio:.2f}x, cpu {cpu_ratio:.2f}x')
+  print('final held-out accuracy by seed (population member / single process, last round):')
+  a, b = np.array(got['population']['acc']), np.array(got['processes']['acc'])
+  for s, (x, y) in enumerate(zip(a, b)):
+    print(f'  seed {s}: {100 * x:.1f} / {100 * y:.1f}')
+  print(f'  mean {100 * a.mean():.1f} / {100 * b.mean():.1f}; paired difference '
+        f'{100 * (a - b).mean():+.1f} points (sd {100 * (a - b).std(ddof=1):.1f})')
+  print('ratios (wall, cpu) by round: ' + ', '.join(f'{w:.2f}x / {c:.2f}x' for w, c in ratios))
+
+
+if __name__ == '__main__':
+  main()
