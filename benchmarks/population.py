@@ -74,8 +74,8 @@ def processes(root, members, steps, jobs):
   dirs = [os.path.join(root, f'seed{s}') for s in range(members)]
 
   def one(seed):
-    cmd = [sys.executable, '-m', 'jtc.train', f'--workdir={dirs[seed]}', f'--config.seed={seed}'
-          ] + _flags(steps)
+    cmd = [sys.executable, '-m', 'jtc.train', f'--workdir={dirs[seed]}'
+          ] + _flags(steps) + [f'--config.seed={seed}']
     _run(cmd, dirs[seed] + '.log')
 
   with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
