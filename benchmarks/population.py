@@ -62,10 +62,8 @@ def _run(cmd, log):
 
 def population(root, members, steps):
   workdir = os.path.join(root, 'population')
-  cmd = [
-      sys.executable, '-m', 'jtc.train', f'--workdir={workdir}', '--config.seed=0',
-      f'--config.population.size={members}'
-  ] + _flags(steps)
+  cmd = [sys.executable, '-m', 'jtc.train', f'--workdir={workdir}'
+        ] + _flags(steps) + ['--config.seed=0', f'--config.population.size={members}']
   _run(cmd, os.path.join(root, 'population.log'))
   return [os.path.join(workdir, 'members', f'seed{s}') for s in range(members)]
 
