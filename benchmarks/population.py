@@ -33,7 +33,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -115,9 +114,9 @@ def measure(name, fn, root):
 def _line(name, m):
   split = ' / '.join(f'{p} {m["phases"][p]:.0f}' for p in PHASES)
   rest = '' if np.isnan(m['rest']) else f' / rest {m["rest"]:.0f}'
-  loaded = '  LOADED' if common.is_loaded(m['other']) else ''
-  # The children's own CPU use is counted as "others" by OtherLoad: subtract it.
+  # OtherLoad counts this benchmark's children as other processes: subtract their CPU use.
   others = max(0.0, m['other'].cores - m['cpu'] / m['wall'])
+  loaded = '  LOADED' if others > common.MAX_OTHER_CORES else ''
   return (f'{name:10s} wall {m["wall"]:7.1f} s  cpu {m["cpu"]:7.1f} s  (load {m["load0"]:.1f} -> '
           f'{m["other"].load:.1f}, others {others:.2f} cores)  phases: {split}{rest} '
           f'(summed over {"one program" if name == "population" else "the processes"}){loaded}')

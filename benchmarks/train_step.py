@@ -64,6 +64,7 @@ import numpy as np
 
 from benchmarks.sampler import matmul_flops_per_s
 from configs import dfpo_min_replace
+from jtc.models import bundles
 from jtc.rl import checkpoints
 from jtc.models import model as model_lib
 from jtc.rl import rollout
@@ -95,19 +96,18 @@ def get_config(small):
 
 
 def has_base_policy():
-  return os.path.exists(os.path.join(checkpoints.BASE_POLICY_DIR, 'params.msgpack'))
+  return os.path.exists(os.path.join(bundles.BASE_POLICY_DIR, 'params.msgpack'))
 
 
 def random_policy(model_config, workdir, name):
   """Writes a randomly initialised policy bundle (char tokenizer) and returns its path."""
   path = os.path.join(workdir, name)
-  checkpoints.save_policy_bundle(
-      path, model_config=model_config, params=model_lib.init_params(model_config,
-                                                                    jax.random.key(0)),
-      tokenizer_spec=CHAR_SPEC, meta={
-          'made_by': 'benchmarks/train_step.py',
-          'kind': 'random init'
-      })
+  bundles.save_policy_bundle(path, model_config=model_config,
+                             params=model_lib.init_params(model_config, jax.random.key(0)),
+                             tokenizer_spec=CHAR_SPEC, meta={
+                                 'made_by': 'benchmarks/train_step.py',
+                                 'kind': 'random init'
+                             })
   return path
 
 

@@ -112,6 +112,13 @@ def get_config(arg=None):
   c.rollout.prompts_per_step = 16  # groups per RL step
   c.rollout.chunk_prompts = 0  # prompts per sampler / scoring call (0 = all at once)
   c.rollout.behaviour_logps = 'recompute'  # recompute | sampler: old log-probs for the ratios
+  # Rollout-training mismatch correction (jtc.objectives.corrections): none | tis | mis | icepop |
+  # seq_tis | seq_mask, weighing the recomputed behaviour policy against the sampler's.
+  c.rollout.correction = 'none'
+  c.rollout.correction_cap = 2.0  # C: tis truncates at C, the masks keep [1/C, C]
+  c.rollout.icepop_low = 0.5  # icepop keeps rho in [low, high] (IcePop's defaults)
+  c.rollout.icepop_high = 5.0
+  c.rollout.sampler_dtype = ''  # '' (the policy's) | bfloat16 | float32: the sampler's matmuls
   c.rollout.sampling = sampling(8, 32)  # G completions per prompt, T new tokens, temperature 1
 
   c.advantage = ConfigDict()
@@ -163,6 +170,9 @@ def get_config(arg=None):
   c.log.ckpt_every = 25
   c.log.keep_checkpoints = 3
   c.log.progress_every = 10  # a progress line when stderr is not a terminal
+  # The per-token ledger (jtc.analysis.ledger) every N steps (0 = never): each token's
+  # coefficient, ratio, flags, and the parameters before each update (for replay).
+  c.log.ledger_every = 0
 
   c.population = ConfigDict()  # jtc.rl.population: N members trained by one program
   c.population.size = 1  # seeds per setting: seed, seed + 1, ..., seed + size - 1

@@ -18,13 +18,10 @@ import subprocess
 import numpy as np
 
 from experiments import stats
-from experiments import sweeps
 from jtc.analysis import curves
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOOTH_STEPS = 5  # trailing mean of the reward before compute_at_threshold
-MIN_SEEDS_FOR_VERDICT = sweeps.SEEDS
-ALPHA = 0.05
 
 # ---------------------------------------------------------------------------------------------
 # Per-run scalars: '<extractor>:<key>' (a key ending in '@' = the first curve starting with it).
@@ -151,22 +148,6 @@ def _p_str(p):
   return f'{p:.3g}' if p >= 1e-4 else f'{p:.1e}'
 
 
-def verdict(effect, p_perm, n_pairs, expect, *, alpha=ALPHA, min_seeds=MIN_SEEDS_FOR_VERDICT):
-  """'agrees' / 'DISAGREES' (sign-flip p < alpha on >= min_seeds pairs, the paper's sign or
-  not), else 'inconclusive' with the reason; '' when the paper predicts nothing here."""
-  if not expect or not np.isfinite(effect):
-    return ''
-  if effect == 0:
-    return 'inconclusive (no difference)'
-  same = effect > 0 if expect == '>' else effect < 0
-  sign = "paper's sign" if same else 'opposite sign'
-  if n_pairs < min_seeds:
-    return f'inconclusive (n = {n_pairs} < {min_seeds}; {sign})'
-  if not np.isfinite(p_perm) or p_perm >= alpha:
-    return f'inconclusive ({sign}, p = {_p_str(p_perm)})'
-  return 'agrees' if same else 'DISAGREES'
-
-
 def _values_by_seed(summaries, table, threshold):
   """{(group, label): {seed: value}} over finite values."""
   out = {}
@@ -198,14 +179,17 @@ def compare(values, base, *, normalize=False, seed=0):
       row['diff'] = stats.ratio_of_means_ci(xp, bp, seed=seed)
       # The sign-flip test on the per-seed differences tests "ratio = 1" too.
     else:
-      row['diff'] = stats.paired_bootstrap_ci(xp, bp, seed=seed)
+      row['diff'] = stats.t_ci(xp - bp)
     row['p'] = stats.paired_signflip_pvalue(xp, bp, seed=seed)
     row['p_boot'] = stats.paired_bootstrap_pvalue(xp, bp, seed=seed)
   return row
 
 
-def build_table(sweep, table, summaries):
-  """Markdown lines of one table from the summaries of `sweep`."""
+def build_table(sweep, table, summaries, verdicts=None):
+  """Markdown lines of one table from the summaries of `sweep`, in long format: one row per
+  (group, run), with its value, its paired difference from the table's baseline and, for a
+  declared claim, the claim and its verdict (``verdicts``: {(group, label): (claim, verdict)},
+  from experiments.verdicts, multiplicity-corrected over the claim's family)."""
   threshold = table.threshold
   if threshold == 'auto':
     threshold = auto_threshold(summaries, table.metric.partition(':')[2])
@@ -215,7 +199,7 @@ def build_table(sweep, table, summaries):
   if table.rows:
     labels = [l for l in labels if l in table.rows]
   groups = list(dict.fromkeys(r.group for r in sweep.runs))
-  paper, expect = dict(table.paper), dict(table.expect)
+  paper, verdicts = dict(table.paper), verdicts or {}
   digits = table.digits if table.digits is not None else (
       3 if table.normalize or table.scale == 1.0 else 1)
   lines = [f'### {table.title}', '']
@@ -226,69 +210,43 @@ def build_table(sweep, table, summaries):
         f'Threshold: {table.metric.partition(":")[2]} >= {threshold:.4g} '
         f'({"auto" if table.threshold == "auto" else "fixed"}).', ''
     ]
+  ref = '0' if table.against_zero else baseline
   unit = f' {table.unit}' if table.unit else ''
-  if table.by_group:
-    others = [l for l in labels if l != baseline]
-    head = ['Group'] + [f'{l}{unit}' for l in labels]
-    for o in others:
-      head += [f'{o} - {baseline}', 'p (sign-flip)', 'p (bootstrap)', 'seeds', 'paper', 'verdict']
-    lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-    for g in groups:
-      base = values.get((g, baseline), {})
-      cells = [g or '-']
-      rows = {l: compare(values.get((g, l), {}), base) for l in labels}
-      cells += [_ci_str(*rows[l]['value'], table.scale, digits) for l in labels]
-      for o in others:
-        r = rows[o]
-        cells += [
-            _ci_str(*r['diff'], table.scale, digits),
-            _p_str(r['p']),
-            _p_str(r['p_boot']),
-            str(r['n_pairs']),
-            paper.get(g, ''),
-            verdict(r['diff'][0], r['p'], r['n_pairs'], expect.get((g, o), expect.get(g)))
-        ]
-      lines.append('| ' + ' | '.join(cells) + ' |')
-  else:
-    base = values.get(('', baseline), {})
-    ref = '0' if table.against_zero else baseline
-    diff_head = f'ratio to {ref}' if table.normalize else f'diff vs {ref}'
-    head = [
-        'Method', f'value{unit}', diff_head, 'p (sign-flip)', 'p (bootstrap)', 'seeds', 'paper',
-        'verdict'
-    ]
-    lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+  head = [
+      'group', 'run', f'value{unit}', f'ratio to {ref}' if table.normalize else f'diff vs {ref}',
+      'p (sign-flip)', 'seeds', 'paper', 'claim: verdict'
+  ]
+  lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+  for g in groups:
+    base = values.get((g, baseline), {})
     for l in labels:
-      vals = values.get(('', l), {})
+      vals = values.get((g, l), {})
+      if not vals and not any(r.group == g and r.label == l for r in sweep.runs):
+        continue
       is_base = l == baseline and not table.against_zero
       against = dict.fromkeys(vals, 0.0) if table.against_zero else vals if is_base else base
       row = compare(vals, against, normalize=table.normalize)
-      diff = row['diff'] if not is_base else (np.nan,) * 3
-      effect = diff[0] - 1.0 if table.normalize else diff[0]
-      n_total = sum(1 for s in summaries if s['label'] == l and s.get('group', '') == '')
-      seeds_str = str(row['n']) if row['n'] == n_total else f'{row["n"]}/{n_total}'
+      n_total = sum(1 for s in summaries if s['label'] == l and s.get('group', '') == g)
+      claim, v = verdicts.get((g, l), ('', ''))
       lines.append('| ' + ' | '.join([
-          l + (' (baseline)' if is_base else ''),
+          g or '-', l + (' (baseline)' if is_base else ''),
           _ci_str(*row['value'], table.scale if not table.normalize else 1.0, digits),
-          '' if is_base else _ci_str(*diff, 1.0 if table.normalize else table.scale, digits),
-          '' if is_base else _p_str(row['p']), '' if is_base else _p_str(row['p_boot']), seeds_str,
-          paper.get(l,
-                    ''), '' if is_base else verdict(effect, row['p'], row['n_pairs'], expect.get(l))
+          '' if is_base else _ci_str(*row['diff'], 1.0 if table.normalize else table.scale, digits),
+          '' if is_base else _p_str(row['p']),
+          str(row['n']) if row['n'] == n_total else f'{row["n"]}/{n_total}',
+          paper.get(l, paper.get(g, '')) if not is_base else '', f'{claim}: {v}' if claim else ''
       ]) + ' |')
   lines += ['']
   return lines
 
 
 STATS_NOTE = (
-    'Values: mean over seeds [95% percentile-bootstrap CI of the mean, 10,000 resamples]. '
-    '`diff` / `ratio`: paired by seed against the baseline, with its bootstrap CI. '
-    '`p (sign-flip)`: exact two-sided paired permutation test of the per-seed differences (all '
-    '2^n sign patterns; its smallest possible value is 2/2^n: 0.0625 for 5 seeds, 0.0078 for '
-    '8); `p (bootstrap)`: paired bootstrap p-value, shown beside it (anti-conservative at small '
-    'n). `seeds` k/n: k of n runs had a finite value (for compute-to-threshold: reached the '
-    'threshold). `verdict`: agrees / DISAGREES with the paper\'s predicted sign only with at '
-    f'least {MIN_SEEDS_FOR_VERDICT} paired seeds and sign-flip p < {ALPHA}; otherwise '
-    'inconclusive (the sign it shows is reported).')
+    'Values: mean over seeds [95% percentile-bootstrap CI of the mean]. `diff`: paired by seed '
+    'against the baseline, mean [Student-t 95% CI]; `ratio`: of the means, with its paired '
+    'bootstrap CI. `p (sign-flip)`: exact two-sided paired permutation test of the per-seed '
+    'differences, uncorrected (its floor is 2/2^n: 0.0078 for 8 seeds). `seeds` k/n: k of n '
+    'runs had a finite value. Verdicts are given only on declared claims, corrected for '
+    'multiplicity (Holm within the claim\'s family, experiments/results/claims.md).')
 
 # ---------------------------------------------------------------------------------------------
 # Curves (the figure code is jtc.plot's).
@@ -403,6 +361,21 @@ def failures_on_disk(results_dir):
   return out
 
 
+def _declared_verdicts(sweep, results_root):
+  """{(metric, baseline, group, arm): (claim, verdict)} of the claims measured on ``sweep``'s
+  runs, each corrected over its whole family (experiments/verdicts.py)."""
+  from experiments import verdicts  # pylint: disable=import-outside-toplevel
+  from experiments.sweeps import claims  # pylint: disable=import-outside-toplevel
+  every = claims.all_claims()
+  families = {c.family for c in every if c.sweep == sweep.name}
+  rows = verdicts.build([c for c in every if c.family in families], results_root)
+  return {
+      (r['metric'], r['baseline'], r['group'], r['arm']): (r['claim'], r['verdict'])
+      for r in rows
+      if r['sweep'] == sweep.name
+  }
+
+
 def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures=None,
                   revision=None, plot=True, rebuilt_by=None):
   """Builds the markdown (+ plots) from the summaries in `results_dir`; returns md_path.
@@ -433,7 +406,7 @@ def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures
       f'`{" ".join(f"--config.{k}={fmt_value(v)}" for k, v in sweep.shared) or "none"}`' +
       (f'; config arg `:{sweep.config_arg}`' if sweep.config_arg else ''),
       '- Compute matching: equal RL steps, prompts x G per step, max tokens and update '
-      'steps within a comparison (see experiments/sweeps.py); generated tokens per run:'
+      'steps within a comparison (see experiments/sweeps/); generated tokens per run:'
   ]
   tok = {}
   for s in summaries:
@@ -450,9 +423,16 @@ def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures
   if stale:
     lines += [f'- {stale} summaries with other settings (e.g. another num_steps) were ignored.']
   lines += ['', '## Tables', '']
+  declared = _declared_verdicts(sweep, os.path.dirname(os.path.abspath(results_dir)))
   for table in sweep.tables:
     try:
-      lines += build_table(sweep, table, summaries)
+      baseline = table.baseline or sweep.baseline
+      lines += build_table(
+          sweep, table, summaries, {
+              (g, arm): v
+              for (metric, base, g, arm), v in declared.items()
+              if metric == table.metric and base == baseline
+          })
     except Exception as e:  # pylint: disable=broad-except
       lines += [f'### {table.title}', '', f'Could not build: {type(e).__name__}: {e}', '']
   lines += [STATS_NOTE, '']

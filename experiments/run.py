@@ -344,8 +344,10 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
   parser.add_argument('sweep', help=f'one of {sorted(sweeps_lib.SWEEPS)}')
   parser.add_argument('--seeds', type=int, default=None,
                       help="N seeds per config (default: the sweep's own)")
-  parser.add_argument('--first-seed', type=int, default=0,
-                      help='seeds K..K+N-1 (confirmatory runs use seeds no run chose a setting on)')
+  parser.add_argument(
+      '--first-seed', type=int, default=None,
+      help="seeds K..K+N-1 (default: the sweep's own, 8 for a confirmatory sweep: "
+      'seeds that no run used to choose a setting)')
   parser.add_argument(
       '--no-population', action='store_true',
       help='one trainer process per run x seed instead of one population per '
@@ -407,7 +409,8 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
         f'estimated {est / 60:.0f} min of machine time; results in {md_path}', flush=True)
     if args.no_population and make_command is None:
       make_command = trainer_command
-    results = run_sweep(part, seeds=seeds, first_seed=args.first_seed, jobs=args.jobs,
+    first_seed = sweep.first_seed if args.first_seed is None else args.first_seed
+    results = run_sweep(part, seeds=seeds, first_seed=first_seed, jobs=args.jobs,
                         results_dir=results_dir, workroot=args.workroot, make_command=make_command,
                         replace=args.replace)
     failures = {k: d for k, (s, d) in results.items() if s == 'failed'}

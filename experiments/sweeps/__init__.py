@@ -8,6 +8,8 @@ they carry (`CLAIMS`, experiments/sweeps/claims.py).
 """
 import dataclasses
 
+from experiments.sweeps import confirm
+from experiments.sweeps import mismatch
 from experiments.sweeps import paper
 from experiments.sweeps.base import (FINAL_AVG, FULL_STEPS, LEARNING_RATES, SEEDS, Run, Sweep,
                                      Table, estimate_seconds)
@@ -21,6 +23,8 @@ SWEEPS = {
     'table4': paper.table4,
     'drift': paper.drift,
     'delta': paper.delta,
+    **confirm.SWEEPS,
+    'mismatch': mismatch.mismatch,
 }
 
 

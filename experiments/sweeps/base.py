@@ -68,6 +68,52 @@ class Sweep:
                        'response_length')
   plot_x: str = 'step'  # or 'compute/generated_tokens'
   smoke: bool = False
+  first_seed: int = 0  # seeds first_seed .. first_seed + seeds - 1 (confirmatory sweeps: 8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  """One comparison a verdict is given on: ``arm`` - ``baseline`` (run labels of ``sweep``, in
+  ``group``) of ``metric`` ('<extractor>:<key>', as `Table.metric`), paired by seed, in units of
+  ``scale`` x the metric (100: points of accuracy).
+
+  family: the claims that answer one paper table or question (Holm corrects within it).
+  kind: 'confirmatory' (fresh seeds, settings fixed in this file before they ran) or
+    'exploratory' (the runs that chose the settings; shown, never the headline).
+  predicted: the paper's sign of arm - baseline: '>' / '<', '=' for a negative control that
+    must show no difference, '' where the paper predicts nothing.
+  paper_delta: the paper's difference in the same units (None: not stated).
+  sesoi: the smallest effect size of interest, same units; ``sesoi_why`` justifies it.
+  prediction: the paper's prediction in words, written before the runs.
+  """
+  name: str
+  family: str
+  sweep: str
+  metric: str
+  arm: str
+  baseline: str
+  group: str = ''
+  kind: str = 'confirmatory'
+  predicted: str = ''
+  paper_delta: object = None
+  sesoi: object = 1.0  # None: no equivalence test
+  sesoi_why: str = ''
+  scale: float = 100.0
+  unit: str = 'points'
+  prediction: str = ''
+  threshold: object = None  # for a 'compute_at:' metric (see report.metric_value)
+  # A difference of differences: (arm - baseline in group) - (minus[0] - minus[1] in minus[2]),
+  # paired by seed (e.g. does a correction change DFPO - GSPO?).
+  minus: tuple = ()
+
+  def __post_init__(self):
+    if self.kind not in ('confirmatory', 'exploratory'):
+      raise ValueError(f'claim {self.name!r}: kind={self.kind!r}; valid: confirmatory, exploratory')
+    if self.predicted not in ('>', '<', '=', ''):
+      raise ValueError(
+          f"claim {self.name!r}: predicted={self.predicted!r}; valid: '>', '<', '=', ''")
+    if self.sesoi is not None and not self.sesoi > 0:
+      raise ValueError(f'claim {self.name!r}: sesoi={self.sesoi!r} must be > 0 (or None)')
 
 
 def estimate_seconds(sweep, *, seeds=None, step_seconds=STEP_SECONDS):

@@ -210,10 +210,14 @@ def offpolicy(smoke=False):
 
 
 SEQUENCES_PER_STEP = 128
+TABLE4_PREDICTION = (
+    'paper Table 4 (AIME25 avg@32, Qwen3-32B): DFPO (Min-Replace) - GSPO is positive at '
+    'every group size and grows with G (+3.1, +4.2, +5.6, +5.7 at G = 2, 4, 8, 16): more '
+    'trajectories per group, more shared tokens whose gradients GSPO fails to cancel.')
 TABLE4_PAPER = (('G=2', '+3.1'), ('G=4', '+4.2'), ('G=8', '+5.6'), ('G=16', '+5.7'))
 
 
-def _group_size(g, default, sequences=SEQUENCES_PER_STEP):
+def group_size_overrides(g, default, sequences=SEQUENCES_PER_STEP):
   """Overrides for group size ``g`` at ``sequences`` per step in 2 mini-batches; none at the
   config's own ``default`` G (so that group reuses the table1 / offpolicy runs)."""
   if g == default:
@@ -228,12 +232,9 @@ def table4(smoke=False):
   lr = ('optim.learning_rate', 1e-4)
   # The smoke config runs 2 prompts x G = 4 = 8 sequences per step.
   gs, default, sequences = ((4, 2), 4, 8) if smoke else ((2, 4, 8, 16), 8, SEQUENCES_PER_STEP)
-  sizes = tuple((f'G={g}', _group_size(g, default, sequences)) for g in gs)
+  sizes = tuple((f'G={g}', group_size_overrides(g, default, sequences)) for g in gs)
   methods = (GSPO, DFPO_MIN) if smoke else (GSPO, DFPO_MIN, DFPO_GATED)
   runs = tuple(at(r, group, lr, *ov) for group, ov in sizes for r in methods)
-  pred = ('paper Table 4 (AIME25 avg@32, Qwen3-32B): DFPO (Min-Replace) - GSPO is positive at '
-          'every group size and grows with G (+3.1, +4.2, +5.6, +5.7 at G = 2, 4, 8, 16): more '
-          'trajectories per group, more shared tokens whose gradients GSPO fails to cancel.')
   return make_sweep(
       'table4',
       smoke,
@@ -246,7 +247,7 @@ def table4(smoke=False):
       runs=runs,
       baseline='GSPO',
       tables=(Table('Held-out accuracy vs GSPO by group size (Table 4)', FINAL_AVG, unit='(%)',
-                    scale=100.0, by_group=True, prediction=pred, paper=TABLE4_PAPER,
+                    scale=100.0, by_group=True, prediction=TABLE4_PREDICTION, paper=TABLE4_PAPER,
                     expect=predicted(runs, DFPO_LABELS, BETTER)),
               Table('Effective step relative to GSPO, mean over training', 'mean:coef_mass_vs_gspo',
                     by_group=True),

@@ -357,7 +357,8 @@ def step_diagnostics(params, model_config, batch, *, loss_name, loss_hparams, gr
   coef_BT, metrics = loss_coefficients(out['logps'], loss_name=loss_name, old_logps=batch.old_logps,
                                        advantages=batch.advantages, mask=mask_BT,
                                        group_size=group_size, ref_logps=batch.ref_logps,
-                                       token_weights=batch.token_weights, **hp)
+                                       token_weights=batch.token_weights,
+                                       is_weights=batch.is_weights, **hp)
   targets_BT = tokens_BL[:, completion_start:]
   if mode == 'proxy':
     norms_BT = lm_head_grad_norms(out['hidden'], model_lib.lm_head_DV(params, model_config),

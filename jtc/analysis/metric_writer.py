@@ -60,7 +60,10 @@ def last_record(workdir):
 class MetricWriter:
   """Writes scalar metrics to JSONL (and TensorBoard, when tensorboardX is installed)."""
 
-  def __init__(self, workdir, *, resume_step=0):
+  def __init__(self, workdir, *, resume_step=0, files=True):
+    self.files = files  # False: records are made but nothing is written (not process 0)
+    if not files:
+      return
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, 'metrics.jsonl')
     kept = [r for r in read_jsonl(self.path) if r.get('step', -1) < resume_step]
@@ -82,6 +85,8 @@ class MetricWriter:
   def write(self, step, metrics):
     record = {'step': int(step)}
     record.update({k: _to_python(v) for k, v in metrics.items()})
+    if not self.files:
+      return record
     self._file.write(json.dumps(record) + '\n')
     self._file.flush()
     if self._tb is not None:
@@ -91,6 +96,8 @@ class MetricWriter:
     return record
 
   def close(self):
+    if not self.files:
+      return
     self._file.close()
     if self._tb is not None:
       self._tb.close()

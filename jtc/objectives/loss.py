@@ -289,8 +289,34 @@ def _metrics(sur, inp, ratio_BT, s_B):
   }
 
 
+def loss_inputs(*, logps, old_logps, advantages, mask, group_size, token_weights=None):
+  """The `LossInputs` every surrogate sees: log r = log pi - log pi_old on real tokens (0 on
+  padding), the advantages, the 0/1 mask, the token weights."""
+  mask_BT = (jnp.asarray(mask) > 0).astype(jnp.float32)
+  # Behaviour-policy log-probs are data: the ratio's denominator is a constant.
+  old_logps_BT = jax.lax.stop_gradient(jnp.asarray(old_logps, jnp.float32))
+  # Advantages are per-completion constants (Eq. 1: A_hat does not depend on theta).
+  adv_B = jax.lax.stop_gradient(jnp.asarray(advantages, jnp.float32))
+  log_ratio_BT = jnp.where(mask_BT > 0, jnp.asarray(logps, jnp.float32) - old_logps_BT, 0.0)
+  return LossInputs(log_ratio_BT=log_ratio_BT, adv_B=adv_B, mask_BT=mask_BT,
+                    token_weights_BT=token_weights, group_size=group_size)
+
+
+def clip_flags(name, *, logps, old_logps, advantages, mask, group_size, token_weights=None,
+               **hparams):
+  """(clip_low_BT, clip_high_BT): 1.0 where loss ``name``'s clip acts on a token from below /
+  above (the per-token view of the clip_frac_* metrics; `jtc.analysis.ledger`)."""
+  hp = check_hparams(name, hparams)
+  for key in _COMMON_HPARAMS:
+    hp.pop(key)
+  hp.pop('aggregation')
+  sur = LOSSES[name](loss_inputs(logps=logps, old_logps=old_logps, advantages=advantages, mask=mask,
+                                 group_size=group_size, token_weights=token_weights), **hp)
+  return sur.clip_low_BT, sur.clip_high_BT
+
+
 def compute_loss(name, *, logps, old_logps, advantages, mask, group_size, ref_logps=None,
-                 token_weights=None, entropy=None, **hparams):
+                 token_weights=None, entropy=None, is_weights=None, **hparams):
   """The loss (to minimise) and metrics of intra-group objective ``name``.
 
   Args:
@@ -303,6 +329,8 @@ def compute_loss(name, *, logps, old_logps, advantages, mask, group_size, ref_lo
     ref_logps: optional [B, T] reference log-probs for the KL term / ``kl`` metric.
     token_weights: [B, T] per-token coefficients, required by (and only by) 'delta'.
     entropy: optional [B, T] per-token policy entropy (differentiable) for the entropy bonus.
+    is_weights: optional [B, T] rollout-mismatch importance weights (`jtc.objectives.corrections`):
+      every token's objective is multiplied by its weight before aggregation (a constant).
     **hparams: keys of ``default_hparams(name)``: the loss's own hyper-parameters plus
       ``aggregation``, ``kl_coef``, ``kl_estimator``, ``entropy_coef``. Static under jit.
 
@@ -327,17 +355,17 @@ def compute_loss(name, *, logps, old_logps, advantages, mask, group_size, ref_lo
   entropy_coef = hp.pop('entropy_coef')
 
   logps_BT = jnp.asarray(logps, jnp.float32)
-  mask_BT = (jnp.asarray(mask) > 0).astype(jnp.float32)
-  # Behaviour-policy log-probs are data: the ratio's denominator is a constant.
-  old_logps_BT = jax.lax.stop_gradient(jnp.asarray(old_logps, jnp.float32))
-  # Advantages are per-completion constants (Eq. 1: A_hat does not depend on theta).
-  adv_B = jax.lax.stop_gradient(jnp.asarray(advantages, jnp.float32))
-  log_ratio_BT = jnp.where(mask_BT > 0, logps_BT - old_logps_BT, 0.0)
-  inp = LossInputs(log_ratio_BT=log_ratio_BT, adv_B=adv_B, mask_BT=mask_BT,
-                   token_weights_BT=token_weights, group_size=group_size)
-
+  inp = loss_inputs(logps=logps_BT, old_logps=old_logps, advantages=advantages, mask=mask,
+                    group_size=group_size, token_weights=token_weights)
+  mask_BT = inp.mask_BT
   sur = LOSSES[name](inp, **hp)
-  pg_loss = -aggregate(sur.obj_BT, mask_BT)
+  obj_BT = sur.obj_BT
+  if is_weights is not None:
+    # The mismatch correction's weights are constants (importance weights of the behaviour
+    # policy against the sampler's distribution, not functions of theta).
+    is_weights = jax.lax.stop_gradient(jnp.asarray(is_weights, jnp.float32))
+    obj_BT = obj_BT * is_weights
+  pg_loss = -aggregate(obj_BT, mask_BT)
   loss = pg_loss
   # Metrics are diagnostics: no gradient flows through them.
   sur_sg = jax.tree.map(jax.lax.stop_gradient, sur)

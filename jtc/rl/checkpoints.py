@@ -1,116 +1,25 @@
-"""Saving and restoring: policy bundles and resumable training checkpoints.
+"""Resumable training checkpoints, and a run's policy from its config.
 
-Two kinds of artefact, one place for both:
-
-* A *policy bundle* is a directory holding everything needed to sample from a policy:
-  `model.json` (the `ModelConfig`), `tokenizer.json` (a tokenizer spec, see
-  `jtc.models.tokenizer`), `params.msgpack` (Flax serialisation) and `meta.json` (how it was made).
-  Bundles in the earlier per-layer parameter layout (`layers_0` ...) load into the stacked
-  layout of `jtc.models.model` (`model.stack_layers`).
-  The default base policy ships inside the package as one (`jtc/assets/base_policy`).
-  Bundles are written to a temporary directory and renamed into place, so a reader never sees
-  half a bundle.
-* A *training checkpoint* is an orbax `CheckpointManager` step under `<workdir>/checkpoints`
-  with the train state (params, optimiser state, step), the run state (counters, token counts,
-  the token-weight plug-in's state; arrays) and a JSON item with the data-iterator state and
-  the config. Orbax finalises a step by an atomic rename; a step whose restore fails (partial or
-  corrupt files) is moved aside, never deleted, in favour of the previous one; a step written by
-  another model (other shapes) is refused (`CheckpointMismatch`).
+A *training checkpoint* is an orbax `CheckpointManager` step under `<workdir>/checkpoints`
+with the train state (params, optimiser state, step), the run state (counters, token counts,
+the token-weight plug-in's state; arrays) and a JSON item with the data-iterator state and
+the config. Orbax finalises a step by an atomic rename; a step whose restore fails (partial or
+corrupt files) is moved aside, never deleted, in favour of the previous one; a step written by
+another model (other shapes) is refused (`CheckpointMismatch`). Policy bundles (what a run starts
+from) are `jtc.models.bundles`.
 """
 
 import dataclasses
-import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 
-import flax.serialization
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from jtc.models import model as model_lib
+from jtc.models import bundles
 from jtc.models import tokenizer as tokenizer_lib
-
-ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'assets')
-BASE_POLICY_DIR = os.path.join(ASSETS_DIR, 'base_policy')
-# Policy bundles shipped with jtc, by name: the arithmetic base policy and the one of the
-# phrasing task (configs/sft_phrasing.py).
-SHIPPED = {'base': BASE_POLICY_DIR, 'phrasing': os.path.join(ASSETS_DIR, 'phrasing_policy')}
-
-
-@dataclasses.dataclass(frozen=True)
-class PolicyBundle:
-  model_config: model_lib.ModelConfig
-  params: dict
-  tokenizer: object
-  tokenizer_spec: dict
-  meta: dict
-
-
-def resolve_policy_path(name_or_path):
-  """A shipped bundle's name ('base', 'phrasing') -> its directory; else a directory path."""
-  return SHIPPED.get(name_or_path, name_or_path)
-
-
-def save_policy_bundle(path, *, model_config, params, tokenizer_spec, meta=None):
-  """Writes a policy bundle to `path` atomically (temporary directory + rename)."""
-  parent = os.path.dirname(os.path.abspath(path))
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix='.tmp_bundle_', dir=parent)
-  with open(os.path.join(tmp, 'model.json'), 'w') as f:
-    json.dump(dataclasses.asdict(model_config), f, indent=1)
-  with open(os.path.join(tmp, 'tokenizer.json'), 'w') as f:
-    json.dump(tokenizer_spec, f, indent=1)
-  with open(os.path.join(tmp, 'meta.json'), 'w') as f:
-    json.dump(meta or {}, f, indent=1)
-  with open(os.path.join(tmp, 'params.msgpack'), 'wb') as f:
-    f.write(flax.serialization.to_bytes(jax.device_get(params)))
-  if os.path.exists(path):
-    old = path + '.old'
-    shutil.rmtree(old, ignore_errors=True)
-    os.rename(path, old)
-    os.rename(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
-  else:
-    os.rename(tmp, path)
-
-
-def load_policy_bundle(name_or_path):
-  """Reads a policy bundle ('base' = the one shipped with jtc)."""
-  path = resolve_policy_path(name_or_path)
-  needed = ('model.json', 'tokenizer.json', 'params.msgpack')
-  missing = [n for n in needed if not os.path.exists(os.path.join(path, n))]
-  if missing:
-    raise FileNotFoundError(
-        f'{path!r} is not a policy bundle: missing {missing} (a bundle has {list(needed)}; '
-        "use 'base' for the shipped policy or a directory written by `python -m jtc.sft`)")
-  with open(os.path.join(path, 'model.json')) as f:
-    model_config = model_lib.ModelConfig(**json.load(f))
-  with open(os.path.join(path, 'tokenizer.json')) as f:
-    tokenizer_spec = json.load(f)
-  meta = {}
-  if os.path.exists(os.path.join(path, 'meta.json')):
-    with open(os.path.join(path, 'meta.json')) as f:
-      meta = json.load(f)
-  template = jax.eval_shape(lambda: model_lib.init_params(model_config, jax.random.key(0)))
-  with open(os.path.join(path, 'params.msgpack'), 'rb') as f:
-    raw = flax.serialization.msgpack_restore(f.read())
-  # Bundles written before the layers were stacked hold 'layers_0' .. 'layers_{Y-1}'; the
-  # conversion only stacks them (values unchanged).
-  params = flax.serialization.from_state_dict(template, model_lib.stack_layers(raw))
-  mismatched = [
-      f'{jax.tree_util.keystr(p)}: {getattr(x, "shape", None)} != {t.shape}' for (p, x), t in zip(
-          jax.tree_util.tree_leaves_with_path(params), jax.tree_util.tree_leaves(template))
-      if getattr(x, 'shape', None) != t.shape
-  ]
-  if mismatched:
-    raise ValueError(f'{path!r}: params.msgpack does not match model.json: {mismatched[:3]}')
-  return PolicyBundle(model_config=model_config, params=params,
-                      tokenizer=tokenizer_lib.from_spec(tokenizer_spec),
-                      tokenizer_spec=tokenizer_spec, meta=meta)
 
 
 def check_policy_config(policy):
@@ -122,9 +31,9 @@ def check_policy_config(policy):
     raise ValueError(f'config.policy.checkpoint={policy.checkpoint!r} is not a Hugging Face '
                      'model directory (no config.json)')
   if (not policy.checkpoint and
-      not os.path.isfile(os.path.join(resolve_policy_path(policy.init), 'model.json'))):
+      not os.path.isfile(os.path.join(bundles.resolve_policy_path(policy.init), 'model.json'))):
     raise ValueError(f'config.policy.init={policy.init!r} is neither a shipped policy '
-                     f'({sorted(SHIPPED)}) nor a policy bundle directory (no model.json)')
+                     f'({sorted(bundles.SHIPPED)}) nor a policy bundle directory (no model.json)')
   for key in ('param_dtype', 'compute_dtype', 'ref_param_dtype'):
     if policy[key] not in ('', 'float32', 'bfloat16'):
       raise ValueError(f"config.policy.{key}={policy[key]!r} is not valid; valid: '' (the "
@@ -155,7 +64,7 @@ def load_policy(policy):
                                                         as_numpy=True)
     tokenizer = tokenizer_lib.HFTokenizer.from_dir(policy.checkpoint)
   else:
-    bundle = load_policy_bundle(policy.init)
+    bundle = bundles.load_policy_bundle(policy.init)
     model_config, params, tokenizer = bundle.model_config, bundle.params, bundle.tokenizer
   overrides = {
       k: v for k, v in (('param_dtype', policy.param_dtype), ('dtype', policy.compute_dtype),

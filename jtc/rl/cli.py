@@ -156,10 +156,11 @@ class Progress:
   step, reward, accuracy, steps/s and the time left. A population's line shows the members'
   mean and [min, max]."""
 
-  def __init__(self, total, start, *, every):
-    self.total, self.start, self.every, self.t0 = total, start, every, time.perf_counter()
+  def __init__(self, total, start, *, every, show=True):
+    self.total, self.start, self.t0 = total, start, time.perf_counter()
+    self.every = every if show else 0
     self.bar = None
-    if sys.stderr.isatty():
+    if show and sys.stderr.isatty():
       from tqdm import tqdm  # pylint: disable=import-outside-toplevel
       self.bar = tqdm(total=total, initial=start, desc='rl', dynamic_ncols=True, file=sys.stderr)
 
@@ -199,19 +200,21 @@ def train_main(trainer_cls):
 
 def _train(trainer_cls, argv):
   from jtc.rl import checkpoints  # pylint: disable=import-outside-toplevel
-  from jtc.rl import sharding  # pylint: disable=import-outside-toplevel
+  from jtc.rl import distributed  # pylint: disable=import-outside-toplevel
   from jtc.rl import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   logging.set_verbosity(logging.WARNING)  # orbax and tfds are chatty at INFO
-  sharding.initialize_distributed()  # multi-host: before any other JAX work
   try:
+    distributed.initialize()  # several processes: before any other JAX work
+    distributed.check_agreement(json.loads(flags.FLAGS.config.to_json_best_effort()))
     trainer = trainer_cls(flags.FLAGS.config, flags.FLAGS.workdir,
                           allow_config_change=flags.FLAGS.allow_config_change)
-  except (ValueError, workdir_lib.WorkdirError, checkpoints.CheckpointMismatch) as e:
+  except (ValueError, workdir_lib.WorkdirError, checkpoints.CheckpointMismatch,
+          distributed.DistributedError) as e:
     _fail(str(e))
   last, stopped = trainer.run()
-  for path, record in zip(trainer.member_dirs, last):  # one line per member
+  for path, record in zip(trainer.member_dirs if trainer.primary else [], last):  # a line a member
     shown = {
         k: v for k, v in record.items() if 'eval' in k or k in ('step', 'reward_mean', 'accuracy')
     }

@@ -68,5 +68,6 @@ def _validate_run(c):
   update_lib.check_config(c.optim, c.rollout.prompts_per_step)
   checks.choice('config.log.diagnostics_mode', c.log.diagnostics_mode, ('proxy', 'exact'))
   checks.in_range('config.log.diagnostics_every', c.log.diagnostics_every, low=0, integer=True)
+  checks.in_range('config.log.ledger_every', c.log.ledger_every, low=0, integer=True)
   checks.positive_int('config.log.ckpt_every', c.log.ckpt_every)
   checks.positive_int('config.log.keep_checkpoints', c.log.keep_checkpoints)

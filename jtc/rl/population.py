@@ -143,15 +143,17 @@ def write_member_file(path, workdir, member):
         }, f, indent=1)
 
 
-def record(workdir, config, schedule_steps, population):
+def record(workdir, config, schedule_steps, population, *, write=True):
   """Writes config.json of the run (the population's), and for a population each member's
   directory with its own single-run config.json and `workdir.MEMBER_FILE`; returns the
-  directories the members write their metrics to (``[workdir]`` for a single run)."""
-  workdir_lib.record_config(workdir, config, schedule_steps)
+  directories the members write their metrics to (``[workdir]`` for a single run). With
+  ``write=False`` (a multi-process run's other processes) it only returns them."""
+  if write:
+    workdir_lib.record_config(workdir, config, schedule_steps)
   dirs = []
   for member in population.members:
     path = member_dir(workdir, population, member)
-    if path != workdir:
+    if path != workdir and write:
       os.makedirs(path, exist_ok=True)
       workdir_lib.record_config(path, member_config(config, member), schedule_steps)
       write_member_file(path, workdir, member)

@@ -23,6 +23,7 @@ from jtc.models import model as model_lib
 from jtc.models import logprobs
 from jtc.data import rewards as rewards_lib
 from jtc.models import sampler as sampler_lib
+from jtc.objectives import corrections
 from jtc.rl import population as population_lib
 from jtc.rl import sharding as sharding_lib
 
@@ -358,6 +359,11 @@ def check_config(c):
                      'objectives compare at least two completions of a prompt')
   checks.choice('config.rollout.behaviour_logps', c.rollout.behaviour_logps,
                 ('recompute', 'sampler'))
+  corrections.check(c.rollout.correction, cap=c.rollout.correction_cap,
+                    icepop_low=c.rollout.icepop_low, icepop_high=c.rollout.icepop_high,
+                    behaviour_logps=c.rollout.behaviour_logps)
+  checks.choice('config.rollout.sampler_dtype', c.rollout.sampler_dtype,
+                ('', 'float32', 'bfloat16'))
   chunk = c.rollout.chunk_prompts
   if chunk < 0 or (chunk and c.rollout.prompts_per_step % chunk):
     raise ValueError(f'config.rollout.chunk_prompts={chunk} must be 0 (off) or a divisor of '

@@ -26,7 +26,8 @@ from ml_collections import config_flags
 import numpy as np
 import optax
 
-from jtc.rl import checkpoints
+from jtc.models import bundles
+
 from jtc.data import pipeline as data_lib
 from jtc.models import model as model_lib
 from jtc.models import logprobs
@@ -130,8 +131,8 @@ def train_sft(c, workdir):
   meta = dict(made_by=f'python -m jtc.sft (task {c.task}, {c.num_steps} steps)', task=c.task,
               sft_steps=c.num_steps, seed=c.seed, eval=result)
   for path in [os.path.join(workdir, 'policy')] + ([c.export_to] if c.export_to else []):
-    checkpoints.save_policy_bundle(path, model_config=model_config, params=params,
-                                   tokenizer_spec=dict(c.tokenizer), meta=meta)
+    bundles.save_policy_bundle(path, model_config=model_config, params=params,
+                               tokenizer_spec=dict(c.tokenizer), meta=meta)
   return result
 
 

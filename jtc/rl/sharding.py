@@ -17,9 +17,10 @@ Single host: `mesh = make_mesh(data=1, fsdp=-1, tensor=1)` (-1: all remaining de
 NamedShardings. Anything jitted on sharded inputs (e.g. `jtc.models.sampler.sample`) also runs
 sharded: XLA propagates the input shardings.
 
-Multi-host (TPU pods, GPU clusters): call `initialize_distributed()` first thing in *every*
+Multi-host (TPU pods, GPU clusters): `jtc.rl.distributed.initialize()` first thing in *every*
 process, before any other JAX call (`jax.distributed.initialize`; on TPU/SLURM/Open MPI the
-coordinator, process count and id are detected, otherwise pass them). `jax.devices()` then
+coordinator, process count and id are detected, otherwise JAX_COORDINATOR_ADDRESS,
+JAX_NUM_PROCESSES and JAX_PROCESS_ID say them). `jax.devices()` then
 lists every host's devices and `make_mesh` spans them all. The trainer reads the same global
 batch in every process (host-side rewards and advantages are replicated) and places it with
 `to_device`, each process filling its own shards; a pipeline that reads a per-process slice
@@ -154,23 +155,6 @@ def cache_shardings(cache, mesh: Mesh):
                              v=kv(cache.v), length=replicated(mesh))
   return model_lib.KVCache(k=kv(cache.k), v=kv(cache.v), mask_BS=mask(cache.mask_BS),
                            index=replicated(mesh))
-
-
-def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
-                           process_id: int | None = None) -> None:
-  """Multi-host start-up: `jax.distributed.initialize` (call once, before any JAX work).
-
-  With no arguments the cluster is auto-detected (Cloud TPU, SLURM, Open MPI, ...). A single
-  process with nothing to detect is left alone, so scripts work unchanged on one machine.
-  """
-  if coordinator_address is None and num_processes is None and process_id is None:
-    try:
-      jax.distributed.initialize()
-    except (ValueError, RuntimeError):  # nothing to auto-detect: single process.
-      pass
-    return
-  jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                             process_id=process_id)
 
 
 def host_local_to_global(tree, mesh: Mesh):

@@ -31,6 +31,7 @@ import json
 import os
 import sys
 import time
+import zlib
 
 from absl import flags
 import jax
@@ -45,6 +46,8 @@ from jtc.objectives import token_weights
 from jtc.rl import checkpoints
 from jtc.rl import cli
 from jtc.rl import config_check
+from jtc.rl import distributed
+from jtc.rl import ledger_recorder
 from jtc.rl import population as population_lib
 from jtc.rl import rollout as rollout_lib
 from jtc.rl import sharding as sharding_lib
@@ -60,12 +63,16 @@ class Trainer:
     config_check.validate(config)
     self.c, self.workdir = config, workdir
     self.pop = population_lib.Population.of(config)
+    # In a multi-process run process 0 alone holds the lock and writes what a run writes once.
+    self.primary = distributed.is_primary()
     self._lock, schedule_steps = workdir_lib.claim(workdir, config,
-                                                   allow_changes=allow_config_change)
+                                                   allow_changes=allow_config_change,
+                                                   take_lock=self.primary)
     try:
       self._build(schedule_steps, policy)
     except BaseException:
-      self._lock.close()  # another trainer (or this one, fixed) may use the workdir at once
+      if self._lock is not None:  # another trainer (or this one, fixed) may use the workdir
+        self._lock.close()
       raise
 
   def _build(self, schedule_steps, policy):
@@ -100,8 +107,13 @@ class Trainer:
           self.state.params, c.policy.ref_param_dtype or self.model_config.param_dtype, param_sh)
     # Sampling and the behaviour pass never differentiate: no rematerialisation there.
     infer_config = dataclasses.replace(self.model_config, remat=False)
-    self.gen = rollout_lib.Generator.from_config(c, infer_config, self.tokenizer, self.task,
+    sampler_config = infer_config  # the sampler's compute dtype may differ (a planted mismatch)
+    if c.rollout.sampler_dtype:
+      sampler_config = dataclasses.replace(infer_config, dtype=c.rollout.sampler_dtype)
+    self.gen = rollout_lib.Generator.from_config(c, sampler_config, self.tokenizer, self.task,
                                                  to_device=self._to_device, population=pop)
+    # Held-out evaluation samples from the policy as trained, whatever the rollouts' sampler.
+    self.eval_gen = dataclasses.replace(self.gen, model_config=infer_config)
     self.weighter = (token_weights.PLUGINS[c.token_weights].from_config(
         c.delta, group_size=self.G, model_config=self.model_config) if c.token_weights else None)
     self.run_state = pop.stack([
@@ -116,7 +128,8 @@ class Trainer:
     self.ckpt = checkpoints.TrainCheckpointer(os.path.join(self.workdir, 'checkpoints'),
                                               max_to_keep=c.log.keep_checkpoints)
     self._restore()
-    self.member_dirs = population_lib.record(self.workdir, c, schedule_steps, pop)
+    self.member_dirs = population_lib.record(self.workdir, c, schedule_steps, pop,
+                                             write=self.primary)
     lr_varies = 'optim.learning_rate' in self.hparams
     self._build_jits(
         infer_config,
@@ -151,6 +164,7 @@ class Trainer:
                                           mode=c.log.diagnostics_mode)
 
     self._diagnostics = jax.jit(pop.map(diagnose))
+    self._ledger_columns = ledger_recorder.make_columns_fn(c, infer_config, pop)
 
   def step(self, step):
     """Rollout -> batch -> updates for RL step ``step``; returns each member's metrics."""
@@ -174,12 +188,16 @@ class Trainer:
     jax.block_until_ready(batch.old_logps)
     t2 = time.perf_counter()
     diagnose = c.log.diagnostics_every and step % c.log.diagnostics_every == 0
+    recorder = None
+    if c.log.ledger_every and step % c.log.ledger_every == 0:
+      recorder = ledger_recorder.LedgerRecorder(self._ledger_columns, batch, pop)
     self.state, update_metrics = update_lib.run_updates(
         self.state, batch, k_order, self.hparams, update_fn=self._update,
         minibatch_fn=self._minibatch, num_groups=c.rollout.prompts_per_step,
         minibatch_prompts=c.optim.minibatch_prompts, ppo_epochs=c.optim.ppo_epochs,
         group_size=self.G, population=pop, diagnose_fn=functools.partial(
-            self._diagnostics, token_counts=self.run_state.token_counts_V) if diagnose else None)
+            self._diagnostics, token_counts=self.run_state.token_counts_V) if diagnose else None,
+        before_update=recorder.before_update if recorder else None)
     t3 = time.perf_counter()
     n_tokens = [int(r.completion_mask_BT.sum()) for r in rollouts]
     self.run_state = self.run_state.add(
@@ -187,11 +205,15 @@ class Trainer:
         rollouts=rollouts[0].rewards_B.shape[0], update_steps=self.updates_per_step,
         prompts=pop.stack([np.int64(c.rollout.prompts_per_step * (1 + r)) for r in rounds]))
     counts = {k: pop.unstack(np.asarray(self.run_state.count(k))) for k in update_lib.COUNTERS}
+    rates = [float(self.schedules[m](counts['update_steps'][m] - 1)) for m in range(pop.n)]
+    if recorder and self.primary:
+      recorder.write(step, run_dirs=self.member_dirs, rollouts=rollouts, tokenizer=self.tokenizer,
+                     c=c, model_config=self.model_config, learning_rates=rates)
     for m in range(pop.n):
       metrics[m].update(update_metrics[m])
       metrics[m].update(dynamic_sampling_rounds=rounds[m], time_sample=t1 - t0, time_score=t2 - t1,
                         time_update=t3 - t2, tokens_per_s=n_tokens[m] / max(t3 - t0, 1e-9),
-                        learning_rate=float(self.schedules[m](counts['update_steps'][m] - 1)), **{
+                        learning_rate=rates[m], **{
                             f'compute/{k}': int(v[m]) for k, v in counts.items()
                         })
     return metrics
@@ -201,7 +223,7 @@ class Trainer:
     c, pop = self.c, self.pop
     t0 = time.perf_counter()
     keys = pop.keys(lambda m: jax.random.fold_in(jax.random.key(m.seed + 1), step))
-    outs = rollout_lib.evaluate(self.gen, self.state.params, self.eval_examples, keys,
+    outs = rollout_lib.evaluate(self.eval_gen, self.state.params, self.eval_examples, keys,
                                 sampling=c.eval.sampling.to_dict(),
                                 batch_prompts=c.rollout.chunk_prompts or c.rollout.prompts_per_step,
                                 task=self.task)
@@ -209,12 +231,17 @@ class Trainer:
       for out, params in zip(outs, pop.unstack(self.state.params)):
         out.update({
             f'probe/{k}': v for k, v in probes.format_probe(
-                params, self.gen.model_config, self.tokenizer,
+                params, self.eval_gen.model_config, self.tokenizer,
                 self.eval_examples[:c.eval.probe_problems], self.task.formats, prompt_width=self.P,
                 scaffold=self.task.scaffold, chat_template=c.data.chat_template,
                 prompt_suffix=c.data.prompt_suffix).items()
         })
     seconds = time.perf_counter() - t0
+    problems = json.dumps([e['prompt'] for e in self.eval_examples]).encode()
+    for out, key in zip(outs, pop.unstack(keys)):
+      # Common random numbers: runs evaluated on the same problems with the same sampling keys
+      # share this number (experiments/verdicts.py checks it for every paired comparison).
+      out['crn'] = zlib.crc32(problems + np.asarray(jax.random.key_data(key)).tobytes())
     return [dict({f'eval/{k}': v for k, v in out.items()}, time_eval=seconds) for out in outs]
 
   def _restore(self):
@@ -233,7 +260,7 @@ class Trainer:
     data = {'data_states': states} if self.pop.batched else {'data_state': states[0]}
     self.ckpt.save(step, state=self.state, run_state=self.run_state,
                    extra=dict(data, config=json.loads(self.c.to_json_best_effort())))
-    if self.weighter:
+    if self.weighter and self.primary:
       for path, state in zip(self.member_dirs, self.pop.unstack(self.run_state.weighter)):
         self.weighter.write(state, path, self.tokenizer)
 
@@ -252,10 +279,10 @@ class Trainer:
       self.close()
       return [metric_writer.last_record(d) for d in self.member_dirs], None
     writers = [
-        metric_writer.MetricWriter(d, resume_step=start + 1 if start else 0)
+        metric_writer.MetricWriter(d, resume_step=start + 1 if start else 0, files=self.primary)
         for d in self.member_dirs
     ]
-    progress = cli.Progress(c.num_steps, start, every=c.log.progress_every)
+    progress = cli.Progress(c.num_steps, start, every=c.log.progress_every, show=self.primary)
     eval_every = c.eval.every if self.eval_examples else 0
     if not self.eval_examples and c.eval.every:
       print('no held-out problems (no test split): evaluation is skipped', file=sys.stderr)
@@ -271,6 +298,8 @@ class Trainer:
           for m, e in zip(metrics, self.evaluate(step)):
             m.update(e)
         last = [w.write(step, m) for w, m in zip(writers, metrics)]
+        if jax.process_count() > 1 and distributed.any_process(stop.signal is not None):
+          stop.signal = stop.signal or 'SIGTERM (of another process)'
         if step % c.log.ckpt_every == 0 or final or stop.signal:
           self._save(step)
         progress.update(step, metrics)
@@ -295,7 +324,8 @@ class Trainer:
   def close(self):
     """Releases the checkpointer and the workdir lock (another trainer may then use it)."""
     self.ckpt.close()
-    self._lock.close()
+    if self._lock is not None:
+      self._lock.close()
 
 
 def main():

@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 from jtc.objectives import advantages as advantages_lib
+from jtc.objectives import corrections
 from jtc import checks
 from jtc.analysis import diagnostics
 from jtc.models import logprobs
@@ -72,7 +73,8 @@ class Batch:
 
   tokens / input_mask: [B, L] the rollouts (prompt then completion); mask: [B, T] the tokens
   that carry gradient; advantages [B]; old_logps [B, T] behaviour log-probs; ref_logps [B, T]
-  (KL reference) and token_weights [B, T] (e.g. DelTA's) or None.
+  (KL reference), token_weights [B, T] (e.g. DelTA's) and is_weights [B, T] (the rollout-mismatch
+  correction's, `jtc.objectives.corrections`) or None.
   """
   tokens: jax.Array
   input_mask: jax.Array
@@ -81,6 +83,7 @@ class Batch:
   old_logps: jax.Array
   ref_logps: jax.Array | None = None
   token_weights: jax.Array | None = None
+  is_weights: jax.Array | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,7 +183,9 @@ def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params
   truncated completions with ``c.dapo.mask_truncated``) -> behaviour log-probs of ``params``
   (``behaviour_fn``, a jitted `rollout.behaviour_pass`, ``c.rollout.chunk_prompts`` groups at a
   time; or the sampler's, by ``c.rollout.behaviour_logps``) -> the KL reference's (when
-  ``ref_params``) -> token weights of the ``weighter`` plug-in (DelTA), from the behaviour pass.
+  ``ref_params``) -> token weights of the ``weighter`` plug-in (DelTA), from the behaviour pass
+  -> the rollout-training mismatch against the sampler's log-probs (`mismatch/*` metrics) and
+  its correction's weights (``c.rollout.correction``, `jtc.objectives.corrections`).
   ``run_state`` comes back with the plug-in's state and the token counts updated. Every device
   value carries the population's member axis (`population.Population.stack`).
   """
@@ -195,14 +200,32 @@ def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params
                             host_input_mask_BL=input_mask, to_device=to_device,
                             chunk_rows=c.rollout.chunk_prompts * c.rollout.sampling.num_samples,
                             axis=1 if pop.batched else 0)
+  # The trainer's behaviour log-probs: the ratios' denominator (behaviour_logps='recompute'), the
+  # mismatch measured against the sampler's, DelTA's hidden states.
+  behaviour = score(params)
+  sampler_logps = to_device(pop.stack([r.sampler_logps_BT for r in rollouts]))
   recompute = c.rollout.behaviour_logps == 'recompute'
-  behaviour = score(params) if recompute or weighter is not None else None
-  sampler_logps = pop.stack([r.sampler_logps_BT for r in rollouts])
   batch = Batch(tokens=tokens_BL, input_mask=input_mask_BL, mask=to_device(stack('mask_BT')),
                 advantages=to_device(stack('adv_B')),
-                old_logps=behaviour['logps'] if recompute else to_device(sampler_logps),
+                old_logps=behaviour['logps'] if recompute else sampler_logps,
                 ref_logps=None if ref_params is None else score(ref_params)['logps'])
   metrics = [h['metrics'] for h in host]
+  real_BT = to_device(pop.stack([r.completion_mask_BT for r in rollouts]))
+  step_metrics = {
+      f'mismatch/{k}': v for k, v in pop.map(
+          functools.partial(corrections.mismatch_metrics, cap=c.rollout.correction_cap))(
+              behaviour['logps'], sampler_logps, real_BT).items()
+  }
+  if c.rollout.correction != 'none':
+    is_weights, correction_metrics = pop.map(
+        functools.partial(corrections.weights, c.rollout.correction, cap=c.rollout.correction_cap,
+                          icepop_low=c.rollout.icepop_low,
+                          icepop_high=c.rollout.icepop_high))(behaviour['logps'], sampler_logps,
+                                                              batch.mask)
+    batch = batch.replace(is_weights=is_weights)
+    step_metrics.update({f'correction/{k}': v for k, v in correction_metrics.items()})
+  for m, values in zip(metrics, pop.unstack(jax.device_get(step_metrics))):
+    m.update({k: float(v) for k, v in values.items()})
   completion_BT = jnp.asarray(pop.stack([r.completion_BT for r in rollouts]))
   if weighter is not None:
     weights_BT, weight_metrics, weighter_state = pop.map(weighter.weights)(
@@ -329,7 +352,7 @@ def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_nam
     return objectives.compute_loss(loss_name, logps=out['logps'], old_logps=mb.old_logps,
                                    advantages=mb.advantages, mask=mb.mask, group_size=group_size,
                                    ref_logps=mb.ref_logps, token_weights=mb.token_weights,
-                                   entropy=out['entropy'], **loss_hparams)
+                                   is_weights=mb.is_weights, entropy=out['entropy'], **loss_hparams)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   n = batch.tokens.shape[0]
@@ -391,7 +414,7 @@ def _flat(minibatch_batch, batched):
 
 
 def run_updates(state, batch, rng, hparams=None, *, update_fn, minibatch_fn, num_groups,
-                minibatch_prompts, ppo_epochs, group_size, diagnose_fn=None,
+                minibatch_prompts, ppo_epochs, group_size, diagnose_fn=None, before_update=None,
                 population=population_lib.SINGLE):
   """ppo_epochs x mini-batches of whole groups (a fresh permutation of the groups per epoch,
   fold_in(member's key, epoch)); returns (state, each member's mean metrics over the updates).
@@ -401,6 +424,8 @@ def run_updates(state, batch, rng, hparams=None, *, update_fn, minibatch_fn, num
   the first one params == behaviour policy: every ratio is 1 and all methods coincide). A step
   with a single update is on-policy by construction: it is measured there and
   'diag/off_policy_points' is 0. ``hparams``: the varied keys' per-member values ({} if none).
+  ``before_update(k, params, rows)``, when given, sees the parameters and the rows of each update
+  k of the first epoch just before it is taken (the per-token ledger).
   """
   pop, hparams = population, hparams or {}
   keys = pop.unstack(rng)
@@ -415,6 +440,8 @@ def run_updates(state, batch, rng, hparams=None, *, update_fn, minibatch_fn, num
       mb = minibatch_fn(batch, jnp.asarray(rows))
       if diagnose_fn is not None and (update_metrics or n_updates == 1):
         diags.append(diagnose_fn(state.params, _flat(mb, pop.batched), hparams))
+      if before_update is not None and epoch == 0:
+        before_update(len(update_metrics), state.params, rows)
       state, m = update_fn(state, mb, hparams)
       update_metrics.append(m)
   update_metrics, diags = jax.device_get((update_metrics, diags))

@@ -24,7 +24,7 @@ MEMBER_FILE = 'member.json'  # marks a population member's directory
 # never what a step computes. (num_steps keeps the run's original learning-rate schedule.)
 RESUMABLE_KEYS = ('num_steps', 'token_budget', 'eval.every', 'eval.problems', 'eval.probe_problems',
                   'log.ckpt_every', 'log.keep_checkpoints', 'log.diagnostics_every',
-                  'log.progress_every')
+                  'log.progress_every', 'log.ledger_every')
 SCHEDULE_KEY = 'schedule_num_steps'  # in config.json: the num_steps the schedule was built for
 # Keys that define which members a population has: never changed on resume, even with
 # --allow_config_change (the checkpoint would be restored into other members).
@@ -121,10 +121,11 @@ def _write(path, obj):
   os.replace(tmp, path)
 
 
-def claim(workdir, config, *, allow_changes=False):
+def claim(workdir, config, *, allow_changes=False, take_lock=True):
   """Checks the workdir is writable, locks it and checks the config against the run it holds;
   returns (the lock, the num_steps of the learning-rate schedule). A population member's
-  directory is refused: its population's trainer writes it."""
+  directory is refused: its population's trainer writes it. ``take_lock=False`` (the other processes
+  of a multi-process run) checks without locking: the lock is None."""
   member_file = os.path.join(workdir, MEMBER_FILE)
   if os.path.exists(member_file):
     with open(member_file) as f:
@@ -132,7 +133,7 @@ def claim(workdir, config, *, allow_changes=False):
     raise WorkdirError(f'--workdir={workdir} is a member of the population in {owner}: resume '
                        'that population (same command, --workdir of the population) instead')
   check_writable(workdir)
-  held = lock(workdir)
+  held = lock(workdir) if take_lock else None
   ckpt_dir = os.path.join(workdir, 'checkpoints')
   has_checkpoint = os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir))
   schedule_steps = check_identity(workdir, config, allow_changes=allow_changes,

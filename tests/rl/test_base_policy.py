@@ -15,7 +15,7 @@ import pytest
 from configs import sft_arith
 from configs import sft_phrasing
 from jtc.analysis import probes
-from jtc.rl import checkpoints
+from jtc.models import bundles
 from jtc.data import pipeline as data_lib
 from jtc.models import model as model_lib
 from jtc.rl import rollout
@@ -27,14 +27,14 @@ SHIPPED = {'base': sft_arith, 'phrasing': sft_phrasing}
 
 @pytest.mark.parametrize('name', sorted(SHIPPED))
 def test_shipped_bundle_is_small(name):
-  path = checkpoints.SHIPPED[name]
+  path = bundles.SHIPPED[name]
   assert sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) <= 20 * 2**20
 
 
 @pytest.fixture(scope='module', params=sorted(SHIPPED))
 def base_eval(request, tmp_path_factory):
   """96 held-out problems x 4 samples at temperature 1 from a shipped policy."""
-  bundle = checkpoints.load_policy_bundle(request.param)
+  bundle = bundles.load_policy_bundle(request.param)
   c = SHIPPED[request.param].get_config()
   task = tasks_lib.get_task(c.task)
   test = data_lib.load_examples(c.task, split='test', data_dir=str(tmp_path_factory.mktemp('data')),
@@ -88,11 +88,11 @@ def test_stated_accuracy_matches_a_fresh_measurement(base_eval):
 
 
 def test_bundle_round_trip(tmp_path):
-  bundle = checkpoints.load_policy_bundle('base')
+  bundle = bundles.load_policy_bundle('base')
   path = str(tmp_path / 'copy')
-  checkpoints.save_policy_bundle(path, model_config=bundle.model_config, params=bundle.params,
-                                 tokenizer_spec=bundle.tokenizer_spec, meta=bundle.meta)
-  again = checkpoints.load_policy_bundle(path)
+  bundles.save_policy_bundle(path, model_config=bundle.model_config, params=bundle.params,
+                             tokenizer_spec=bundle.tokenizer_spec, meta=bundle.meta)
+  again = bundles.load_policy_bundle(path)
   assert again.model_config == bundle.model_config
   assert model_lib.num_params(again.params) == model_lib.num_params(bundle.params)
   import jax  # pylint: disable=import-outside-toplevel
@@ -103,4 +103,4 @@ def test_bundle_round_trip(tmp_path):
 
 def test_not_a_bundle_is_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError, match='not a policy bundle'):
-    checkpoints.load_policy_bundle(str(tmp_path))
+    bundles.load_policy_bundle(str(tmp_path))

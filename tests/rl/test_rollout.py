@@ -4,7 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from jtc.rl import checkpoints
+from jtc.models import bundles
+
 from jtc.rl import rollout
 from jtc.data import tasks as tasks_lib
 
@@ -72,7 +73,7 @@ def _sampling(k, **kw):
 def test_generate_scores_every_sample_and_evaluate_agrees_with_it():
   """The one sample -> decode -> score path: rewards are the verifier's on the decoded texts,
   and evaluate()'s avg@k over one batch equals the mean correctness of the same samples."""
-  bundle = checkpoints.load_policy_bundle('base')
+  bundle = bundles.load_policy_bundle('base')
   task = tasks_lib.get_task('arithmetic')
   gen = rollout.Generator(model_config=bundle.model_config, tokenizer=bundle.tokenizer,
                           reward_fn=task.reward_fn, prompt_width=20)
@@ -92,7 +93,7 @@ def test_generate_scores_every_sample_and_evaluate_agrees_with_it():
 
 
 def test_chunked_generation_scores_the_same_prompts():
-  bundle = checkpoints.load_policy_bundle('base')
+  bundle = bundles.load_policy_bundle('base')
   task = tasks_lib.get_task('arithmetic')
   gen = rollout.Generator(model_config=bundle.model_config, tokenizer=bundle.tokenizer,
                           reward_fn=task.reward_fn, prompt_width=20, chunk_prompts=1)
@@ -116,7 +117,7 @@ def test_bad_sampling_settings_name_the_key(key, value):
 def test_sampling_se_predicts_the_spread_of_repeated_evaluations():
   """avg@k_se, estimated from one evaluation's per-problem counts, against the standard
   deviation of avg@k over 40 evaluations of the same policy with other sampling keys."""
-  bundle = checkpoints.load_policy_bundle('base')
+  bundle = bundles.load_policy_bundle('base')
   task = tasks_lib.get_task('arithmetic')
   gen = rollout.Generator(model_config=bundle.model_config, tokenizer=bundle.tokenizer,
                           reward_fn=task.reward_fn, prompt_width=20)

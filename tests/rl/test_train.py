@@ -17,7 +17,7 @@ import pytest
 
 import procs
 from configs import common
-from jtc.rl import checkpoints
+from jtc.models import bundles
 from jtc import checks
 from jtc.rl import cli
 from jtc.rl import config_check
@@ -39,7 +39,7 @@ def tiny_policy(tmp_path_factory):
   config = model_lib.ModelConfig.tiny(vocab_size=tok.vocab_size)
   params = model_lib.init_params(config, jax.random.key(0))
   path = str(tmp_path_factory.mktemp('policy') / 'bundle')
-  checkpoints.save_policy_bundle(path, model_config=config, params=params, tokenizer_spec=spec)
+  bundles.save_policy_bundle(path, model_config=config, params=params, tokenizer_spec=spec)
   return path
 
 

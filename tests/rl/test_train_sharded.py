@@ -16,7 +16,8 @@ import jax
 import numpy as np
 import pytest
 
-from jtc.rl import checkpoints
+from jtc.models import bundles
+
 from jtc.analysis import metric_writer
 from jtc.models import model as model_lib
 from jtc.models import tokenizer as tokenizer_lib
@@ -36,7 +37,7 @@ def tiny_policy(tmp_path_factory):
   config = model_lib.ModelConfig.tiny(vocab_size=tok.vocab_size, n_layers=2)
   params = model_lib.init_params(config, jax.random.key(0))
   path = str(tmp_path_factory.mktemp('policy') / 'bundle')
-  checkpoints.save_policy_bundle(path, model_config=config, params=params, tokenizer_spec=spec)
+  bundles.save_policy_bundle(path, model_config=config, params=params, tokenizer_spec=spec)
   return path
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from configs import common
-from jtc.rl import checkpoints
+from jtc.models import bundles
 from jtc.analysis import metric_writer
 from jtc.models import model as model_lib
 from jtc.models import tokenizer as tokenizer_lib
@@ -30,9 +30,9 @@ def _bundle(path, n_layers):
   spec = {'kind': 'char'}
   config = model_lib.ModelConfig.tiny(vocab_size=tokenizer_lib.from_spec(spec).vocab_size,
                                       n_layers=n_layers)
-  checkpoints.save_policy_bundle(path, model_config=config,
-                                 params=model_lib.init_params(config, jax.random.key(0)),
-                                 tokenizer_spec=spec)
+  bundles.save_policy_bundle(path, model_config=config,
+                             params=model_lib.init_params(config,
+                                                          jax.random.key(0)), tokenizer_spec=spec)
   return path
 
 

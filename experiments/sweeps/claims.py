@@ -1,0 +1,129 @@
+"""Every claim jtc gives a verdict on: the comparison, its family, the paper's delta and sign, the
+smallest effect size of interest (SESOI) and whether it is confirmatory or exploratory.
+
+Families (Holm corrects within each; Benjamini-Hochberg over all claims):
+  Table 1        decoupled objectives vs their coupled / asymmetric baselines, held-out accuracy
+  Mechanism      Sec. 6.1: the shared-token net gradient, Asym (Eq. 23), Energy (Eq. 24)
+  Off-policy     DFPO - GSPO where the update is on-policy (a negative control) and far off it
+  Table 4        DFPO - GSPO at the ends of the paper's group-size axis
+  DelTA          DelTA - DAPO
+Exploratory claims (`exploratory_claims`) are every paper-sign comparison of the exploratory
+sweeps' tables (seeds 0-7): their family is the table they sit in; they are shown, labelled, and
+never the headline.
+
+SESOIs. Accuracy (avg@k, points): 1 point. Below it no practitioner would pick an objective at
+this scale; it is twice the per-run evaluation error of the confirmatory runs (<= 0.5 points) and
+a fifth to a sixth of the paper's margins (3-6 points). Diagnostics: a tenth of GSPO's mean value
+in the exploratory runs at lr 1e-4 (shared-token net share 0.0105 -> 0.001), or about 1% of it for
+Asym (0.88 -> 0.01: the exploratory DFPO - GSPO difference was 0.025) and 6% for Energy
+(0.17 -> 0.01).
+"""
+
+import re
+
+from experiments.sweeps import mismatch
+from experiments.sweeps import paper
+from experiments.sweeps.base import FINAL_AVG, Claim
+
+ACC_SESOI = 1.0
+ACC_WHY = ('1 point of avg@k: twice the per-run evaluation error, a fifth of the paper margins; '
+           'smaller differences would not change which objective to use')
+_T1 = dict(family='Table 1', sweep='table1_confirm', metric=FINAL_AVG, group='lr=1e-4',
+           sesoi=ACC_SESOI, sesoi_why=ACC_WHY, prediction=paper.TABLE1_PREDICTION)
+_MECH = dict(
+    family='Mechanism', sweep='table1_confirm', group='lr=1e-4', scale=1.0, unit='',
+    prediction=('paper Sec. 6.1 / Prop. 3.1: the decoupled objectives leave a smaller net '
+                'gradient on the tokens the whole group shares, lower Asym (Eq. 23) and '
+                'less gradient energy on high-frequency tokens (Eq. 24).'))
+_SHARE_WHY = "a tenth of GSPO's exploratory mean (0.0105)"
+
+CONFIRMATORY = (
+    Claim('T1.dfpo_literal', arm='DFPO (Min-Replace)', baseline='GSPO', predicted='>',
+          paper_delta=5.6, **_T1),
+    Claim('T1.dfpo_gated', arm='DFPO (Min-Replace, gated)', baseline='GSPO', predicted='>',
+          paper_delta=5.6, **_T1),
+    Claim('T1.grpo_fix', arm='GRPO-fix', baseline='GRPO', predicted='>', paper_delta=3.7, **_T1),
+    Claim('M.shared_dfpo', metric='mean:diag/shared_net_share', arm='DFPO (Min-Replace)',
+          baseline='GSPO', predicted='<', sesoi=0.001, sesoi_why=_SHARE_WHY, **_MECH),
+    Claim('M.shared_grpo_fix', metric='mean:diag/shared_net_share', arm='GRPO-fix', baseline='GRPO',
+          predicted='<', sesoi=0.001, sesoi_why=_SHARE_WHY, **_MECH),
+    Claim('M.asym_dfpo', metric='mean:asym', arm='DFPO (Min-Replace)', baseline='GSPO',
+          predicted='<', sesoi=0.01, sesoi_why="about 1% of GSPO's exploratory mean (0.88)",
+          **_MECH),
+    Claim('M.energy_dfpo', metric='mean:diag/energy_b0', arm='DFPO (Min-Replace)', baseline='GSPO',
+          predicted='<', sesoi=0.01, sesoi_why="6% of GSPO's exploratory mean (0.17)", **_MECH),
+    Claim(
+        'OP.on_policy_control', family='Off-policy', sweep='offpolicy_confirm', metric=FINAL_AVG,
+        group='mb=1', arm='DFPO (Min-Replace)', baseline='GSPO', predicted='=', sesoi=ACC_SESOI,
+        sesoi_why=ACC_WHY,
+        prediction=('paper App. B: on-policy every ratio is 1 and the transform is the identity, '
+                    'so DFPO and GSPO coincide at one update per step (a negative control).')),
+    Claim(
+        'OP.two_epochs', family='Off-policy', sweep='offpolicy_confirm', metric=FINAL_AVG,
+        group='mb=2,epochs=2', arm='DFPO (Min-Replace)', baseline='GSPO', predicted='>',
+        sesoi=ACC_SESOI, sesoi_why=ACC_WHY,
+        prediction=('paper App. B / D: DFPO differs from GSPO only off-policy and gains more the '
+                    'further off-policy the updates are.')),
+    Claim('T4.g2', family='Table 4', sweep='table4_confirm', metric=FINAL_AVG, group='G=2',
+          arm='DFPO (Min-Replace)', baseline='GSPO', predicted='>', paper_delta=3.1,
+          sesoi=ACC_SESOI, sesoi_why=ACC_WHY, prediction=paper.TABLE4_PREDICTION),
+    Claim('T4.g16', family='Table 4', sweep='table4_confirm', metric=FINAL_AVG, group='G=16',
+          arm='DFPO (Min-Replace)', baseline='GSPO', predicted='>', paper_delta=5.7,
+          sesoi=ACC_SESOI, sesoi_why=ACC_WHY, prediction=paper.TABLE4_PREDICTION),
+    Claim(
+        'D.delta', family='DelTA', sweep='delta_confirm', metric=FINAL_AVG, arm='DelTA',
+        baseline='DAPO', predicted='>', paper_delta=4.2, sesoi=ACC_SESOI, sesoi_why=ACC_WHY,
+        prediction='DelTA paper Table 3: DelTA > DAPO, +4.2 points averaged over four benchmarks.'),
+)
+
+_MISMATCH = dict(
+    family='Mismatch (exploratory)', sweep='mismatch', metric=FINAL_AVG, kind='exploratory',
+    sesoi=ACC_SESOI, sesoi_why=ACC_WHY,
+    prediction=('issue 30 / peers: an uncorrected mismatch biases the update; the paper '
+                'predicts DFPO > GSPO whatever the sampler.'))
+MISMATCH = tuple(
+    Claim(f'MM.dfpo_gspo.{g}', arm='DFPO (Min-Replace)', baseline='GSPO', group=g, predicted='>', **
+          _MISMATCH)
+    for g, _ in mismatch.GROUPS) + tuple(
+        Claim(f'MM.correction_changes_dfpo_gspo.{g}', arm='DFPO (Min-Replace)', baseline='GSPO',
+              group=g, minus=('DFPO (Min-Replace)', 'GSPO', g.split(',')[0]), **_MISMATCH)
+        for g, _ in mismatch.GROUPS
+        if ',' in g)
+
+
+def _paper_delta(text, label):
+  """The paper's number for ``label`` in a table's paper string: '+3.1', or 'DFPO +5.6,
+  GRPO-fix +3.7' (an entry whose name starts the label), or None."""
+  for part in (p.strip() for p in (text or '').split(',')):
+    m = re.fullmatch(r'(.*?)\s*([+-]\d+(?:\.\d+)?)', part)
+    if m and (not m.group(1) or label.startswith(m.group(1))):
+      return float(m.group(2))
+  return None
+
+
+def exploratory_claims(sweeps):
+  """A claim for every paper-sign comparison (`Table.expect`) of the exploratory sweeps."""
+  out = []
+  for sweep in sweeps:
+    for t, table in enumerate(sweep.tables):
+      paper_text = dict(table.paper)
+      accuracy = table.metric == FINAL_AVG
+      for key, sign in table.expect:
+        group, arm = key if isinstance(key, tuple) else ('', key)
+        out.append(
+            Claim(f'{sweep.name}.t{t}.{group or "-"}.{arm}', family=f'{sweep.name}: {table.title}',
+                  sweep=sweep.name, metric=table.metric, arm=arm, baseline=table.baseline or
+                  sweep.baseline, group=group, kind='exploratory', predicted=sign,
+                  paper_delta=_paper_delta(paper_text.get(group or arm),
+                                           arm), sesoi=ACC_SESOI if accuracy else None,
+                  sesoi_why=ACC_WHY if accuracy else 'none declared (no equivalence test)',
+                  scale=table.scale, unit='points' if accuracy else '', prediction=table.prediction,
+                  threshold=table.threshold))
+  return tuple(out)
+
+
+def all_claims():
+  """The confirmatory claims, then the exploratory ones of every paper.py sweep."""
+  return CONFIRMATORY + MISMATCH + exploratory_claims(
+      f(smoke=False) for f in (paper.table1, paper.mechanism, paper.table2, paper.table3,
+                               paper.offpolicy, paper.table4, paper.drift, paper.delta))

@@ -1,0 +1,185 @@
+"""Replay: several objectives applied to the same frozen rollout batch at the same parameters.
+
+  python -m jtc.ledger replay W --step N --objectives grpo,gspo,dfpo_min_replace [--contexts 4]
+
+From a ledger step (`jtc.analysis.ledger`: the rollouts and the parameters before each update), at
+each point (the behaviour policy; before the step's second update, where the update is off-policy)
+and for each objective:
+  * the per-token coefficients c_{b,t} = d loss / d log pi_{b,t} and flags (`token_ledger`);
+  * the cancellation residual per group: net / gross coefficient mass on the tokens the whole group
+    shares, sum_t |sum_i c_{i,t}| / sum_t sum_i |c_{i,t}| (0: they cancel, Eq. 2; 1: none does);
+  * the parameter update's direction g = sum c grad log pi (one backward pass, exact) and the
+    cosine between the objectives' g;
+  * the KL drift that a step of the run's learning rate along -g causes at shared contexts
+    (Prop. 3.1: measured KL and 1/2 eta^2 g^T F g), at the first ``contexts`` shared positions.
+Replaying the run's own objective on the run's own mini-batches reproduces its logged loss and
+grad_norm for that step (`reproduce`). Objectives use their default hyper-parameters, the run's
+own objective the run's.
+
+Dimension key: B rows, G group size, T completion length, P prompt width, L = P + T, M groups.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jtc import objectives
+from jtc.analysis import diagnostics
+from jtc.analysis import ledger as ledger_lib
+from jtc.analysis import probes
+from jtc.models import logprobs
+from jtc.objectives import surrogates
+
+
+def check_objectives(ledger, names):
+  """ValueError before any compute for an unknown objective (naming the valid ones) or one the
+  run's ledger cannot feed (a token-weighted loss without token weights)."""
+  unknown = [n for n in names if n not in objectives.LOSSES]
+  if unknown or not names:
+    raise ValueError(f'unknown objective(s) {unknown or names}; valid: {sorted(objectives.LOSSES)}')
+  for n in names:
+    if n in surrogates.TOKEN_WEIGHTED and 'token_weights_BT' not in ledger.columns:
+      raise ValueError(f'objective {n!r} needs per-token weights (DelTA lambda) and the run '
+                       f'({ledger.meta["loss"]}) logged none; replay it on a run of {n}')
+
+
+def hparams_for(ledger, name):
+  """The run's hyper-parameters for its own objective, the defaults for the others (the common
+  KL / entropy keys of the run either way)."""
+  run_hp = ledger.meta['loss_hparams']
+  if name == ledger.meta['loss']:
+    return dict(run_hp)
+  hp = dict(objectives.default_hparams(name))
+  hp.update({k: run_hp[k] for k in ('kl_coef', 'kl_estimator') if k in run_hp})
+  return {k: v for k, v in hp.items() if v is not None}
+
+
+def _batch(ledger):
+  c = ledger.columns
+  tokens_BL = np.concatenate([c['prompt_BP'], c['completion_BT']], axis=1)
+  input_mask_BL = np.concatenate([c['prompt_mask_BP'], c['completion_mask_BT']], axis=1)
+  optional = lambda k: jnp.asarray(c[k]) if k in c else None
+  return (jnp.asarray(tokens_BL), jnp.asarray(input_mask_BL), jnp.asarray(c['old_logps_BT']),
+          jnp.asarray(c['advantages_B']), jnp.asarray(c['mask_BT']), optional('token_weights_BT'),
+          optional('ref_logps_BT'), optional('is_weights_BT'))
+
+
+def group_residual(coef_BT, shared_BT, *, group_size):
+  """[M] net / gross coefficient mass on each group's shared tokens (NaN: none shared)."""
+  T = coef_BT.shape[1]
+  c_MGT = jnp.where(shared_BT, coef_BT, 0.0).reshape(-1, group_size, T)
+  net_M = jnp.sum(jnp.abs(jnp.sum(c_MGT, axis=1)), axis=-1)
+  gross_M = jnp.sum(jnp.abs(c_MGT), axis=(1, 2))
+  return jnp.where(gross_M > 0, net_M / jnp.where(gross_M > 0, gross_M, 1.0), jnp.nan)
+
+
+def _flat(tree):
+  return jnp.concatenate([x.ravel().astype(jnp.float32) for x in jax.tree_util.tree_leaves(tree)])
+
+
+def shared_contexts(ledger, n):
+  """The first ``n`` (row, position) pairs whose context the whole group shares (one per group)."""
+  shared, G = ledger['shared_BT'], ledger.meta['group_size']
+  out = []
+  for g in range(shared.shape[0] // G):
+    ts = np.flatnonzero(shared[g * G])
+    if len(ts):
+      out.append((g * G, int(ts[len(ts) // 2])))
+    if len(out) == n:
+      break
+  return out
+
+
+def replay(ledger, names, *, contexts=4):
+  """{point: {'objectives': {name: {...}}, 'cosine': [[...]]}} (module docstring); every array
+  as nested lists, so the result is JSON for the viewer."""
+  check_objectives(ledger, names)
+  config, _ = ledger.params(0)
+  tokens_BL, input_mask_BL, old_BT, adv_B, mask_BT, weights_BT, ref_BT, is_BT = _batch(ledger)
+  G, P, lr = ledger.meta['group_size'], ledger.meta['completion_start'], ledger.meta[
+      'learning_rate']
+  where = shared_contexts(ledger, contexts)
+  out = {}
+  for k, point in enumerate(ledger.points):
+    _, params = ledger.params(k)
+    logps_BT = logprobs.sequence_logprobs(params, config, tokens_BL, input_mask_BL,
+                                          completion_start=P)['logps']
+    per, grads = {}, {}
+    for name in names:
+      cols = ledger_lib.token_ledger(logps_BT, tokens_BL=tokens_BL, input_mask_BL=input_mask_BL,
+                                     old_logps_BT=old_BT, advantages_B=adv_B, mask_BT=mask_BT,
+                                     group_size=G, completion_start=P, loss_name=name,
+                                     loss_hparams=hparams_for(ledger,
+                                                              name), token_weights_BT=weights_BT,
+                                     ref_logps_BT=ref_BT, is_weights_BT=is_BT)
+      grads[name] = diagnostics.net_gradient(params, config, tokens_BL, input_mask_BL, cols['coef'],
+                                             completion_start=P)
+      drift = [
+          probes.kl_drift_at_context(params, config, tokens_BL[b], input_mask_BL[b], position=P + t,
+                                     step_size=lr,
+                                     direction=jax.tree.map(jnp.negative, grads[name]))
+          for b, t in where
+      ]
+      residual_M = group_residual(cols['coef'], cols['shared'] & (mask_BT > 0), group_size=G)
+      per[name] = {
+          'coef':
+              np.asarray(cols['coef']).tolist(),
+          'clip_low':
+              np.asarray(cols['clip_low']).tolist(),
+          'clip_high':
+              np.asarray(cols['clip_high']).tolist(),
+          'gated':
+              np.asarray(cols['gated']).tolist(),
+          'ratio':
+              np.asarray(cols['ratio']).tolist(),
+          'residual_by_group': [None if np.isnan(r) else float(r) for r in np.asarray(residual_M)],
+          'residual':
+              float(np.nanmean(np.asarray(residual_M)))
+              if np.any(np.isfinite(residual_M)) else None,
+          'grad_norm':
+              float(optax.tree.norm(grads[name])),
+          'kl_drift': [{
+              'row': b,
+              'position': t,
+              'kl': float(d['kl']),
+              'predicted': float(d['predicted'])
+          } for (b, t), d in zip(where, drift)]
+      }
+    flat = {n: _flat(g) for n, g in grads.items()}
+    cosine = [[
+        float(
+            jnp.dot(flat[a], flat[b]) /
+            jnp.maximum(jnp.linalg.norm(flat[a]) * jnp.linalg.norm(flat[b]), 1e-30)) for b in names
+    ] for a in names]
+    out[point] = {'objectives': per, 'cosine': cosine}
+  return out
+
+
+def reproduce(ledger):
+  """The run's own loss and grad_norm of the step, recomputed: the mean over the first epoch's
+  updates k of the loss (and its gradient's norm) on update k's rows at the parameters before
+  it. Equals the logged values when the step has one epoch."""
+  config, _ = ledger.params(0)
+  tokens_BL, input_mask_BL, old_BT, adv_B, mask_BT, weights_BT, ref_BT, is_BT = _batch(ledger)
+  name, hp = ledger.meta['loss'], dict(ledger.meta['loss_hparams'])
+  G, P = ledger.meta['group_size'], ledger.meta['completion_start']
+  losses, norms = [], []
+  for k, rows in enumerate(ledger.meta['updates']):
+    _, params = ledger.params(k)
+    rows = jnp.asarray(rows)
+
+    def loss_fn(p, rows=rows):
+      out = logprobs.sequence_logprobs(p, config, tokens_BL[rows], input_mask_BL[rows],
+                                       completion_start=P)
+      return objectives.compute_loss(name, logps=out['logps'], old_logps=old_BT[rows],
+                                     advantages=adv_B[rows], mask=mask_BT[rows], group_size=G,
+                                     entropy=out['entropy'],
+                                     token_weights=None if weights_BT is None else weights_BT[rows],
+                                     ref_logps=None if ref_BT is None else ref_BT[rows],
+                                     is_weights=None if is_BT is None else is_BT[rows], **hp)[0]
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    losses.append(float(loss))
+    norms.append(float(optax.tree.norm(grads)))
+  return {'loss': float(np.mean(losses)), 'grad_norm': float(np.mean(norms))}

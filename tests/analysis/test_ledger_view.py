@@ -1,0 +1,54 @@
+"""The ledger viewer in a real headless Chromium (Debian's chromium, driven by playwright with the
+system browser): the page shows one cell per token of a group, switching the objective changes the
+colours, side by side shows every objective, hovering carries the numbers. It runs in CI (.ci/run
+installs chromium); a missing browser fails the test rather than skipping it."""
+import os
+import shutil
+
+from playwright.sync_api import sync_playwright
+
+from jtc import ledger as ledger_cli
+from jtc.analysis import ledger as ledger_lib
+
+CHROMIUM = os.environ.get('JTC_CHROMIUM') or shutil.which('chromium') or '/usr/bin/chromium'
+FLAGS = [
+    '--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
+    '--no-first-run'
+]
+
+
+def test_the_viewer_shows_tokens_and_switches_objectives(run_with_ledger, tmp_path):
+  assert os.path.exists(CHROMIUM), f'no Chromium at {CHROMIUM}: apt-get install -y chromium'
+  page_path, png_path = str(tmp_path / 'step.html'), str(tmp_path / 'step.png')
+  assert ledger_cli.main([
+      'html', run_with_ledger, '--step', '2', '--objectives', 'grpo,gspo', '--out', page_path,
+      '--png', png_path
+  ]) == 0
+  with open(png_path, 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  ledger = ledger_lib.load(run_with_ledger, 2)
+  G = ledger.meta['group_size']
+  real_tokens = int((ledger['completion_mask_BT'][:G] > 0).sum())
+  with sync_playwright() as p:
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+    page = browser.new_page()
+    errors = []
+    page.on('pageerror', lambda e: errors.append(str(e)))
+    page.goto('file://' + page_path)
+    cells = page.locator('#view .tok')
+    assert cells.count() == real_tokens
+    colours = lambda: page.eval_on_selector_all('#view .tok',
+                                                'els => els.map(e => e.style.background)')
+    grpo = colours()
+    assert len(set(grpo)) > 1  # the coefficients differ between tokens
+    assert 'c=' in cells.first.get_attribute('title') and 'ratio=' in cells.first.get_attribute(
+        'title')
+    page.check('input[value="gspo"]')
+    assert page.locator('#view .objective').get_attribute('data-objective') == 'gspo'
+    assert cells.count() == real_tokens and colours() != grpo
+    page.check('input[value="*"]')
+    assert page.locator('#view .objective').count() == 2 and cells.count() == 2 * real_tokens
+    page.select_option('#group', '1')
+    assert cells.count() == 2 * int((ledger['completion_mask_BT'][G:2 * G] > 0).sum())
+    browser.close()
+  assert not errors, errors
