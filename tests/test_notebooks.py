@@ -1,5 +1,5 @@
 """Executes every notebook headless (their own `assert` cells check the claimed properties) and
-checks they are committed with outputs stripped."""
+checks they are committed executed, with their outputs (figures visible when browsing)."""
 import json
 import os
 import sys
@@ -36,11 +36,13 @@ def kernel_env(tmp_path_factory):
 
 
 @pytest.mark.parametrize('name', NOTEBOOKS)
-def test_committed_without_outputs(name):
+def test_committed_executed_with_outputs(name):
+  """Every code cell ran (in order), none failed, and the figures are in the file."""
   nb = nbformat.read(os.path.join(REPO, 'notebooks', name), as_version=4)
-  for cell in nb.cells:
-    if cell.cell_type == 'code':
-      assert cell.outputs == [] and cell.execution_count is None, name
+  code = [c for c in nb.cells if c.cell_type == 'code']
+  assert [c.execution_count for c in code] == list(range(1, len(code) + 1)), name
+  assert not any(o.get('output_type') == 'error' for c in code for o in c.outputs), name
+  assert any('image/png' in o.get('data', {}) for c in code for o in c.outputs), name
 
 
 @pytest.mark.parametrize('name', NOTEBOOKS)

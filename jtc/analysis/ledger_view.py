@@ -117,7 +117,9 @@ def html(ledger, replayed, names):
   """The page (a string): see the module docstring."""
   data = page_data(ledger, replayed, names)
   groups = len(data['tokens']) // data['group_size']
-  points = ''.join(f'<option value="{p}">{p}</option>' for p in replayed)
+  last = list(replayed)[-1]  # shown first: off-policy, where the objectives differ
+  points = ''.join(
+      f'<option value="{p}"{" selected" if p == last else ""}>{p}</option>' for p in replayed)
   group_opts = ''.join(f'<option value="{g}">group {g}</option>' for g in range(groups))
   radios = ''.join(f'<label><input type="radio" name="objective" value="{html_lib.escape(n)}"'
                    f'{" checked" if i == 0 else ""}>{html_lib.escape(n)}</label> '
@@ -158,9 +160,14 @@ def png(ledger, replayed, names, path, *, group=0, point=None):
   coefs = {n: np.asarray(replayed[point]['objectives'][n]['coef']) for n in names}
   scale = max(max(float(np.abs(v[list(rows)]).max()) for v in coefs.values()), 1e-30)
   width = max(int(c['completion_mask_BT'][list(rows)].sum(-1).max()), 1)
-  fig, axes = plt.subplots(1, len(names), figsize=(0.14 * width * len(names) + 1.5, 0.3 * G + 1.2),
+  cols = min(2, len(names))
+  nrows = -(-len(names) // cols)
+  fig, axes = plt.subplots(nrows, cols,
+                           figsize=(0.16 * width * cols + 2.0, (0.3 * G + 0.9) * nrows),
                            squeeze=False)
-  for ax, n in zip(axes[0], names):
+  for ax in axes.flat[len(names):]:
+    ax.axis('off')
+  for ax, n in zip(axes.flat, names):
     for i, b in enumerate(rows):
       for t in np.flatnonzero(c['completion_mask_BT'][b]):
         u = -coefs[n][b, t] / scale

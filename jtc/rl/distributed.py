@@ -29,7 +29,8 @@ import jax
 import numpy as np
 
 ENV_KEYS = ('JAX_COORDINATOR_ADDRESS', 'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID')
-HEARTBEAT_S = 30  # a process that stops answering for this long stops the others
+# A process that stops answering for this long stops the others ($JTC_HEARTBEAT_S overrides).
+HEARTBEAT_S = int(os.environ.get('JTC_HEARTBEAT_S', '30'))
 
 
 class DistributedError(RuntimeError):

@@ -10,6 +10,7 @@ import numpy as np
 
 from jtc.analysis import ledger as ledger_lib
 from jtc.models import logprobs
+from jtc.rl import sharding as sharding_lib
 
 
 def make_columns_fn(c, model_config, population):
@@ -39,14 +40,18 @@ class LedgerRecorder:
   def before_update(self, k, params, rows):
     """Keeps the parameters before update k (on the host) and its rows; at k = 0 and k = 1 the
     ledger columns of the whole batch (the behaviour policy; the first off-policy point)."""
-    self.params[k] = jax.device_get(params)
+    self.params[k] = sharding_lib.to_host(params)
     self.rows[k] = np.asarray(rows)
     if k < len(ledger_lib.POINTS):
-      self.points[ledger_lib.POINTS[k]] = jax.device_get(self.columns_fn(params, self.batch))
+      self.points[ledger_lib.POINTS[k]] = sharding_lib.to_host(self.columns_fn(params, self.batch))
 
-  def write(self, step, *, run_dirs, rollouts, tokenizer, c, model_config, learning_rates):
-    """One ledger directory per member (``run_dirs``), from its rollouts and columns."""
-    batch = jax.device_get(self.batch)
+  def write(self, step, *, run_dirs, rollouts, tokenizer, c, model_config, learning_rates,
+            files=True):
+    """One ledger directory per member (``run_dirs``), from its rollouts and columns. Every
+    process of a multi-process run calls it (the batch is gathered); ``files``: this one writes."""
+    batch = sharding_lib.to_host(self.batch)
+    if not files:
+      return
     for m, (path, rollout) in enumerate(zip(run_dirs, rollouts)):
       member = lambda tree, m=m: self.pop.unstack(tree)[m]
       columns = {

@@ -207,6 +207,13 @@ class Population:
     """{key: `values(key)`} of the varied keys starting with ``prefix``."""
     return {k: self.values(k) for k, _ in self.members[0].values if k.startswith(prefix)}
 
+  def member(self, tree, m, sharding):
+    """Member ``m``'s slice of a stacked pytree, placed with ``sharding`` (e.g. replicated, so
+    that every process of a multi-process run holds it whole); the tree itself for one run."""
+    if not self.batched:
+      return tree
+    return jax.jit(lambda t: jax.tree.map(lambda x: x[m], t), out_shardings=sharding)(tree)
+
   def fold_in(self, keys, data):
     """`jax.random.fold_in` of every member's key."""
     fold = lambda k: jax.random.fold_in(k, data)

@@ -31,7 +31,9 @@ from jtc.models import bundles
 from jtc.data import pipeline as data_lib
 from jtc.models import model as model_lib
 from jtc.models import logprobs
+from jtc.rl import distributed
 from jtc.rl import rollout as rollout_lib
+from jtc.rl import sharding as sharding_lib
 from jtc.data import tasks as tasks_lib
 from jtc.models import tokenizer as tokenizer_lib
 
@@ -95,16 +97,22 @@ def train_sft(c, workdir):
                                                 c.learning_rate * 0.1)
   optimizer = optax.chain(optax.clip_by_global_norm(1.0),
                           optax.adamw(schedule, weight_decay=c.weight_decay))
-  opt_state = optimizer.init(params)
+  # Data parallel over every device of every process: parameters replicated, each batch split.
+  mesh = sharding_lib.make_mesh(data=-1, fsdp=1, tensor=1)
+  replicated = sharding_lib.replicated(mesh)
+  params = jax.tree.map(lambda x: sharding_lib.to_device(np.asarray(x), replicated), params)
+  opt_state = jax.jit(optimizer.init, out_shardings=replicated)(params)
   step_fn = jax.jit(
       functools.partial(sft_step, model_config=model_config, optimizer=optimizer,
                         prompt_width=c.prompt_width), donate_argnums=(0, 1))
+  batched = lambda x: sharding_lib.to_device(x, sharding_lib.batch_sharding(mesh, x.shape))
+  primary = distributed.is_primary()
   train = data_lib.load_examples(c.task, split='train', data_dir=os.path.join(workdir, 'data'),
                                  limit=c.train_problems)
   test = data_lib.load_examples(c.task, split='test', data_dir=os.path.join(workdir, 'data'),
                                 limit=c.eval_problems)
   t0 = time.time()
-  log = open(os.path.join(workdir, 'sft_metrics.jsonl'), 'w')
+  log = open(os.path.join(workdir, 'sft_metrics.jsonl') if primary else os.devnull, 'w')
   for step in range(1, c.num_steps + 1):
     idx = rng.integers(0, len(train), c.batch_size)
     prompts = [train[i]['prompt'] for i in idx]
@@ -114,14 +122,16 @@ def train_sft(c, workdir):
       sols.append(solutions[task.formats[rng.integers(len(task.formats))]])
     tokens, input_mask, mask = encode_pairs(tokenizer, prompts, sols, prompt_width=c.prompt_width,
                                             completion_width=c.max_new_tokens)
-    params, opt_state, loss = step_fn(params, opt_state, tokens, input_mask, mask)
-    if step % 50 == 0 or step == c.num_steps:
+    params, opt_state, loss = step_fn(params, opt_state, batched(tokens), batched(input_mask),
+                                      batched(mask))
+    if (step % 50 == 0 or step == c.num_steps) and primary:
       rec = dict(step=step, loss=float(loss), time=time.time() - t0)
       log.write(json.dumps(rec) + '\n')
       log.flush()
       print(rec, file=sys.stderr)
   gen = rollout_lib.Generator(model_config=model_config, tokenizer=tokenizer,
-                              reward_fn=task.reward_fn, prompt_width=c.prompt_width)
+                              reward_fn=task.reward_fn, prompt_width=c.prompt_width,
+                              to_device=batched)
   result, = rollout_lib.evaluate(gen, params, test, jax.random.key(c.seed + 1),
                                  sampling=eval_sampling(c.eval_k, c.max_new_tokens),
                                  batch_prompts=32, task=task)
@@ -130,8 +140,9 @@ def train_sft(c, workdir):
   log.close()
   meta = dict(made_by=f'python -m jtc.sft (task {c.task}, {c.num_steps} steps)', task=c.task,
               sft_steps=c.num_steps, seed=c.seed, eval=result)
-  for path in [os.path.join(workdir, 'policy')] + ([c.export_to] if c.export_to else []):
-    bundles.save_policy_bundle(path, model_config=model_config, params=params,
+  for path in ([os.path.join(workdir, 'policy')] +
+               ([c.export_to] if c.export_to else []) if primary else []):
+    bundles.save_policy_bundle(path, model_config=model_config, params=sharding_lib.to_host(params),
                                tokenizer_spec=dict(c.tokenizer), meta=meta)
   return result
 
@@ -140,8 +151,15 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   logging.set_verbosity(logging.WARNING)  # orbax and tfds are chatty at INFO
+  try:
+    distributed.initialize()  # several processes: before any other JAX work
+    distributed.check_agreement(json.loads(flags.FLAGS.config.to_json_best_effort()))
+  except distributed.DistributedError as e:
+    sys.exit(f'error: {e}')
   os.makedirs(flags.FLAGS.workdir, exist_ok=True)
-  print(json.dumps(train_sft(flags.FLAGS.config, flags.FLAGS.workdir)))
+  result = train_sft(flags.FLAGS.config, flags.FLAGS.workdir)
+  if distributed.is_primary():
+    print(json.dumps(result))
 
 
 def run_main():

@@ -116,11 +116,18 @@ class Trainer:
     self.eval_gen = dataclasses.replace(self.gen, model_config=infer_config)
     self.weighter = (token_weights.PLUGINS[c.token_weights].from_config(
         c.delta, group_size=self.G, model_config=self.model_config) if c.token_weights else None)
-    self.run_state = pop.stack([
+    run_state = pop.stack([
         update_lib.RunState.init(self.model_config.vocab_size,
                                  self.weighter.init_state() if self.weighter else None)
         for _ in pop.members
     ])
+    # Its device arrays replicated over the mesh (every process's devices), so that a restored
+    # run state lands where the step's arrays are.
+    replicated = sharding_lib.replicated(self.mesh)
+    self.run_state = jax.tree.map(
+        lambda x: x
+        if isinstance(x, np.ndarray) else sharding_lib.to_device(np.asarray(x), replicated),
+        run_state)
     self.train_iters, self.eval_examples, prompts = data_lib.run_data(
         c.data, batch_size=c.rollout.prompts_per_step, seeds=[m.seed for m in pop.members],
         eval_problems=c.eval.problems)
@@ -206,9 +213,9 @@ class Trainer:
         prompts=pop.stack([np.int64(c.rollout.prompts_per_step * (1 + r)) for r in rounds]))
     counts = {k: pop.unstack(np.asarray(self.run_state.count(k))) for k in update_lib.COUNTERS}
     rates = [float(self.schedules[m](counts['update_steps'][m] - 1)) for m in range(pop.n)]
-    if recorder and self.primary:
+    if recorder:  # every process takes part (gathers); process 0 writes
       recorder.write(step, run_dirs=self.member_dirs, rollouts=rollouts, tokenizer=self.tokenizer,
-                     c=c, model_config=self.model_config, learning_rates=rates)
+                     c=c, model_config=self.model_config, learning_rates=rates, files=self.primary)
     for m in range(pop.n):
       metrics[m].update(update_metrics[m])
       metrics[m].update(dynamic_sampling_rounds=rounds[m], time_sample=t1 - t0, time_score=t2 - t1,
@@ -228,7 +235,9 @@ class Trainer:
                                 batch_prompts=c.rollout.chunk_prompts or c.rollout.prompts_per_step,
                                 task=self.task)
     if self.task is not None and c.eval.probe_problems:  # exact drift between equivalent forms
-      for out, params in zip(outs, pop.unstack(self.state.params)):
+      replicated = sharding_lib.replicated(self.mesh)
+      for m, out in enumerate(outs):
+        params = pop.member(self.state.params, m, replicated)
         out.update({
             f'probe/{k}': v for k, v in probes.format_probe(
                 params, self.eval_gen.model_config, self.tokenizer,
@@ -260,8 +269,9 @@ class Trainer:
     data = {'data_states': states} if self.pop.batched else {'data_state': states[0]}
     self.ckpt.save(step, state=self.state, run_state=self.run_state,
                    extra=dict(data, config=json.loads(self.c.to_json_best_effort())))
-    if self.weighter and self.primary:
-      for path, state in zip(self.member_dirs, self.pop.unstack(self.run_state.weighter)):
+    if self.weighter:  # the gather is every process's; the files process 0's
+      states = self.pop.unstack(sharding_lib.to_host(self.run_state.weighter))
+      for path, state in zip(self.member_dirs, states) if self.primary else ():
         self.weighter.write(state, path, self.tokenizer)
 
   def _steps_done(self):

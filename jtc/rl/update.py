@@ -224,7 +224,7 @@ def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params
                                                               batch.mask)
     batch = batch.replace(is_weights=is_weights)
     step_metrics.update({f'correction/{k}': v for k, v in correction_metrics.items()})
-  for m, values in zip(metrics, pop.unstack(jax.device_get(step_metrics))):
+  for m, values in zip(metrics, pop.unstack(sharding_lib.to_host(step_metrics))):
     m.update({k: float(v) for k, v in values.items()})
   completion_BT = jnp.asarray(pop.stack([r.completion_BT for r in rollouts]))
   if weighter is not None:
@@ -232,7 +232,7 @@ def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params
         run_state.weighter, params, behaviour, completion_BT, jnp.asarray(stack('adv_B')),
         jnp.asarray(stack('mask_BT')), rng)
     batch = batch.replace(token_weights=weights_BT)
-    for m, wm in zip(metrics, pop.unstack(jax.device_get(weight_metrics))):
+    for m, wm in zip(metrics, pop.unstack(sharding_lib.to_host(weight_metrics))):
       m.update({f'{c.token_weights}/{k}': float(v) for k, v in wm.items()})
     run_state = run_state.replace(weighter=weighter_state)
   run_state = run_state.replace(token_counts_V=pop.map(diagnostics.update_token_counts)(
@@ -444,7 +444,7 @@ def run_updates(state, batch, rng, hparams=None, *, update_fn, minibatch_fn, num
         before_update(len(update_metrics), state.params, rows)
       state, m = update_fn(state, mb, hparams)
       update_metrics.append(m)
-  update_metrics, diags = jax.device_get((update_metrics, diags))
+  update_metrics, diags = sharding_lib.to_host((update_metrics, diags))
   per_member = [pop.unstack(m) for m in update_metrics]
   out = []
   for i in range(pop.n):

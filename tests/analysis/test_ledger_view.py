@@ -45,7 +45,15 @@ def test_the_viewer_shows_tokens_and_switches_objectives(run_with_ledger, tmp_pa
         'title')
     page.check('input[value="gspo"]')
     assert page.locator('#view .objective').get_attribute('data-objective') == 'gspo'
-    assert cells.count() == real_tokens and colours() != grpo
+    assert cells.count() == real_tokens and colours() != grpo  # off-policy: they differ
+    # At the behaviour policy every ratio is 1 and GSPO's weights equal GRPO's: same colours.
+    page.select_option('#point', 'behaviour')
+    gspo_on_policy = colours()
+    page.check('input[value="grpo"]')
+    assert colours() == gspo_on_policy
+    page.select_option('#point', 'offpolicy')
+    page.check('input[value="grpo"]')
+    assert colours() == grpo
     page.check('input[value="*"]')
     assert page.locator('#view .objective').count() == 2 and cells.count() == 2 * real_tokens
     page.select_option('#group', '1')

@@ -1,0 +1,161 @@
+"""Multi-process training (jtc.rl.distributed): two processes on localhost, one CPU device each,
+gloo collectives. They train exactly as one process with two devices on the same mesh; a killed
+process stops the other (the runtime's heartbeat) and the run resumes from its checkpoint; a
+population sharded over the two processes is the same population in one process; processes
+that disagree fail fast naming the difference; a partial environment is an error."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from jtc.analysis import metric_writer
+from jtc.rl import distributed
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# mismatch/* measure float rounding between the sampler and the trainer (~1e-6): another device
+# layout rounds otherwise.
+NONDETERMINISTIC = ('time_', 'tokens_per_s', 'mismatch/')
+BASE = ['--config=configs/gspo.py:smoke', '--config.num_steps=3']
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _env(devices=1, **extra):
+  env = dict(os.environ, JAX_PLATFORMS='cpu', JTC_HEARTBEAT_S='10', **extra)
+  flags = [f for f in env.get('XLA_FLAGS', '').split() if 'device_count' not in f]
+  env['XLA_FLAGS'] = ' '.join(flags + [f'--xla_force_host_platform_device_count={devices}'])
+  return env
+
+
+def _start(workdir, *flags, port, ranks=(0, 1)):
+  """The two processes of a run, started together."""
+  return [
+      subprocess.Popen([sys.executable, '-m', 'jtc.train', *BASE, f'--workdir={workdir}', *flags],
+                       cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env=_env(JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', JAX_NUM_PROCESSES='2',
+                                JAX_PROCESS_ID=str(i))) for i in ranks
+  ]
+
+
+def _wait(procs, timeout=600):
+  out = [p.communicate(timeout=timeout) for p in procs]
+  return [(p.returncode, err) for p, (_, err) in zip(procs, out)]
+
+
+def _one(workdir, *flags, devices):
+  proc = subprocess.run([sys.executable, '-m', 'jtc.train', *BASE, f'--workdir={workdir}', *flags],
+                        cwd=REPO, env=_env(devices), capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _metrics(workdir):
+  return [[{
+      k: v
+      for k, v in r.items()
+      if not k.startswith(NONDETERMINISTIC)
+  }
+           for r in metric_writer.read_jsonl(os.path.join(d, 'metrics.jsonl'))]
+          for d in metric_writer.run_dirs(workdir)]
+
+
+def _assert_same(a, b):
+  assert len(a) == len(b)
+  for ra_list, rb_list in zip(a, b):
+    assert [r['step'] for r in ra_list] == [r['step'] for r in rb_list] == [0, 1, 2, 3]
+    for ra, rb in zip(ra_list, rb_list):
+      assert ra.keys() == rb.keys()
+      for k in ('reward_mean', 'accuracy', 'response_length'):  # identical rollouts
+        if k in ra:
+          assert ra[k] == rb[k], k
+      for k in ra:
+        # Loss and grad norm within 1e-5, the rest within 1e-4, the diagnostics' shares within
+        # 5e-2: their LM-head proxy norm takes 1 - 2 p + sum p^2 for tokens the tiny policy is
+        # sure of (p ~ 1), which cancels, and another device layout's rounding moves it (a wrong
+        # member or batch would move every metric by O(1)).
+        tol = (1e-5 if k in ('loss', 'grad_norm', 'pg_loss',
+                             'update_norm') else 5e-2 if k.startswith('diag/') else 1e-4)
+        np.testing.assert_allclose(ra[k], rb[k], rtol=tol, atol=1e-5, err_msg=f'{ra["step"]} {k}')
+
+
+def test_two_processes_equal_one_process_and_resume_after_a_kill(tmp_path):
+  reference, run = str(tmp_path / 'one'), str(tmp_path / 'two')
+  _one(reference, '--config.mesh.data=2', devices=2)
+  procs = _start(run, '--config.mesh.data=2', port=_free_port())
+  ckpt = os.path.join(run, 'checkpoints', '1')
+  deadline = time.time() + 600
+  while not os.path.isdir(ckpt) and time.time() < deadline and procs[1].poll() is None:
+    time.sleep(0.05)
+  procs[1].send_signal(signal.SIGKILL)
+  t0 = time.time()
+  (rc0, err0), (rc1, _) = _wait(procs, timeout=300)
+  assert rc1 == -9 and rc0 != 0, err0[-2000:]  # the survivor stops, it does not hang
+  assert time.time() - t0 < 120
+  assert 'distributed' in err0.lower() or 'heartbeat' in err0.lower() or 'task' in err0.lower(), (
+      err0[-2000:])
+  results = _wait(_start(run, '--config.mesh.data=2', port=_free_port()))
+  assert all(rc == 0 for rc, _ in results), results[0][1][-3000:]
+  assert 'resumed from step' in results[0][1]
+  _assert_same(_metrics(reference), _metrics(run))
+
+
+def test_a_population_over_two_processes_is_the_population_of_one_process(tmp_path):
+  members = ['--config.population.size=2']
+  one, two = str(tmp_path / 'one'), str(tmp_path / 'two')
+  _one(one, *members, devices=1)
+  results = _wait(_start(two, *members, '--config.mesh.population=2', port=_free_port()))
+  assert all(rc == 0 for rc, _ in results), results[0][1][-3000:]
+  assert "'population': 2" in results[0][1]
+  _assert_same(_metrics(one), _metrics(two))
+
+
+def test_processes_that_disagree_fail_fast_naming_the_difference(tmp_path):
+  port = _free_port()
+  procs = [
+      subprocess.Popen([sys.executable, '-m', 'jtc.train', *BASE, f'--workdir={tmp_path}', *extra],
+                       cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env=_env(JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', JAX_NUM_PROCESSES='2',
+                                JAX_PROCESS_ID=str(i)))
+      for i, extra in enumerate(([], ['--config.optim.learning_rate=0.5']))
+  ]
+  results = _wait(procs, timeout=300)
+  assert all(rc != 0 for rc, _ in results)
+  assert any('optim.learning_rate' in err and 'process 1' in err for _, err in results), results
+  assert not os.path.exists(os.path.join(tmp_path, 'metrics.jsonl'))
+
+
+@pytest.mark.parametrize('env, match', [
+    ({
+        'JAX_NUM_PROCESSES': '2'
+    }, "needs JAX_COORDINATOR_ADDRESS.*'JAX_COORDINATOR_ADDRESS'"),
+    ({
+        'JAX_COORDINATOR_ADDRESS': 'h:1',
+        'JAX_NUM_PROCESSES': '2',
+        'JAX_PROCESS_ID': '2'
+    }, r'JAX_PROCESS_ID=2 is not in \[0, JAX_NUM_PROCESSES=2\)'),
+    ({
+        'JAX_COORDINATOR_ADDRESS': 'h:1',
+        'JAX_NUM_PROCESSES': 'two',
+        'JAX_PROCESS_ID': '0'
+    }, 'must be integers'),
+])
+def test_a_partial_or_bad_environment_is_an_error(env, match):
+  with pytest.raises(distributed.DistributedError, match=match):
+    distributed.requested(env)
+
+
+def test_no_environment_is_one_process_and_clusters_are_detected():
+  assert distributed.requested({}) is None
+  assert distributed.detected_cluster({}) is None
+  assert distributed.detected_cluster({'SLURM_JOB_ID': '1', 'SLURM_NTASKS': '4'}) == 'SLURM'
+  assert distributed.detected_cluster({'SLURM_JOB_ID': '1', 'SLURM_NTASKS': '1'}) is None
+  assert distributed.detected_cluster({'OMPI_COMM_WORLD_SIZE': '2'}) == 'Open MPI'
+  assert distributed.detected_cluster({'TPU_WORKER_HOSTNAMES': 'a,b'}) == 'Cloud TPU'
