@@ -44,6 +44,9 @@ setuptools.setup(
             'nbclient>=0.10',
             'nbformat>=5.10',
             'ipykernel>=6',
+            # tests/analysis/test_ledger_view.py drives the system's Chromium (/usr/bin/chromium,
+            # Debian's `chromium` package; .ci/run installs it), never playwright's own download.
+            'playwright==1.65.2',
             # Reference implementations for the Hugging Face import tests.
             # torch==2.13.0 resolves to the CPU build that lies on this machine's disk.
             'torch==2.13.0',

@@ -3,6 +3,7 @@ r"""Runs a sweep of `experiments/sweeps.py` (configs x seeds) and writes its res
   python -m experiments.run <sweep> [--seeds N] [--first-seed K] [--jobs J] [--smoke]
                             [--workroot DIR] [--num-steps S [--canonical]] [--replace]
                             [--tables-only] [--runs NAME,...] [--no-population]
+                            [--processes N [--launcher 'srun ...']]
 
 Running lives here; the tables, statistics and figures of the results file in
 `experiments/report.py`.
@@ -13,6 +14,10 @@ Running lives here; the tables, statistics and figures of the results file in
   instead. At most `--jobs` programs run at a time (default: the number of cores). Workdirs go
   to `<workroot>/<sweep>/`, named by a hash of their settings (a re-sized sweep never resumes a
   different run). Either way each run x seed gets the same per-run summary.
+* `--processes N`: each program runs as N processes joined by `jax.distributed` (its members,
+  or for a single run its batch, sharded over them), started on this host, or by a cluster
+  launcher given as `--launcher` (e.g. `srun -N 2 --ntasks-per-node=1`) with the workroot on a
+  filesystem every node sees.
 * Seeds K..K+N-1 (`--first-seed K --seeds N`): confirmatory runs use seeds that no run used to
   choose a setting (experiments/claims.py).
 * Runs are identified by their settings: a run with exactly the settings (and seed) of a run
@@ -45,12 +50,12 @@ import hashlib
 import json
 import os
 import shlex
-import subprocess
 import sys
 import threading
 import time
 
 from experiments import populations as populations_lib
+from experiments.launch import Launch, launch_program
 from experiments import report
 from experiments import sweeps as sweeps_lib
 from experiments.summaries import _write_json, find_same_run, is_finished, make_summary, read_metrics, reuse_summary, summary_path  # pylint: disable=unused-import
@@ -58,7 +63,6 @@ from experiments.summaries import _write_json, find_same_run, is_finished, make_
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.path.join(ROOT, 'experiments', 'results')
 DEFAULT_WORKROOT = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'jtc_experiments')
-STDERR_TAIL_LINES = 25
 
 # ---------------------------------------------------------------------------------------------
 # Run specs and commands.
@@ -157,13 +161,6 @@ def _say(*args):
   print(*args, flush=True)
 
 
-def _tail(path, n=STDERR_TAIL_LINES):
-  if not os.path.exists(path):
-    return ''
-  with open(path, errors='replace') as f:
-    return ''.join(f.readlines()[-n:])
-
-
 def _existing(spec, *, results_dir, log, replace):
   """('skipped' | 'reused' | 'failed', detail) when ``spec`` needs no run, else None.
 
@@ -188,45 +185,18 @@ def _existing(spec, *, results_dir, log, replace):
   return None
 
 
-def _launch(command, workdir, *, finished, label, results_dir, log):
-  """Runs ``command`` in ``workdir`` unless ``finished()``; (None, wall seconds so far) or
-  (failure detail, wall) — the detail is also written to ``runs/<label>.failed.txt``."""
-  os.makedirs(workdir, exist_ok=True)
-  wall_path = os.path.join(workdir, 'runner_wall_time_s')
-  wall = float(open(wall_path).read()) if os.path.exists(wall_path) else 0.0
-  failed_path = os.path.join(results_dir, 'runs', f'{label}.failed.txt')
-  if finished():
-    return None, wall
-  log(f'[{label}] start: {shlex.join(command)}')
-  t0 = time.time()
-  with open(os.path.join(workdir, 'stdout.log'), 'a') as out, \
-       open(os.path.join(workdir, 'stderr.log'), 'w') as err:
-    rc = subprocess.run(command, cwd=ROOT, stdout=out, stderr=err, check=False).returncode
-  wall += time.time() - t0
-  with open(wall_path, 'w') as f:
-    f.write(repr(wall))
-  if rc != 0 or not finished():
-    why = f'exit status {rc}' if rc != 0 else 'exit status 0 but a run did not reach its last step'
-    detail = f'{why}\n$ {shlex.join(command)}\n{_tail(os.path.join(workdir, "stderr.log"))}'
-    os.makedirs(os.path.dirname(failed_path), exist_ok=True)
-    with open(failed_path, 'w') as f:
-      f.write(detail)
-    return detail, wall
-  if os.path.exists(failed_path):
-    os.remove(failed_path)
-  return None, wall
-
-
-def execute(spec, *, results_dir, workroot, make_command=trainer_command, log=_say, replace=False):
+def execute(spec, *, results_dir, workroot, make_command=trainer_command, log=_say, replace=False,
+            launch=Launch()):
   """Runs (or resumes, skips, reuses) one spec as its own process:
   ('skipped'|'reused'|'ok'|'failed', detail)."""
   existing = _existing(spec, results_dir=results_dir, log=log, replace=replace)
   if existing is not None:
     return existing
   workdir = os.path.join(workroot, spec.sweep, f'{spec.run_id}__{spec.key}')
-  command = make_command(spec, workdir)
-  failure, wall = _launch(command, workdir, label=spec.run_id, results_dir=results_dir, log=log,
-                          finished=lambda: is_finished(read_metrics(workdir), spec.num_steps))
+  command = make_command(spec, workdir) + launch.mesh_flags(1)
+  failure, wall = launch_program(
+      command, workdir, label=spec.run_id, results_dir=results_dir, log=log, launch=launch,
+      finished=lambda: is_finished(read_metrics(workdir), spec.num_steps))
   if failure:
     return 'failed', failure
   _write_json(summary_path(results_dir, spec),
@@ -234,15 +204,15 @@ def execute(spec, *, results_dir, workroot, make_command=trainer_command, log=_s
   return 'ok', f'{wall:.0f}s'
 
 
-def execute_program(program, *, results_dir, workroot, log=_say):
+def execute_program(program, *, results_dir, workroot, log=_say, launch=Launch()):
   """Runs (or resumes) one population and summarises each of its members as its spec's run:
   {run_id: (status, detail)}. A member's wall time is its share of the program's."""
   workdir = os.path.join(workroot, program.specs[0].sweep, program.name)
-  command = program.command(workdir)
+  command = program.command(workdir) + launch.mesh_flags(len(program.specs))
   dirs = {s.run_id: program.member_dir(workdir, s) for s in program.specs}
   num_steps = program.specs[0].num_steps
-  failure, wall = _launch(
-      command, workdir, label=program.name, results_dir=results_dir, log=log,
+  failure, wall = launch_program(
+      command, workdir, label=program.name, results_dir=results_dir, log=log, launch=launch,
       finished=lambda: all(is_finished(read_metrics(d), num_steps) for d in dirs.values()))
   if failure:
     return {s.run_id: ('failed', failure) for s in program.specs}
@@ -256,7 +226,7 @@ def execute_program(program, *, results_dir, workroot, log=_say):
 
 
 def run_sweep(sweep, *, seeds, jobs, results_dir, workroot, first_seed=0, make_command=None,
-              validate=True, log=_say, replace=False):
+              validate=True, log=_say, replace=False, launch=Launch()):
   """Runs every spec (bounded parallelism: ``jobs`` processes at once); returns {run_id: (status,
   detail)}. Specs that still need a run go as seed populations (`experiments.populations`), or
   each as its own process with ``make_command(spec, workdir)`` (`trainer_command`:
@@ -301,11 +271,12 @@ def run_sweep(sweep, *, seeds, jobs, results_dir, workroot, first_seed=0, make_c
     fn = lambda s: {
         s.run_id:
             execute(s, results_dir=results_dir, workroot=workroot, make_command=make_command, log=
-                    locked_log, replace=replace)
+                    locked_log, replace=replace, launch=launch)
     }
   else:
     work = [(p, [s.run_id for s in p.specs]) for p in populations_lib.programs(needed)]
-    fn = lambda p: execute_program(p, results_dir=results_dir, workroot=workroot, log=locked_log)
+    fn = lambda p: execute_program(p, results_dir=results_dir, workroot=workroot, log=locked_log,
+                                   launch=launch)
 
   def one(item_ids):
     for run_id, (status, detail) in guarded(fn, *item_ids).items():
@@ -333,7 +304,7 @@ def invocation_parts(invocation):
   return invocation.get('parts', [invocation])
 
 
-def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
+def _parser(results_root):
   parser = argparse.ArgumentParser(
       prog='python -m experiments.run', description=__doc__.split('\n\n')[0],
       epilog='Results go to experiments/results/<sweep>.md (tables, discussion) and '
@@ -376,9 +347,27 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
       '--runs', default=None,
       help='comma-separated run names: run only this part of the sweep (the tables still '
       'cover the whole sweep; a later invocation runs the rest)')
+  parser.add_argument(
+      '--processes', type=int, default=1,
+      help='each program as N processes joined by jax.distributed, its members (or batch) '
+      'sharded over them; started on this host unless --launcher')
+  parser.add_argument(
+      '--launcher', default='',
+      help="a cluster launcher that starts a program's --processes, prefixed to the trainer "
+      "command (e.g. 'srun -N 2 --ntasks-per-node=1'); the workroot must be on a shared "
+      'filesystem')
+  return parser
+
+
+def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
+  parser = _parser(results_root)
   args = parser.parse_args(argv)
   if args.sweep not in sweeps_lib.SWEEPS:
     parser.error(f'unknown sweep {args.sweep!r}; valid: {sorted(sweeps_lib.SWEEPS)}')
+  if args.processes < 1 or (args.launcher and args.processes == 1):
+    parser.error(f'--processes {args.processes} --launcher {args.launcher!r}: --processes must be '
+                 '>= 1, and a --launcher needs --processes N, the number of processes it starts')
+  launch = Launch(processes=args.processes, prefix=tuple(shlex.split(args.launcher)))
   sweep = sweeps_lib.get_sweep(args.sweep, smoke=args.smoke, num_steps=args.num_steps)
   resized = sweep.num_steps != sweeps_lib.get_sweep(args.sweep, smoke=args.smoke).num_steps
   seeds = args.seeds or sweep.seeds
@@ -412,7 +401,7 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
     first_seed = sweep.first_seed if args.first_seed is None else args.first_seed
     results = run_sweep(part, seeds=seeds, first_seed=first_seed, jobs=args.jobs,
                         results_dir=results_dir, workroot=args.workroot, make_command=make_command,
-                        replace=args.replace)
+                        replace=args.replace, launch=launch)
     failures = {k: d for k, (s, d) in results.items() if s == 'failed'}
     if all(status == 'skipped' for status, _ in results.values()) and os.path.exists(md_path):
       print(f'nothing new: every run was already summarised; {md_path} left as it is')

@@ -77,14 +77,16 @@ def measure(claim, summaries):
 
 
 def correct(rows):
-  """Adds p_holm (within each family) and q_bh (over all rows) and the verdicts."""
-  q = stats.benjamini_hochberg([r['p_exact'] for r in rows])
-  for r, q_r in zip(rows, q):
-    r['q_bh'] = q_r
+  """Adds p_holm (within each family) and q_bh (over all rows) and the verdicts. A declared
+  claim without data counts as p = 1 (never rejected), so each correction is over the claims as
+  declared, not over those that happened to run; its own p_holm / q_bh stay NaN."""
+  declared = [r['p_exact'] if np.isfinite(r['p_exact']) else 1.0 for r in rows]
+  for r, q_r in zip(rows, stats.benjamini_hochberg(declared)):
+    r['q_bh'] = q_r if np.isfinite(r['p_exact']) else np.nan
   for family in dict.fromkeys(r['family'] for r in rows):
-    members = [r for r in rows if r['family'] == family]
-    for r, p in zip(members, stats.holm([r['p_exact'] for r in members])):
-      r['p_holm'] = p
+    members = [i for i, r in enumerate(rows) if r['family'] == family]
+    for i, p in zip(members, stats.holm([declared[i] for i in members])):
+      rows[i]['p_holm'] = p if np.isfinite(rows[i]['p_exact']) else np.nan
   for r in rows:
     r['verdict'] = verdict(r)
   return rows

@@ -63,6 +63,16 @@ def _print_replay(ledger, names, replayed):
         f'{logged.get("grad_norm", "n/a")})')
 
 
+def _check_outputs(args, parser, *, num_groups):
+  """A parser error, before any compute, for an existing output (without --overwrite) or a
+  group the step does not have."""
+  for path in (args.out, args.png):
+    if path and os.path.exists(path) and not args.overwrite:
+      parser.error(f'{path} exists; pass --overwrite to replace it')
+  if not 0 <= args.group < num_groups:
+    parser.error(f'--group {args.group}: the step has groups 0..{num_groups - 1}')
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(prog='python -m jtc.ledger',
                                    description=__doc__.split('\n\n')[0])
@@ -79,6 +89,7 @@ def main(argv=None):
       p.add_argument('--out', required=True)
       p.add_argument('--png', default=None, help='also a picture of one group')
       p.add_argument('--group', type=int, default=0)
+      p.add_argument('--overwrite', action='store_true', help='replace existing --out / --png')
   args = parser.parse_args(argv)
   if args.command == 'steps':
     if not os.path.isdir(args.workdir):
@@ -86,6 +97,9 @@ def main(argv=None):
     print(' '.join(map(str, ledger_lib.steps(args.workdir))) or 'none')
     return 0
   ledger, names = _open(args, parser)
+  if args.command == 'html':
+    _check_outputs(args, parser,
+                   num_groups=len(ledger['advantages_B']) // ledger.meta['group_size'])
   replayed = replay_lib.replay(ledger, names, contexts=args.contexts)
   if args.command == 'replay':
     _print_replay(ledger, names, replayed)

@@ -179,8 +179,8 @@ def png(ledger, replayed, names, path, *, group=0, point=None):
       ax.text(-0.5, -i, f'A={c["advantages_B"][b]:+.2f}', ha='right', va='center', fontsize=6)
     residual = replayed[point]['objectives'][n]['residual_by_group'][group]
     ax.set_title(
-        f'{n}: shared-token residual {residual if residual is None else round(residual, 3)}',
-        fontsize=8)
+        f'{n}: shared-token residual ' + ('n/a (no coefficient on the tokens the group shares)'
+                                          if residual is None else f'{residual:.3f}'), fontsize=8)
     ax.set_xlim(-4, width)
     ax.set_ylim(-G + 0.4, 0.6)
     ax.axis('off')

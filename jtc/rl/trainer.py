@@ -43,6 +43,7 @@ from jtc.analysis import probes
 from jtc.data import pipeline as data_lib
 from jtc.data import tasks as tasks_lib
 from jtc.objectives import token_weights
+from jtc.rl import batch as batch_lib
 from jtc.rl import checkpoints
 from jtc.rl import cli
 from jtc.rl import config_check
@@ -188,7 +189,7 @@ class Trainer:
         temperature=self.hparams.get('rollout.sampling.temperature'))
     self.rollouts = rollouts  # the step's rollouts, one per member (for inspection)
     t1 = time.perf_counter()
-    batch, metrics, self.run_state = update_lib.make_batch(
+    batch, metrics, self.run_state = batch_lib.make_batch(
         c, rollouts, self.state.params, self.run_state, task=self.task,
         behaviour_fn=self._behaviour, ref_params=self.ref_params, to_device=self._to_device,
         weighter=self.weighter, rng=k_weights, population=pop)

@@ -128,6 +128,10 @@ def test_replay_of_the_runs_objective_reproduces_its_logged_loss(run_with_ledger
     (['replay', '{w}/missing', '--step', '1', '--objectives', 'gspo'], 'no such workdir'),
     (['html', '{w}', '--step', '1', '--objectives', 'delta', '--out', '{w}/x.html'
      ], "objective 'delta' needs per-token weights"),
+    (['html', '{w}', '--step', '1', '--objectives', 'gspo', '--out', '{w}/x.html', '--group', '99'
+     ], '--group 99: the step has groups 0..'),
+    (['html', '{w}', '--step', '1', '--objectives', 'gspo', '--out', '{w}/config.json'
+     ], 'config.json exists; pass --overwrite to replace it'),
 ])
 def test_bad_input_is_named_and_nothing_is_written(run_with_ledger, capsys, args, message):
   before = sorted(os.listdir(os.path.join(run_with_ledger, 'ledger', '1')))

@@ -83,6 +83,7 @@ def _assert_same(one, other):
   assert one[-1]['grad_norm'] > 0 and one[-1]['kl'] > 0  # the compared updates are not trivial
 
 
+@pytest.mark.slow  # 1.5 min; tests/rl/test_sharding.py covers 8 devices in CI
 def test_eight_devices_match_one_device(tiny_policy, tmp_path):
   log, (one,) = _run(str(tmp_path / 'one'), tiny_policy, 1)
   assert "'data': 1, 'fsdp': 1, 'tensor': 1" in log

@@ -1,0 +1,107 @@
+"""From a step's rollouts to the update's `update.Batch` on the device (once per step):
+rewards -> advantages -> token mask -> behaviour log-probs -> KL reference -> token weights
+(DelTA) -> the rollout-training mismatch and its correction's weights.
+
+Dimension key: B sequences, T completion length, L = P + T, V vocabulary.
+"""
+
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+
+from jtc.analysis import diagnostics
+from jtc.objectives import advantages as advantages_lib
+from jtc.objectives import corrections
+from jtc.rl import population as population_lib
+from jtc.rl import rollout as rollout_lib
+from jtc.rl import sharding as sharding_lib
+from jtc.rl.update import Batch
+
+
+def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params, to_device,
+               weighter=None, rng=None, population=population_lib.SINGLE):
+  """Rollouts (one per member) -> `Batch` on the device; returns (batch, each member's rollout
+  metrics, run_state).
+
+  Rewards (+ DAPO overlong shaping) -> advantages (``c.advantage``) -> the token mask (minus
+  truncated completions with ``c.dapo.mask_truncated``) -> behaviour log-probs of ``params``
+  (``behaviour_fn``, a jitted `rollout.behaviour_pass`, ``c.rollout.chunk_prompts`` groups at a
+  time; or the sampler's, by ``c.rollout.behaviour_logps``) -> the KL reference's (when
+  ``ref_params``) -> token weights of the ``weighter`` plug-in (DelTA), from the behaviour pass
+  -> the rollout-training mismatch against the sampler's log-probs (`mismatch/*` metrics) and
+  its correction's weights (``c.rollout.correction``, `jtc.objectives.corrections`).
+  ``run_state`` comes back with the plug-in's state and the token counts updated. Every device
+  value carries the population's member axis (`population.Population.stack`).
+  """
+  pop = population
+  host = [_host_batch(c, r) for r in rollouts]
+  stack = lambda key: pop.stack([h[key] for h in host])
+  tokens, input_mask = pop.stack([r.tokens_BL for r in rollouts
+                                 ]), pop.stack([r.input_mask_BL for r in rollouts])
+  tokens_BL, input_mask_BL = to_device(tokens), to_device(input_mask)
+  score = functools.partial(rollout_lib.behaviour_logps, behaviour_fn, tokens_BL=tokens_BL,
+                            input_mask_BL=input_mask_BL, host_tokens_BL=tokens,
+                            host_input_mask_BL=input_mask, to_device=to_device,
+                            chunk_rows=c.rollout.chunk_prompts * c.rollout.sampling.num_samples,
+                            axis=1 if pop.batched else 0)
+  # The trainer's behaviour log-probs: the ratios' denominator (behaviour_logps='recompute'), the
+  # mismatch measured against the sampler's, DelTA's hidden states.
+  behaviour = score(params)
+  sampler_logps = to_device(pop.stack([r.sampler_logps_BT for r in rollouts]))
+  recompute = c.rollout.behaviour_logps == 'recompute'
+  batch = Batch(tokens=tokens_BL, input_mask=input_mask_BL, mask=to_device(stack('mask_BT')),
+                advantages=to_device(stack('adv_B')),
+                old_logps=behaviour['logps'] if recompute else sampler_logps,
+                ref_logps=None if ref_params is None else score(ref_params)['logps'])
+  metrics = [h['metrics'] for h in host]
+  real_BT = to_device(pop.stack([r.completion_mask_BT for r in rollouts]))
+  step_metrics = {
+      f'mismatch/{k}': v for k, v in pop.map(
+          functools.partial(corrections.mismatch_metrics, cap=c.rollout.correction_cap))(
+              behaviour['logps'], sampler_logps, real_BT).items()
+  }
+  if c.rollout.correction != 'none':
+    is_weights, correction_metrics = pop.map(
+        functools.partial(corrections.weights, c.rollout.correction, cap=c.rollout.correction_cap,
+                          icepop_low=c.rollout.icepop_low,
+                          icepop_high=c.rollout.icepop_high))(behaviour['logps'], sampler_logps,
+                                                              batch.mask)
+    batch = batch.replace(is_weights=is_weights)
+    step_metrics.update({f'correction/{k}': v for k, v in correction_metrics.items()})
+  for m, values in zip(metrics, pop.unstack(sharding_lib.to_host(step_metrics))):
+    m.update({k: float(v) for k, v in values.items()})
+  completion_BT = jnp.asarray(pop.stack([r.completion_BT for r in rollouts]))
+  if weighter is not None:
+    weights_BT, weight_metrics, weighter_state = pop.map(weighter.weights)(
+        run_state.weighter, params, behaviour, completion_BT, jnp.asarray(stack('adv_B')),
+        jnp.asarray(stack('mask_BT')), rng)
+    batch = batch.replace(token_weights=weights_BT)
+    for m, wm in zip(metrics, pop.unstack(sharding_lib.to_host(weight_metrics))):
+      m.update({f'{c.token_weights}/{k}': float(v) for k, v in wm.items()})
+    run_state = run_state.replace(weighter=weighter_state)
+  run_state = run_state.replace(token_counts_V=pop.map(diagnostics.update_token_counts)(
+      run_state.token_counts_V, completion_BT, batch.mask))
+  for m, r in zip(metrics, rollouts):
+    m.update(accuracy=float(r.correct_B.mean()), response_length=float(r.lengths_B.mean()),
+             frac_truncated=float(r.truncated_B.mean()),
+             **rollout_lib.format_metrics(task, r.texts, r.correct_B))
+  return batch, metrics, run_state
+
+
+def _host_batch(c, rollout):
+  """One member's host-side batch: shaped rewards -> advantages (``c.advantage``) and the token
+  mask; {'adv_B', 'mask_BT', 'metrics'}."""
+  rewards_B = rollout.rewards_B + rollout_lib.overlong_shaping(
+      rollout.lengths_B, max_new_tokens=c.rollout.sampling.max_new_tokens,
+      buffer=c.dapo.overlong_buffer, penalty=c.dapo.overlong_penalty)
+  adv_B, adv_metrics = advantages_lib.compute_advantages(
+      c.advantage.name, jnp.asarray(rewards_B), group_size=c.rollout.sampling.num_samples,
+      eps=c.advantage.eps, std_ddof=c.advantage.std_ddof,
+      batch_normalize=c.advantage.batch_normalize)
+  mask_BT = rollout.completion_mask_BT.astype(np.float32)
+  if c.dapo.mask_truncated:
+    mask_BT = mask_BT * (~rollout.truncated_B)[:, None]
+  metrics = {f'adv/{k}': float(v) for k, v in adv_metrics.items()}
+  metrics.update(reward_mean=float(rewards_B.mean()), reward_std=float(rewards_B.std()))
+  return {'adv_B': np.asarray(adv_B), 'mask_BT': mask_BT, 'metrics': metrics}

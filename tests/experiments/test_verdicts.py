@@ -1,0 +1,112 @@
+"""experiments.verdicts: the verdict rules on constructed per-run summaries, where the right
+answer is known by construction (a real effect, no effect, a control, too few seeds)."""
+import numpy as np
+import pytest
+
+from experiments import verdicts
+from experiments.sweeps.base import Claim
+
+
+def _summaries(deltas_by_arm, *, seeds, base_sd=0.05, seed=0):
+  """Fake per-run summaries: arm 'BASE' and one arm per key of ``deltas_by_arm`` whose final
+  eval/avg@4 is BASE's plus the given per-seed difference (fractions)."""
+  rng = np.random.default_rng(seed)
+  base = 0.5 + base_sd * rng.standard_normal(len(seeds))
+  out = []
+  for label, d in {'BASE': np.zeros(len(seeds)), **deltas_by_arm}.items():
+    for s, b, di in zip(seeds, base, d):
+      out.append({
+          'label': label,
+          'seed': s,
+          'group': '',
+          'final': {
+              'eval/crn': 7
+          },
+          'curves': {
+              'eval/avg@4': {
+                  'step': [80],
+                  'value': [float(b + di)]
+              }
+          }
+      })
+  return out
+
+
+def _claim(arm, predicted, **kw):
+  kw = {'name': f'c.{arm}', 'paper_delta': 5.0, 'sesoi': 1.0, **kw}
+  return Claim(family='F', sweep='fake', metric='final:eval/avg@', arm=arm, baseline='BASE',
+               predicted=predicted, **kw)
+
+
+def _rows(claims, summaries):
+  return verdicts.correct([verdicts.measure(c, summaries) for c in claims])
+
+
+def test_measure_recovers_the_constructed_paired_difference():
+  d = np.linspace(0.01, 0.03, 16)
+  (row,) = _rows([_claim('UP', '>')], _summaries({'UP': d}, seeds=range(8, 24)))
+  assert row['n_seeds'] == 16 and row['first_seed'] == 8
+  assert row['delta'] == pytest.approx(100 * d.mean())
+  assert row['ci_low'] < row['delta'] < row['ci_high']
+  assert row['p_exact'] == pytest.approx(2 / 2**16)  # every seed up: the exact floor
+  assert row['crn'] == 'same'
+
+
+def test_a_real_effect_agrees_or_disagrees_with_the_predicted_sign():
+  rng = np.random.default_rng(1)
+  up = 0.02 + 0.003 * rng.standard_normal(16)
+  rows = _rows([_claim('UP', '>'), _claim('UP', '<', name='c.wrong')],
+               _summaries({'UP': up}, seeds=range(16)))
+  assert rows[0]['verdict'].startswith('agrees (CI excludes the paper\'s +5.0')
+  assert rows[1]['verdict'].startswith('disagrees')
+  assert rows[0]['p_holm'] == pytest.approx(2 * rows[0]['p_exact'])  # Holm over 2 claims
+
+
+def test_no_effect_is_equivalent_only_with_enough_precision():
+  rng = np.random.default_rng(2)
+  tiny = 0.0005 * rng.standard_normal(16)  # |delta| << SESOI = 1 point, sd 0.05 points
+  (row,) = _rows([_claim('SAME', '>')], _summaries({'SAME': tiny}, seeds=range(16)))
+  assert row['verdict'].startswith('equivalent within +-1 points') and row['tost_p'] < 0.05
+  noisy = 0.03 * rng.standard_normal(16)  # sd 3 points: cannot exclude 1 point either way
+  (row,) = _rows([_claim('NOISY', '>')], _summaries({'NOISY': noisy}, seeds=range(16)))
+  assert row['verdict'].startswith('inconclusive') and row['tost_p'] > 0.05
+
+
+def test_a_negative_control_agrees_when_equivalent_and_disagrees_when_it_differs():
+  rng = np.random.default_rng(3)
+  rows = _rows([_claim('NULL', '='), _claim('MOVED', '=')],
+               _summaries(
+                   {
+                       'NULL': 0.0005 * rng.standard_normal(16),
+                       'MOVED': 0.02 + 0.003 * rng.standard_normal(16)
+                   }, seeds=range(16)))
+  assert rows[0]['verdict'].startswith('agrees (equivalent')
+  assert rows[1]['verdict'] == 'disagrees (the control differs)'
+
+
+def test_eight_seeds_cannot_survive_holm_over_a_family_of_seven():
+  # Every seed up in every arm: the uncorrected p is the 8-seed floor 2/256 = 0.0078; Holm's
+  # first step multiplies it by 7 -> 0.055 > 0.05, so nothing can be called. 16 seeds can.
+  arms = {f'A{i}': np.full(8, 0.02 + 0.001 * i) for i in range(7)}
+  rows = _rows([_claim(a, '>') for a in arms], _summaries(arms, seeds=range(8)))
+  assert all(r['p_exact'] == pytest.approx(2 / 256) for r in rows)
+  assert all(r['p_holm'] > 0.05 and r['verdict'].startswith('inconclusive') for r in rows)
+  arms16 = {a: np.full(16, d[0]) for a, d in arms.items()}
+  rows = _rows([_claim(a, '>') for a in arms16], _summaries(arms16, seeds=range(16)))
+  assert all(r['verdict'].startswith('agrees') for r in rows)
+
+
+def test_missing_runs_are_inconclusive_no_data_and_still_count_in_their_family():
+  rows = _rows([_claim('ABSENT', '>'), _claim('UP', '>')],
+               _summaries({'UP': np.full(16, 0.02)}, seeds=range(16)))
+  assert rows[0]['verdict'] == 'inconclusive (no data)' and rows[0]['n_seeds'] == 0
+  assert np.isnan(rows[0]['p_holm']) and np.isnan(rows[0]['q_bh'])
+  # Holm over the declared family of two, not over the one claim that ran.
+  assert rows[1]['p_holm'] == pytest.approx(2 * rows[1]['p_exact'])
+
+
+def test_different_evaluation_problems_are_flagged():
+  s = _summaries({'UP': np.full(8, 0.02)}, seeds=range(8))
+  s[-1]['final']['eval/crn'] = 8
+  (row,) = _rows([_claim('UP', '>')], s)
+  assert row['crn'] == 'DIFFERENT'
