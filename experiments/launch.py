@@ -6,6 +6,7 @@ status, command, the tail of its stderr) to ``runs/<label>.failed.txt``."""
 import dataclasses
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import time
@@ -19,6 +20,16 @@ def _tail(path, n=STDERR_TAIL_LINES):
     return ''
   with open(path, errors='replace') as f:
     return ''.join(f.readlines()[-n:])
+
+
+def _why(returncode):
+  """Why a program that did not finish stopped, in words."""
+  if returncode < 0:
+    name = signal.Signals(-returncode).name
+    return f'killed by {name}' + (' (the kernel, out of memory?)' if name == 'SIGKILL' else '')
+  if returncode > 0:
+    return f'exit status {returncode}'
+  return 'exit status 0 but a run did not reach its last step'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +92,7 @@ def launch_program(command, workdir, *, finished, label, results_dir, log, launc
   with open(wall_path, 'w') as f:
     f.write(repr(wall))
   if rc != 0 or not finished():
-    why = f'exit status {rc}' if rc != 0 else 'exit status 0 but a run did not reach its last step'
-    detail = f'{why}\n$ {shlex.join(command)}\n{_tail(os.path.join(workdir, "stderr.log"))}'
+    detail = f'{_why(rc)}\n$ {shlex.join(command)}\n{_tail(os.path.join(workdir, "stderr.log"))}'
     os.makedirs(os.path.dirname(failed_path), exist_ok=True)
     with open(failed_path, 'w') as f:
       f.write(detail)

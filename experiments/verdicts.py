@@ -203,12 +203,18 @@ def markdown(rows, *, forest_paths=()):
             _p(r['tost_p']), r['verdict'] + crn
         ]) + ' |')
       lines.append('')
+  missing = sorted({r['sweep'] for r in rows if r['n_seeds'] == 0})
+  if missing:
+    lines += [
+        'Claims with no data are those whose sweep has not been run yet: ' +
+        ', '.join(f'`python -m experiments.run {s}`' for s in missing) + '.', ''
+    ]
   return '\n'.join(lines) + '\n'
 
 
 def forest(rows, path, title):
   """Delta and 95% CI per claim, one panel per family (its own units), the paper's delta as a
-  cross, the +-SESOI band shaded, 0 as a line."""
+  cross, each claim's +-SESOI band shaded, 0 as a line; a claim without data says so."""
   from jtc.analysis import plot  # pylint: disable=import-outside-toplevel
   plt = plot.plt
   families = list(dict.fromkeys(r['family'] for r in rows))
@@ -218,11 +224,12 @@ def forest(rows, path, title):
   for ax, family in zip(axes[:, 0], families):
     members = [r for r in rows if r['family'] == family][::-1]
     y = np.arange(len(members))
-    sesoi = next((r['sesoi'] for r in members if np.isfinite(r['sesoi'])), np.nan)
-    if np.isfinite(sesoi):
-      ax.axvspan(-sesoi, sesoi, color='0.85', lw=0, label='+-SESOI')
     ax.axvline(0, color='0.4', lw=0.8)
     for i, r in enumerate(members):
+      if np.isfinite(r['sesoi']):
+        ax.add_patch(plt.Rectangle((-r['sesoi'], i - 0.4), 2 * r['sesoi'], 0.8, color='0.85', lw=0))
+      if not r['n_seeds']:
+        ax.text(0, i, ' no data (not run) ', ha='center', va='center', fontsize=7, color='0.3')
       color = ('tab:green' if r['verdict'].startswith(
           ('agrees',
            'equivalent')) else 'tab:red' if r['verdict'].startswith('disagrees') else 'tab:gray')
@@ -233,7 +240,7 @@ def forest(rows, path, title):
         ax.plot(r['paper_delta'], i, 'x', color='k', ms=7, mew=1.5)
     ax.set_yticks(y)
     ax.set_yticklabels([
-        f'{r["arm"]} - {r["baseline"]}' + (f' ({r["group"]})' if r['group'] else '')
+        f'{r["claim"]}: {r["arm"]} - {r["baseline"]}' + (f' ({r["group"]})' if r['group'] else '')
         for r in members
     ], fontsize=8)
     unit = members[0]['unit']

@@ -1,5 +1,7 @@
 """experiments.verdicts: the verdict rules on constructed per-run summaries, where the right
 answer is known by construction (a real effect, no effect, a control, too few seeds)."""
+import os
+
 import numpy as np
 import pytest
 
@@ -33,8 +35,8 @@ def _summaries(deltas_by_arm, *, seeds, base_sd=0.05, seed=0):
 
 
 def _claim(arm, predicted, **kw):
-  kw = {'name': f'c.{arm}', 'paper_delta': 5.0, 'sesoi': 1.0, **kw}
-  return Claim(family='F', sweep='fake', metric='final:eval/avg@', arm=arm, baseline='BASE',
+  kw = {'name': f'c.{arm}', 'family': 'F', 'paper_delta': 5.0, 'sesoi': 1.0, **kw}
+  return Claim(sweep='fake', metric='final:eval/avg@', arm=arm, baseline='BASE',
                predicted=predicted, **kw)
 
 
@@ -110,3 +112,21 @@ def test_different_evaluation_problems_are_flagged():
   s[-1]['final']['eval/crn'] = 8
   (row,) = _rows([_claim('UP', '>')], s)
   assert row['crn'] == 'DIFFERENT'
+
+
+def test_claims_csv_round_trips_and_the_corrections_recompute_from_it(tmp_path):
+  rng = np.random.default_rng(4)
+  arms = {'UP': 0.02 + 0.003 * rng.standard_normal(16), 'FLAT': 0.01 * rng.standard_normal(16)}
+  claims = [_claim('UP', '>'), _claim('FLAT', '>'), _claim('ABSENT', '<', family='G')]
+  rows = _rows(claims, _summaries(arms, seeds=range(16)))
+  paths = verdicts.write(rows, str(tmp_path))
+  assert [os.path.basename(p) for p in paths] == ['claims.csv', 'claims.md', 'claims_forest.png']
+  back = verdicts.read_csv(paths[0])
+  assert [r['claim'] for r in back] == [c.name for c in claims]
+  assert set(verdicts.COLUMNS) <= set(back[0])
+  again = verdicts.correct([{**r, 'p_holm': np.nan, 'q_bh': np.nan, 'verdict': ''} for r in back])
+  for r, a in zip(back, again):
+    np.testing.assert_allclose([a['p_holm'], a['q_bh']], [r['p_holm'], r['q_bh']], rtol=1e-5)
+    assert a['verdict'] == r['verdict']
+  md = open(paths[1]).read()
+  assert '`python -m experiments.run fake`' in md  # the claim without data names its command

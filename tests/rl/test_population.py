@@ -90,6 +90,7 @@ def _members(workdir):
   }
 
 
+@pytest.mark.slow  # 2.5 min; the trainer's SIGKILL resume is tests/rl/test_train.py's, in CI
 def test_a_population_killed_and_resumed_equals_an_uninterrupted_one(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   whole, killed = str(tmp_path / 'whole'), str(tmp_path / 'killed')

@@ -132,6 +132,7 @@ def test_checkpoints_of_another_model_are_refused_not_deleted(tmp_path):
   assert _files(workdir) == before
 
 
+@pytest.mark.slow  # 40 s of trainer runs
 def test_a_corrupt_latest_checkpoint_is_moved_aside_and_the_run_finishes(
     finished, policy, tmp_path):
   workdir = str(tmp_path / 'w')
@@ -153,6 +154,7 @@ def test_a_corrupt_latest_checkpoint_is_moved_aside_and_the_run_finishes(
       np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.slow  # 80 s of trainer runs
 def test_metrics_without_checkpoints_are_replaced_not_duplicated(finished, policy, tmp_path):
   """Killed before the first checkpoint: the run restarts from 0 and every step appears once."""
   workdir = str(tmp_path / 'w')
@@ -242,6 +244,7 @@ def test_bad_command_lines_fail_in_one_line_before_compute(args, needle, tmp_pat
   assert not os.path.exists(tmp_path / 'w' / 'metrics.jsonl')
 
 
+@pytest.mark.slow  # 40 s of trainer runs
 def test_relative_config_paths_work_from_any_directory(policy, tmp_path):
   workdir = str(tmp_path / 'w')
   proc = subprocess.run(_cmd(workdir, policy,
