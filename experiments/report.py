@@ -1,14 +1,13 @@
-"""Results files of a sweep: per-run scalars, tables with their statistics, curves.
+"""Results files of a sweep: per-run scalars, tables with their statistics, the markdown.
 
 Everything here reads the per-run summaries that `experiments/run.py` writes, so a results file
 can be rebuilt on any machine (`python -m experiments.run <sweep> --tables-only`).
 
 Statistics (experiments/stats.py): a value is the mean over seeds with its 95% percentile
-bootstrap CI; a comparison is paired by seed against the table's baseline, with the bootstrap CI
-of the mean difference, the exact paired sign-flip (permutation) p-value and, beside it, the
-paired bootstrap p-value. A verdict about a paper's claim needs at least `MIN_SEEDS_FOR_VERDICT`
-paired seeds and a sign-flip p < 0.05: 'agrees' / 'DISAGREES' when the sign is the paper's /
-the opposite, otherwise 'inconclusive'.
+bootstrap CI; a comparison is paired by seed against the table's baseline, with the Student-t CI
+of the mean difference and the exact paired sign-flip p-value, uncorrected. Verdicts are given
+only on declared claims (experiments/sweeps/claims.py), corrected for multiplicity by
+experiments/verdicts.py; a table row shows the verdict of the claim it answers.
 """
 
 import json
@@ -249,73 +248,6 @@ STATS_NOTE = (
     'multiplicity (Holm within the claim\'s family, experiments/results/claims.md).')
 
 # ---------------------------------------------------------------------------------------------
-# Curves (the figure code is jtc.plot's).
-# ---------------------------------------------------------------------------------------------
-
-
-def plot_curves(sweep, summaries, out_path):
-  """Mean over seeds +- one standard error, per run label (and group), for the sweep's
-  curve_keys and held-out accuracy; titles and styles from `jtc.plot`."""
-  from jtc.analysis import plot  # pylint: disable=import-outside-toplevel
-  plt = plot.plt
-  keys = list(sweep.curve_keys) + ['eval/avg@']
-  n_cols = 3
-  n_rows = (len(keys) + n_cols - 1) // n_cols
-  fig, axes = plt.subplots(n_rows, n_cols, figsize=(4.4 * n_cols, 3.0 * n_rows), squeeze=False)
-  runs = list(dict.fromkeys((r.group, r.label) for r in sweep.runs))
-  for ax, key in zip(axes.flat, keys):
-    shown = key
-    for (group, label), (color, ls) in zip(runs, plot.styles(len(runs))):
-      xs, ys = [], []
-      for s in summaries:
-        if s['label'] != label or s.get('group', '') != group:
-          continue
-        steps, v = curve(s, key)
-        if v is None:
-          continue
-        if sweep.plot_x != 'step':
-          cs, cv = curve(s, sweep.plot_x)
-          if cv is None:
-            continue
-          steps = np.interp(steps, cs, cv)
-        xs.append(steps)
-        ys.append(v)
-        shown = key if not key.endswith('@') else next(
-            (k for k in sorted(s['curves']) if k.startswith(key)), key)
-      if not ys:
-        continue
-      n = min(len(y) for y in ys)
-      x = np.mean([x[:n] for x in xs], axis=0)
-      y = np.array([y[:n] for y in ys])
-      mean = y.mean(0)
-      se = y.std(0, ddof=1) / np.sqrt(len(y)) if len(y) > 1 else np.zeros_like(mean)
-      marker = 'o' if plot.is_sparse(x) else None
-      ax.plot(x, mean, lw=1.2, color=color, ls=ls, marker=marker, ms=3,
-              label=f'{label} {group}'.strip())
-      ax.fill_between(x, mean - se, mean + se, color=color, alpha=0.2, lw=0)
-    title, ylabel = plot.describe(shown)
-    ax.set_title(title, fontsize=9)
-    ax.set_ylabel(ylabel, fontsize=8)
-    ax.set_xlabel('generated tokens' if sweep.plot_x != 'step' else 'RL step', fontsize=8)
-    ax.tick_params(labelsize=7)
-    ax.grid(alpha=0.25, lw=0.5)
-  for ax in list(axes.flat)[len(keys):]:
-    ax.axis('off')
-  handles, labels = [], []
-  for ax in axes.flat:
-    h, l = ax.get_legend_handles_labels()
-    if len(h) > len(handles):
-      handles, labels = h, l
-  if handles:
-    fig.legend(handles, labels, loc='lower center', ncol=min(len(labels), 4), fontsize=8)
-  fig.tight_layout(rect=(0, 0.04 + 0.025 * ((len(labels) + 3) // 4), 1, 1))
-  os.makedirs(os.path.dirname(out_path), exist_ok=True)
-  fig.savefig(out_path, dpi=100)
-  plt.close(fig)
-  return out_path
-
-
-# ---------------------------------------------------------------------------------------------
 # The results file.
 # ---------------------------------------------------------------------------------------------
 
@@ -376,21 +308,8 @@ def _declared_verdicts(sweep, results_root):
   }
 
 
-def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures=None,
-                  revision=None, plot=True, rebuilt_by=None):
-  """Builds the markdown (+ plots) from the summaries in `results_dir`; returns md_path.
-
-  `command`, `wall_time_s`, `revision`: of the invocation that ran the sweep; `rebuilt_by`: the
-  `--tables-only` command that rebuilt the file, if any. Only summaries of the sweep's own runs
-  and num_steps count.
-  """
-  by_name = {r.name: r for r in sweep.runs}  # labels and groups: as the sweep says now
-  summaries = [
-      dict(s, label=by_name[s['run']].label, group=by_name[s['run']].group)
-      for s in load_summaries(results_dir)
-      if s['run'] in by_name and s['num_steps'] == sweep.num_steps
-  ]
-  stale = len(load_summaries(results_dir)) - len(summaries)
+def _header(sweep, summaries, *, stale, command, wall_time_s, revision, rebuilt_by):
+  """The results file's first lines: the command, revision, wall time, runs and compute."""
   seeds = sorted({s['seed'] for s in summaries})
   run_wall = sum(s.get('wall_time_s') or 0.0 for s in summaries)
   lines = [
@@ -422,6 +341,26 @@ def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures
     ]
   if stale:
     lines += [f'- {stale} summaries with other settings (e.g. another num_steps) were ignored.']
+  return lines
+
+
+def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures=None,
+                  revision=None, plot=True, rebuilt_by=None):
+  """Builds the markdown (+ plots) from the summaries in `results_dir`; returns md_path.
+
+  `command`, `wall_time_s`, `revision`: of the invocation that ran the sweep; `rebuilt_by`: the
+  `--tables-only` command that rebuilt the file, if any. Only summaries of the sweep's own runs
+  and num_steps count.
+  """
+  by_name = {r.name: r for r in sweep.runs}  # labels and groups: as the sweep says now
+  summaries = [
+      dict(s, label=by_name[s['run']].label, group=by_name[s['run']].group)
+      for s in load_summaries(results_dir)
+      if s['run'] in by_name and s['num_steps'] == sweep.num_steps
+  ]
+  stale = len(load_summaries(results_dir)) - len(summaries)
+  lines = _header(sweep, summaries, stale=stale, command=command, wall_time_s=wall_time_s,
+                  revision=revision, rebuilt_by=rebuilt_by)
   lines += ['', '## Tables', '']
   declared = _declared_verdicts(sweep, os.path.dirname(os.path.abspath(results_dir)))
   for table in sweep.tables:
@@ -437,8 +376,9 @@ def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures
       lines += [f'### {table.title}', '', f'Could not build: {type(e).__name__}: {e}', '']
   lines += [STATS_NOTE, '']
   if plot and summaries:
+    from experiments import figures  # pylint: disable=import-outside-toplevel
     png = os.path.join(results_dir, 'curves.png')
-    plot_curves(sweep, summaries, png)
+    figures.plot_curves(sweep, summaries, png)
     rel = os.path.relpath(png, os.path.dirname(md_path))
     lines += [
         '## Curves', '', f'![curves]({rel})', '', 'Mean over seeds, shaded +- one standard error.',

@@ -119,6 +119,8 @@ def verdict(row, alpha=ALPHA):
   if significant:
     return 'differs'
   if equivalent:
+    if predicted in '<>' and np.isfinite(paper):
+      return f'equivalent {band}: no effect, where the paper has {_fmt(paper, 1)}'
     return f'equivalent {band}'
   sign = ''
   if predicted in '<>' and delta != 0:
@@ -212,6 +214,9 @@ def markdown(rows, *, forest_paths=()):
   return '\n'.join(lines) + '\n'
 
 
+_COLORS = {'agrees': 'tab:green', 'disagrees': 'tab:red', 'equivalent': 'tab:blue'}
+
+
 def forest(rows, path, title):
   """Delta and 95% CI per claim, one panel per family (its own units), the paper's delta as a
   cross, each claim's +-SESOI band shaded, 0 as a line; a claim without data says so."""
@@ -230,9 +235,7 @@ def forest(rows, path, title):
         ax.add_patch(plt.Rectangle((-r['sesoi'], i - 0.4), 2 * r['sesoi'], 0.8, color='0.85', lw=0))
       if not r['n_seeds']:
         ax.text(0, i, ' no data (not run) ', ha='center', va='center', fontsize=7, color='0.3')
-      color = ('tab:green' if r['verdict'].startswith(
-          ('agrees',
-           'equivalent')) else 'tab:red' if r['verdict'].startswith('disagrees') else 'tab:gray')
+      color = _COLORS.get(r['verdict'].split(' ')[0], 'tab:gray')
       if np.isfinite(r['ci_low']):
         ax.plot([r['ci_low'], r['ci_high']], [i, i], color=color, lw=2)
       ax.plot(r['delta'], i, 'o', color=color, ms=5)
@@ -249,15 +252,16 @@ def forest(rows, path, title):
     ax.grid(axis='x', alpha=0.3)
     ax.set_ylim(-0.7, len(members) - 0.3)
   handles = [
-      plt.Line2D([], [], color='tab:green', marker='o', label='agrees / equivalent'),
+      plt.Line2D([], [], color='tab:green', marker='o', label="agrees (the paper's sign)"),
       plt.Line2D([], [], color='tab:red', marker='o', label='disagrees'),
+      plt.Line2D([], [], color='tab:blue', marker='o', label='equivalent (within +-SESOI)'),
       plt.Line2D([], [], color='tab:gray', marker='o', label='inconclusive'),
       plt.Line2D([], [], color='k', marker='x', ls='', label="paper's delta"),
       plt.Rectangle((0, 0), 1, 1, color='0.85', label='+-SESOI')
   ]
-  fig.legend(handles=handles, loc='lower center', ncol=5, fontsize=8)
+  fig.legend(handles=handles, loc='lower center', ncol=3, fontsize=8)
   fig.suptitle(title, fontsize=10)
-  fig.tight_layout(rect=(0, 0.04, 1, 0.97))
+  fig.tight_layout(rect=(0, 0.06, 1, 0.97))
   fig.savefig(path, dpi=100)
   plt.close(fig)
   return path
