@@ -298,6 +298,13 @@ def result_paths(sweep_name, *, smoke, scratch=False, results_root=RESULTS_DIR):
   return os.path.join(root, sweep_name), os.path.join(root, f'{sweep_name}.md')
 
 
+def _read_parts(invocation_path):
+  if not os.path.exists(invocation_path):
+    return []
+  with open(invocation_path) as f:
+    return invocation_parts(json.load(f))
+
+
 def invocation_parts(invocation):
   """The parts of a sweep's invocation.json: [{command, wall_time_s, revision}, ...]. A file
   written before sweeps could run in parts holds one invocation, not a list."""
@@ -385,10 +392,6 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
   command = 'python -m experiments.run ' + shlex.join(sys.argv[1:] if argv is None else argv)
   t0 = time.time()
   invocation_path = os.path.join(results_dir, 'invocation.json')
-  parts = []  # the invocations that ran the sweep, a part each (see --runs)
-  if os.path.exists(invocation_path):
-    with open(invocation_path) as f:
-      parts = invocation_parts(json.load(f))
   if args.tables_only:
     failures = report.failures_on_disk(results_dir)
   else:
@@ -406,6 +409,10 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
     if all(status == 'skipped' for status, _ in results.values()) and os.path.exists(md_path):
       print(f'nothing new: every run was already summarised; {md_path} left as it is')
       return 0
+  # Read when the runs are over, so a part that finished meanwhile (another invocation of the
+  # same sweep, e.g. with --runs) is kept.
+  parts = _read_parts(invocation_path)  # the invocations that ran the sweep, a part each
+  if not args.tables_only:
     parts.append({
         'command': command,
         'wall_time_s': time.time() - t0,
