@@ -253,12 +253,14 @@ STATS_NOTE = (
 
 
 def code_revision():
-  """'<sha>' or '<sha> (dirty)'; 'unknown' outside a git checkout or without commits."""
+  """'<sha>' or '<sha> (dirty)'; 'unknown' outside a git checkout or without commits. Only
+  code counts as dirty: results files (experiments/results/) being rewritten do not."""
   try:
     sha = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout.strip()
-    dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.strip()
+    dirty = subprocess.run([
+        'git', 'status', '--porcelain', '--untracked-files=no', '--', '.', ':!experiments/results'
+    ], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
   except (OSError, subprocess.CalledProcessError):
     return 'unknown'
   return f'{sha} (dirty)' if dirty else sha
