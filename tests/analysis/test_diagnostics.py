@@ -169,6 +169,36 @@ def test_lm_head_proxy_is_head_gradient_norm():
     dg.token_grad_norms(params, cfg, tokens, inm, completion_start=3, mode='fast')
 
 
+def test_lm_head_proxy_keeps_its_precision_when_the_model_is_sure():
+  """||h|| ||e_y - p|| against float64 at target margins up to 20 nats (1 - p_y ~ 1e-7), for
+  chunkings that do and do not divide V; float32 1 - 2 p_y + sum p^2 loses every digit there."""
+  rng = np.random.default_rng(6)
+  D, V, margins = 8, 50, np.array([0.0, 4.0, 9.0, 14.0, 20.0])
+  h = rng.normal(size=(1, len(margins), D))
+  W = rng.normal(size=(D, V)) / np.sqrt(D)
+  y = rng.integers(0, V, size=(1, len(margins)))
+  head = np.repeat(W[None], len(margins), axis=0)  # one head per position, margins differ
+  for t, margin in enumerate(margins):
+    z = h[0, t] @ head[t]
+    others = np.delete(z, y[0, t])
+    head[t][:, y[0, t]] += h[0, t] * (others.max() + margin - z[y[0, t]]) / (h[0, t] @ h[0, t])
+  h32, head32 = h.astype(np.float32), head.astype(np.float32)
+  for t in range(len(margins)):
+    z = h32[0, t].astype(np.float64) @ head32[t].astype(np.float64)
+    p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    e = np.zeros(V)
+    e[y[0, t]] = 1.0
+    ref = np.linalg.norm(h32[0, t].astype(np.float64)) * np.linalg.norm(e - p)
+    for chunk in (7, 16, V):
+      got = dg.lm_head_grad_norms(jnp.asarray(h32[:, t:t + 1]), jnp.asarray(head32[t]),
+                                  jnp.asarray(y[:, t:t + 1]), vocab_chunk=chunk)
+      np.testing.assert_allclose(float(got[0, 0]), ref, rtol=1e-4, err_msg=f'{margin=} {chunk=}')
+    p32 = p.astype(np.float32)
+    naive = np.sqrt(max(np.float32(1) - 2 * p32[y[0, t]] + np.sum(p32 * p32), 0.0))
+    if margins[t] == 20.0:  # the control: the cancelling form is far off where this one is not
+      assert abs(naive * np.linalg.norm(h32[0, t]) - ref) > 0.5 * ref
+
+
 def test_frequency_buckets_and_energy_shares():
   counts = jnp.array([0, 0, 0, 50, 30, 10, 5, 5, 0, 0], jnp.float32)
   ids = jnp.array([[3, 4, 5, 6], [7, 3, 3, 9]])
