@@ -235,7 +235,7 @@ def setups(args):
   return ('small_25m, f32', model_lib.ModelConfig.small_25m(), 32, 1, 64, 256, sampling)
 
 
-def main():
+def _parser():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   common.add_cpu_flag(parser)
   size = parser.add_mutually_exclusive_group()
@@ -257,31 +257,22 @@ def main():
   parser.add_argument('--skip_hf', action='store_true')
   parser.add_argument('--skip_naive', action='store_true')
   parser.add_argument('--skip_memory', action='store_true')
-  args = parser.parse_args()
+  return parser
 
-  label, config, B, G, P, T, sampling = setups(args)
-  cpu = jax.default_backend() == 'cpu'
-  block_size = sampler_lib.resolve_block_size(args.block_size, T)
-  layer_loop = sampler_lib.resolve_layer_loop(args.layer_loop)
-  params = model_lib.init_params(config, jax.random.key(0))
-  # EOS never wins the argmax (zero tied embedding row -> logit 0): greedy rows generate T.
-  params['embed']['embedding'] = params['embed']['embedding'].at[EOS].set(0.0)
-  n_params = model_lib.num_params(params)
-  param_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
-  prompt_BP = jnp.asarray(
-      np.random.default_rng(0).integers(1, config.vocab_size, (B, P)), jnp.int32)
-  mask_BP = jnp.ones_like(prompt_BP)
-  print(f'# jtc sampler benchmark: {label}, {n_params / 1e6:.1f}M params, {B} prompts x G={G}, '
-        f'P={P}, T={T}, {sampling}; new: block_size={block_size} layer_loop={layer_loop}')
-  print(f'# {common.device_line()}')
 
+def _machine_peaks(cpu):
+  """(read bandwidth bytes/s, matmul FLOP/s), printed."""
   bandwidth = read_bandwidth_bytes_per_s(1 << (28 if cpu else 30))
   peak_flops = matmul_flops_per_s(dtype=jnp.float32 if cpu else jnp.bfloat16,
                                   n=2048 if cpu else 8192)
   print(f'read bandwidth           {bandwidth / 1e9:8.2f} GB/s (a reduction, best of 10)')
   print(f'matmul peak              {peak_flops / 1e9:8.2f} GFLOP/s '
         f'({"f32 2048" if cpu else "bf16 8192"}^3, best of 10)')
+  return bandwidth, peak_flops
 
+
+def _systems(args, params, config, prompt_BP, mask_BP, *, G, T, sampling, block_size, layer_loop):
+  """{name: zero-argument call} of the systems compared (module docstring, item 1)."""
   kw = dict(rng=jax.random.key(1), num_samples=G, max_new_tokens=T, eos_id=EOS, pad_id=EOS,
             **sampling)
   systems = {
@@ -293,50 +284,55 @@ def main():
     reference = load_reference_sampler()
     old_params = model_lib.unstack_layers(params)
     systems['old jtc'] = lambda: reference.sample(old_params, config, prompt_BP, mask_BP, **kw)
-  hf_run = None
-  if cpu and not args.skip_hf and sampling.get('greedy'):
+  if jax.default_backend() == 'cpu' and not args.skip_hf and sampling.get('greedy'):
     try:  # benchmarks/hf_baseline.py (torch + transformers); None if they are missing.
       from benchmarks import hf_baseline  # pylint: disable=g-import-not-at-top
       hf_run = hf_baseline.make_hf_generate(config, params, np.asarray(prompt_BP), T)
     except ImportError as e:
       print(f'(HF baseline unavailable: {e})')
-  if hf_run is not None:
-    systems['HF generate'] = hf_run
+    else:
+      systems['HF generate'] = hf_run
+  return systems
 
-  # Compile / warm up each system once; count the tokens each generates.
+
+def _interleaved_runs(systems, rounds, n_rows, T):
+  """Compile / warm up each system once and count the tokens it generates, then `rounds`
+  interleaved timed calls. Returns (tokens, compile seconds, {name: [(tokens/s, OtherLoad)]})."""
   tokens, compile_s = {}, {}
   for name, fn in systems.items():
     start = time.perf_counter()
     out = jax.block_until_ready(fn())
     compile_s[name] = time.perf_counter() - start
-    tokens[name] = B * G * T if name == 'HF generate' else int(out.completion_mask.sum())
+    tokens[name] = n_rows * T if name == 'HF generate' else int(out.completion_mask.sum())
   if 'old jtc' in tokens:
     assert tokens['old jtc'] == tokens['new jtc'], tokens
   order = [n for n in ('old jtc', 'new jtc', 'HF generate') if n in systems]
-  runs = {name: [] for name in order}  # (tokens/s, common.OtherLoad)
-  for _ in range(args.rounds):
+  runs = {name: [] for name in order}
+  for _ in range(rounds):
     for name in order:
       with common.OtherLoad() as other:
         jax.block_until_ready(systems[name]())
       runs[name].append((tokens[name] / other.seconds, other))
+  return tokens, compile_s, runs
 
-  floor = decode_floor_seconds(config, param_bytes, B=B, G=G, P=P, T=T, block_size=block_size,
-                               bandwidth=bandwidth, peak_flops=peak_flops)
-  floors = {f'{d} jtc': tokens['new jtc'] / floor[d][0] for d in ('old', 'new')}
-  median = {name: statistics.median(t for t, _ in runs[name]) for name in order}
+
+def _print_throughput(runs, compile_s, floor, n_tokens, param_bytes, rounds):
+  """Tokens/s of each system against its design's floor, and the ratios of the medians."""
+  floors = {f'{d} jtc': n_tokens / floor[d][0] for d in ('old', 'new')}
+  median = {name: statistics.median(t for t, _ in rs) for name, rs in runs.items()}
   print()
   print(f'decode roofline floor: new design {floors["new jtc"]:10.1f} tok/s '
         f'({floor["new"][1]:.0%} of steps compute-bound), old design {floors["old jtc"]:10.1f} '
         f'tok/s ({floor["old"][1]:.0%})  (per step the larger of: params '
         f'{param_bytes / 1e6:.0f} MB + the KV cache the design reads, at the read bandwidth; '
         'its FLOPs at the matmul peak)')
-  print(f'tokens/s of {args.rounds} interleaved rounds (1-minute load average, and the cores '
+  print(f'tokens/s of {rounds} interleaved rounds (1-minute load average, and the cores '
         'other processes used during the call):')
-  for name in order:
+  for name, rs in runs.items():
     print(f'  {name:11s} median {median[name]:9.1f}' +
           (f' = {median[name] / floors[name]:5.1%} of its floor' if name in floors else '') +
           f'; compile+first run {compile_s[name]:.1f}s')
-    for t, other in runs[name]:
+    for t, other in rs:
       print(f'      {t:9.1f} ({common.load_str(other)})')
   loaded = any(common.is_loaded(o) for rs in runs.values() for _, o in rs)
   tag = (f'  LOADED: not a valid ratio (other processes used > {common.MAX_OTHER_CORES} cores '
@@ -344,53 +340,96 @@ def main():
   for other in ('old jtc', 'HF generate'):
     if other in median:
       print(f'ratio new jtc / {other:12s} {median["new jtc"] / median[other]:6.2f}x{tag}')
+  return median['new jtc']
 
-  if args.qwen3_0_6b:
-    return
-  # --- Naive full recompute and prefill against the matmul peak (CPU config).
-  if not args.skip_naive:
-    step = naive_step_fn(config, P)
-    toks = jnp.concatenate([prompt_BP, jnp.zeros((B, T), jnp.int32)], 1)
-    mask = jnp.concatenate([mask_BP, jnp.zeros((B, T), jnp.int32)], 1)
-    jax.block_until_ready(step(params, toks, mask, 0))
-    n_naive = T if args.small else min(args.naive_steps, T)
-    start = time.perf_counter()
-    state = (toks, mask)
-    for t in range(n_naive):
-      state = step(params, *state, t)
-    jax.block_until_ready(state)
-    naive_tps = B * T / ((time.perf_counter() - start) / n_naive * T)
-    print(f'naive full recompute     {naive_tps:10.1f} tok/s -> new jtc is '
-          f'{median["new jtc"] / naive_tps:.1f}x ({n_naive} of {T} steps timed, extrapolated)')
 
+def _print_naive(params, config, prompt_BP, mask_BP, *, T, n_steps, new_tps):
+  """Naive full recompute: `n_steps` of T timed and extrapolated, against the new sampler."""
+  B, P = prompt_BP.shape
+  step = naive_step_fn(config, P)
+  toks = jnp.concatenate([prompt_BP, jnp.zeros((B, T), jnp.int32)], 1)
+  mask = jnp.concatenate([mask_BP, jnp.zeros((B, T), jnp.int32)], 1)
+  jax.block_until_ready(step(params, toks, mask, 0))
+  start = time.perf_counter()
+  state = (toks, mask)
+  for t in range(n_steps):
+    state = step(params, *state, t)
+  jax.block_until_ready(state)
+  naive_tps = B * T / ((time.perf_counter() - start) / n_steps * T)
+  print(f'naive full recompute     {naive_tps:10.1f} tok/s -> new jtc is '
+        f'{new_tps / naive_tps:.1f}x ({n_steps} of {T} steps timed, extrapolated)')
+
+
+def _print_prefill(params, config, prompt_BP, mask_BP, *, G, T, block_size, peak_flops):
+  """Prefill time against the matmul peak."""
+  B, P = prompt_BP.shape
   prefill = jax.jit(lambda p, t, m: decode.prefill(p, config, t, m, num_samples=G, max_new_tokens=T,
                                                    block_size=block_size))
   jax.block_until_ready(prefill(params, prompt_BP, mask_BP))
   prefill_s = median_time(lambda: prefill(params, prompt_BP, mask_BP), 3)
-  non_embed = n_params - config.vocab_size * config.d_model
+  non_embed = model_lib.num_params(params) - config.vocab_size * config.d_model
   prefill_flops = 2 * non_embed * B * P + attention_flops(
       config, B, P, P) + (2 * B * config.d_model * config.vocab_size)
   print(f'prefill                  {prefill_s * 1e3:8.1f} ms  {prefill_flops / 1e9:8.1f} GFLOP -> '
         f'{prefill_flops / prefill_s / peak_flops:6.1%} of matmul peak')
 
-  if not args.skip_old:
-    R, V = B * G, config.vocab_size
-    print(f'token choice, {R} x {V} f32 logits (old / new, best of 5 interleaved rounds of 50):')
-    for s, (t, other) in choice_seconds(load_reference_sampler()._choose, sampler_lib._choose, R, V,
-                                        sampling).items():  # pylint: disable=protected-access
-      print(f'  {s:8s} old {t["old"] * 1e3:7.3f} ms   new {t["new"] * 1e3:7.3f} ms   ratio '
-            f'{t["old"] / t["new"]:5.2f}x ({common.load_str(other)})' +
-            ('  LOADED: not a valid ratio' if common.is_loaded(other) else ''))
 
+def _print_choice(R, V, sampling):
+  print(f'token choice, {R} x {V} f32 logits (old / new, best of 5 interleaved rounds of 50):')
+  for s, (t, other) in choice_seconds(load_reference_sampler()._choose, sampler_lib._choose, R, V,
+                                      sampling).items():  # pylint: disable=protected-access
+    print(f'  {s:8s} old {t["old"] * 1e3:7.3f} ms   new {t["new"] * 1e3:7.3f} ms   ratio '
+          f'{t["old"] / t["new"]:5.2f}x ({common.load_str(other)})' +
+          ('  LOADED: not a valid ratio' if common.is_loaded(other) else ''))
+
+
+def _print_memory(B=16, T=1024, D=256, V=151_936):
+  mem = logprob_memory(B, T, D, V, chunk=8192)
+  print(f'token_logprobs memory, V={V:,} B*T={B * T:,} D={D} f32 '
+        '(compiled arguments+outputs+temps / temps only):')
+  for mode in ('fwd', 'fwd+bwd'):
+    (cp, ct), (nps, nt) = mem['chunked', mode], mem['naive', mode]
+    print(f'  {mode:8s} chunked(8192) {cp / 2**30:7.2f} GiB / {ct / 2**30:6.2f}   '
+          f'naive {nps / 2**30:7.2f} GiB / {nt / 2**30:6.2f}   ratio {nps / cp:6.1f}x')
+
+
+def main():
+  args = _parser().parse_args()
+  label, config, B, G, P, T, sampling = setups(args)
+  cpu = jax.default_backend() == 'cpu'
+  block_size = sampler_lib.resolve_block_size(args.block_size, T)
+  layer_loop = sampler_lib.resolve_layer_loop(args.layer_loop)
+  params = model_lib.init_params(config, jax.random.key(0))
+  # EOS never wins the argmax (zero tied embedding row -> logit 0): greedy rows generate T.
+  params['embed']['embedding'] = params['embed']['embedding'].at[EOS].set(0.0)
+  param_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
+  prompt_BP = jnp.asarray(
+      np.random.default_rng(0).integers(1, config.vocab_size, (B, P)), jnp.int32)
+  mask_BP = jnp.ones_like(prompt_BP)
+  print(f'# jtc sampler benchmark: {label}, {model_lib.num_params(params) / 1e6:.1f}M params, '
+        f'{B} prompts x G={G}, P={P}, T={T}, {sampling}; new: block_size={block_size} '
+        f'layer_loop={layer_loop}')
+  print(f'# {common.device_line()}')
+  bandwidth, peak_flops = _machine_peaks(cpu)
+
+  systems = _systems(args, params, config, prompt_BP, mask_BP, G=G, T=T, sampling=sampling,
+                     block_size=block_size, layer_loop=layer_loop)
+  tokens, compile_s, runs = _interleaved_runs(systems, args.rounds, B * G, T)
+  floor = decode_floor_seconds(config, param_bytes, B=B, G=G, P=P, T=T, block_size=block_size,
+                               bandwidth=bandwidth, peak_flops=peak_flops)
+  new_tps = _print_throughput(runs, compile_s, floor, tokens['new jtc'], param_bytes, args.rounds)
+  if args.qwen3_0_6b:
+    return
+  # The CPU config's extras: naive recompute, prefill, token choice, log-prob memory.
+  if not args.skip_naive:
+    _print_naive(params, config, prompt_BP, mask_BP, T=T,
+                 n_steps=T if args.small else min(args.naive_steps, T), new_tps=new_tps)
+  _print_prefill(params, config, prompt_BP, mask_BP, G=G, T=T, block_size=block_size,
+                 peak_flops=peak_flops)
+  if not args.skip_old:
+    _print_choice(B * G, config.vocab_size, sampling)
   if not args.skip_memory:
-    Bm, Tm, Dm, Vm = 16, 1024, 256, 151_936
-    mem = logprob_memory(Bm, Tm, Dm, Vm, chunk=8192)
-    print(f'token_logprobs memory, V={Vm:,} B*T={Bm * Tm:,} D={Dm} f32 '
-          '(compiled arguments+outputs+temps / temps only):')
-    for mode in ('fwd', 'fwd+bwd'):
-      (cp, ct), (nps, nt) = mem['chunked', mode], mem['naive', mode]
-      print(f'  {mode:8s} chunked(8192) {cp / 2**30:7.2f} GiB / {ct / 2**30:6.2f}   '
-            f'naive {nps / 2**30:7.2f} GiB / {nt / 2**30:6.2f}   ratio {nps / cp:6.1f}x')
+    _print_memory()
 
 
 if __name__ == '__main__':

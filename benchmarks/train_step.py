@@ -270,7 +270,7 @@ def _rate(x):
   return f'{x / 1e3:9.1f}k' if x < 1e6 else f'{x / 1e6:9.2f}M'
 
 
-def main():
+def _parser():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--small', action='store_true',
                       help='smoke config, smaller matmul probe, fewer repeats (quick check)')
@@ -284,7 +284,64 @@ def main():
                       help='model shape of the MFU section')
   parser.add_argument('--skip_mfu', action='store_true', help='no MFU section')
   common.add_cpu_flag(parser)
-  args = parser.parse_args()
+  return parser
+
+
+def _print_mfu(shape, small, cpu):
+  """The MFU section: the full shape on an accelerator, a reduced one with --small."""
+  n_mfu, dt = (2048, jnp.float32) if cpu else (8192, jnp.bfloat16)
+  mfu_peak = matmul_flops_per_s(n=n_mfu, dtype=dt)
+  B, G, P, T = (4, 4, 32, 96) if small else (64, 8, 128, 512)
+  u = time_mfu(shape, B=B, P=P, T=T, G=G, repeats=2 if small else 5, n_layers=2 if small else None,
+               compute_dtype='float32' if cpu else 'bfloat16')
+  mc, s_ = u['model_config'], u['seconds']
+  print()
+  print(f'MFU of the update step, {shape} shape{" with 2 layers" if small else ""} '
+        f'({u["n_params"] / 1e6:.0f}M params, master f32, compute {mc.dtype}, remat), '
+        f'{B} sequences x {P + T} tokens (P={P}, T={T}), G={G}:')
+  print(f'  init_params {u["init_s"]:.1f}s, compile {u["compile_s"]:.1f}s, '
+        f'{s_ * 1e3:.0f} ms/step (median)')
+  print(f'  model FLOPs = 6*N_trunk*B*L + 6*D*V*B*T + 12*Y*N*H*B*L^2 = {u["flops"] / 1e12:.3f} '
+        f'TFLOP/step -> {u["flops"] / s_ / 1e12:.3f} TFLOP/s')
+  print(f'  peak {mfu_peak / 1e12:.3f} TFLOP/s ({"f32" if cpu else "bf16"} {n_mfu}^3 '
+        f'matmul, best of 10) -> MFU {u["flops"] / s_ / mfu_peak:6.1%}')
+
+
+def _print_update(u, label, repeats, peak):
+  mc, s = u['model_config'], u['seconds']
+  print()
+  print(f'update step ({label}: {u["n_params"] / 1e6:.2f}M params, V={mc.vocab_size}, '
+        f'{mc.dtype}; mini-batch B={u["B"]} x L={u["L"]} (T={u["T"]}) in {u["n_micro"]} '
+        f'micro-batch(es); median of {repeats}, compile {u["compile_s"]:.1f}s)')
+  print(f'  time                 {s * 1e3:8.1f} ms/step')
+  print(f'  tokens/s             {_rate(u["B"] * u["L"] / s)} (B*L tokens, forward+backward)'
+        f'   {_rate(u["B"] * u["T"] / s).strip()} completion tokens/s')
+  for name, key in (('XLA cost_analysis', 'xla_flops'), ('model 6N + attn', 'model_flops')):
+    flops = u[key]
+    print(f'  {name:20s} {flops / 1e9:8.2f} GFLOP/step -> {flops / s / 1e9:7.2f} GFLOP/s = '
+          f'{flops / s / peak:6.1%} of matmul peak')
+
+
+def _print_rl(c, steps, walls, label):
+  mean = {p: statistics.mean(m[f'time_{p}'] for m in steps) for p in PHASES}
+  total = sum(mean.values())
+  n_updates = update.updates_per_step(c.optim, c.rollout.prompts_per_step)
+  G = c.rollout.sampling.num_samples
+  print()
+  print(f'RL step ({label}; {c.rollout.prompts_per_step} prompts x G={G}, '
+        f'T<={c.rollout.sampling.max_new_tokens}, {n_updates} update steps of '
+        f'{c.optim.minibatch_prompts * G}'
+        f' rows; mean of {len(steps)} steps after 1 warm-up step)')
+  for p in PHASES:
+    print(f'  {p:8s} {mean[p]:8.3f} s  {mean[p] / total:6.1%}')
+  print(f'  {"total":8s} {total:8.3f} s  (wall per step {statistics.mean(walls):.3f} s; '
+        f'{statistics.mean(m["tokens_per_s"] for m in steps):.0f} generated tokens/s; mean '
+        f'completion length {statistics.mean(m["response_length"] for m in steps):.1f})')
+  return n_updates
+
+
+def main():
+  args = _parser().parse_args()
   repeats = args.repeats or (3 if args.small else 10)
   rl_steps = args.rl_steps or (2 if args.small else 4)
   c = get_config(args.small)
@@ -296,72 +353,24 @@ def main():
   n = 1024 if args.small else 2048
   peak = matmul_flops_per_s(n=n)
   print(f'matmul peak            {peak / 1e9:8.2f} GFLOP/s ({n}^3 f32 matmul, best of 10)')
-
   if not args.skip_mfu and (args.small or not cpu):
-    # The MFU section: the full shape on an accelerator, a reduced one with --small.
-    small = args.small
-    n_mfu, dt = (2048, jnp.float32) if cpu else (8192, jnp.bfloat16)
-    mfu_peak = matmul_flops_per_s(n=n_mfu, dtype=dt)
-    B, G, P, T = (4, 4, 32, 96) if small else (64, 8, 128, 512)
-    u = time_mfu(args.mfu_shape, B=B, P=P, T=T, G=G, repeats=2 if small else 5,
-                 n_layers=2 if small else None, compute_dtype='float32' if cpu else 'bfloat16')
-    mc, s_ = u['model_config'], u['seconds']
-    print()
-    print(f'MFU of the update step, {args.mfu_shape} shape{" with 2 layers" if small else ""} '
-          f'({u["n_params"] / 1e6:.0f}M params, master f32, compute {mc.dtype}, remat), '
-          f'{B} sequences x {P + T} tokens (P={P}, T={T}), G={G}:')
-    print(f'  init_params {u["init_s"]:.1f}s, compile {u["compile_s"]:.1f}s, '
-          f'{s_ * 1e3:.0f} ms/step (median)')
-    print(f'  model FLOPs = 6*N_trunk*B*L + 6*D*V*B*T + 12*Y*N*H*B*L^2 = {u["flops"] / 1e12:.3f} '
-          f'TFLOP/step -> {u["flops"] / s_ / 1e12:.3f} TFLOP/s')
-    print(f'  peak {mfu_peak / 1e12:.3f} TFLOP/s ({"f32" if cpu else "bf16"} {n_mfu}^3 '
-          f'matmul, best of 10) -> MFU {u["flops"] / s_ / mfu_peak:6.1%}')
+    _print_mfu(args.mfu_shape, args.small, cpu)
   elif not args.skip_mfu:
     print('(MFU section: the 0.6B shape at 64 x 640 is for GPU/TPU; on CPU run --small)')
 
   with tempfile.TemporaryDirectory(prefix='jtc_policy_') as policy_dir:
     policy = policies(args.model, policy_dir)
-
-    # --- The update step.
     c.policy.init, label = policy['update']
     u = time_update_step(c, repeats=repeats)
-    mc = u['model_config']
-    print()
-    print(f'update step ({label}: {u["n_params"] / 1e6:.2f}M params, V={mc.vocab_size}, '
-          f'{mc.dtype}; mini-batch B={u["B"]} x L={u["L"]} (T={u["T"]}) in {u["n_micro"]} '
-          f'micro-batch(es); median of {repeats}, compile {u["compile_s"]:.1f}s)')
-    s = u['seconds']
-    print(f'  time                 {s * 1e3:8.1f} ms/step')
-    print(f'  tokens/s             {_rate(u["B"] * u["L"] / s)} (B*L tokens, forward+backward)'
-          f'   {_rate(u["B"] * u["T"] / s).strip()} completion tokens/s')
-    for name, key in (('XLA cost_analysis', 'xla_flops'), ('model 6N + attn', 'model_flops')):
-      flops = u[key]
-      print(f'  {name:20s} {flops / 1e9:8.2f} GFLOP/step -> {flops / s / 1e9:7.2f} GFLOP/s = '
-            f'{flops / s / peak:6.1%} of matmul peak')
+    _print_update(u, label, repeats, peak)
     if args.skip_rl:
       return
-
-    # --- One RL step of the config.
     c.policy.init, label = policy['rl']
     steps, walls = time_rl_steps(c, n_steps=rl_steps)
-
-  mean = {p: statistics.mean(m[f'time_{p}'] for m in steps) for p in PHASES}
-  total = sum(mean.values())
-  n_updates = update.updates_per_step(c.optim, c.rollout.prompts_per_step)
-  print()
-  G = c.rollout.sampling.num_samples
-  print(f'RL step ({label}; {c.rollout.prompts_per_step} prompts x G={G}, '
-        f'T<={c.rollout.sampling.max_new_tokens}, {n_updates} update steps of '
-        f'{c.optim.minibatch_prompts * G}'
-        f' rows; mean of {rl_steps} steps after 1 warm-up step)')
-  for p in PHASES:
-    print(f'  {p:8s} {mean[p]:8.3f} s  {mean[p] / total:6.1%}')
-  print(f'  {"total":8s} {total:8.3f} s  (wall per step {statistics.mean(walls):.3f} s; '
-        f'{statistics.mean(m["tokens_per_s"] for m in steps):.0f} generated tokens/s; mean '
-        f'completion length {statistics.mean(m["response_length"] for m in steps):.1f})')
+  n_updates = _print_rl(c, steps, walls, label)
   if policy['rl'] == policy['update']:
-    print(f'  (isolated update step x {n_updates} = {n_updates * s:.3f} s with full-length '
-          'completions, for comparison with the update phase)')
+    print(f'  (isolated update step x {n_updates} = {n_updates * u["seconds"]:.3f} s with '
+          'full-length completions, for comparison with the update phase)')
 
 
 if __name__ == '__main__':
