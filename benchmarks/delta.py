@@ -67,12 +67,12 @@ def relative_time(args):
   fwd = jax.jit(lambda params: logprobs.sequence_logprobs(
       params, config, tokens, input_mask, completion_start=p_len, return_hidden=True))
   out = fwd(params)
-  hidden_BTD, probs_BT = out['hidden'], jnp.exp(out['logps'])
-  coeffs = jax.jit(lambda h, p, a, m: delta.token_coefficients(
-      h, p, a, m, delta.DeltaOptions(chunk_size=args.chunk_size)))
+  hidden_BTD, logps_BT = out['hidden'], out['logps']
+  coeffs = jax.jit(lambda h, lp, a, m: delta.token_coefficients(
+      h, lp, a, m, delta.DeltaOptions(chunk_size=args.chunk_size)))
   fns = {
       'loss+grad step': (step, (params,)),
-      'delta lambda': (coeffs, (hidden_BTD, probs_BT, adv_B, mask_BT))
+      'delta lambda': (coeffs, (hidden_BTD, logps_BT, adv_B, mask_BT))
   }
   for fn, fargs in fns.values():  # compile
     jax.block_until_ready(fn(*fargs))
@@ -91,8 +91,8 @@ def _compiled_memory(n_tokens, dim, length, chunk, dtype):
       (b, length, dim), dtype), jax.ShapeDtypeStruct(
           (b, length), jnp.float32), jax.ShapeDtypeStruct(
               (b,), jnp.float32), jax.ShapeDtypeStruct((b, length), jnp.float32))
-  fn = jax.jit(
-      lambda h, p, a, m: delta.token_coefficients(h, p, a, m, delta.DeltaOptions(chunk_size=chunk)))
+  fn = jax.jit(lambda h, lp, a, m: delta.token_coefficients(h, lp, a, m,
+                                                            delta.DeltaOptions(chunk_size=chunk)))
   mem = fn.lower(*shapes).compile().memory_analysis()
   return mem.argument_size_in_bytes, mem.temp_size_in_bytes, mem.output_size_in_bytes
 
@@ -118,18 +118,18 @@ def run_full(args):
   hidden = jax.jit(lambda: jnp.sin(
       jax.lax.iota(jnp.float32, n * dim).reshape(b, length, dim) * 0.7548776662 + jax.lax.iota(
           jnp.float32, n * dim).reshape(b, length, dim)**0.5).astype(args.mem_dtype))()
-  probs = jax.random.uniform(jax.random.fold_in(key, 1), (b, length))
+  logps = jnp.log(jax.random.uniform(jax.random.fold_in(key, 1), (b, length)))
   adv = jax.random.normal(jax.random.fold_in(key, 2), (b,))
   mask = jnp.ones((b, length), jnp.float32)
-  fn = jax.jit(lambda h, p, a, m: delta.token_coefficients(
-      h, p, a, m, delta.DeltaOptions(chunk_size=args.chunk_size)))
-  fn = fn.lower(hidden, probs, adv, mask).compile()
+  fn = jax.jit(lambda h, lp, a, m: delta.token_coefficients(
+      h, lp, a, m, delta.DeltaOptions(chunk_size=args.chunk_size)))
+  fn = fn.lower(hidden, logps, adv, mask).compile()
   jax.block_until_ready(hidden)
   rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
   t0 = time.perf_counter()
-  lam, met = jax.block_until_ready(fn(hidden, probs, adv, mask))
+  lam, met = jax.block_until_ready(fn(hidden, logps, adv, mask))
   t1 = time.perf_counter()
-  jax.block_until_ready(fn(hidden, probs, adv, mask))
+  jax.block_until_ready(fn(hidden, logps, adv, mask))
   t2 = time.perf_counter()
   rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
   print(f'full size B*T={n} D={dim} {args.mem_dtype}: first call {t1 - t0:.2f} s, '

@@ -68,7 +68,7 @@ def _validate(hidden_BTD, options, *, group_size, rng, unembed_VD, token_ids_BT)
       raise ValueError(f'topk must be in [1, V={unembed_VD.shape[0]}], got {options.topk}')
 
 
-def token_coefficients(hidden_BTD: Array, token_probs_BT: Array, advantages_B: Array,
+def token_coefficients(hidden_BTD: Array, token_logps_BT: Array, advantages_B: Array,
                        mask_BT: Array, options: DeltaOptions = DeltaOptions(), *,
                        group_size: Optional[int] = None, rng: Optional[Array] = None,
                        unembed_VD: Optional[Array] = None,
@@ -96,7 +96,7 @@ def token_coefficients(hidden_BTD: Array, token_probs_BT: Array, advantages_B: A
     Args:
       hidden_BTD: [B, T, D] final-normed hidden states that predicted each completion
         token (any float dtype; math in float32).
-      token_probs_BT: [B, T] p(y_t) = exp(log-prob of the sampled token).
+      token_logps_BT: [B, T] log p(y_t), the log-prob of the sampled token.
       advantages_B: [B] sequence advantages A_i (only sign and |A| are used).
       mask_BT: [B, T] valid completion tokens (bool or 0/1).
       options: `DeltaOptions` (static).
@@ -114,11 +114,11 @@ def token_coefficients(hidden_BTD: Array, token_probs_BT: Array, advantages_B: A
     """
   _validate(hidden_BTD, options, group_size=group_size, rng=rng, unembed_VD=unembed_VD,
             token_ids_BT=token_ids_BT)
-  chex.assert_rank([hidden_BTD, token_probs_BT, advantages_B, mask_BT], [3, 2, 1, 2])
-  chex.assert_equal_shape([token_probs_BT, mask_BT])
-  chex.assert_equal_shape_prefix([hidden_BTD, token_probs_BT], 2)
+  chex.assert_rank([hidden_BTD, token_logps_BT, advantages_B, mask_BT], [3, 2, 1, 2])
+  chex.assert_equal_shape([token_logps_BT, mask_BT])
+  chex.assert_equal_shape_prefix([hidden_BTD, token_logps_BT], 2)
   chex.assert_equal_shape_prefix([hidden_BTD, advantages_B], 1)
-  chex.assert_type([hidden_BTD, token_probs_BT, advantages_B], [float, float, float])
+  chex.assert_type([hidden_BTD, token_logps_BT, advantages_B], [float, float, float])
   o = options
   tk = _token_classes(advantages_B, mask_BT, scope=o.scope, group_size=group_size)
   if o.random_lambda:  # the ablation: uniform scores, no geometry
@@ -126,7 +126,7 @@ def token_coefficients(hidden_BTD: Array, token_probs_BT: Array, advantages_B: A
     margin_N, gamma_SZ = jnp.zeros_like(alpha_N), jnp.zeros((tk.num_seg, 2), jnp.float32)
     centroid_cos = jnp.float32(0.0)
   else:
-    run = _proxy_pass(hidden_BTD, token_probs_BT, tk, o, unembed_VD=unembed_VD,
+    run = _proxy_pass(hidden_BTD, token_logps_BT, tk, o, unembed_VD=unembed_VD,
                       token_ids_BT=token_ids_BT)
     alpha_N, margin_N, gamma_SZ, centroid_cos = _scores(run, tk, o)
   # Range map; valid tokens DelTA does not score get the neutral 1, masked ones 0.
@@ -185,7 +185,7 @@ def _token_classes(advantages_B, mask_BT, *, scope, group_size):
                  weight_N=jnp.where(scored_N, jnp.abs(adv_N), 0.0), num_seg=num_seg)
 
 
-def _proxy_pass(hidden_BTD, token_probs_BT, tk, o, *, unembed_VD, token_ids_BT):
+def _proxy_pass(hidden_BTD, token_logps_BT, tk, o, *, unembed_VD, token_ids_BT):
   """``run(**kwargs)``: one chunked pass over the token-gradient proxies v (the LM-head row
   gradient (1 - p) h, or the top-k hidden proxy), `geometry.proxy_pass`."""
   batch, length, dim = hidden_BTD.shape
@@ -199,9 +199,9 @@ def _proxy_pass(hidden_BTD, token_probs_BT, tk, o, *, unembed_VD, token_ids_BT):
     return jax.lax.dynamic_slice_in_dim(hidden_ND, start, chunk, axis=0)
 
   if o.proxy == 'lm_head':
-    probs_N = token_probs_BT.reshape(-1)
+    logps_N = token_logps_BT.reshape(-1)
     v_fn = lambda start: geometry.lm_head_proxy(hidden_chunk(start),
-                                                geometry.take_chunk(probs_N, start, chunk))
+                                                geometry.take_chunk(logps_N, start, chunk))
   else:
     ids_N = token_ids_BT.reshape(-1)
     v_fn = lambda start: geometry.topk_hidden_proxy(hidden_chunk(

@@ -140,8 +140,8 @@ class DeltaWeighter:
     if self.options.proxy == 'topk_hidden':
       extra = dict(unembed_VD=model_lib.lm_head_DV(params, self.model_config).T,
                    token_ids_BT=completion_BT)
-    lam_BT, metrics = self._coefficients(behaviour['hidden'], jnp.exp(behaviour['logps']), adv_B,
-                                         mask_BT, rng=rng, **extra)
+    lam_BT, metrics = self._coefficients(behaviour['hidden'], behaviour['logps'], adv_B, mask_BT,
+                                         rng=rng, **extra)
     scored_BT = mask_BT * (adv_B[:, None] != 0)
     state = update_token_cloud(state, completion_BT, lam_BT, scored_BT)
     return lam_BT, metrics, state

@@ -28,17 +28,29 @@ def _jitted(opts: tuple):
   """One compiled estimator per option set (options are static)."""
   options, call = split_options(opts)
   return jax.jit(
-      lambda h, p, a, m, rng: delta.token_coefficients(h, p, a, m, options, rng=rng, **call))
+      lambda h, lp, a, m, rng: delta.token_coefficients(h, lp, a, m, options, rng=rng, **call))
+
+
+def logp(p):
+  """log p in float32 (p = 0 gives -inf, whose proxy weight 1 - p is 1)."""
+  with np.errstate(divide='ignore'):
+    return jnp.asarray(np.log(np.asarray(p, np.float64)), jnp.float32)
+
+
+def inputs(h, p, a, m):
+  """float32 (hidden, log p, advantages, mask) for `token_coefficients` from p."""
+  return (jnp.asarray(h,
+                      jnp.float32), logp(p), jnp.asarray(a,
+                                                         jnp.float32), jnp.asarray(m, jnp.float32))
 
 
 def run(h, p, a, m, rng=None, **opts):
+  """`token_coefficients` on probabilities p of the sampled tokens (the tests' reference
+    `ref_delta` takes p too)."""
   if rng is None:
     rng = jax.random.PRNGKey(0)
   opts.setdefault('chunk_size', 7)  # several chunks, shared compile cache
-  lam, met = _jitted(tuple(sorted(opts.items())))(jnp.asarray(h, jnp.float32),
-                                                  jnp.asarray(p, jnp.float32),
-                                                  jnp.asarray(a, jnp.float32),
-                                                  jnp.asarray(m, jnp.float32), rng)
+  lam, met = _jitted(tuple(sorted(opts.items())))(*inputs(h, p, a, m), rng)
   return np.asarray(lam, np.float64), {k: float(v) for k, v in met.items()}
 
 
@@ -121,9 +133,21 @@ def test_lm_head_proxy_identity():
   ys = [2, 5, 2]
   for h_D, y in zip(hs, ys):
     grad_VD = jax.grad(lm_logp)(w, h_D, y)
-    p_y = jnp.exp(lm_logp(w, h_D, y))
-    np.testing.assert_allclose(grad_VD[y], delta_geometry.lm_head_proxy(h_D, p_y), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(grad_VD[y], delta_geometry.lm_head_proxy(h_D, lm_logp(w, h_D, y)),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_lm_head_proxy_keeps_its_precision_when_the_model_is_sure():
+  """(1 - p) h at log p from -1e-2 to -1e-9 against float64; 1 - exp(log p) in float32 (the
+    earlier form) is the failing control: wrong by ~5% at -1e-6 and exactly 0 at -1e-8."""
+  logps = np.array([-1e-2, -1e-4, -1e-5, -1e-6, -1e-8, -1e-9])
+  h_CD = np.ones((len(logps), D))
+  want = -np.expm1(logps)[:, None] * h_CD
+  got = np.asarray(
+      delta_geometry.lm_head_proxy(jnp.asarray(h_CD, jnp.float32), jnp.asarray(logps, jnp.float32)))
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  cancelling = 1.0 - np.exp(logps.astype(np.float32))
+  assert np.abs(cancelling[3] / -np.expm1(logps[3]) - 1) > 1e-2 and cancelling[4] == 0.0
 
 
 def test_topk_hidden_proxy_full_vocab_is_hidden_gradient():
@@ -224,8 +248,8 @@ def test_chunk_size_does_not_change_lambda(scope):
 def test_bfloat16_hidden_matches_float32_of_same_values():
   h, p, a, m = random_batch(5)
   h16 = jnp.asarray(h, jnp.bfloat16)
-  lam16, _ = jax.jit(delta.token_coefficients)(h16, jnp.asarray(p, jnp.float32),
-                                               jnp.asarray(a, jnp.float32), jnp.asarray(m))
+  lam16, _ = jax.jit(delta.token_coefficients)(h16, logp(p), jnp.asarray(a, jnp.float32),
+                                               jnp.asarray(m))
   lam32, _ = run(np.asarray(h16.astype(jnp.float32)), p, a, m)
   np.testing.assert_allclose(np.asarray(lam16), lam32, rtol=1e-5, atol=1e-6)
 
@@ -380,8 +404,8 @@ def test_one_side_empty_gives_lambda_one(sign):
 
 
 def test_lambda_is_a_constant_for_autodiff():
-  h, p, a, m = (jnp.asarray(x, jnp.float32) for x in random_batch(12))
-  grad = jax.jit(jax.grad(lambda hh: jnp.sum(delta.token_coefficients(hh, p, a, m)[0]**2)))(h)
+  h, lp, a, m = inputs(*random_batch(12))
+  grad = jax.jit(jax.grad(lambda hh: jnp.sum(delta.token_coefficients(hh, lp, a, m)[0]**2)))(h)
   assert np.all(np.asarray(grad) == 0.0)
 
 
@@ -407,9 +431,8 @@ def test_ablation_table_is_complete_and_runs():
     opts = delta.ablation_options(name)
     if opts.get('proxy') == 'topk_hidden':
       options, _ = split_options(dict(opts, topk=4))
-      lam, met = jax.jit(
-          lambda *x: delta.token_coefficients(*x, options, unembed_VD=unembed, token_ids_BT=ids))(
-              *(jnp.asarray(x, jnp.float32) for x in (h, p, a, m)))
+      lam, met = jax.jit(lambda *x: delta.token_coefficients(*x, options, unembed_VD=unembed,
+                                                             token_ids_BT=ids))(*inputs(h, p, a, m))
       lam, met = np.asarray(lam), {k: float(v) for k, v in met.items()}
     else:
       lam, met = run(h, p, a, m, rng=jax.random.PRNGKey(1), **opts)
@@ -426,8 +449,7 @@ def _ablation_lambda(name, h, p, a, m):
     opts.update(unembed_VD=jnp.asarray(r.normal(size=(9, D)), jnp.float32),
                 token_ids_BT=jnp.asarray(r.integers(0, 9, h.shape[:2])), topk=4)
   options, call = split_options(opts)
-  lam, _ = delta.token_coefficients(*(jnp.asarray(x, jnp.float32) for x in (h, p, a, m)), options,
-                                    rng=jax.random.PRNGKey(1), **call)
+  lam, _ = delta.token_coefficients(*inputs(h, p, a, m), options, rng=jax.random.PRNGKey(1), **call)
   return lam
 
 
@@ -504,7 +526,7 @@ def test_topk_proxy_matches_reference_on_exact_hidden_gradient():
   h, p, a, m = random_batch(19)
   w = r.normal(size=(8, D))
   ids = r.integers(0, 8, size=(B, T))
-  lam, _ = delta.token_coefficients(*(jnp.asarray(x, jnp.float32) for x in (h, p, a, m)),
+  lam, _ = delta.token_coefficients(*inputs(h, p, a, m),
                                     delta.DeltaOptions(proxy='topk_hidden', topk=8, chunk_size=7),
                                     unembed_VD=jnp.asarray(w, jnp.float32),
                                     token_ids_BT=jnp.asarray(ids))
@@ -635,10 +657,10 @@ def test_selection_per_group_in_group_scope():
     }, 'chunk_size'),
 ])
 def test_bad_options_raise(bad, match):
-  h, p, a, m = (jnp.asarray(x, jnp.float32) for x in random_batch(0))
+  h, lp, a, m = inputs(*random_batch(0))
   with pytest.raises(ValueError, match=match):
     options, call = split_options(bad)
-    delta.token_coefficients(h, p, a, m, options, **call)
+    delta.token_coefficients(h, lp, a, m, options, **call)
 
 
 # ------------------------------------------------------------------ token clouds
