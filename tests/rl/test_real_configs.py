@@ -147,7 +147,15 @@ def even_length_reward(prompts, completions, answers):
   return np.asarray([len(c) % 2 == 0 for c in completions], np.float32)
 
 
-@pytest.mark.parametrize('name', REAL)
+# The Llama and DAPO smoke runs are slow-only (CI time); the HF import tests cover Llama and the
+# 8B DelTA config covers the 8B math task.
+SMOKE = [
+    pytest.param(n, marks=pytest.mark.slow) if n in ('llama3_1b_gsm8k_grpo',
+                                                     'qwen3_8b_math_dapo') else n for n in REAL
+]
+
+
+@pytest.mark.parametrize('name', SMOKE)
 def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tmp_path, monkeypatch):
   workdir = str(tmp_path)
   monkeypatch.setitem(rewards.REWARD_FNS, 'test_even_length', even_length_reward)
