@@ -2,7 +2,8 @@ r"""Runs a sweep of `experiments/sweeps.py` (configs x seeds) and writes its res
 
   python -m experiments.run <sweep> [--seeds N] [--first-seed K] [--jobs J] [--smoke]
                             [--workroot DIR] [--num-steps S [--canonical]] [--replace]
-                            [--tables-only] [--runs NAME,...] [--no-population]
+                            [--tables-only [--refresh-curves]] [--runs NAME,...]
+                            [--no-population]
                             [--processes N [--launcher 'srun ...']]
 
 Running lives here; the tables, statistics and figures of the results file in
@@ -28,7 +29,9 @@ Running lives here; the tables, statistics and figures of the results file in
   from its last checkpoint.
 * The summary JSON (final metrics, curves, compute counters, wall time, overrides, command) is
   all the tables need: `--tables-only` rebuilds `experiments/results/<sweep>.md` and the plots
-  in `experiments/results/<sweep>/` from the summaries alone, on any machine.
+  in `experiments/results/<sweep>/` from the summaries alone, on any machine; with
+  `--refresh-curves` it first re-reads the summaries' curves from the runs' metrics.jsonl (on
+  the machine that has the workdirs), for a table whose curve the summaries did not yet keep.
 * Nothing committed is overwritten by accident: `--smoke` writes under
   `experiments/results/smoke/`, a resized sweep (`--num-steps` other than the sweep's) under
   `experiments/results/scratch/` (unless `--canonical`), a per-run summary written with other
@@ -58,7 +61,7 @@ from experiments import populations as populations_lib
 from experiments.launch import Launch, launch_program
 from experiments import report
 from experiments import sweeps as sweeps_lib
-from experiments.summaries import _write_json, find_same_run, is_finished, make_summary, read_metrics, reuse_summary, summary_path  # pylint: disable=unused-import
+from experiments.summaries import _write_json, find_same_run, is_finished, make_summary, read_metrics, refresh_curves, reuse_summary, summary_path  # pylint: disable=unused-import
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.path.join(ROOT, 'experiments', 'results')
@@ -351,6 +354,10 @@ def _parser(results_root):
   parser.add_argument('--tables-only', action='store_true',
                       help='rebuild the results file from the run summaries; run nothing')
   parser.add_argument(
+      '--refresh-curves', action='store_true',
+      help="with --tables-only: first re-read every summary's curves from its run's "
+      'metrics.jsonl (all or nothing)')
+  parser.add_argument(
       '--runs', default=None,
       help='comma-separated run names: run only this part of the sweep (the tables still '
       'cover the whole sweep; a later invocation runs the rest)')
@@ -374,6 +381,8 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
   if args.processes < 1 or (args.launcher and args.processes == 1):
     parser.error(f'--processes {args.processes} --launcher {args.launcher!r}: --processes must be '
                  '>= 1, and a --launcher needs --processes N, the number of processes it starts')
+  if args.refresh_curves and not args.tables_only:
+    parser.error('--refresh-curves rebuilds finished summaries; it needs --tables-only')
   launch = Launch(processes=args.processes, prefix=tuple(shlex.split(args.launcher)))
   sweep = sweeps_lib.get_sweep(args.sweep, smoke=args.smoke, num_steps=args.num_steps)
   resized = sweep.num_steps != sweeps_lib.get_sweep(args.sweep, smoke=args.smoke).num_steps
@@ -393,6 +402,12 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
   t0 = time.time()
   invocation_path = os.path.join(results_dir, 'invocation.json')
   if args.tables_only:
+    if args.refresh_curves:
+      try:
+        print(f'refreshed the curves of {refresh_curves(results_dir)} summaries')
+      except ValueError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 1
     failures = report.failures_on_disk(results_dir)
   else:
     est = sweeps_lib.estimate_seconds(part, seeds=seeds)

@@ -18,7 +18,7 @@ CURVE_KEYS = ('reward_mean', 'reward_std', 'accuracy', 'entropy', 'asym', 'forma
               'coef_mass_vs_gspo', 'frac_traj_gated', 'compute/generated_tokens',
               'compute/update_steps', 'compute/rollouts', 'compute/prompts', 'time_sample',
               'time_update')
-CURVE_PATTERNS = ('eval/', 'energy', 'diag/', 'delta/', 'mismatch/')
+CURVE_PATTERNS = ('eval/', 'energy', 'diag/', 'delta/', 'mismatch/', 'correction/')
 
 
 def read_metrics(workdir):
@@ -30,7 +30,8 @@ def _is_number(v):
   return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
 
 
-def _keep_curve(key):
+def keeps_curve(key):
+  """Whether a summary keeps the curve of metric `key` (a table or plot can read only those)."""
   return key in CURVE_KEYS or any(p in key for p in CURVE_PATTERNS)
 
 
@@ -39,7 +40,7 @@ def extract_curves(records, *, max_points=MAX_CURVE_POINTS):
   curves = {}
   for r in records:
     for k, v in r.items():
-      if k != 'step' and _keep_curve(k) and _is_number(v):
+      if k != 'step' and keeps_curve(k) and _is_number(v):
         c = curves.setdefault(k, {'step': [], 'value': []})
         c['step'].append(r['step'])
         c['value'].append(v)
@@ -83,6 +84,31 @@ def make_summary(spec, workdir, records, *, wall_time_s, command):
       },
       'curves': extract_curves(records),
   }
+
+
+def refresh_curves(results_dir):
+  """Re-reads the curves of every summary in `<results_dir>/runs/` from its run's metrics.jsonl,
+  for when the curves a summary keeps (CURVE_KEYS, CURVE_PATTERNS) grew after the runs were
+  summarised; nothing but 'curves' changes. All or nothing: if a run's metrics are gone or
+  unfinished, no summary is written and ValueError names those runs. Returns the number
+  refreshed."""
+  runs_dir = os.path.join(results_dir, 'runs')
+  names = sorted(f for f in os.listdir(runs_dir) if f.endswith('.json'))
+  refreshed, missing = {}, []
+  for name in names:
+    with open(os.path.join(runs_dir, name)) as f:
+      summary = json.load(f)
+    records = read_metrics(summary['workdir'])
+    if not is_finished(records, summary['num_steps']):
+      missing.append(f"{name} ({summary['workdir']})")
+      continue
+    refreshed[name] = dict(summary, curves=extract_curves(records))
+  if missing:
+    raise ValueError(f'cannot refresh curves: no finished metrics.jsonl for {missing}; '
+                     'nothing was rewritten')
+  for name, summary in refreshed.items():
+    _write_json(os.path.join(runs_dir, name), summary)
+  return len(refreshed)
 
 
 def summary_path(results_dir, spec):

@@ -16,6 +16,7 @@ import pytest
 from experiments import report
 from experiments import run as run_lib
 from experiments import stats
+from experiments import summaries
 from experiments import sweeps as sweeps_lib
 
 # ---------------------------------------------------------------------------------------------
@@ -116,6 +117,9 @@ def test_sweeps_are_well_formed(name, smoke):
   assert len(labels) == len(sweep.runs)
   for group in {r.group for r in sweep.runs}:
     assert (group, sweep.baseline) in labels, f'{name}: no baseline in group {group!r}'
+  read = [k.strip() for t in sweep.tables for k in t.metric.partition(':')[2].split(' - ')]
+  missing = [k for k in read + list(sweep.curve_keys) if not summaries.keeps_curve(k)]
+  assert not missing, f'{name}: tables or plots read curves the summaries do not keep: {missing}'
   for table in sweep.tables:
     assert set(table.rows) <= {r.label for r in sweep.runs}
     assert table.metric.partition(':')[0] in report.EXTRACTORS
@@ -347,6 +351,37 @@ def test_failed_run_reports_stderr_and_others_continue(tmp_path, monkeypatch):
   assert '- Command: `python -m experiments.run fake --seeds 2 --jobs 2 --workroot' in md
   assert 'rebuilt from the per-run summaries by `python -m experiments.run fake --tables-only`' in md
   assert 'something broke in broken' in md
+
+
+def test_refresh_curves_rereads_a_curve_the_summaries_did_not_keep(tmp_path, monkeypatch):
+  """Summaries written before a curve was kept (the mismatch sweep's correction/* once) get it
+  back from the runs' metrics.jsonl; all or nothing, and only with --tables-only."""
+  sweep = _fake_sweep()
+  make, _ = _fake_command(tmp_path)
+  monkeypatch.setattr(sweeps_lib, 'get_sweep', lambda *a, **k: sweep)
+  monkeypatch.setattr(sweeps_lib, 'SWEEPS', {'fake': None})
+  argv = ['fake', '--jobs', '2', '--workroot', str(tmp_path / 'w')]
+  results = str(tmp_path / 'results')
+  assert run_lib.main(argv, make_command=make, results_root=results) == 0
+  runs_dir = tmp_path / 'results' / 'fake' / 'runs'
+  full = {p.name: json.loads(p.read_text()) for p in runs_dir.glob('*.json')}
+
+  def make_stale():
+    for name, summary in full.items():
+      curves = {k: v for k, v in summary['curves'].items() if k != 'asym'}
+      (runs_dir / name).write_text(json.dumps(dict(summary, curves=curves)))
+
+  make_stale()
+  lost = tmp_path / 'lost.jsonl'
+  os.replace(os.path.join(full['base__s0.json']['workdir'], 'metrics.jsonl'), lost)
+  refresh = ['fake', '--tables-only', '--refresh-curves']
+  assert run_lib.main(refresh, results_root=results) == 1  # base__s0's metrics are gone
+  assert all('asym' not in json.loads(p.read_text())['curves'] for p in runs_dir.glob('*.json'))
+  os.replace(lost, os.path.join(full['base__s0.json']['workdir'], 'metrics.jsonl'))
+  assert run_lib.main(refresh, results_root=results) == 0
+  assert {p.name: json.loads(p.read_text()) for p in runs_dir.glob('*.json')} == full
+  with pytest.raises(SystemExit):
+    run_lib.main(argv + ['--refresh-curves'], make_command=make, results_root=results)
 
 
 def _write_fake_summaries(results_dir, sweep, acc_by_label, seeds):
