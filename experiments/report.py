@@ -297,16 +297,18 @@ def failures_on_disk(results_dir):
 
 def _declared_verdicts(sweep, results_root):
   """{(metric, baseline, group, arm): (claim, verdict)} of the claims measured on ``sweep``'s
-  runs, each corrected over its whole family (experiments/verdicts.py)."""
+  runs, each corrected over its whole family (experiments/verdicts.py); a difference of
+  differences (``Claim.minus``) is not what any table row shows and is left to claims.md."""
   from experiments import verdicts  # pylint: disable=import-outside-toplevel
   from experiments.sweeps import claims  # pylint: disable=import-outside-toplevel
   every = claims.all_claims()
   families = {c.family for c in every if c.sweep == sweep.name}
-  rows = verdicts.build([c for c in every if c.family in families], results_root)
+  claims_here = [c for c in every if c.family in families]
+  rows = verdicts.build(claims_here, results_root)
   return {
       (r['metric'], r['baseline'], r['group'], r['arm']): (r['claim'], r['verdict'])
-      for r in rows
-      if r['sweep'] == sweep.name
+      for r, c in zip(rows, claims_here)
+      if r['sweep'] == sweep.name and not c.minus
   }
 
 

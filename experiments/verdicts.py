@@ -31,9 +31,9 @@ from experiments.sweeps import claims as claims_lib
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')
 ALPHA = 0.05
-COLUMNS = ('claim', 'family', 'kind', 'sweep', 'metric', 'arm', 'baseline', 'group', 'n_seeds',
-           'first_seed', 'delta', 'ci_low', 'ci_high', 'p_exact', 'p_holm', 'q_bh', 'tost_p',
-           'sesoi', 'paper_delta', 'predicted', 'unit', 'crn', 'verdict')
+COLUMNS = ('claim', 'family', 'kind', 'sweep', 'metric', 'arm', 'baseline', 'group', 'comparison',
+           'n_seeds', 'first_seed', 'delta', 'ci_low', 'ci_high', 'p_exact', 'p_holm', 'q_bh',
+           'tost_p', 'sesoi', 'paper_delta', 'predicted', 'unit', 'crn', 'verdict')
 
 
 def _by_seed(summaries, label, group, claim):
@@ -45,6 +45,15 @@ def _by_seed(summaries, label, group, claim):
       if np.isfinite(v):
         out[s['seed']] = (v * claim.scale, s['final'].get('eval/crn'))
   return out
+
+
+def comparison(claim):
+  """'arm - baseline (group)'; for a difference of differences, '(...) - (...)'."""
+  text = f'{claim.arm} - {claim.baseline}' + (f' ({claim.group})' if claim.group else '')
+  if not claim.minus:
+    return text
+  arm, base, group = claim.minus
+  return f'({text}) - ({arm} - {base}' + (f' ({group}))' if group else ')')
 
 
 def measure(claim, summaries):
@@ -67,8 +76,8 @@ def measure(claim, summaries):
   mean, lo, hi = stats.t_ci(d) if len(d) else (np.nan,) * 3
   return dict(claim=claim.name, family=claim.family, kind=claim.kind, sweep=claim.sweep,
               metric=claim.metric, arm=claim.arm, baseline=claim.baseline, group=claim.group,
-              n_seeds=len(d), first_seed=min(seeds) if seeds else '', delta=mean, ci_low=lo,
-              ci_high=hi,
+              comparison=comparison(claim), n_seeds=len(d), first_seed=min(seeds) if seeds else '',
+              delta=mean, ci_low=lo, ci_high=hi,
               p_exact=stats.paired_signflip_pvalue(d, np.zeros_like(d)) if len(d) else np.nan,
               tost_p=stats.tost_pvalue(d, claim.sesoi) if claim.sesoi and len(d) else np.nan,
               sesoi=claim.sesoi if claim.sesoi else np.nan,
@@ -190,14 +199,13 @@ def markdown(rows, *, forest_paths=()):
           '|' + '---|' * len(head)
       ]
       for r in members:
-        comparison = f'{r["arm"]} - {r["baseline"]}' + (f' ({r["group"]})' if r['group'] else '')
         digits = 1 if r['unit'] == 'points' else 4
         ci = (f'{_fmt(r["delta"], digits)} [{_fmt(r["ci_low"], digits)}, '
               f'{_fmt(r["ci_high"], digits)}]')
         seeds = f'{r["n_seeds"]} (from {r["first_seed"]})' if r['n_seeds'] else '0'
         crn = '' if r['crn'] in ('same', 'n/a') else ' CRN broken'
         lines.append('| ' + ' | '.join([
-            r['claim'], comparison, seeds, ci,
+            r['claim'], r['comparison'], seeds, ci,
             _fmt(r['paper_delta'], 1),
             _p(r['p_exact']),
             _p(r['p_holm']),

@@ -54,6 +54,19 @@ def test_measure_recovers_the_constructed_paired_difference():
   assert row['crn'] == 'same'
 
 
+def test_a_difference_of_differences_is_paired_by_seed_and_named_as_such():
+  """Claim.minus (the mismatch sweep's 'does the correction change DFPO - GSPO'): per seed,
+  (arm - baseline in g) - (arm - baseline in h); each group's own baseline level cancels."""
+  d_g, d_h = np.linspace(0.01, 0.03, 8), np.linspace(0.0, 0.05, 8)
+  in_g = [dict(s, group='g') for s in _summaries({'UP': d_g}, seeds=range(8), seed=0)]
+  in_h = [dict(s, group='h') for s in _summaries({'UP': d_h}, seeds=range(8), seed=1)]
+  claim = _claim('UP', '>', group='g', minus=('UP', 'BASE', 'h'))
+  (row,) = _rows([claim], in_g + in_h)
+  assert row['n_seeds'] == 8
+  assert row['delta'] == pytest.approx(100 * (d_g - d_h).mean())
+  assert row['comparison'] == '(UP - BASE (g)) - (UP - BASE (h))'
+
+
 def test_a_real_effect_agrees_or_disagrees_with_the_predicted_sign():
   rng = np.random.default_rng(1)
   up = 0.02 + 0.003 * rng.standard_normal(16)
