@@ -179,7 +179,8 @@ def markdown(rows, *, forest_paths=()):
   lines = [
       '# Claims', '',
       'Every claim of `experiments/sweeps/claims.py`, measured from the per-run summaries by '
-      '`python -m experiments.verdicts` (also `claims.csv`). delta: mean paired difference arm - '
+      f'`python -m experiments.verdicts` at revision `{report.code_revision()}` (also '
+      '`claims.csv`). delta: mean paired difference arm - '
       'baseline over seeds [Student-t 95% CI]; p: exact two-sided sign-flip test; Holm: adjusted '
       'within the family; BH: Benjamini-Hochberg q over all claims; TOST: equivalence within '
       '+-SESOI. agrees / disagrees need Holm p < 0.05; "equivalent" needs TOST p < 0.05; '
