@@ -3,7 +3,7 @@ import setuptools
 
 setuptools.setup(
     name='jtc',
-    version='0.1.0',
+    version='0.2.0',
     description='JAX research codebase for RL of language models with sequence-level rewards.',
     packages=setuptools.find_packages(
         include=['jtc', 'jtc.*', 'configs', 'configs.*', 'experiments']),

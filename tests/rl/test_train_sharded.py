@@ -25,7 +25,7 @@ from jtc.models import tokenizer as tokenizer_lib
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NONDETERMINISTIC = ('time_', 'tokens_per_s')
 
-_PROBE = ('import jax, json; from jtc import sharding; from configs import gspo; '
+_PROBE = ('import jax, json; from jtc.rl import sharding; from configs import gspo; '
           'c = gspo.get_config("smoke"); '
           'print(json.dumps(dict(n=jax.device_count(), mesh=sharding.mesh_sizes(**c.mesh))))')
 

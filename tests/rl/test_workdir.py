@@ -171,7 +171,7 @@ def test_two_trainers_on_one_workdir_the_second_is_refused(policy, tmp_path):
   workdir = str(tmp_path / 'w')
   os.makedirs(workdir)
   holder = subprocess.Popen([
-      sys.executable, '-c', 'import sys, time; from jtc import workdir; '
+      sys.executable, '-c', 'import sys, time; from jtc.rl import workdir; '
       f'l = workdir.lock({workdir!r}); print("locked", flush=True); time.sleep(60)'
   ], cwd=REPO, stdout=subprocess.PIPE, text=True)
   try:
