@@ -8,6 +8,8 @@ setuptools.setup(
     packages=setuptools.find_packages(
         include=['jtc', 'jtc.*', 'configs', 'configs.*', 'experiments']),
     package_data={'jtc': ['assets/**/*']},
+    # `jtc train | sft | ledger | plot ...` (the same commands as `python -m jtc.<command>`).
+    entry_points={'console_scripts': ['jtc = jtc.cli:main']},
     include_package_data=True,
     python_requires='>=3.10',
     install_requires=[

@@ -1,18 +1,18 @@
 """The curves figure of a sweep's results file: mean over seeds +- one standard error per run
-(the figure code is jtc.plot's)."""
+(titles and styles from `jtc.analysis.curve_plots`)."""
 
 import os
 
 import numpy as np
 
 from experiments.report import curve
+from jtc.analysis import curve_plots
 
 
 def plot_curves(sweep, summaries, out_path):
   """Mean over seeds +- one standard error, per run label (and group), for the sweep's
-  curve_keys and held-out accuracy; titles and styles from `jtc.plot`."""
-  from jtc.analysis import plot  # pylint: disable=import-outside-toplevel
-  plt = plot.plt
+  curve_keys and held-out accuracy; titles and styles from `jtc.analysis.curve_plots`."""
+  plt = curve_plots.plt
   keys = list(sweep.curve_keys) + ['eval/avg@']
   n_cols = 3
   n_rows = (len(keys) + n_cols - 1) // n_cols
@@ -20,7 +20,7 @@ def plot_curves(sweep, summaries, out_path):
   runs = list(dict.fromkeys((r.group, r.label) for r in sweep.runs))
   for ax, key in zip(axes.flat, keys):
     shown = key
-    for (group, label), (color, ls) in zip(runs, plot.styles(len(runs))):
+    for (group, label), (color, ls) in zip(runs, curve_plots.styles(len(runs))):
       xs, ys = [], []
       for s in summaries:
         if s['label'] != label or s.get('group', '') != group:
@@ -44,11 +44,11 @@ def plot_curves(sweep, summaries, out_path):
       y = np.array([y[:n] for y in ys])
       mean = y.mean(0)
       se = y.std(0, ddof=1) / np.sqrt(len(y)) if len(y) > 1 else np.zeros_like(mean)
-      marker = 'o' if plot.is_sparse(x) else None
+      marker = 'o' if curve_plots.is_sparse(x) else None
       ax.plot(x, mean, lw=1.2, color=color, ls=ls, marker=marker, ms=3,
               label=f'{label} {group}'.strip())
       ax.fill_between(x, mean - se, mean + se, color=color, alpha=0.2, lw=0)
-    title, ylabel = plot.describe(shown)
+    title, ylabel = curve_plots.describe(shown)
     ax.set_title(title, fontsize=9)
     ax.set_ylabel(ylabel, fontsize=8)
     ax.set_xlabel('generated tokens' if sweep.plot_x != 'step' else 'RL step', fontsize=8)

@@ -28,6 +28,7 @@ import numpy as np
 from experiments import report
 from experiments import stats
 from experiments.sweeps import claims as claims_lib
+from jtc.analysis import curve_plots
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')
 ALPHA = 0.05
@@ -229,8 +230,7 @@ _COLORS = {'agrees': 'tab:green', 'disagrees': 'tab:red', 'equivalent': 'tab:blu
 def forest(rows, path, title):
   """Delta and 95% CI per claim, one panel per family (its own units), the paper's delta as a
   cross, each claim's +-SESOI band shaded, 0 as a line; a claim without data says so."""
-  from jtc.analysis import plot  # pylint: disable=import-outside-toplevel
-  plt = plot.plt
+  plt = curve_plots.plt
   families = list(dict.fromkeys(r['family'] for r in rows))
   heights = [max(1.2, 0.42 * sum(r['family'] == f for r in rows) + 0.8) for f in families]
   fig, axes = plt.subplots(len(families), 1, figsize=(8.5, sum(heights)), squeeze=False,

@@ -1,5 +1,7 @@
-r"""`python -m jtc.plot W1 W2 ... --out curves.png`: curves of runs (the code is `jtc.analysis.plot`)."""
-from jtc.analysis.plot import main
+"""`python -m jtc.plot`: training curves of runs (`jtc.cli.plot`; also `jtc plot`)."""
+import sys
+
+from jtc.cli import plot
 
 if __name__ == '__main__':
-  main()
+  sys.exit(plot.main())

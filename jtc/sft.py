@@ -1,8 +1,7 @@
-r"""`python -m jtc.sft`: supervised fine-tuning of the base policies (the code is `jtc.rl.sft`).
+"""`python -m jtc.sft`: supervised fine-tuning of a base policy (`jtc.cli.sft`; also `jtc sft`)."""
+import sys
 
-  python -m jtc.sft --config configs/sft_arith.py --workdir W
-"""
-from jtc.rl.sft import run_main
+from jtc.cli import sft
 
 if __name__ == '__main__':
-  run_main()
+  sys.exit(sft.main())

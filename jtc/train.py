@@ -1,8 +1,7 @@
-r"""`python -m jtc.train`: the RL trainer's command line (the trainer is `jtc.rl.trainer`).
+"""`python -m jtc.train`: the RL trainer's command (`jtc.cli.train`; also `jtc train`)."""
+import sys
 
-  python -m jtc.train --config configs/<method>.py[:smoke|runlocal] --workdir W [--config.key=value]
-"""
-from jtc.rl.trainer import Trainer, main  # pylint: disable=unused-import
+from jtc.cli import train
 
 if __name__ == '__main__':
-  main()
+  sys.exit(train.main())

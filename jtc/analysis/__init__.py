@@ -1,1 +1,14 @@
 """What a run did: step diagnostics, offline probes, curve statistics, metric files, plots."""
+
+# The submodules (``from jtc.analysis import *`` imports them).
+__all__ = [
+    'curve_plots',
+    'curves',
+    'diagnostics',
+    'ledger',
+    'ledger_view',
+    'metric_writer',
+    'mismatch',
+    'probes',
+    'replay',
+]

@@ -14,10 +14,11 @@ README.
 
 import html as html_lib
 import json
+import os
 
 import numpy as np
 
-from jtc.analysis import plot
+from jtc.analysis import curve_plots
 
 _STYLE = '''
 body { font-family: sans-serif; margin: 1em; }
@@ -152,7 +153,7 @@ def _css_colour(x):
 
 def png(ledger, replayed, names, path, *, group=0, point=None):
   """One group of one point, the objectives side by side, as a picture for the README."""
-  plt = plot.plt
+  plt = curve_plots.plt
   point = point or list(replayed)[-1]
   G = ledger.meta['group_size']
   c = ledger.columns
@@ -171,7 +172,7 @@ def png(ledger, replayed, names, path, *, group=0, point=None):
     for i, b in enumerate(rows):
       for t in np.flatnonzero(c['completion_mask_BT'][b]):
         u = -coefs[n][b, t] / scale
-        ax.add_patch(plot.plt.Rectangle((t, -i - 0.5), 1, 1, color=_rgb(u)))
+        ax.add_patch(curve_plots.plt.Rectangle((t, -i - 0.5), 1, 1, color=_rgb(u)))
         ax.text(t + 0.5, -i, ledger.token_text(c['completion_BT'][b, t]), ha='center', va='center',
                 fontsize=6, family='monospace')
         if c['shared_BT'][b, t]:
@@ -197,3 +198,20 @@ def _rgb(x):
   x = float(np.clip(x, -1, 1))
   a = 1 - abs(x)
   return (1.0, a, a) if x >= 0 else (a, a, 1.0)
+
+
+def check_outputs(paths, *, overwrite, group, num_groups):
+  """ValueError, before any compute, for an existing output among ``paths`` (None entries are
+  skipped) unless ``overwrite``, or a ``group`` the step does not have."""
+  for path in paths:
+    if path and os.path.exists(path) and not overwrite:
+      raise ValueError(f'{path} exists; pass --overwrite to replace it')
+  if not 0 <= group < num_groups:
+    raise ValueError(f'--group {group}: the step has groups 0..{num_groups - 1}')
+
+
+def write(ledger, replayed, names, out, *, png_path=None, group=0):
+  """The page to ``out`` and, with ``png_path``, the picture of ``group``; returns the paths."""
+  with open(out, 'w') as f:
+    f.write(html(ledger, replayed, names))
+  return [out] + ([png(ledger, replayed, names, png_path, group=group)] if png_path else [])

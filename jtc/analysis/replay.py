@@ -19,6 +19,9 @@ own objective the run's.
 Dimension key: B rows, G group size, T completion length, P prompt width, L = P + T, M groups.
 """
 
+import json
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,6 +30,7 @@ import optax
 from jtc import objectives
 from jtc.analysis import diagnostics
 from jtc.analysis import ledger as ledger_lib
+from jtc.analysis import metric_writer
 from jtc.analysis import probes
 from jtc.models import logprobs
 from jtc.objectives import surrogates
@@ -42,6 +46,22 @@ def check_objectives(ledger, names):
     if n in surrogates.TOKEN_WEIGHTED and 'token_weights_BT' not in ledger.columns:
       raise ValueError(f'objective {n!r} needs per-token weights (DelTA lambda) and the run '
                        f'({ledger.meta["loss"]}) logged none; replay it on a run of {n}')
+
+
+def open_for_replay(workdir, step, names):
+  """The ledger of ``workdir``'s step ``step``, checked for the objectives ``names`` before any
+  compute. FileNotFoundError / ValueError naming what is wrong: a missing workdir, a
+  population's workdir (its members hold the ledgers), a step without a ledger, an unknown
+  objective or one the run cannot feed."""
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f'no such workdir {workdir!r}')
+  members = metric_writer.run_dirs(workdir)
+  if members != [workdir] and not ledger_lib.steps(workdir):
+    raise ValueError(f'{workdir} is a population: pass one member\'s directory, e.g. '
+                     f'{members[0]} ({len(members)} members)')
+  ledger = ledger_lib.load(workdir, step)
+  check_objectives(ledger, names)
+  return ledger
 
 
 def hparams_for(ledger, name):
@@ -183,3 +203,38 @@ def reproduce(ledger):
     losses.append(float(loss))
     norms.append(float(optax.tree.norm(grads)))
   return {'loss': float(np.mean(losses)), 'grad_norm': float(np.mean(norms))}
+
+
+def summary_lines(ledger, names, replayed):
+  """The replay as text: per point and objective the shared-token residual, the update's
+  gradient norm and the KL drift at shared contexts, the cosines between the updates, and the
+  run's own loss and grad_norm recomputed (`reproduce`) beside the logged ones."""
+  lines = []
+  for point, result in replayed.items():
+    lines.append(f'[{point}] objective | shared-token residual | update grad norm | KL drift at '
+                 'shared contexts (measured / 1/2 eta^2 gFg)')
+    for n in names:
+      r = result['objectives'][n]
+      drift = ', '.join(f'{d["kl"]:.2e}/{d["predicted"]:.2e}' for d in r['kl_drift'])
+      res = 'n/a' if r['residual'] is None else f'{r["residual"]:.4f}'
+      lines.append(f'  {n:22s} | {res:>8s} | {r["grad_norm"]:.4e} | {drift}')
+    lines.append('  cosine between the updates: ' +
+                 '; '.join(f'{a}~{b} {result["cosine"][i][j]:+.3f}' for i, a in enumerate(names)
+                           for j, b in enumerate(names) if j > i))
+  metrics = os.path.join(os.path.dirname(os.path.dirname(ledger.path)), 'metrics.jsonl')
+  logged = next(
+      (r for r in metric_writer.read_jsonl(metrics) if r.get('step') == ledger.meta['step']), {})
+  again = reproduce(ledger)
+  lines.append(f'run objective {ledger.meta["loss"]}: loss {again["loss"]:.6g} (logged '
+               f'{logged.get("loss", "n/a")}), grad_norm {again["grad_norm"]:.6g} (logged '
+               f'{logged.get("grad_norm", "n/a")})')
+  return lines
+
+
+def write_replay(ledger, names, replayed):
+  """Writes ``<ledger dir>/replay.json`` (the objectives and every point's replay); returns its
+  path."""
+  path = os.path.join(ledger.path, 'replay.json')
+  with open(path, 'w') as f:
+    json.dump({'objectives': names, 'points': replayed}, f)
+  return path

@@ -1,1 +1,10 @@
 """Prompts and verifiers: synthetic tasks, reward functions, the expression evaluator, prepared datasets, the grain pipeline."""
+
+# The submodules (``from jtc.data import *`` imports them).
+__all__ = [
+    'datasets',
+    'expressions',
+    'pipeline',
+    'rewards',
+    'tasks',
+]

@@ -1,1 +1,15 @@
 """The policy: model config, decoder, decoding caches, sampler, Hugging Face import, tokenizers."""
+
+# The submodules (``from jtc.models import *`` imports them).
+__all__ = [
+    'bundles',
+    'decode',
+    'hf_config',
+    'hf_import',
+    'layers',
+    'logprobs',
+    'model',
+    'model_config',
+    'sampler',
+    'tokenizer',
+]

@@ -1,1 +1,18 @@
-"""The RL loop: rollouts, the update, the trainer, workdirs, checkpoints, sharding, the command line, SFT."""
+"""The RL loop: rollouts, the update, the trainer, workdirs, checkpoints, sharding, progress, SFT."""
+
+# The submodules (``from jtc.rl import *`` imports them).
+__all__ = [
+    'batch',
+    'checkpoints',
+    'config_check',
+    'distributed',
+    'ledger_recorder',
+    'loop',
+    'population',
+    'rollout',
+    'sft',
+    'sharding',
+    'trainer',
+    'update',
+    'workdir',
+]

@@ -17,12 +17,8 @@ import os
 import sys
 import time
 
-from absl import app
-from absl import flags
-from absl import logging
 import jax
 import jax.numpy as jnp
-from ml_collections import config_flags
 import numpy as np
 import optax
 
@@ -36,13 +32,6 @@ from jtc.rl import rollout as rollout_lib
 from jtc.rl import sharding as sharding_lib
 from jtc.data import tasks as tasks_lib
 from jtc.models import tokenizer as tokenizer_lib
-
-
-def define_flags():
-  """Command-line flags, defined only when run as a program (so `jtc.train` can coexist)."""
-  config_flags.DEFINE_config_file('config', None, 'SFT config file.', lock_config=True)
-  flags.DEFINE_string('workdir', None, 'Where the policy bundle and metrics go.')
-  flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def encode_pairs(tokenizer, prompts, completions, *, prompt_width, completion_width):
@@ -145,24 +134,3 @@ def train_sft(c, workdir):
     bundles.save_policy_bundle(path, model_config=model_config, params=sharding_lib.to_host(params),
                                tokenizer_spec=dict(c.tokenizer), meta=meta)
   return result
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments {argv[1:]}')
-  logging.set_verbosity(logging.WARNING)  # orbax and tfds are chatty at INFO
-  try:
-    distributed.initialize()  # several processes: before any other JAX work
-    distributed.check_agreement(json.loads(flags.FLAGS.config.to_json_best_effort()))
-  except distributed.DistributedError as e:
-    sys.exit(f'error: {e}')
-  os.makedirs(flags.FLAGS.workdir, exist_ok=True)
-  result = train_sft(flags.FLAGS.config, flags.FLAGS.workdir)
-  if distributed.is_primary():
-    print(json.dumps(result))
-
-
-def run_main():
-  """`python -m jtc.sft` (jtc/sft.py)."""
-  define_flags()
-  app.run(main)

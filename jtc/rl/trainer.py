@@ -33,7 +33,6 @@ import sys
 import time
 import zlib
 
-from absl import flags
 import jax
 import numpy as np
 
@@ -45,10 +44,10 @@ from jtc.data import tasks as tasks_lib
 from jtc.objectives import token_weights
 from jtc.rl import batch as batch_lib
 from jtc.rl import checkpoints
-from jtc.rl import cli
 from jtc.rl import config_check
 from jtc.rl import distributed
 from jtc.rl import ledger_recorder
+from jtc.rl import loop
 from jtc.rl import population as population_lib
 from jtc.rl import rollout as rollout_lib
 from jtc.rl import sharding as sharding_lib
@@ -293,12 +292,12 @@ class Trainer:
         metric_writer.MetricWriter(d, resume_step=start + 1 if start else 0, files=self.primary)
         for d in self.member_dirs
     ]
-    progress = cli.Progress(c.num_steps, start, every=c.log.progress_every, show=self.primary)
+    progress = loop.Progress(c.num_steps, start, every=c.log.progress_every, show=self.primary)
     eval_every = c.eval.every if self.eval_examples else 0
     if not self.eval_examples and c.eval.every:
       print('no held-out problems (no test split): evaluation is skipped', file=sys.stderr)
     last = [{}] * self.pop.n
-    with cli.StopOnSignal() as stop:
+    with loop.StopOnSignal() as stop:
       if start == 0 and eval_every:
         for writer, metrics in zip(writers, self.evaluate(0)):
           writer.write(0, metrics)
@@ -337,10 +336,3 @@ class Trainer:
     self.ckpt.close()
     if self._lock is not None:
       self._lock.close()
-
-
-def main():
-  """`python -m jtc.train` (jtc/train.py)."""
-  cli.define_train_flags()
-  flags.adopt_module_key_flags(cli)  # --help lists the trainer's flags
-  cli.train_main(Trainer)

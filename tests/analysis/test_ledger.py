@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jtc import ledger as ledger_cli
+from jtc.cli import ledger as ledger_cli
 from jtc.analysis import ledger as ledger_lib
 from jtc.analysis import metric_writer
 from jtc.analysis import replay as replay_lib

@@ -7,7 +7,7 @@ import shutil
 
 from playwright.sync_api import sync_playwright
 
-from jtc import ledger as ledger_cli
+from jtc.cli import ledger as ledger_cli
 from jtc.analysis import ledger as ledger_lib
 
 CHROMIUM = os.environ.get('JTC_CHROMIUM') or shutil.which('chromium') or '/usr/bin/chromium'

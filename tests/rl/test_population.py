@@ -13,7 +13,7 @@ import pytest
 import procs
 from configs import gspo
 from jtc.analysis import metric_writer
-from jtc.rl import cli
+from jtc.rl import loop
 from jtc.rl import config_check
 from jtc.rl import population as population_lib
 from jtc.rl import trainer as trainer_lib
@@ -192,5 +192,5 @@ def test_member_names_configs_and_values():
 
 
 def test_progress_summarises_members():
-  assert cli.Progress.summary([{'r': 0.5}], 'r') == '0.500'
-  assert cli.Progress.summary([{'r': 0.2}, {'r': 0.6}, {'r': 0.4}], 'r') == '0.400 [0.200, 0.600]'
+  assert loop.Progress.summary([{'r': 0.5}], 'r') == '0.500'
+  assert loop.Progress.summary([{'r': 0.2}, {'r': 0.6}, {'r': 0.4}], 'r') == '0.400 [0.200, 0.600]'

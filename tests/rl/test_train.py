@@ -19,15 +19,15 @@ import procs
 from configs import common
 from jtc.models import bundles
 from jtc import checks
-from jtc.rl import cli
+from jtc.cli import train as train_cli
 from jtc.rl import config_check
 from jtc.analysis import metric_writer
 from jtc.models import model as model_lib
-from jtc.analysis import plot
+from jtc.analysis import curve_plots
 from jtc.models import tokenizer as tokenizer_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-METHODS = cli.methods()
+METHODS = train_cli.methods()
 NONDETERMINISTIC = ('time_', 'tokens_per_s')
 
 
@@ -203,7 +203,7 @@ def test_sigkill_then_resume_equals_uninterrupted(uninterrupted, tiny_policy, tm
 
 
 def test_plot_draws_several_runs(uninterrupted, tmp_path):
-  out = plot.plot_runs([uninterrupted, uninterrupted], str(tmp_path / 'curves.png'))
+  out = curve_plots.plot_runs([uninterrupted, uninterrupted], str(tmp_path / 'curves.png'))
   with open(out, 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
 

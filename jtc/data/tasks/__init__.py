@@ -26,7 +26,8 @@ def get_task(name: str, **kwargs) -> Task:
   return TASKS[name](**kwargs)
 
 
+# The task modules, then the names re-exported above.
 __all__ = [
-    'ArithmeticTask', 'CountdownTask', 'PhrasingTask', 'SPLITS', 'TASKS', 'Task', 'get_task',
-    'split_of'
+    'arithmetic', 'base', 'countdown', 'phrasing', 'ArithmeticTask', 'CountdownTask',
+    'PhrasingTask', 'SPLITS', 'TASKS', 'Task', 'get_task', 'split_of'
 ]

@@ -1,26 +1,24 @@
-r"""Draws the training curves of one or more runs on one figure.
+r"""Training curves of one or more runs on one figure (the command is `jtc plot`, `jtc.cli.plot`).
 
-  python -m jtc.plot W1 [W2 ...] --out curves.png [--keys reward_mean,eval/avg@4] [--smooth 10]
-
-Each W is a workdir of `jtc.train` (its `metrics.jsonl`, one JSON object per line with 'step',
-is read); a population's workdir stands for its members (`metric_writer.run_dirs`). Every panel has a human title and y-label (`describe(key)`: a table of known keys,
-patterns such as 'eval/avg@K', and a readable fallback for the rest).
+Each run is a workdir of `jtc train` (its `metrics.jsonl`, one JSON object per line with 'step',
+is read); a population's workdir stands for its members (`metric_writer.run_dirs`). Every panel
+has a human title and y-label (`describe(key)`: a table of known keys, patterns such as
+'eval/avg@K', and a readable fallback for the rest).
 
   * Runs are named by the shortest path suffix that tells them apart (`run_labels`), so
     `a/seed0` and `b/seed0` are two curves named 'a/seed0' and 'b/seed0', not two 'seed0'.
-  * `--smooth N` draws the trailing mean of the last N logged points over the raw curve, which
+  * ``smooth=N`` draws the trailing mean of the last N logged points over the raw curve, which
     stays faint behind it. Sparse curves (logged every few steps, like held-out evaluations)
     are never smoothed and get markers on their points.
   * The legend sits outside every axes that holds data, so it never covers a curve: in the
     first unused panel slot when the grid has one, else below the panels.
-  * Without `--keys`: held-out accuracy first, then the DEFAULT_KEYS present in some run.
-    A `--keys` entry that no run logs is an error listing the keys the files do have.
+  * Without ``keys``: held-out accuracy first, then the DEFAULT_KEYS present in some run.
+    A key that no run logs is an error listing the keys the files do have.
 
 For DelTA runs the token clouds (tokens with the highest / lowest mean lambda) go to
 `<out>_tokens.png`.
 """
 
-import argparse
 import json
 import os
 import re
@@ -295,26 +293,11 @@ def plot_token_clouds(workdirs, out):
   return out
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  parser.add_argument('workdirs', nargs='+')
-  parser.add_argument('--out', default='curves.png')
-  parser.add_argument(
-      '--keys', default=None, help='comma-separated metric keys (default: held-out accuracy and '
-      f'those of {",".join(DEFAULT_KEYS)} that the runs log)')
-  parser.add_argument('--smooth', type=int, default=1,
-                      help='trailing-mean window in logged points (default 1: no smoothing)')
-  args = parser.parse_args(argv)
-  keys = None if args.keys is None else [k.strip() for k in args.keys.split(',') if k.strip()]
-  workdirs = [d for w in args.workdirs for d in metric_writer.run_dirs(w)]
-  try:
-    print(plot_runs(workdirs, args.out, keys, smooth=args.smooth))
-  except (ValueError, FileNotFoundError) as e:
-    parser.error(str(e))
-  clouds = plot_token_clouds(workdirs, os.path.splitext(args.out)[0] + '_tokens.png')
-  if clouds:
-    print(clouds)
-
-
-if __name__ == '__main__':
-  main()
+def plot_workdirs(workdirs, out, keys=None, *, smooth=1):
+  """`plot_runs` of the runs in ``workdirs`` (a population's workdir stands for its members) to
+  ``out``, and for DelTA runs their token clouds to ``<out>_tokens.png``; returns the paths
+  written."""
+  runs = [d for w in workdirs for d in metric_writer.run_dirs(w)]
+  written = [plot_runs(runs, out, keys, smooth=smooth)]
+  clouds = plot_token_clouds(runs, os.path.splitext(out)[0] + '_tokens.png')
+  return written + ([clouds] if clouds else [])

@@ -1,4 +1,5 @@
-"""Tests of jtc.plot: key names, smoothing, run labels, figure layout and the command line.
+"""Tests of jtc.analysis.curve_plots and its command `jtc plot`: key names, smoothing, run labels,
+figure layout and the command line.
 
 Runs are fake `metrics.jsonl` files written the way `jtc.analysis.metric_writer` writes them (one JSON
 object per line with 'step'; evaluations every 50 steps).
@@ -17,7 +18,7 @@ import pytest
 
 from jtc.analysis import metric_writer
 from jtc.analysis import curves
-from jtc.analysis import plot
+from jtc.analysis import curve_plots
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -61,16 +62,16 @@ def two_same_name_runs(tmp_path):
     ('diag/energy_b0', 'Gradient energy in frequency bucket 0 (b0 = frequent)', 'share of energy'),
 ])
 def test_describe_known_keys_and_patterns(key, title, ylabel):
-  assert plot.describe(key) == (title, ylabel)
+  assert curve_plots.describe(key) == (title, ylabel)
 
 
 def test_describe_fallback_is_readable_and_names_the_key():
-  assert plot.describe('diag/some_new_thing') == ('Diagnostic: some new thing',
-                                                  'diag/some_new_thing')
-  assert plot.describe('my_metric') == ('My metric', 'my_metric')
-  assert plot.describe('x/y/z_w') == ('x y: z w', 'x/y/z_w')
-  for key in plot.DEFAULT_KEYS + tuple(plot.KNOWN_KEYS):
-    title, ylabel = plot.describe(key)
+  assert curve_plots.describe('diag/some_new_thing') == ('Diagnostic: some new thing',
+                                                         'diag/some_new_thing')
+  assert curve_plots.describe('my_metric') == ('My metric', 'my_metric')
+  assert curve_plots.describe('x/y/z_w') == ('x y: z w', 'x/y/z_w')
+  for key in curve_plots.DEFAULT_KEYS + tuple(curve_plots.KNOWN_KEYS):
+    title, ylabel = curve_plots.describe(key)
     assert title and ylabel and '_' not in title  # every known key reads as words
 
 
@@ -78,9 +79,9 @@ def test_describe_fallback_is_readable_and_names_the_key():
 
 
 def test_is_sparse():
-  assert plot.is_sparse(np.arange(0, 201, 50))  # evaluations every 50 steps
-  assert plot.is_sparse(np.arange(10, 1001, 10))  # 100 points, but every 10 steps
-  assert not plot.is_sparse(np.arange(1, 201))  # logged every step
+  assert curve_plots.is_sparse(np.arange(0, 201, 50))  # evaluations every 50 steps
+  assert curve_plots.is_sparse(np.arange(10, 1001, 10))  # 100 points, but every 10 steps
+  assert not curve_plots.is_sparse(np.arange(1, 201))  # logged every step
 
 
 # ----------------------------------------------------------------------------- run labels
@@ -96,7 +97,7 @@ def test_is_sparse():
         (['/a/b', '/x/a/b'], ['a/b', 'x/a/b']),  # one path a suffix of another
     ])
 def test_run_labels_shortest_distinguishing_suffix(workdirs, want):
-  labels = plot.run_labels(workdirs)
+  labels = curve_plots.run_labels(workdirs)
   assert labels == want
   assert len(set(labels)) == len(labels)
 
@@ -111,10 +112,10 @@ def _data_axes(fig):
 def test_figure_draws_both_same_name_runs_with_distinct_styles(two_same_name_runs):
   runs = {
       label: metric_writer.read_jsonl(os.path.join(w, 'metrics.jsonl'))
-      for w, label in zip(two_same_name_runs, plot.run_labels(two_same_name_runs))
+      for w, label in zip(two_same_name_runs, curve_plots.run_labels(two_same_name_runs))
   }
   assert list(runs) == ['sweep_a/dfpo', 'sweep_b/dfpo']
-  fig = plot.make_figure(runs, ['reward_mean', 'eval/avg@4'])
+  fig = curve_plots.make_figure(runs, ['reward_mean', 'eval/avg@4'])
   try:
     reward_ax, eval_ax = _data_axes(fig)
     assert reward_ax.get_title() == 'Mean reward' and reward_ax.get_ylabel() == 'reward'
@@ -142,9 +143,9 @@ def _legends(fig):
 def test_legend_never_overlaps_a_data_panel(two_same_name_runs, keys):
   runs = {
       label: metric_writer.read_jsonl(os.path.join(w, 'metrics.jsonl'))
-      for w, label in zip(two_same_name_runs, plot.run_labels(two_same_name_runs))
+      for w, label in zip(two_same_name_runs, curve_plots.run_labels(two_same_name_runs))
   }
-  fig = plot.make_figure(runs, keys)
+  fig = curve_plots.make_figure(runs, keys)
   try:
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
@@ -158,46 +159,46 @@ def test_legend_never_overlaps_a_data_panel(two_same_name_runs, keys):
 
 def test_smoothing_draws_the_trailing_mean_over_a_faint_raw_curve(two_same_name_runs):
   recs = metric_writer.read_jsonl(os.path.join(two_same_name_runs[0], 'metrics.jsonl'))
-  fig = plot.make_figure({'run': recs}, ['reward_mean', 'eval/avg@4'], smooth=10)
+  fig = curve_plots.make_figure({'run': recs}, ['reward_mean', 'eval/avg@4'], smooth=10)
   try:
     reward_ax, eval_ax = _data_axes(fig)
     raw, smoothed = reward_ax.get_lines()
-    x, y = plot.series(recs, 'reward_mean')
+    x, y = curve_plots.series(recs, 'reward_mean')
     np.testing.assert_array_equal(raw.get_ydata(), y)
     np.testing.assert_allclose(smoothed.get_ydata(), curves.trailing_mean(y, 10))
     assert raw.get_alpha() < 0.5 and (smoothed.get_alpha() is None or smoothed.get_alpha() == 1)
     assert np.std(np.diff(smoothed.get_ydata())) < np.std(np.diff(y))  # it is smoother
     # Sparse evaluations are not smoothed: one line through the logged values.
     [ev] = eval_ax.get_lines()
-    np.testing.assert_allclose(ev.get_ydata(), plot.series(recs, 'eval/avg@4')[1])
+    np.testing.assert_allclose(ev.get_ydata(), curve_plots.series(recs, 'eval/avg@4')[1])
   finally:
     plt.close(fig)
 
 
 def test_default_keys_skip_what_no_run_logs_and_nan_is_skipped(two_same_name_runs):
   recs = metric_writer.read_jsonl(os.path.join(two_same_name_runs[0], 'metrics.jsonl'))
-  fig = plot.make_figure({'run': recs})
+  fig = curve_plots.make_figure({'run': recs})
   try:
     titles = [ax.get_title() for ax in _data_axes(fig)]
     assert titles == ['Held-out accuracy (avg@4)', 'Mean reward', 'Policy entropy']
   finally:
     plt.close(fig)
-  steps, _ = plot.series(recs, 'loss')  # the 'nan' string at step 3 is dropped
+  steps, _ = curve_plots.series(recs, 'loss')  # the 'nan' string at step 3 is dropped
   assert 3 not in steps and len(steps) == 119
 
 
 def test_unknown_key_names_the_valid_keys(two_same_name_runs):
   with pytest.raises(ValueError) as e:
-    plot.plot_runs(two_same_name_runs, 'x.png', ['reward_mean', 'rewrd_mean'])
+    curve_plots.plot_runs(two_same_name_runs, 'x.png', ['reward_mean', 'rewrd_mean'])
   msg = str(e.value)
   assert "'rewrd_mean'" in msg
   for valid in ('entropy', 'eval/avg@4', 'loss', 'reward_mean'):
     assert f"'{valid}'" in msg
   assert "'step'" not in msg
   with pytest.raises(ValueError, match='smooth must be an integer >= 1'):
-    plot.plot_runs(two_same_name_runs, 'x.png', smooth=0)
+    curve_plots.plot_runs(two_same_name_runs, 'x.png', smooth=0)
   with pytest.raises(FileNotFoundError, match='no metrics.jsonl'):
-    plot.plot_runs([os.path.dirname(two_same_name_runs[0])], 'x.png')
+    curve_plots.plot_runs([os.path.dirname(two_same_name_runs[0])], 'x.png')
 
 
 def test_command_line(two_same_name_runs, tmp_path):

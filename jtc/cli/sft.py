@@ -1,0 +1,48 @@
+r"""`jtc sft` / `python -m jtc.sft`: supervised fine-tuning of the base policies (`jtc.rl.sft`).
+
+  python -m jtc.sft --config configs/sft_arith.py --workdir W
+"""
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from jtc.cli import absl_program
+from jtc.rl import distributed
+from jtc.rl import sft
+
+
+def define_flags(flag_values):
+  """The command's flags, in ``flag_values``; returns their names."""
+  config_flags.DEFINE_config_file('config', None, 'SFT config file.', lock_config=True,
+                                  flag_values=flag_values)
+  flags.DEFINE_string('workdir', None, 'Where the policy bundle and metrics go.',
+                      flag_values=flag_values)
+  flags.mark_flags_as_required(['config', 'workdir'], flag_values=flag_values)
+  return ['config', 'workdir']
+
+
+def run(argv):
+  """`sft.train_sft` from the parsed flags; prints the final evaluation."""
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments {argv[1:]}')
+  logging.set_verbosity(logging.WARNING)  # orbax and tfds are chatty at INFO
+  try:
+    distributed.initialize()  # several processes: before any other JAX work
+    distributed.check_agreement(json.loads(flags.FLAGS.config.to_json_best_effort()))
+  except distributed.DistributedError as e:
+    sys.exit(f'error: {e}')
+  os.makedirs(flags.FLAGS.workdir, exist_ok=True)
+  result = sft.train_sft(flags.FLAGS.config, flags.FLAGS.workdir)
+  if distributed.is_primary():
+    print(json.dumps(result))
+
+
+def main(argv=None, prog='python -m jtc.sft'):
+  """The command: ``argv`` without the program name (None: the process's)."""
+  absl_program.run(run, argv, prog=prog, define_flags=define_flags)

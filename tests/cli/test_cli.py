@@ -1,0 +1,42 @@
+"""`jtc <command>`: the dispatcher of jtc.cli runs each command's `main`, the console script is
+installed, and bad input is named before anything runs."""
+import importlib.metadata
+
+import pytest
+
+from jtc import cli
+
+
+def test_the_console_script_is_the_dispatcher():
+  scripts = importlib.metadata.entry_points(group='console_scripts')
+  assert [s.value for s in scripts if s.name == 'jtc'] == ['jtc.cli:main']
+
+
+def test_without_a_command_it_prints_the_commands_and_fails(capsys):
+  assert cli.main([]) == 2
+  err = capsys.readouterr().err
+  assert all(name in err for name in cli.COMMANDS)
+  assert cli.main(['--help']) == 0 and 'ledger' in capsys.readouterr().out
+
+
+def test_an_unknown_command_is_named_with_the_valid_ones(capsys):
+  assert cli.main(['trian', '--config', 'configs/gspo.py']) == 2
+  assert "unknown command 'trian'; valid: train, sft, ledger, plot" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('name', list(cli.COMMANDS))
+def test_each_command_is_its_module_main_under_the_jtc_program_name(name, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main([name, '--help'])
+  out = capsys.readouterr().out
+  if hasattr(cli.command_module(name), 'make_parser'):  # argparse: the usage names the program
+    assert exit_info.value.code == 0 and out.startswith(f'usage: jtc {name}')
+  else:  # absl (whose --help exits 1): it lists the command's own flags, and only those
+    assert exit_info.value.code == 1 and '--config' in out and '--workdir' in out
+    assert ('allow_config_change' in out) == (name == 'train')
+
+
+def test_a_bad_config_path_is_one_line_before_anything_runs():
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(['train', '--config=configs/nope.py', '--workdir=/tmp/x'])
+  assert "no such config file 'configs/nope.py'" in str(exit_info.value.code)
