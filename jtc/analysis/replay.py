@@ -33,7 +33,6 @@ from jtc.analysis import ledger as ledger_lib
 from jtc.analysis import metric_writer
 from jtc.analysis import probes
 from jtc.models import logprobs
-from jtc.objectives import surrogates
 
 
 def check_objectives(ledger, names):
@@ -43,7 +42,7 @@ def check_objectives(ledger, names):
   if unknown or not names:
     raise ValueError(f'unknown objective(s) {unknown or names}; valid: {sorted(objectives.LOSSES)}')
   for n in names:
-    if n in surrogates.TOKEN_WEIGHTED and 'token_weights_BT' not in ledger.columns:
+    if objectives.LOSSES[n].token_weighted and 'token_weights_BT' not in ledger.columns:
       raise ValueError(f'objective {n!r} needs per-token weights (DelTA lambda) and the run '
                        f'({ledger.meta["loss"]}) logged none; replay it on a run of {n}')
 

@@ -8,7 +8,8 @@ Dimension key:
 
 Notation (paper 2604.13088, cited "Eq. N"): r_{i,t} = pi_theta / pi_old of token t of
 completion i (Eq. 7); s_i = exp(mean_t log r_{i,t}) the length-normalised sequence ratio
-(Eq. 44); A_i the group-relative advantage. Every loss (`jtc.objectives.surrogates`, ``LOSSES``) builds a
+(Eq. 44); A_i the group-relative advantage. Every loss (`jtc.objectives.surrogates`, registered in
+``LOSSES``: `jtc.objectives.registry`) builds a
 per-token *objective* ``obj_BT`` (to be maximised); ``loss = -aggregate(obj_BT) + kl_coef *
 aggregate(kl_BT) - entropy_coef * aggregate(entropy_BT)`` is minimised. The gradient flows only through
 ``logps``; ``old_logps``, ``ref_logps``, ``advantages`` and ``token_weights`` are constants.
@@ -39,15 +40,15 @@ per-token mean policy entropy over real tokens, whatever the aggregation).
 """
 
 import functools
-import inspect
 
 import chex
 import jax
 import jax.numpy as jnp
 
 from jtc import checks
-from jtc.objectives import surrogates
-from jtc.objectives.surrogates import CLIP_GATINGS, DEFAULT_AGGREGATION, LOSSES, LossInputs, gspo
+from jtc.objectives import registry
+from jtc.objectives import surrogates  # registers the built-in losses
+from jtc.objectives.registry import LOSSES, LossInputs
 
 # ---------------------------------------------------------------------------------------------
 # Aggregations, KL estimators.
@@ -111,21 +112,11 @@ _COMMON_HPARAMS = {'kl_coef': 0.0, 'kl_estimator': 'k3', 'entropy_coef': 0.0}
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_name(name):
-  if name not in LOSSES:
-    raise ValueError(f'unknown loss {name!r}; valid: {sorted(LOSSES)}')
-
-
-@functools.cache
-def _loss_defaults(name):
-  params = inspect.signature(LOSSES[name]).parameters
-  return {k: p.default for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
-
-
 def default_hparams(name):
-  """All hyper-parameters ``compute_loss(name, ...)`` accepts, with their defaults."""
-  _check_name(name)
-  return {**_loss_defaults(name), 'aggregation': DEFAULT_AGGREGATION[name], **_COMMON_HPARAMS}
+  """All hyper-parameters ``compute_loss(name, ...)`` accepts, with their defaults: the loss's
+  own (its `registry.LossSpec`), its default aggregation and the KL / entropy keys."""
+  spec = registry.get(name)
+  return {**spec.defaults, 'aggregation': spec.aggregation, **_COMMON_HPARAMS}
 
 
 def _is_traced(x):
@@ -134,38 +125,27 @@ def _is_traced(x):
   return isinstance(x, jax.Array)
 
 
-def _check_hparams(name, hp):
-  hp = {k: v for k, v in hp.items() if not _is_traced(v)}
+def _check_common(hp):
+  """The keys every loss accepts (the loss's own are its spec's to check)."""
   checks.choice('aggregation', hp['aggregation'], AGGREGATIONS)
   checks.choice('kl_estimator', hp['kl_estimator'], KL_ESTIMATORS)
-  if 'solver' in hp:
-    checks.choice('solver', hp['solver'], surrogates.SOLVERS)
-  if 'clip_gating' in hp:
-    checks.choice('clip_gating', hp['clip_gating'], CLIP_GATINGS)
-    if hp['clip_gating'] != 'none' and not hp['stop_gradient']:
-      raise ValueError(f"clip_gating={hp['clip_gating']!r} needs stop_gradient=True: without the "
-                       "stop-gradient the clip already gates the gradient (use 'none')")
-  for key in ('eps_low', 'eps_high', 'eps', 'tau_pos', 'tau_neg'):  # a zero clip width or
-    if hp.get(key) is not None:  # temperature would stop every off-policy update
-      checks.positive(key, hp[key])
-  for key in ('trunc_eps', 'kl_coef', 'entropy_coef'):
-    if hp.get(key) is not None:
+  for key in ('kl_coef', 'entropy_coef'):
+    if not _is_traced(hp[key]):
       checks.in_range(key, hp[key], low=0)
-  if hp.get('dual_clip_c') is not None and not hp['dual_clip_c'] > 1:
-    raise ValueError(f'dual_clip_c={hp["dual_clip_c"]!r} must be None (off) or > 1')
 
 
 def check_hparams(name, hparams):
   """Raises ValueError for an unknown loss, unknown hyper-parameter keys or invalid values
   (before any compute: the trainer calls it on its config)."""
-  _check_name(name)
   valid = default_hparams(name)
   unknown = set(hparams) - set(valid)
   if unknown:
     raise ValueError(f'unknown hyper-parameter(s) {sorted(unknown)} for loss {name!r}; '
                      f'valid: {sorted(valid)}')
   hp = {**valid, **hparams}
-  _check_hparams(name, hp)
+  _check_common(hp)
+  spec = registry.get(name)
+  spec.validate({k: hp[k] for k in spec.defaults})
   return hp
 
 
@@ -181,10 +161,11 @@ def _check_arrays(name, logps, old_logps, advantages, mask, group_size, ref_logp
   if jnp.shape(advantages) != shape[:1]:
     raise ValueError(f'advantages must have shape [B]={shape[:1]}, got {jnp.shape(advantages)}')
   checks.group_size(group_size, shape[0])
-  if name in surrogates.TOKEN_WEIGHTED and token_weights is None:
+  weighted = LOSSES[name].token_weighted
+  if weighted and token_weights is None:
     raise ValueError(f'loss {name!r} needs token_weights [B, T]')
-  if name not in surrogates.TOKEN_WEIGHTED and token_weights is not None:
-    raise ValueError(f'token_weights are only used by losses {surrogates.TOKEN_WEIGHTED}, not '
+  if not weighted and token_weights is not None:
+    raise ValueError(f'token_weights are only used by losses {registry.token_weighted()}, not '
                      f'{name!r}')
 
 
@@ -226,7 +207,7 @@ def _pg_coefficients(surrogate_fn, inp, aggregate):
 def _gspo_hparams(name, hp):
   """GSPO's clip for the coefficient-mass reference: the loss's own sequence clip if it has
   one (gspo, gspo_token, dfpo_*), else GSPO's defaults."""
-  gspo_keys = _loss_defaults('gspo')
+  gspo_keys = LOSSES['gspo'].defaults
   if 'eps' in hp:
     return {k: hp[k] for k in gspo_keys}
   return dict(gspo_keys)
@@ -238,8 +219,9 @@ def _effective_step(name, hp, inp, aggregate):
   step a method takes relative to GSPO's from its weights and clipping alone (1 for GSPO);
   frac_traj_gated: the fraction of trajectories with A != 0 and real tokens whose every
   coefficient is 0 (switched off)."""
-  coef_BT = _pg_coefficients(functools.partial(LOSSES[name], **hp), inp, aggregate)
-  gspo_BT = _pg_coefficients(functools.partial(gspo, **_gspo_hparams(name, hp)), inp, aggregate)
+  coef_BT = _pg_coefficients(functools.partial(LOSSES[name].surrogate, **hp), inp, aggregate)
+  gspo_BT = _pg_coefficients(functools.partial(surrogates.gspo, **_gspo_hparams(name, hp)), inp,
+                             aggregate)
   mass = jnp.sum(jnp.abs(coef_BT))
   gspo_mass = jnp.sum(jnp.abs(gspo_BT))
   live_B = (inp.adv_B != 0) & jnp.any(inp.mask_BT > 0, axis=-1)
@@ -310,8 +292,9 @@ def clip_flags(name, *, logps, old_logps, advantages, mask, group_size, token_we
   for key in _COMMON_HPARAMS:
     hp.pop(key)
   hp.pop('aggregation')
-  sur = LOSSES[name](loss_inputs(logps=logps, old_logps=old_logps, advantages=advantages, mask=mask,
-                                 group_size=group_size, token_weights=token_weights), **hp)
+  sur = LOSSES[name].surrogate(
+      loss_inputs(logps=logps, old_logps=old_logps, advantages=advantages, mask=mask,
+                  group_size=group_size, token_weights=token_weights), **hp)
   return sur.clip_low_BT, sur.clip_high_BT
 
 
@@ -358,7 +341,7 @@ def compute_loss(name, *, logps, old_logps, advantages, mask, group_size, ref_lo
   inp = loss_inputs(logps=logps_BT, old_logps=old_logps, advantages=advantages, mask=mask,
                     group_size=group_size, token_weights=token_weights)
   mask_BT = inp.mask_BT
-  sur = LOSSES[name](inp, **hp)
+  sur = LOSSES[name].surrogate(inp, **hp)
   obj_BT = sur.obj_BT
   if is_weights is not None:
     # The mismatch correction's weights are constants (importance weights of the behaviour

@@ -1,4 +1,6 @@
-"""Every loss as a per-token surrogate: ``LOSSES[name](LossInputs, **hparams) -> Surrogate``.
+"""Every loss as a per-token surrogate ``fn(LossInputs, **hparams) -> Surrogate``, each registered
+once (`jtc.objectives.registry`: its default aggregation and the valid values of its
+hyper-parameters beside it).
 
 The per-token objective ``obj_BT`` of each loss (to be maximised) and what its metrics need; the
 entry point that aggregates it into a loss, adds KL / entropy terms and reports the metrics is
@@ -17,7 +19,8 @@ completion i (Eq. 7); s_i = exp(mean_t log r_{i,t}) the length-normalised sequen
 - entropy_coef * aggregate(entropy_BT)`` is minimised. The gradient flows only through
 ``logps``; ``old_logps``, ``ref_logps``, ``advantages`` and ``token_weights`` are constants.
 
-Losses (``LOSSES``; hyper-parameters and defaults via ``objectives.default_hparams(name)``):
+Losses (``registry.LOSSES``; hyper-parameters and defaults via ``objectives.default_hparams(name)``,
+the table in docs/objectives.md):
   grpo / dapo / dr_grpo  token-factorised PPO clip min(r A, clip(r, 1-eps_low, 1+eps_high) A),
                          optional dual clip max(., c A) for A < 0; they differ only in defaults
                          (dapo: eps_high=0.28 "clip-higher", token_mean; dr_grpo:
@@ -56,43 +59,16 @@ GSPO's, the "smaller updates" control the paper means.
 """
 
 import chex
-import flax.struct
 import jax
 import jax.numpy as jnp
 
 from jtc.objectives import group_transforms
+from jtc.objectives import registry
+from jtc.objectives.registry import ABOVE_ONE, ANY_NUMBER, BOOLEAN, NON_NEGATIVE, POSITIVE, LossInputs, Surrogate, one_of, optional
 
 # ---------------------------------------------------------------------------------------------
-# Inputs and per-loss output.
+# Per-token helpers.
 # ---------------------------------------------------------------------------------------------
-
-
-@flax.struct.dataclass
-class LossInputs:
-  """What a loss sees. log_ratio_BT is log r (0 on padding); group_size is static."""
-  log_ratio_BT: jax.Array
-  adv_B: jax.Array
-  mask_BT: jax.Array
-  token_weights_BT: jax.Array | None
-  group_size: int = flax.struct.field(pytree_node=False)
-
-
-@flax.struct.dataclass
-class Surrogate:
-  """A loss's per-token objective (maximised) plus what the metrics need.
-
-  obj_BT: per-token objective, aggregated then negated into the loss.
-  clip_low_BT / clip_high_BT: 1.0 where the token is clipped from below / above.
-  w_B: the trajectory weight w_i of Eq. 14 that Eq. 23's ``asym`` uses: s_i for GSPO (clipped
-    or not), s_tilde_i for DFPO, the token-mean ratio for the token-level losses.
-  w_grad_B: the weight the gradient actually carries: w_B with 0 wherever the clip switches
-    the trajectory's (or, token-averaged, the tokens') gradient off (``asym_gated``).
-  """
-  obj_BT: jax.Array
-  clip_low_BT: jax.Array
-  clip_high_BT: jax.Array
-  w_B: jax.Array
-  w_grad_B: jax.Array
 
 
 def masked_mean_t(x_BT, mask_BT):
@@ -112,6 +88,8 @@ def _broadcast_seq(x_B, mask_BT):
 # ---------------------------------------------------------------------------------------------
 # Token-factorised losses.
 # ---------------------------------------------------------------------------------------------
+
+PPO_RANGES = {'eps_low': POSITIVE, 'eps_high': POSITIVE, 'dual_clip_c': ABOVE_ONE}
 
 
 def _ppo_clip(inp, *, eps_low, eps_high, dual_clip_c):
@@ -134,21 +112,29 @@ def _ppo_clip(inp, *, eps_low, eps_high, dual_clip_c):
                    w_grad_B=masked_mean_t(ratio_BT * free_BT, inp.mask_BT))
 
 
+@registry.register('grpo', aggregation='seq_mean_token_mean', ranges=PPO_RANGES,
+                   about='token PPO clip (Shao et al. 2024; Eq. 8, 77)')
 def grpo(inp, *, eps_low=0.2, eps_high=0.2, dual_clip_c=None):
   """GRPO (Shao et al. 2024): token PPO clip, default seq_mean_token_mean (paper Eq. 8, 77)."""
   return _ppo_clip(inp, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c)
 
 
+@registry.register('dapo', aggregation='token_mean', ranges=PPO_RANGES,
+                   about='token PPO clip, clip-higher (Yu et al. 2025)')
 def dapo(inp, *, eps_low=0.2, eps_high=0.28, dual_clip_c=None):
   """DAPO (Yu et al. 2025): clip-higher eps_high=0.28, default token_mean."""
   return _ppo_clip(inp, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c)
 
 
+@registry.register('dr_grpo', aggregation='seq_mean_token_sum_norm', ranges=PPO_RANGES,
+                   about='token PPO clip, constant-length sums (Liu et al. 2025)')
 def dr_grpo(inp, *, eps_low=0.2, eps_high=0.2, dual_clip_c=None):
   """Dr. GRPO (Liu et al. 2025): PPO clip, default seq_mean_token_sum_norm."""
   return _ppo_clip(inp, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c)
 
 
+@registry.register('grpo_fix', aggregation='seq_mean_token_mean', ranges={'eps_high': POSITIVE},
+                   about='symmetric clip A clip(r, 0, 1 + eps_high) (Eq. 79-80)')
 def grpo_fix(inp, *, eps_high=0.2):
   """GRPO-fix, symmetric clip (paper Eq. 79-80): A * clip(r, 0, 1 + eps_high).
 
@@ -164,6 +150,10 @@ def grpo_fix(inp, *, eps_high=0.2):
                    w_grad_B=masked_mean_t(ratio_BT * (1.0 - clip_high_BT), inp.mask_BT))
 
 
+@registry.register('cispo', aggregation='token_mean', ranges={
+    'eps_low': POSITIVE,
+    'eps_high': POSITIVE
+}, about='clipped IS weight on every token\'s score (MiniMax-M1, 2025)')
 def cispo(inp, *, eps_low=1.0, eps_high=0.28):
   """CISPO (MiniMax-M1, 2025): sg(clip(r, 1-eps_low, 1+eps_high)) A log pi per token.
 
@@ -185,6 +175,10 @@ def cispo(inp, *, eps_low=1.0, eps_high=0.28):
                                      inp.mask_BT), w_grad_B=masked_mean_t(weight_BT, inp.mask_BT))
 
 
+@registry.register('sapo', aggregation='seq_mean_token_mean', ranges={
+    'tau_pos': POSITIVE,
+    'tau_neg': POSITIVE
+}, about='soft sigmoid gate instead of a clip (Gao et al. 2025)')
 def sapo(inp, *, tau_pos=1.0, tau_neg=1.05):
   """SAPO (Gao et al. 2025): soft gate f(r) = (4 / tau) sigmoid(tau (r - 1)), objective f(r) A.
 
@@ -203,6 +197,8 @@ def sapo(inp, *, tau_pos=1.0, tau_neg=1.05):
                    w_grad_B=masked_mean_t(grad_weight_BT, inp.mask_BT))
 
 
+@registry.register('delta', aggregation='token_mean', ranges=PPO_RANGES, token_weighted=True,
+                   about='DAPO surrogate weighted per token by DelTA\'s lambda (2605.21467)')
 def delta(inp, *, eps_low=0.2, eps_high=0.28, dual_clip_c=None):
   """DelTA (2605.21467): the DAPO surrogate with per-token coefficients, lambda_bar * ppo.
 
@@ -232,6 +228,8 @@ def delta(inp, *, eps_low=0.2, eps_high=0.28, dual_clip_c=None):
 # Sequence-level losses.
 # ---------------------------------------------------------------------------------------------
 
+SEQ_RANGES = {'eps_low': POSITIVE, 'eps_high': POSITIVE, 'eps': optional(POSITIVE)}
+
 
 def _seq_clip_bounds(eps_low, eps_high, eps):
   return (eps, eps) if eps is not None else (eps_low, eps_high)
@@ -245,6 +243,8 @@ def _seq_clip_flags(s_B, adv_B, mask_BT, lo, hi):
                                                   mask_BT), low_B | high_B)
 
 
+@registry.register('gspo', aggregation='seq_mean_token_mean', ranges=SEQ_RANGES,
+                   about='sequence clip on the length-normalised ratio (Zheng et al. 2025; Eq. 42)')
 def gspo(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None):
   """GSPO (Zheng et al. 2025; paper Eq. 42): A_i * s_bar_i with s_i = exp(mean_t log r) (Eq. 44).
 
@@ -260,6 +260,9 @@ def gspo(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None):
                    clip_high_BT=high_BT, w_B=s_B, w_grad_B=jnp.where(clipped_B, 0.0, s_B))
 
 
+@registry.register(
+    'gspo_token', aggregation='seq_mean_token_mean', ranges=SEQ_RANGES,
+    about='GSPO-token: the sequence ratio on every token\'s score (Zheng et al. 2025)')
 def gspo_token(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None):
   """GSPO-token (Zheng et al. 2025): s_{i,t} = sg(s_i) * r_{i,t} / sg(r_{i,t}), clipped per token.
 
@@ -283,6 +286,18 @@ def gspo_token(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None):
 
 
 CLIP_GATINGS = ('none', 'gspo')
+DFPO_RANGES = {
+    **SEQ_RANGES, 'stop_gradient': BOOLEAN,
+    'global_scale': ANY_NUMBER,
+    'clip_gating': one_of(CLIP_GATINGS)
+}
+
+
+def _check_gating(hp):
+  """DFPO's gated reading needs the stop-gradient (without it the clip already gates)."""
+  if hp.get('clip_gating', 'none') != 'none' and not hp.get('stop_gradient', True):
+    raise ValueError(f"clip_gating={hp['clip_gating']!r} needs stop_gradient=True: without the "
+                     "stop-gradient the clip already gates the gradient (use 'none')")
 
 
 def _dfpo(inp, *, transform, transform_kwargs, eps_low, eps_high, eps, stop_gradient, global_scale,
@@ -342,6 +357,9 @@ def _dfpo(inp, *, transform, transform_kwargs, eps_low, eps_high, eps, stop_grad
                    clip_high_BT=high_BT, w_B=s_tilde_B, w_grad_B=w_grad_B)
 
 
+@registry.register('dfpo_min_replace', aggregation='seq_mean_token_mean', ranges=DFPO_RANGES,
+                   check=_check_gating,
+                   about='GSPO with s_tilde = min_j s_bar_j in each group (Eq. 50)')
 def dfpo_min_replace(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None, stop_gradient=True,
                      global_scale=None, clip_gating='none'):
   """DFPO (Min-Replace): s_tilde_i = min_j s_bar_j (Eq. 50) in the GSPO objective."""
@@ -350,6 +368,8 @@ def dfpo_min_replace(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None, stop_gradien
                clip_gating=clip_gating)
 
 
+@registry.register('dfpo_orth_proj', aggregation='seq_mean_token_mean', ranges=DFPO_RANGES,
+                   check=_check_gating, about='GSPO with s_bar projected orthogonal to A (Eq. 18)')
 def dfpo_orth_proj(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None, stop_gradient=True,
                    global_scale=None, clip_gating='none'):
   """DFPO (Orth-Proj): s_tilde = s_bar - (A.s_bar / |A|^2) A (Eq. 18); may be negative."""
@@ -361,6 +381,11 @@ def dfpo_orth_proj(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None, stop_gradient=
 SOLVERS = {'qp': 'pos_orth_proj_qp', 'truncate_rebalance': 'pos_orth_proj_truncate_rebalance'}
 
 
+@registry.register(
+    'dfpo_pos_orth_proj', aggregation='seq_mean_token_mean', ranges={
+        **DFPO_RANGES, 'solver': one_of(tuple(SOLVERS)),
+        'trunc_eps': NON_NEGATIVE
+    }, check=_check_gating, about='GSPO with the non-negative projection (Eq. 51, or Eq. 52-55)')
 def dfpo_pos_orth_proj(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None, stop_gradient=True,
                        global_scale=None, clip_gating='none', solver='qp', trunc_eps=1e-3):
   """DFPO (Positive Orth-Proj): the non-negative QP of Eq. 51 (solver='qp', exact) or its
@@ -369,37 +394,3 @@ def dfpo_pos_orth_proj(inp, *, eps_low=3e-4, eps_high=4e-4, eps=None, stop_gradi
   return _dfpo(inp, transform=SOLVERS[solver], transform_kwargs=kwargs, eps_low=eps_low,
                eps_high=eps_high, eps=eps, stop_gradient=stop_gradient, global_scale=global_scale,
                clip_gating=clip_gating)
-
-
-LOSSES = {
-    'grpo': grpo,
-    'dapo': dapo,
-    'dr_grpo': dr_grpo,
-    'gspo': gspo,
-    'gspo_token': gspo_token,
-    'sapo': sapo,
-    'cispo': cispo,
-    'dfpo_min_replace': dfpo_min_replace,
-    'dfpo_orth_proj': dfpo_orth_proj,
-    'dfpo_pos_orth_proj': dfpo_pos_orth_proj,
-    'grpo_fix': grpo_fix,
-    'delta': delta,
-}
-
-# Losses that weight their tokens with `token_weights` (the trainer's token-weight plug-in).
-TOKEN_WEIGHTED = ('delta',)
-
-DEFAULT_AGGREGATION = {
-    'grpo': 'seq_mean_token_mean',
-    'dapo': 'token_mean',
-    'dr_grpo': 'seq_mean_token_sum_norm',
-    'gspo': 'seq_mean_token_mean',
-    'gspo_token': 'seq_mean_token_mean',
-    'sapo': 'seq_mean_token_mean',
-    'cispo': 'token_mean',
-    'dfpo_min_replace': 'seq_mean_token_mean',
-    'dfpo_orth_proj': 'seq_mean_token_mean',
-    'dfpo_pos_orth_proj': 'seq_mean_token_mean',
-    'grpo_fix': 'seq_mean_token_mean',
-    'delta': 'token_mean',
-}

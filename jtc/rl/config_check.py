@@ -16,7 +16,7 @@ from jtc.data import rewards as rewards_lib
 from jtc.rl import population as population_lib
 from jtc.rl import rollout as rollout_lib
 from jtc.rl import sharding as sharding_lib
-from jtc.objectives import surrogates
+from jtc.objectives import registry
 from jtc.data import tasks as tasks_lib
 from jtc.objectives import token_weights
 from jtc.rl import update as update_lib
@@ -57,9 +57,9 @@ def _validate_run(c):
   checks.choice('config.advantage.name', c.advantage.name, advantages_lib.ADVANTAGES)
   checks.choice('config.loss.name', c.loss.name, objectives.LOSSES)
   objectives.check_hparams(c.loss.name, c.loss.hparams.to_dict())
-  if (c.loss.name in surrogates.TOKEN_WEIGHTED) != bool(c.token_weights):
+  if objectives.LOSSES[c.loss.name].token_weighted != bool(c.token_weights):
     raise ValueError(f'config.loss.name={c.loss.name!r} with config.token_weights='
-                     f'{c.token_weights!r}: losses {surrogates.TOKEN_WEIGHTED} need a token-weight '
+                     f'{c.token_weights!r}: losses {registry.token_weighted()} need a token-weight '
                      f'plug-in ({sorted(token_weights.PLUGINS)}), the others none')
   if c.token_weights:
     checks.choice('config.token_weights', c.token_weights, token_weights.PLUGINS)
