@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from experiments.report import curve
+from experiments.common import curve
 from jtc.analysis import curve_plots
 
 

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 
+from experiments import common
 from jtc.rl import population as population_lib
 
 # Overrides that say which run a spec is, not how a member differs from another.
@@ -27,10 +28,6 @@ def is_variable(key, value):
   """Whether a population may vary ``key`` between its members (a float it reads traced)."""
   return key in population_lib.VARIABLE_KEYS or (key.startswith('loss.hparams.') and isinstance(
       value, float) and not isinstance(value, bool))
-
-
-def _fmt(value):
-  return repr(value) if isinstance(value, float) else str(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +44,8 @@ class Program:
   @property
   def key(self):
     blob = json.dumps([
-        self.config_path, [[k, _fmt(v)] for k, v in self.shared], self.first_seed, self.size,
-        [[k, [_fmt(x) for x in vs]] for k, vs in self.vary]
+        self.config_path, [[k, common.fmt_value(v)] for k, v in self.shared], self.first_seed,
+        self.size, [[k, [common.fmt_value(x) for x in vs]] for k, vs in self.vary]
     ])
     return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
@@ -58,11 +55,11 @@ class Program:
             f'{self.first_seed + self.size - 1}__{self.key}')
 
   def vary_flag(self):
-    return ';'.join(f'{k}={",".join(_fmt(x) for x in vs)}' for k, vs in self.vary)
+    return ';'.join(f'{k}={",".join(common.fmt_value(x) for x in vs)}' for k, vs in self.vary)
 
   def command(self, workdir):
     """The `python -m jtc.train` argv of the population."""
-    flags = [f'--config.{k}={_fmt(v)}' for k, v in self.shared]
+    flags = [f'--config.{k}={common.fmt_value(v)}' for k, v in self.shared]
     flags += [f'--config.seed={self.first_seed}', f'--config.population.size={self.size}']
     if self.vary:
       flags.append(f'--config.population.vary={self.vary_flag()}')

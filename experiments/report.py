@@ -1,4 +1,5 @@
-"""Results files of a sweep: per-run scalars, tables with their statistics, the markdown.
+"""Results files of a sweep: tables with their statistics, the markdown (the per-run values they
+show are `experiments.common`'s).
 
 Everything here reads the per-run summaries that `experiments/run.py` writes, so a results file
 can be rebuilt on any machine (`python -m experiments.run <sweep> --tables-only`).
@@ -12,146 +13,25 @@ experiments/verdicts.py; a table row shows the verdict of the claim it answers.
 
 import json
 import os
-import subprocess
 
 import numpy as np
 
+from experiments import common
+from experiments import figures
 from experiments import stats
-from jtc.analysis import curves
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMOOTH_STEPS = 5  # trailing mean of the reward before compute_at_threshold
-
-# ---------------------------------------------------------------------------------------------
-# Per-run scalars: '<extractor>:<key>' (a key ending in '@' = the first curve starting with it).
-# ---------------------------------------------------------------------------------------------
-
-
-def curve(summary, key):
-  """(steps, values) float64 arrays of a summary's curve, or (None, None).
-
-  ``'A - B'`` is the difference of two curves logged at the same steps (e.g. the log-odds
-  between two equivalent solutions, ``format_logq/a - format_logq/b``).
-  """
-  if ' - ' in key:
-    a, b = (k.strip() for k in key.split(' - ', 1))
-    (sa, va), (sb, vb) = curve(summary, a), curve(summary, b)
-    if va is None or vb is None:
-      return None, None
-    if not np.array_equal(sa, sb):
-      raise ValueError(f'curves {a!r} and {b!r} are logged at different steps; '
-                       f'{key!r} needs the same steps')
-    return sa, va - vb
-  stored = summary['curves']
-  if key.endswith('@'):  # 'eval/avg@' -> 'eval/avg@K'
-    matches = sorted(k for k in stored if k.startswith(key))
-    key = matches[0] if matches else key
-  c = stored.get(key)
-  if not c or not c['value']:
-    return None, None
-  return np.asarray(c['step'], np.float64), np.asarray(c['value'], np.float64)
-
-
-def _final(summary, key, **_):
-  _, v = curve(summary, key)
-  return float('nan') if v is None else float(v[-1])
-
-
-def _mean(summary, key, **_):
-  _, v = curve(summary, key)
-  return float('nan') if v is None else float(v.mean())
-
-
-def _late_mean(summary, key, **_):
-  """Mean over the last quarter of the curve (at least one point)."""
-  _, v = curve(summary, key)
-  return float('nan') if v is None else float(v[-max(len(v) // 4, 1):].mean())
-
-
-def _change(summary, key, **_):
-  """Last value minus first value (e.g. the drift of a log-odds over training)."""
-  _, v = curve(summary, key)
-  return float('nan') if v is None or len(v) < 2 else float(v[-1] - v[0])
-
-
-def _jitter2(summary, key, **_):
-  _, v = curve(summary, key)
-  if v is None or len(v) < 3:
-    return float('nan')
-  return float(curves.jitter2(v))
-
-
-def _compute_at(summary, key, *, threshold=None):
-  """Generated tokens when `key` first reaches `threshold` (NaN if never)."""
-  steps, v = curve(summary, key)
-  cs, cv = curve(summary, 'compute/generated_tokens')
-  if v is None or cv is None:
-    return float('nan')
-  compute = np.interp(steps, cs, cv)
-  out = float(
-      curves.compute_at_threshold(v, compute, threshold, smooth=SMOOTH_STEPS, interpolate=True))
-  return out if np.isfinite(out) else float('nan')
-
-
-EXTRACTORS = {
-    'final': _final,
-    'mean': _mean,
-    'late_mean': _late_mean,
-    'change': _change,
-    'jitter2': _jitter2,
-    'compute_at': _compute_at,
-}
-
-
-def metric_value(summary, metric, **kwargs):
-  name, _, key = metric.partition(':')
-  if name not in EXTRACTORS:
-    raise ValueError(f'unknown metric extractor {name!r} in {metric!r}; valid: '
-                     f'{sorted(EXTRACTORS)}')
-  return EXTRACTORS[name](summary, key, **kwargs)
-
-
-def auto_threshold(summaries, key, *, window=SMOOTH_STEPS):
-  """0.9 x the smallest per-label seed-mean of the final `window`-step trailing mean of `key`.
-
-  Every method's average run ends above the threshold, so compute-to-threshold is defined for
-  most seeds of every method.
-  """
-  by_label = {}
-  for s in summaries:
-    _, v = curve(s, key)
-    if v is not None:
-      by_label.setdefault((s.get('group', ''), s['label']),
-                          []).append(curves.trailing_mean(v, window)[-1])
-  if not by_label:
-    return float('nan')
-  return 0.9 * min(float(np.mean(v)) for v in by_label.values())
-
+from experiments import verdicts
+from experiments.sweeps import claims
 
 # ---------------------------------------------------------------------------------------------
 # Tables.
 # ---------------------------------------------------------------------------------------------
 
 
-def _ci_str(mean, lo, hi, scale, digits):
-  if not np.isfinite(mean):
-    return 'n/a'
-  if not np.isfinite(lo):
-    return f'{mean * scale:.{digits}f}'
-  return f'{mean * scale:.{digits}f} [{lo * scale:.{digits}f}, {hi * scale:.{digits}f}]'
-
-
-def _p_str(p):
-  if not np.isfinite(p):
-    return 'n/a'
-  return f'{p:.3g}' if p >= 1e-4 else f'{p:.1e}'
-
-
 def _values_by_seed(summaries, table, threshold):
   """{(group, label): {seed: value}} over finite values."""
   out = {}
   for s in summaries:
-    v = metric_value(s, table.metric, threshold=threshold)
+    v = common.metric_value(s, table.metric, threshold=threshold)
     if np.isfinite(v):
       out.setdefault((s.get('group', ''), s['label']), {})[s['seed']] = v
   return out
@@ -184,21 +64,21 @@ def compare(values, base, *, normalize=False, seed=0):
   return row
 
 
-def build_table(sweep, table, summaries, verdicts=None):
+def build_table(sweep, table, summaries, declared=None):
   """Markdown lines of one table from the summaries of `sweep`, in long format: one row per
   (group, run), with its value, its paired difference from the table's baseline and, for a
-  declared claim, the claim and its verdict (``verdicts``: {(group, label): (claim, verdict)},
+  declared claim, the claim and its verdict (``declared``: {(group, label): (claim, verdict)},
   from experiments.verdicts, multiplicity-corrected over the claim's family)."""
   threshold = table.threshold
   if threshold == 'auto':
-    threshold = auto_threshold(summaries, table.metric.partition(':')[2])
+    threshold = common.auto_threshold(summaries, table.metric.partition(':')[2])
   values = _values_by_seed(summaries, table, threshold)
   baseline = table.baseline or sweep.baseline
   labels = list(dict.fromkeys(r.label for r in sweep.runs))
   if table.rows:
     labels = [l for l in labels if l in table.rows]
   groups = list(dict.fromkeys(r.group for r in sweep.runs))
-  paper, verdicts = dict(table.paper), verdicts or {}
+  paper, declared = dict(table.paper), declared or {}
   digits = table.digits if table.digits is not None else (
       3 if table.normalize or table.scale == 1.0 else 1)
   lines = [f'### {table.title}', '']
@@ -226,12 +106,12 @@ def build_table(sweep, table, summaries, verdicts=None):
       against = dict.fromkeys(vals, 0.0) if table.against_zero else vals if is_base else base
       row = compare(vals, against, normalize=table.normalize)
       n_total = sum(1 for s in summaries if s['label'] == l and s.get('group', '') == g)
-      claim, v = verdicts.get((g, l), ('', ''))
+      claim, v = declared.get((g, l), ('', ''))
       lines.append('| ' + ' | '.join([
           g or '-', l + (' (baseline)' if is_base else ''),
-          _ci_str(*row['value'], table.scale if not table.normalize else 1.0, digits),
-          '' if is_base else _ci_str(*row['diff'], 1.0 if table.normalize else table.scale, digits),
-          '' if is_base else _p_str(row['p']),
+          common.ci_str(*row['value'], table.scale if not table.normalize else 1.0, digits),
+          '' if is_base else common.ci_str(*row['diff'], 1.0 if table.normalize else table.scale,
+                                           digits), '' if is_base else common.p_str(row['p']),
           str(row['n']) if row['n'] == n_total else f'{row["n"]}/{n_total}',
           paper.get(l, paper.get(g, '')) if not is_base else '', f'{claim}: {v}' if claim else ''
       ]) + ' |')
@@ -252,55 +132,35 @@ STATS_NOTE = (
 # ---------------------------------------------------------------------------------------------
 
 
-def code_revision():
-  """'<sha>' or '<sha> (dirty)'; 'unknown' outside a git checkout or without commits. Only
-  code counts as dirty: results files (experiments/results/) being rewritten do not."""
-  try:
-    sha = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.strip()
-    dirty = subprocess.run([
-        'git', 'status', '--porcelain', '--untracked-files=no', '--', '.', ':!experiments/results'
-    ], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return 'unknown'
-  return f'{sha} (dirty)' if dirty else sha
+def result_paths(sweep_name, *, smoke, scratch=False, results_root):
+  """(results_dir, md_path): <root>/<sweep>/ and <root>/<sweep>.md, under smoke/ or scratch/
+  for the small and the resized forms of a sweep (never the committed results)."""
+  root = results_root
+  if smoke:
+    root = os.path.join(results_root, 'smoke')
+  elif scratch:
+    root = os.path.join(results_root, 'scratch')
+  return os.path.join(root, sweep_name), os.path.join(root, f'{sweep_name}.md')
 
 
-def fmt_value(value):
-  """How a config value is written on a command line (floats by repr: 1e-4 stays 1e-4)."""
-  return repr(value) if isinstance(value, float) else str(value)
+def read_parts(invocation_path):
+  """The parts recorded in ``invocation_path`` so far ([] before the first)."""
+  if not os.path.exists(invocation_path):
+    return []
+  with open(invocation_path) as f:
+    return invocation_parts(json.load(f))
 
 
-def load_summaries(results_dir):
-  """Every per-run summary in `<results_dir>/runs/`."""
-  runs_dir = os.path.join(results_dir, 'runs')
-  out = []
-  if not os.path.isdir(runs_dir):
-    return out
-  for fname in sorted(os.listdir(runs_dir)):
-    if fname.endswith('.json'):
-      with open(os.path.join(runs_dir, fname)) as f:
-        out.append(json.load(f))
-  return out
-
-
-def failures_on_disk(results_dir):
-  runs_dir = os.path.join(results_dir, 'runs')
-  out = {}
-  if os.path.isdir(runs_dir):
-    for fname in sorted(os.listdir(runs_dir)):
-      if fname.endswith('.failed.txt'):
-        with open(os.path.join(runs_dir, fname)) as f:
-          out[fname[:-len('.failed.txt')]] = f.read()
-  return out
+def invocation_parts(invocation):
+  """The parts of a sweep's invocation.json: [{command, wall_time_s, revision}, ...]. A file
+  written before sweeps could run in parts holds one invocation, not a list."""
+  return invocation.get('parts', [invocation])
 
 
 def _declared_verdicts(sweep, results_root):
   """{(metric, baseline, group, arm): (claim, verdict)} of the claims measured on ``sweep``'s
   runs, each corrected over its whole family (experiments/verdicts.py); a difference of
   differences (``Claim.minus``) is not what any table row shows and is left to claims.md."""
-  from experiments import verdicts  # pylint: disable=import-outside-toplevel
-  from experiments.sweeps import claims  # pylint: disable=import-outside-toplevel
   every = claims.all_claims()
   families = {c.family for c in every if c.sweep == sweep.name}
   claims_here = [c for c in every if c.family in families]
@@ -318,15 +178,15 @@ def _header(sweep, summaries, *, stale, command, wall_time_s, revision, rebuilt_
   run_wall = sum(s.get('wall_time_s') or 0.0 for s in summaries)
   lines = [
       f'# {sweep.name}{" (smoke)" if sweep.smoke else ""}', '', sweep.description, '',
-      f'- Command: `{command}`', f'- Code revision: `{revision or code_revision()}`', *([
+      f'- Command: `{command}`', f'- Code revision: `{revision or common.code_revision()}`', *([
           f'- Tables rebuilt from the per-run summaries by `{rebuilt_by}` at revision '
-          f'`{code_revision()}`'
+          f'`{common.code_revision()}`'
       ] if rebuilt_by else []),
       f'- Wall time of the sweep: {wall_time_s / 60:.1f} min; summed wall time of '
       f'the runs: {run_wall / 60:.1f} min',
       f'- Runs: {len(summaries)} summaries ({len(sweep.runs)} configs x seeds {seeds}), '
       f'{sweep.num_steps} RL steps each; shared overrides: '
-      f'`{" ".join(f"--config.{k}={fmt_value(v)}" for k, v in sweep.shared) or "none"}`' +
+      f'`{" ".join(f"--config.{k}={common.fmt_value(v)}" for k, v in sweep.shared) or "none"}`' +
       (f'; config arg `:{sweep.config_arg}`' if sweep.config_arg else ''),
       '- Compute matching: equal RL steps, prompts x G per step, max tokens and update '
       'steps within a comparison (see experiments/sweeps/); generated tokens per run:'
@@ -359,10 +219,10 @@ def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures
   by_name = {r.name: r for r in sweep.runs}  # labels and groups: as the sweep says now
   summaries = [
       dict(s, label=by_name[s['run']].label, group=by_name[s['run']].group)
-      for s in load_summaries(results_dir)
+      for s in common.load_summaries(results_dir)
       if s['run'] in by_name and s['num_steps'] == sweep.num_steps
   ]
-  stale = len(load_summaries(results_dir)) - len(summaries)
+  stale = len(common.load_summaries(results_dir)) - len(summaries)
   lines = _header(sweep, summaries, stale=stale, command=command, wall_time_s=wall_time_s,
                   revision=revision, rebuilt_by=rebuilt_by)
   lines += ['', '## Tables', '']
@@ -380,7 +240,6 @@ def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures
       lines += [f'### {table.title}', '', f'Could not build: {type(e).__name__}: {e}', '']
   lines += [STATS_NOTE, '']
   if plot and summaries:
-    from experiments import figures  # pylint: disable=import-outside-toplevel
     png = os.path.join(results_dir, 'curves.png')
     figures.plot_curves(sweep, summaries, png)
     rel = os.path.relpath(png, os.path.dirname(md_path))

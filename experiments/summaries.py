@@ -9,7 +9,7 @@ import shlex
 
 import numpy as np
 
-from experiments import report
+from experiments import common
 from jtc.analysis import metric_writer
 
 MAX_CURVE_POINTS = 1000
@@ -107,7 +107,7 @@ def refresh_curves(results_dir):
     raise ValueError(f'cannot refresh curves: no finished metrics.jsonl for {missing}; '
                      'nothing was rewritten')
   for name, summary in refreshed.items():
-    _write_json(os.path.join(runs_dir, name), summary)
+    write_json(os.path.join(runs_dir, name), summary)
   return len(refreshed)
 
 
@@ -127,7 +127,7 @@ def find_same_run(results_dir, spec):
     other = os.path.join(root, name)
     if other == own or not os.path.isdir(os.path.join(other, 'runs')):
       continue
-    for s in report.load_summaries(other):
+    for s in common.load_summaries(other):
       if s.get('key') == spec.key and s.get('seed') == spec.seed:
         return s
   return None
@@ -139,7 +139,7 @@ def reuse_summary(summary, spec):
               group=spec.run.group, reused_from=summary.get('reused_from', summary['sweep']))
 
 
-def _write_json(path, obj):
+def write_json(path, obj):
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = path + '.tmp'
   with open(tmp, 'w') as f:

@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from experiments import report
+from experiments import common
 from experiments import stats
 from experiments.sweeps import claims as claims_lib
 from jtc.analysis import curve_plots
@@ -42,7 +42,7 @@ def _by_seed(summaries, label, group, claim):
   out = {}
   for s in summaries:
     if s['label'] == label and s.get('group', '') == group:
-      v = report.metric_value(s, claim.metric, threshold=claim.threshold)
+      v = common.metric_value(s, claim.metric, threshold=claim.threshold)
       if np.isfinite(v):
         out[s['seed']] = (v * claim.scale, s['final'].get('eval/crn'))
   return out
@@ -144,7 +144,7 @@ def build(claims, results_dir=RESULTS_DIR):
   rows = []
   for claim in claims:
     if claim.sweep not in cache:
-      cache[claim.sweep] = report.load_summaries(os.path.join(results_dir, claim.sweep))
+      cache[claim.sweep] = common.load_summaries(os.path.join(results_dir, claim.sweep))
     rows.append(measure(claim, cache[claim.sweep]))
   return correct(rows)
 
@@ -171,16 +171,12 @@ def read_csv(path):
   return rows
 
 
-def _p(p):
-  return 'n/a' if not np.isfinite(p) else (f'{p:.3g}' if p >= 1e-4 else f'{p:.1e}')
-
-
 def markdown(rows, *, forest_paths=()):
   """claims.md: the rules, then one table per family (confirmatory families first)."""
   lines = [
       '# Claims', '',
       'Every claim of `experiments/sweeps/claims.py`, measured from the per-run summaries by '
-      f'`python -m experiments.verdicts` at revision `{report.code_revision()}` (also '
+      f'`python -m experiments.verdicts` at revision `{common.code_revision()}` (also '
       '`claims.csv`). delta: mean paired difference arm - '
       'baseline over seeds [Student-t 95% CI]; p: exact two-sided sign-flip test; Holm: adjusted '
       'within the family; BH: Benjamini-Hochberg q over all claims; TOST: equivalence within '
@@ -209,10 +205,10 @@ def markdown(rows, *, forest_paths=()):
         lines.append('| ' + ' | '.join([
             r['claim'], r['comparison'], seeds, ci,
             _fmt(r['paper_delta'], 1),
-            _p(r['p_exact']),
-            _p(r['p_holm']),
-            _p(r['q_bh']),
-            _p(r['tost_p']), r['verdict'] + crn
+            common.p_str(r['p_exact']),
+            common.p_str(r['p_holm']),
+            common.p_str(r['q_bh']),
+            common.p_str(r['tost_p']), r['verdict'] + crn
         ]) + ' |')
       lines.append('')
   missing = sorted({r['sweep'] for r in rows if r['n_seeds'] == 0})

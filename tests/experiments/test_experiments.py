@@ -13,8 +13,10 @@ import sys
 import numpy as np
 import pytest
 
+from experiments import common
 from experiments import report
 from experiments import run as run_lib
+from experiments import schedule
 from experiments import stats
 from experiments import summaries
 from experiments import sweeps as sweeps_lib
@@ -122,7 +124,7 @@ def test_sweeps_are_well_formed(name, smoke):
   assert not missing, f'{name}: tables or plots read curves the summaries do not keep: {missing}'
   for table in sweep.tables:
     assert set(table.rows) <= {r.label for r in sweep.runs}
-    assert table.metric.partition(':')[0] in report.EXTRACTORS
+    assert table.metric.partition(':')[0] in common.EXTRACTORS
     assert not table.baseline or table.baseline in {r.label for r in sweep.runs}
   if smoke:
     assert sweep.config_arg == 'smoke' and sweep.num_steps <= 3 and sweep.seeds <= 2
@@ -140,7 +142,7 @@ def test_compute_matching_within_each_comparison():
   for name in sweeps_lib.SWEEPS:
     sweep = sweeps_lib.get_sweep(name)
     for group in {r.group for r in sweep.runs}:
-      specs = [s for s in run_lib.make_specs(sweep, 1) if s.run.group == group]
+      specs = [s for s in schedule.make_specs(sweep, 1) if s.run.group == group]
       budgets = {tuple((k, dict(s.overrides).get(k)) for k in budget_keys) for s in specs}
       assert len(budgets) == 1, (name, group, budgets)
 
@@ -150,7 +152,7 @@ def test_runs_shared_between_sweeps_have_identical_settings():
   and table3's DFPO / GSPO rows are table1 runs: their keys (config + overrides) must be equal
   to be reused."""
   key = lambda name: {(s.run.label, s.run.group, s.key)
-                      for s in run_lib.make_specs(sweeps_lib.get_sweep(name), 1)}
+                      for s in schedule.make_specs(sweeps_lib.get_sweep(name), 1)}
   t1 = {k for _, _, k in key('table1')}
   assert {k for _, _, k in key('mechanism')} == t1
   assert {k for _, _, k in key('table2')} <= t1
@@ -162,10 +164,10 @@ def test_runs_shared_between_sweeps_have_identical_settings():
 
 def test_num_steps_knob_resizes_the_sweep():
   sweep = sweeps_lib.get_sweep('table1', num_steps=7)
-  specs = run_lib.make_specs(sweep, 2)
+  specs = schedule.make_specs(sweep, 2)
   assert all(dict(s.overrides)['num_steps'] == 7 for s in specs)
   assert len({s.run_id for s in specs}) == 2 * len(sweep.runs)
-  assert specs[0].key != run_lib.make_specs(sweeps_lib.get_sweep('table1'), 1)[0].key
+  assert specs[0].key != schedule.make_specs(sweeps_lib.get_sweep('table1'), 1)[0].key
 
 
 def _all_runs():
@@ -176,8 +178,8 @@ def _all_runs():
 def test_every_sweep_run_parses_like_the_trainer(sweep_name, run_name):
   """Each run's config + overrides is accepted by config_flags (typos, un-overridable keys)."""
   sweep = sweeps_lib.get_sweep(sweep_name)
-  spec = next(s for s in run_lib.make_specs(sweep, 1) if s.run.name == run_name)
-  config = run_lib.validate_spec(spec)
+  spec = next(s for s in schedule.make_specs(sweep, 1) if s.run.name == run_name)
+  config = schedule.validate_spec(spec)
   assert config.seed == 0 and config.num_steps == sweep.num_steps
 
 
@@ -186,7 +188,7 @@ def test_validate_spec_rejects_a_typo():
                            seeds=1, runs=(sweeps_lib.Run('x', 'gspo', 'GSPO',
                                                          (('num_stepz', 3),)),))
   with pytest.raises(ValueError, match='num_stepz'):
-    run_lib.validate_spec(run_lib.make_specs(sweep, 1)[0])
+    schedule.validate_spec(schedule.make_specs(sweep, 1)[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,9 +257,9 @@ def _launches(counter):
 
 
 def _run(tmp_path, sweep, make, seeds=2):
-  return run_lib.run_sweep(sweep, seeds=seeds, jobs=2, results_dir=str(tmp_path / 'res'),
-                           workroot=str(tmp_path / 'work'), make_command=make, validate=False,
-                           log=lambda *a: None)
+  return schedule.run_sweep(sweep, seeds=seeds, jobs=2, results_dir=str(tmp_path / 'res'),
+                            workroot=str(tmp_path / 'work'), make_command=make, validate=False,
+                            log=lambda *a: None)
 
 
 def test_runner_skips_finished_runs_and_resumes_unfinished(tmp_path):
@@ -298,8 +300,8 @@ def test_run_with_the_same_settings_is_reused_from_another_sweep(tmp_path):
                                                                          'NEW')), baseline='GSPO')
   kw = dict(seeds=2, jobs=2, workroot=str(tmp_path / 'work'), make_command=make, validate=False,
             log=lambda *a: None)
-  run_lib.run_sweep(first, results_dir=str(tmp_path / 'res' / 'first'), **kw)
-  out = run_lib.run_sweep(second, results_dir=str(tmp_path / 'res' / 'second'), **kw)
+  schedule.run_sweep(first, results_dir=str(tmp_path / 'res' / 'first'), **kw)
+  out = schedule.run_sweep(second, results_dir=str(tmp_path / 'res' / 'second'), **kw)
   assert out['gspo_again__s1'] == ('reused', 'from first') and out['new__s0'][0] == 'ok'
   assert sorted(_launches(counter)) == ['base', 'base', 'better', 'better', 'new', 'new']
   runs = tmp_path / 'res'
@@ -382,7 +384,7 @@ def test_refresh_curves_rereads_a_curve_the_summaries_did_not_keep(tmp_path, mon
 
 def _write_fake_summaries(results_dir, sweep, acc_by_label, seeds):
   """Summaries as the runner writes them, from synthetic metrics; returns the values."""
-  specs = run_lib.make_specs(sweep, seeds)
+  specs = schedule.make_specs(sweep, seeds)
   for spec in specs:
     acc = acc_by_label[spec.run.label][spec.seed]
     records = [{
@@ -392,8 +394,8 @@ def _write_fake_summaries(results_dir, sweep, acc_by_label, seeds):
         'compute/generated_tokens': 1000 * s,
         'eval/avg@4': acc
     } for s in range(sweep.num_steps + 1)]
-    summary = run_lib.make_summary(spec, '/nowhere', records, wall_time_s=1.0, command=['x'])
-    run_lib._write_json(run_lib.summary_path(results_dir, spec), summary)  # pylint: disable=protected-access
+    summary = summaries.make_summary(spec, '/nowhere', records, wall_time_s=1.0, command=['x'])
+    summaries.write_json(summaries.summary_path(results_dir, spec), summary)  # pylint: disable=protected-access
 
 
 def _table_rows(md):
@@ -413,7 +415,7 @@ def test_tables_rebuild_from_summaries_alone(tmp_path):
       for lab in {r.label for r in sweep.runs}
   }
   acc['GSPO'] = base
-  results_dir, md_path = run_lib.result_paths('table1', smoke=False, results_root=str(tmp_path))
+  results_dir, md_path = report.result_paths('table1', smoke=False, results_root=str(tmp_path))
   _write_fake_summaries(results_dir, sweep, acc, seeds=8)
   rc = run_lib.main(['table1', '--tables-only'], results_root=str(tmp_path))
   assert rc == 0
@@ -434,7 +436,7 @@ def test_tables_rebuild_from_summaries_alone(tmp_path):
   assert dfpo[5] == '8' and rows[('lr=1e-4', 'GSPO')][3] == ''
 
   # Smoke results go elsewhere and do not touch the real file.
-  smoke_dir, smoke_md = run_lib.result_paths('table1', smoke=True, results_root=str(tmp_path))
+  smoke_dir, smoke_md = report.result_paths('table1', smoke=True, results_root=str(tmp_path))
   assert smoke_dir != results_dir and smoke_md != md_path
 
 
@@ -444,7 +446,7 @@ def test_a_table_can_compare_against_another_baseline(tmp_path):
   _write_fake_summaries(str(tmp_path), sweep, acc, seeds=2)
   table = sweeps_lib.Table('acc', 'final:eval/avg@', scale=100.0, baseline='BETTER',
                            expect=(('BASE', '<'),))
-  lines = report.build_table(sweep, table, report.load_summaries(str(tmp_path)))
+  lines = report.build_table(sweep, table, common.load_summaries(str(tmp_path)))
   rows = {c[1]: c for c in _table_rows('\n'.join(lines))}
   assert 'diff vs BETTER' in lines[2] and 'BETTER (baseline)' in rows
   assert rows['BASE'][3].startswith(f'{100 * (0.35 - 0.525):.1f}')
@@ -456,7 +458,7 @@ def test_a_table_against_zero_detects_a_one_sided_change_and_not_a_symmetric_one
   acc = {'BASE': drifted, 'BETTER': drifted * np.array([1, -1, -1, 1, -1, 1, 1, -1])}
   _write_fake_summaries(str(tmp_path), sweep, acc, seeds=8)
   table = sweeps_lib.Table('change', 'final:eval/avg@', against_zero=True)
-  lines = report.build_table(sweep, table, report.load_summaries(str(tmp_path)))
+  lines = report.build_table(sweep, table, common.load_summaries(str(tmp_path)))
   rows = {c[1]: c for c in _table_rows('\n'.join(lines))}
   assert 'diff vs 0' in lines[2] and set(rows) == {'BASE', 'BETTER'}  # no baseline row
   assert rows['BASE'][3].startswith(f'{drifted.mean():.3f}')
@@ -483,10 +485,10 @@ def test_a_metric_of_the_difference_of_two_curves():
           }
       }
   }
-  assert report.metric_value(summary, 'change:a - b') == pytest.approx(3.0 - (-0.5))
-  assert np.isnan(report.metric_value(summary, 'final:a - missing'))  # a missing curve
+  assert common.metric_value(summary, 'change:a - b') == pytest.approx(3.0 - (-0.5))
+  assert np.isnan(common.metric_value(summary, 'final:a - missing'))  # a missing curve
   with pytest.raises(ValueError, match='same steps'):
-    report.metric_value(summary, 'change:a - c')
+    common.metric_value(summary, 'change:a - c')
 
 
 def _phrasing_walk(rng, num_runs, *, steps=150, prompts=16, group=8, lr=8.0, bias=0.0):
@@ -546,7 +548,7 @@ def test_grouped_table_and_normalised_compute(tmp_path):
 
   # The grouped layout from a real sweep definition (table1: one row per learning rate).
   sweep1 = sweeps_lib.get_sweep('table1')
-  rd, md1 = run_lib.result_paths('table1', smoke=False, results_root=str(tmp_path))
+  rd, md1 = report.result_paths('table1', smoke=False, results_root=str(tmp_path))
   acc = {
       lab: np.array([0.4, 0.5, 0.45]) + (0.05 if lab.startswith('DFPO') else 0.0)
       for lab in {r.label for r in sweep1.runs}
@@ -570,7 +572,7 @@ def test_every_smoke_sweep_end_to_end(tmp_path):
 
     def command(spec, workdir, name=name):
       launched.append((name, spec.run_id))
-      return run_lib.trainer_command(spec, workdir)
+      return schedule.trainer_command(spec, workdir)
 
     rc = run_lib.main([name, '--smoke', '--jobs', '2', '--workroot',
                        str(tmp_path / 'w')], make_command=command, results_root=str(root))
@@ -582,7 +584,7 @@ def test_every_smoke_sweep_end_to_end(tmp_path):
       assert f'### {table.title}' in md
     for run in sweep.runs:
       assert run.label in md, (name, run.label)
-    summaries = report.load_summaries(str(root / 'smoke' / name))
+    summaries = common.load_summaries(str(root / 'smoke' / name))
     assert sorted(s['run'] for s in summaries) == sorted(r.name for r in sweep.runs)
     assert all(s['final']['step'] == sweep.num_steps for s in summaries)
   # table2's and mechanism's rows are table1's runs: none of them was launched again.
@@ -649,4 +651,4 @@ def test_a_sweep_run_in_parts_runs_each_part_once_and_lists_the_parts(tmp_path, 
   assert [p['command'].endswith('--runs base') for p in parts] == [True, False]
   assert all(p['wall_time_s'] >= 0 for p in parts)
   old = dict(command='old', wall_time_s=1.0)  # the single-invocation file of earlier revisions
-  assert run_lib.invocation_parts(old) == [old]
+  assert report.invocation_parts(old) == [old]

@@ -7,15 +7,16 @@ import os
 import numpy as np
 import pytest
 
+from experiments import common
 from experiments import populations
-from experiments import report
 from experiments import run as run_lib
+from experiments import schedule
 from experiments import sweeps as sweeps_lib
 
 
 def test_programs_group_seeds_and_variable_keys_and_split_the_rest():
   sweep = sweeps_lib.get_sweep('table1')  # 5 methods x 3 learning rates
-  specs = run_lib.make_specs(sweep, 8, first_seed=8)
+  specs = schedule.make_specs(sweep, 8, first_seed=8)
   progs = populations.programs(specs)
   # The learning rate varies inside a program; the loss (and DFPO's clip gating) does not.
   assert len(progs) == len({(s.config_path, s.run.name.split('_learning')[0]) for s in specs})
@@ -43,7 +44,7 @@ def test_a_sweep_trains_its_seeds_as_a_population_and_reads_members_as_runs(tmp_
   ], results_root=str(root))
   assert rc == 0
   sweep = sweeps_lib.get_sweep('table1_confirm', smoke=True)
-  summaries = report.load_summaries(str(root / 'smoke' / 'table1_confirm'))
+  summaries = common.load_summaries(str(root / 'smoke' / 'table1_confirm'))
   assert sorted((s['run'], s['seed']) for s in summaries) == sorted(
       (r, k) for r in runs.split(',') for k in (sweep.first_seed, sweep.first_seed + 1))
   for s in summaries:
@@ -54,9 +55,9 @@ def test_a_sweep_trains_its_seeds_as_a_population_and_reads_members_as_runs(tmp_
   # Two programs (one per loss), each of the two seeds; the same command again launches nothing.
   assert len({s['population_workdir'] for s in summaries}) == 2
   part = dataclasses.replace(sweep, runs=tuple(r for r in sweep.runs if r.name in runs))
-  out = run_lib.run_sweep(part, seeds=2, jobs=2, first_seed=sweep.first_seed,
-                          results_dir=str(root / 'smoke' / 'table1_confirm'), workroot=str(work),
-                          log=lambda *a: None)
+  out = schedule.run_sweep(part, seeds=2, jobs=2, first_seed=sweep.first_seed,
+                           results_dir=str(root / 'smoke' / 'table1_confirm'), workroot=str(work),
+                           log=lambda *a: None)
   assert {status for status, _ in out.values()} == {'skipped'}
 
 
@@ -73,7 +74,7 @@ def test_a_population_over_two_processes_gives_the_runs_of_one_process(tmp_path)
                       ['--processes', str(n), '--workroot',
                        str(tmp_path / f'w{n}')], results_root=str(root))
     assert rc == 0
-    summaries = report.load_summaries(str(root / 'smoke' / 'table1_confirm'))
+    summaries = common.load_summaries(str(root / 'smoke' / 'table1_confirm'))
     curves.append({(s['seed'], k): s['curves'][k]['value'] for s in summaries for k in KEYS})
     if n == 2:
       (workdir,) = {s['population_workdir'] for s in summaries}

@@ -1,0 +1,183 @@
+"""What the results files' modules share (tables: `report`, figures: `figures`, claims:
+`verdicts`): reading the per-run summaries and their curves, the per-run values a table or a
+claim takes from them, how values are written, and the code revision. It imports nothing else
+from experiments/, so everything above it imports it and nothing imports back.
+"""
+
+import json
+import os
+import subprocess
+
+import numpy as np
+
+from jtc.analysis import curves
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMOOTH_STEPS = 5  # trailing mean of the reward before compute_at_threshold
+
+# ---------------------------------------------------------------------------------------------
+# Per-run scalars: '<extractor>:<key>' (a key ending in '@' = the first curve starting with it).
+# ---------------------------------------------------------------------------------------------
+
+
+def curve(summary, key):
+  """(steps, values) float64 arrays of a summary's curve, or (None, None).
+
+  ``'A - B'`` is the difference of two curves logged at the same steps (e.g. the log-odds
+  between two equivalent solutions, ``format_logq/a - format_logq/b``).
+  """
+  if ' - ' in key:
+    a, b = (k.strip() for k in key.split(' - ', 1))
+    (sa, va), (sb, vb) = curve(summary, a), curve(summary, b)
+    if va is None or vb is None:
+      return None, None
+    if not np.array_equal(sa, sb):
+      raise ValueError(f'curves {a!r} and {b!r} are logged at different steps; '
+                       f'{key!r} needs the same steps')
+    return sa, va - vb
+  stored = summary['curves']
+  if key.endswith('@'):  # 'eval/avg@' -> 'eval/avg@K'
+    matches = sorted(k for k in stored if k.startswith(key))
+    key = matches[0] if matches else key
+  c = stored.get(key)
+  if not c or not c['value']:
+    return None, None
+  return np.asarray(c['step'], np.float64), np.asarray(c['value'], np.float64)
+
+
+def _final(summary, key, **_):
+  _, v = curve(summary, key)
+  return float('nan') if v is None else float(v[-1])
+
+
+def _mean(summary, key, **_):
+  _, v = curve(summary, key)
+  return float('nan') if v is None else float(v.mean())
+
+
+def _late_mean(summary, key, **_):
+  """Mean over the last quarter of the curve (at least one point)."""
+  _, v = curve(summary, key)
+  return float('nan') if v is None else float(v[-max(len(v) // 4, 1):].mean())
+
+
+def _change(summary, key, **_):
+  """Last value minus first value (e.g. the drift of a log-odds over training)."""
+  _, v = curve(summary, key)
+  return float('nan') if v is None or len(v) < 2 else float(v[-1] - v[0])
+
+
+def _jitter2(summary, key, **_):
+  _, v = curve(summary, key)
+  if v is None or len(v) < 3:
+    return float('nan')
+  return float(curves.jitter2(v))
+
+
+def _compute_at(summary, key, *, threshold=None):
+  """Generated tokens when `key` first reaches `threshold` (NaN if never)."""
+  steps, v = curve(summary, key)
+  cs, cv = curve(summary, 'compute/generated_tokens')
+  if v is None or cv is None:
+    return float('nan')
+  compute = np.interp(steps, cs, cv)
+  out = float(
+      curves.compute_at_threshold(v, compute, threshold, smooth=SMOOTH_STEPS, interpolate=True))
+  return out if np.isfinite(out) else float('nan')
+
+
+EXTRACTORS = {
+    'final': _final,
+    'mean': _mean,
+    'late_mean': _late_mean,
+    'change': _change,
+    'jitter2': _jitter2,
+    'compute_at': _compute_at,
+}
+
+
+def metric_value(summary, metric, **kwargs):
+  name, _, key = metric.partition(':')
+  if name not in EXTRACTORS:
+    raise ValueError(f'unknown metric extractor {name!r} in {metric!r}; valid: '
+                     f'{sorted(EXTRACTORS)}')
+  return EXTRACTORS[name](summary, key, **kwargs)
+
+
+def auto_threshold(summaries, key, *, window=SMOOTH_STEPS):
+  """0.9 x the smallest per-label seed-mean of the final `window`-step trailing mean of `key`.
+
+  Every method's average run ends above the threshold, so compute-to-threshold is defined for
+  most seeds of every method.
+  """
+  by_label = {}
+  for s in summaries:
+    _, v = curve(s, key)
+    if v is not None:
+      by_label.setdefault((s.get('group', ''), s['label']),
+                          []).append(curves.trailing_mean(v, window)[-1])
+  if not by_label:
+    return float('nan')
+  return 0.9 * min(float(np.mean(v)) for v in by_label.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries on disk, the code revision, how values are written.
+# ---------------------------------------------------------------------------------------------
+
+
+def code_revision():
+  """'<sha>' or '<sha> (dirty)'; 'unknown' outside a git checkout or without commits. Only
+  code counts as dirty: results files (experiments/results/) being rewritten do not."""
+  try:
+    sha = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    dirty = subprocess.run([
+        'git', 'status', '--porcelain', '--untracked-files=no', '--', '.', ':!experiments/results'
+    ], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return 'unknown'
+  return f'{sha} (dirty)' if dirty else sha
+
+
+def fmt_value(value):
+  """How a config value is written on a command line (floats by repr: 1e-4 stays 1e-4)."""
+  return repr(value) if isinstance(value, float) else str(value)
+
+
+def load_summaries(results_dir):
+  """Every per-run summary in `<results_dir>/runs/`."""
+  runs_dir = os.path.join(results_dir, 'runs')
+  out = []
+  if not os.path.isdir(runs_dir):
+    return out
+  for fname in sorted(os.listdir(runs_dir)):
+    if fname.endswith('.json'):
+      with open(os.path.join(runs_dir, fname)) as f:
+        out.append(json.load(f))
+  return out
+
+
+def failures_on_disk(results_dir):
+  runs_dir = os.path.join(results_dir, 'runs')
+  out = {}
+  if os.path.isdir(runs_dir):
+    for fname in sorted(os.listdir(runs_dir)):
+      if fname.endswith('.failed.txt'):
+        with open(os.path.join(runs_dir, fname)) as f:
+          out[fname[:-len('.failed.txt')]] = f.read()
+  return out
+
+
+def ci_str(mean, lo, hi, scale, digits):
+  if not np.isfinite(mean):
+    return 'n/a'
+  if not np.isfinite(lo):
+    return f'{mean * scale:.{digits}f}'
+  return f'{mean * scale:.{digits}f} [{lo * scale:.{digits}f}, {hi * scale:.{digits}f}]'
+
+
+def p_str(p):
+  if not np.isfinite(p):
+    return 'n/a'
+  return f'{p:.3g}' if p >= 1e-4 else f'{p:.1e}'
