@@ -1,7 +1,7 @@
 r"""Machine time of a seed population (one program) against the same runs as single processes.
 
   python -m benchmarks.population                  # 8 seeds x 80 steps, table1's GSPO at lr 1e-4
-  python -m benchmarks.population --members 16 --jobs 8 --rounds 2   # a GPU (see README)
+  python -m benchmarks.population --members 16 --jobs 8 --rounds 2   # a GPU (docs/populations.md)
 
 The workload is table1's GSPO configuration (experiments/sweeps.py: lr 1e-4, evaluation at step
 0 and at the end, diagnostics every 5 steps), seeds 0 .. N-1, trained two ways, interleaved and

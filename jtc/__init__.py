@@ -1,6 +1,6 @@
 """jtc: what an intra-group RL objective does to each token, in JAX.
 
-Subpackages, by stage (README "Layout"):
+Subpackages, by stage (README.md, "Layout"):
   jtc.objectives  advantages, in-group transforms, per-token surrogates, the loss, DelTA
   jtc.models      model config, decoder, decoding, sampler, Hugging Face import, tokenizers
   jtc.data        synthetic tasks, verifiers, prepared datasets, the grain pipeline

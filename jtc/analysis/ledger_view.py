@@ -9,7 +9,7 @@ side); each token is a cell coloured by u = -c_{b,t}, the direction the objectiv
 token's log-prob (red: raised, blue: lowered, white: untouched; one colour scale per group and
 point, shared by the objectives so they compare); hovering shows the numbers and the flags;
 tokens the whole group shares at that position are underlined. `png` draws one group for the
-README.
+docs/ledger.md.
 """
 
 import html as html_lib
@@ -152,7 +152,7 @@ def _css_colour(x):
 
 
 def png(ledger, replayed, names, path, *, group=0, point=None):
-  """One group of one point, the objectives side by side, as a picture for the README."""
+  """One group of one point, the objectives side by side, as a picture for docs/ledger.md."""
   plt = curve_plots.plt
   point = point or list(replayed)[-1]
   G = ledger.meta['group_size']

@@ -17,10 +17,12 @@ from jtc.rl import distributed
 from jtc.rl import sft
 
 
-def define_flags(flag_values):
-  """The command's flags, in ``flag_values``; returns their names."""
+def define_flags(flag_values, argv=None):
+  """The command's flags, in ``flag_values``, for the command line ``argv`` (program name
+  first; None: the process's), whose --config.* overrides the config flag takes; returns the
+  flags' names."""
   config_flags.DEFINE_config_file('config', None, 'SFT config file.', lock_config=True,
-                                  flag_values=flag_values)
+                                  flag_values=flag_values, sys_argv=argv)
   flags.DEFINE_string('workdir', None, 'Where the policy bundle and metrics go.',
                       flag_values=flag_values)
   flags.mark_flags_as_required(['config', 'workdir'], flag_values=flag_values)

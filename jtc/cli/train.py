@@ -47,13 +47,15 @@ def methods():
                                      *NOT_METHODS) and not os.path.basename(p).startswith('sft_'))
 
 
-def define_flags(flag_values):
-  """The command's flags, in ``flag_values``; returns their names."""
+def define_flags(flag_values, argv=None):
+  """The command's flags, in ``flag_values``, for the command line ``argv`` (program name
+  first; None: the process's), whose --config.* overrides the config flag takes; returns the
+  flags' names."""
   config_flags.DEFINE_config_file(
       'config', None, 'Training config: configs/<method>.py[:smoke|runlocal] with methods '
       f'{", ".join(methods())}, or configs/real/*.py; override any key with '
       '--config.<section>.<key>=value (every key is documented in configs/common.py).',
-      lock_config=True, flag_values=flag_values)
+      lock_config=True, flag_values=flag_values, sys_argv=argv)
   flags.DEFINE_string(
       'workdir', None, 'Where checkpoints, config.json and metrics.jsonl go; '
       'a workdir holding a run of the same config resumes it.', flag_values=flag_values)
