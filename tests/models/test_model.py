@@ -1,4 +1,5 @@
-"""Tests for jtc.models.model: an independent numpy reference, KV cache, padding, chunked log-probs."""
+"""Tests of jtc.models.model: the decoder against a numpy reference, its parameter layout, the KV
+cache, left-padding invariance, bf16, compile size flat in depth."""
 import dataclasses
 
 import jax
@@ -7,62 +8,10 @@ import numpy as np
 import pytest
 
 from jtc.models import model as model_lib
-
 from jtc.models import logprobs
-
 from jtc.models import layers
-
-ModelConfig = model_lib.ModelConfig
-
-CONFIGS = {
-    'gqa_tied':
-        ModelConfig.tiny(vocab_size=37, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, head_dim=8,
-                         d_ff=48),
-    'qwen3_like_untied':
-        ModelConfig.tiny(vocab_size=37, n_layers=2, d_model=32, n_heads=4, n_kv_heads=1, head_dim=8,
-                         d_ff=48, qk_norm=True, tie_embeddings=False, rope_theta=1e6),
-    'qwen2_like_bias_mha':
-        ModelConfig.tiny(vocab_size=37, n_layers=2, d_model=32, n_heads=2, n_kv_heads=2,
-                         head_dim=16, d_ff=48, attn_bias=True, norm_eps=1e-5),
-    # Frequencies in all three llama3 regimes: wavelengths 6.3 .. 19,869 vs thresholds 8, 32.
-    'llama3_rope':
-        ModelConfig.tiny(vocab_size=37, n_layers=3, d_model=32, n_heads=2, n_kv_heads=1,
-                         head_dim=16, d_ff=48, rope_scaling='llama3', rope_factor=8.0,
-                         rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
-                         rope_original_max_len=32),
-    'linear_rope':
-        ModelConfig.tiny(vocab_size=37, n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, head_dim=8,
-                         d_ff=48, rope_scaling='linear', rope_factor=2.5),
-}
-
-
-def random_params(config, seed=0):
-  """Random values (biases and norm scales too) in the layout of `init_params`.
-
-  Filled layer by layer with numpy from `jax.eval_shape` (tracing only, nothing compiled)."""
-  shapes = jax.eval_shape(lambda: model_lib.unstack_layers(
-      model_lib.init_params(config, jax.random.key(0))))  # per layer: fan-ins by position
-  rng = np.random.default_rng(seed)
-
-  def fill(path, leaf):
-    name, shape = path[-1].key, leaf.shape
-    if name == 'scale':
-      value = 1.0 + 0.3 * rng.standard_normal(shape)
-    elif name == 'bias':
-      value = 0.3 * rng.standard_normal(shape)
-    else:
-      fan_in = {
-          'embedding': shape[-1]
-      }.get(name,
-            int(np.prod(shape[:-1])) if path[-2].key == 'o' else shape[0])
-      value = rng.standard_normal(shape) / np.sqrt(fan_in)
-    return jnp.asarray(value, leaf.dtype)
-
-  return model_lib.stack_layers(jax.tree_util.tree_map_with_path(fill, shapes))
-
-
-# ----------------------------------------------------------------------------------------
-# Independent reference: float64 numpy, explicit loops over batch, heads and positions.
+from jtc.models.model_config import ModelConfig
+from model_reference import CONFIGS, random_params, padded_batch, ROWS
 
 
 def _rms(x, scale, eps):
@@ -138,18 +87,6 @@ def reference_logits(params, c, tokens_BL, mask_BL):
     head = p['embed']['embedding'].T if c.tie_embeddings else p['lm_head']['kernel']
     logits[b] = x @ head
   return logits
-
-
-def padded_batch(rows, width, pad=0):
-  tokens = np.full((len(rows), width), pad, np.int32)
-  mask = np.zeros((len(rows), width), np.int32)
-  for b, row in enumerate(rows):
-    tokens[b, width - len(row):] = row
-    mask[b, width - len(row):] = 1
-  return jnp.asarray(tokens), jnp.asarray(mask)
-
-
-ROWS = [[3, 9, 14, 2, 30, 7], [5, 1, 22], [11, 36, 0, 4, 8, 19, 25]]
 
 
 def _forward_jit(config):
@@ -276,71 +213,6 @@ def test_left_padding_invariance():
     np.testing.assert_allclose(other, outs[0], rtol=1e-5, atol=1e-5)
 
 
-def _naive_token_logprobs(hidden_BTD, head_DV, targets_BT):
-  logits = jnp.einsum('BTD,DV->BTV', hidden_BTD, head_DV).astype(jnp.float32)
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  tgt = jnp.take_along_axis(logp, targets_BT[..., None], axis=-1)[..., 0]
-  return tgt, -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-
-
-@pytest.mark.parametrize('vocab_chunk', [7, 1000])
-def test_token_logprobs_and_grads_match_naive(vocab_chunk):
-  k1, k2, k3, k4 = jax.random.split(jax.random.key(3), 4)
-  B, T, D, V = 2, 5, 8, 37  # V not a multiple of the chunk: exercises the padding.
-  hidden = jax.random.normal(k1, (B, T, D))
-  head = 2.0 * jax.random.normal(k2, (D, V))
-  targets = jax.random.randint(k3, (B, T), 0, V)
-  weights = jax.random.normal(k4, (2, B, T))
-
-  def loss(fn, hidden, head):
-    logps, ent = fn(hidden, head, targets)
-    return jnp.sum(weights[0] * logps) + jnp.sum(weights[1] * ent)
-
-  chunked = lambda h, w, t: logprobs.token_logprobs(h, w, t, vocab_chunk=vocab_chunk)
-  got = jax.jit(chunked)(hidden, head, targets)
-  want = _naive_token_logprobs(hidden, head, targets)
-  for g, w in zip(got, want):
-    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
-  g_got = jax.jit(jax.grad(lambda h, w: loss(chunked, h, w), argnums=(0, 1)))(hidden, head)
-  g_want = jax.grad(lambda h, w: loss(_naive_token_logprobs, h, w), argnums=(0, 1))(hidden, head)
-  for g, w in zip(g_got, g_want):
-    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
-
-
-def test_sequence_logprobs_matches_full_logits_and_grads():
-  config = CONFIGS['gqa_tied']  # tied: gradients reach the embedding through both uses
-  params = random_params(config)
-  P = 8
-  tokens, mask = padded_batch(ROWS, P)
-  completion = jnp.array([[4, 9, 1, 0], [7, 7, 2, 0], [3, 0, 0, 0]], jnp.int32)
-  comp_mask = jnp.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]], jnp.int32)
-  tokens = jnp.concatenate([tokens, completion], 1)
-  mask = jnp.concatenate([mask, comp_mask], 1)
-
-  def chunked_loss(params):
-    out = logprobs.sequence_logprobs(params, config, tokens, mask, completion_start=P,
-                                     vocab_chunk=16, return_hidden=True)
-    return jnp.sum(-out['logps'] * comp_mask) / jnp.sum(comp_mask), out
-
-  def naive_loss(params):
-    out = model_lib.forward(params, config, tokens, model_lib.positions_from_mask(mask), mask,
-                            return_hidden=True)
-    logp = jax.nn.log_softmax(out.logits_BLV[:, P - 1:-1], axis=-1)
-    logps = jnp.take_along_axis(logp, tokens[:, P:, None], axis=-1)[..., 0]
-    ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-    return jnp.sum(-logps * comp_mask) / jnp.sum(comp_mask), (logps, ent, out.hidden_BLD)
-
-  (l1, out), g1 = jax.jit(jax.value_and_grad(chunked_loss, has_aux=True))(params)
-  (l2, (logps, ent, hidden)), g2 = jax.jit(jax.value_and_grad(naive_loss, has_aux=True))(params)
-  assert out['logps'].shape == out['entropy'].shape == (3, 4)
-  np.testing.assert_allclose(out['logps'], logps, rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(out['entropy'], ent, rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(out['hidden'], hidden[:, P - 1:-1], rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(l1, l2, rtol=1e-6)
-  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g1,
-                         g2)
-
-
 def test_bfloat16_forward_close_to_float32():
   c32 = CONFIGS['qwen3_like_untied']
   c16 = dataclasses.replace(c32, param_dtype='bfloat16', dtype='bfloat16')
@@ -352,48 +224,6 @@ def test_bfloat16_forward_close_to_float32():
   assert out16.logits_BLV.dtype == jnp.float32 and out16.hidden_BLD.dtype == jnp.bfloat16
   real = np.asarray(mask, bool)
   np.testing.assert_allclose(out16.logits_BLV[real], out32.logits_BLV[real], atol=0.15)
-
-
-@pytest.mark.parametrize('field,value', [('n_kv_heads', 3), ('head_dim', 7), ('dtype', 'fp16'),
-                                         ('param_dtype', 'float64'), ('d_model', 0),
-                                         ('rope_theta', -1.0), ('qk_norm', 1),
-                                         ('rope_scaling', 'yarn'), ('rope_factor', 0.0)])
-def test_config_validation_names_field(field, value):
-  with pytest.raises(ValueError, match=field):
-    ModelConfig.tiny(**{field: value})
-
-
-@pytest.mark.parametrize('preset,non_embedding', [('qwen3_0_6b', 0.44e9), ('qwen3_1_7b', 1.4e9),
-                                                  ('qwen3_8b', 6.95e9), ('llama3_1b', 0.97e9)])
-def test_preset_sizes_match_model_cards(preset, non_embedding):
-  """Non-embedding parameter counts as published on the model cards (within 2%)."""
-  config = getattr(ModelConfig, preset)()
-  shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
-  n = model_lib.num_params(
-      shapes) - config.vocab_size * config.d_model * (1 if config.tie_embeddings else 2)
-  assert abs(n / non_embedding - 1) < 0.02, n
-
-
-def test_tiny_and_small_presets():
-  assert ModelConfig.tiny().vocab_size == 64 and ModelConfig.tiny(vocab_size=100).vocab_size == 100
-  shapes = jax.eval_shape(lambda: model_lib.init_params(ModelConfig.small_25m(), jax.random.key(0)))
-  assert 22e6 < model_lib.num_params(shapes) < 28e6
-
-
-def test_llama3_rope_of_llama_3_2_rescales_17_of_32_frequencies():
-  """Llama-3.2 (head_dim 64, theta 5e5, factor 32, thresholds 8192/4 and 8192/1): frequency j
-  is kept iff its wavelength 2 pi theta^(2j/64) < 2048, i.e. j <= 14; the other 17 change."""
-  config = ModelConfig.llama3_1b()
-  plain = layers.rope_inv_freq(dataclasses.replace(config, rope_scaling='default'))
-  scaled = layers.rope_inv_freq(config)
-  changed = np.flatnonzero(~np.isclose(scaled, plain, rtol=1e-6))
-  np.testing.assert_array_equal(changed, np.arange(15, 32))
-  wavelengths = 2 * np.pi / np.asarray(plain, np.float64)
-  low = wavelengths > 8192  # divided by the factor outright
-  np.testing.assert_allclose(np.asarray(scaled)[low], np.asarray(plain)[low] / 32, rtol=1e-6)
-  np.testing.assert_allclose(
-      layers.rope_inv_freq(dataclasses.replace(config, rope_scaling='linear', rope_factor=4.0)),
-      plain / 4, rtol=1e-6)
 
 
 def _num_equations(fn, *args):

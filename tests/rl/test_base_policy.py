@@ -6,8 +6,6 @@ group of G samples holds both correct and incorrect answers, with every solution
 for the phrasing policy also every phrasing in use and equally accurate (issue 17).
 """
 
-import os
-
 import jax
 import numpy as np
 import pytest
@@ -17,18 +15,11 @@ from configs import sft_phrasing
 from jtc.analysis import probes
 from jtc.models import bundles
 from jtc.data import pipeline as data_lib
-from jtc.models import model as model_lib
 from jtc.rl import rollout
 from jtc.rl import sft
 from jtc.data import tasks as tasks_lib
 
 SHIPPED = {'base': sft_arith, 'phrasing': sft_phrasing}
-
-
-@pytest.mark.parametrize('name', sorted(SHIPPED))
-def test_shipped_bundle_is_small(name):
-  path = bundles.SHIPPED[name]
-  assert sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) <= 20 * 2**20
 
 
 @pytest.fixture(scope='module', params=sorted(SHIPPED))
@@ -85,22 +76,3 @@ def test_stated_accuracy_matches_a_fresh_measurement(base_eval):
   stated = bundle.meta['eval']['avg@4']
   # 96 problems x 4 samples here vs 256 x 4 at build time: allow ~4 standard errors.
   assert abs(result['avg@4'] - stated) < 0.15, (result, stated)
-
-
-def test_bundle_round_trip(tmp_path):
-  bundle = bundles.load_policy_bundle('base')
-  path = str(tmp_path / 'copy')
-  bundles.save_policy_bundle(path, model_config=bundle.model_config, params=bundle.params,
-                             tokenizer_spec=bundle.tokenizer_spec, meta=bundle.meta)
-  again = bundles.load_policy_bundle(path)
-  assert again.model_config == bundle.model_config
-  assert model_lib.num_params(again.params) == model_lib.num_params(bundle.params)
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(bundle.params)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
-def test_not_a_bundle_is_a_clear_error(tmp_path):
-  with pytest.raises(FileNotFoundError, match='not a policy bundle'):
-    bundles.load_policy_bundle(str(tmp_path))

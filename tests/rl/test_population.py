@@ -13,7 +13,6 @@ import pytest
 import procs
 from configs import gspo
 from jtc.analysis import metric_writer
-from jtc.rl import loop
 from jtc.rl import config_check
 from jtc.rl import population as population_lib
 from jtc.rl import trainer as trainer_lib
@@ -189,8 +188,3 @@ def test_member_names_configs_and_values():
   assert isinstance(m, ml_collections.ConfigDict)
   single = population_lib.Population.of(_config())
   assert not single.batched and single.stack([np.ones(2)]).shape == (2,)
-
-
-def test_progress_summarises_members():
-  assert loop.Progress.summary([{'r': 0.5}], 'r') == '0.500'
-  assert loop.Progress.summary([{'r': 0.2}, {'r': 0.6}, {'r': 0.4}], 'r') == '0.400 [0.200, 0.600]'
