@@ -14,6 +14,8 @@ import shlex
 from absl import flags
 import pytest
 
+from jtc.cli import absl_program
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OURS = ('jtc', 'experiments', 'benchmarks')
 FENCE = re.compile(r'^```(\w*)\n(.*?)^```', re.M | re.S)
@@ -97,7 +99,7 @@ def check_command(module_name, args):
       if hasattr(module, 'define_flags'):  # absl: the command's own parsing, config included
         argv, fv = [module_name, *args], flags.FlagValues()
         module.define_flags(fv, argv)
-        getattr(module, 'parse_flags', lambda argv, fv: fv(argv))(argv, fv)
+        getattr(module, 'parse_flags', absl_program.parse_flags)(argv, fv)
       else:
         _argparse_parser(module).parse_args(args)
   except (SystemExit, flags.Error, ValueError, KeyError, AttributeError) as e:

@@ -1,15 +1,89 @@
-"""Running an absl command (`jtc train`, `jtc sft`) from ``main(argv)``: its flags are defined
-when it runs, replacing another command's of the same name (so the commands coexist in one
-process), and listed by ``--help``."""
+"""What the absl commands (`jtc train`, `jtc sft`) share: their flags are defined when they run,
+replacing another command's of the same name (so the commands coexist in one process), and
+listed by ``--help``; the config file and its ``--config.a.b=value`` keys are checked before absl
+parses them, so a typo is one line naming it and the nearest valid keys, not a traceback."""
+import importlib.util
+import os
 import sys
 
 from absl import app
 from absl import flags
 
+from jtc import checks
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _DEFINED = set()  # flags defined by the command that ran last in this process
 
 
-def run(main_fn, argv, *, prog, define_flags, flags_parser=None):
+def fail(message):
+  """Exits with one line, ``error: <message>``."""
+  sys.exit(f'error: {message}')
+
+
+def config_flag(argv):
+  """(index, 'PATH[:arg]', prefix) of the --config value in argv, or (None, None, '')."""
+  for i, a in enumerate(argv):
+    if a.startswith('--config='):
+      return i, a[len('--config='):], '--config='
+    if a == '--config' and i + 1 < len(argv):
+      return i + 1, argv[i + 1], ''
+  return None, None, ''
+
+
+def resolve_path(spec):
+  """'PATH[:arg]' with PATH made absolute: relative to the working directory, else to the
+  repository (so `configs/x.py` works from any directory); unchanged when neither has it."""
+  path, sep, arg = spec.partition(':')
+  for candidate in (path, os.path.join(REPO, path)):
+    if os.path.isfile(candidate):
+      return os.path.abspath(candidate) + sep + arg
+  return spec
+
+
+def load_config(spec):
+  """``get_config(arg)`` of the config file 'PATH[:arg]'."""
+  path, _, arg = spec.partition(':')
+  module_spec = importlib.util.spec_from_file_location('_jtc_config', path)
+  module = importlib.util.module_from_spec(module_spec)
+  if REPO not in sys.path:
+    sys.path.insert(0, REPO)  # configs import `configs.common`
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg or None)
+
+
+def check_override_keys(config, argv):
+  """Every --config.a.b=value names a key of the config, or one line naming it and the nearest."""
+  keys = list(checks.flatten(config.to_dict()))
+  for a in argv:
+    if a.startswith('--config.'):
+      key = a[len('--config.'):].partition('=')[0]
+      if key not in keys and not any(k.startswith(key + '.') for k in keys):
+        fail(f'unknown config key config.{key}{checks.nearest(key, keys)} '
+             '(every key is documented in configs/common.py)')
+
+
+def parse_flags(argv, flag_values=flags.FLAGS, *, resolve=resolve_path):
+  """absl flags parser for `app.run`: the --config file (its path through ``resolve``) loads and
+  its override keys exist, then absl's own parsing; every error exits with one line."""
+  if '--help' not in argv and '-h' not in argv and '--helpfull' not in argv:
+    i, spec, prefix = config_flag(argv)
+    if i is not None:
+      spec = resolve(spec)
+      argv = list(argv)
+      argv[i] = prefix + spec
+      try:
+        config = load_config(spec)
+      except (ValueError, FileNotFoundError) as e:  # e.g. an unknown ':arg', a missing file
+        fail(str(e))
+      check_override_keys(config, argv)
+  try:
+    return flag_values(argv)
+  except flags.Error as e:
+    fail(f'{e}\nRun with --help for the flags; every config key is documented in '
+         'configs/common.py')
+
+
+def run(main_fn, argv, *, prog, define_flags, flags_parser=parse_flags):
   """``app.run(main_fn)`` on ``[prog, *argv]`` (``argv`` None: the process's arguments) after
   ``define_flags(flags.FLAGS, argv)``, whose returned flag names ``--help`` then lists."""
   argv = [prog, *(sys.argv[1:] if argv is None else argv)]
@@ -19,5 +93,4 @@ def run(main_fn, argv, *, prog, define_flags, flags_parser=None):
   for name in define_flags(flags.FLAGS, argv):
     _DEFINED.add(name)
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
-  kwargs = {'flags_parser': flags_parser} if flags_parser else {}
-  app.run(main_fn, argv=argv, **kwargs)
+  app.run(main_fn, argv=argv, flags_parser=flags_parser)

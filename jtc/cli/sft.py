@@ -5,7 +5,6 @@ r"""`jtc sft` / `python -m jtc.sft`: supervised fine-tuning of the base policies
 
 import json
 import os
-import sys
 
 from absl import app
 from absl import flags
@@ -38,7 +37,7 @@ def run(argv):
     distributed.initialize()  # several processes: before any other JAX work
     distributed.check_agreement(json.loads(flags.FLAGS.config.to_json_best_effort()))
   except distributed.DistributedError as e:
-    sys.exit(f'error: {e}')
+    absl_program.fail(str(e))
   os.makedirs(flags.FLAGS.workdir, exist_ok=True)
   result = sft.train_sft(flags.FLAGS.config, flags.FLAGS.workdir)
   if distributed.is_primary():

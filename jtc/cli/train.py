@@ -3,7 +3,7 @@ r"""`jtc train` / `python -m jtc.train`: the RL trainer's command (the trainer i
   python -m jtc.train --config configs/<method>.py[:smoke|runlocal] --workdir W [--config.key=value]
 
 The config file and its keys are checked before absl parses them (a typo gets one line naming
-it and what is valid, not a traceback):
+it and what is valid, not a traceback; `jtc.cli.absl_program`):
   * `--config=PATH[:arg]`: PATH may be relative to the working directory or to the repository
     (so `configs/gspo.py` works from any directory); a missing file, or a file that is not a
     method config (configs/common.py, configs/sft_arith.py, configs/real/base.py), is named.
@@ -13,7 +13,6 @@ after a checkpoint (`jtc.rl.loop.StopOnSignal`).
 """
 
 import glob
-import importlib.util
 import json
 import os
 import signal
@@ -24,14 +23,13 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from jtc import checks
 from jtc.cli import absl_program
 from jtc.rl import checkpoints
 from jtc.rl import distributed
 from jtc.rl import trainer as trainer_lib
 from jtc.rl import workdir as workdir_lib
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = absl_program.REPO
 NOT_METHODS = {
     'common.py': 'the defaults every method config shares',
     'base.py': 'the settings the real-model configs share'
@@ -67,78 +65,26 @@ def define_flags(flag_values, argv=None):
   return ['config', 'workdir', 'allow_config_change']
 
 
-def _fail(message):
-  sys.exit(f'error: {message}')
-
-
-def _split_config_flag(argv):
-  """(index, 'PATH[:arg]', prefix) of the --config value in argv, or (None, None, '')."""
-  for i, a in enumerate(argv):
-    if a.startswith('--config='):
-      return i, a[len('--config='):], '--config='
-    if a == '--config' and i + 1 < len(argv):
-      return i + 1, argv[i + 1], ''
-  return None, None, ''
-
-
 def resolve_config_path(spec):
-  """'PATH[:arg]' with PATH made absolute (working directory first, then the repository)."""
+  """'PATH[:arg]' with PATH made absolute (working directory first, then the repository), or
+  one line naming a missing file or a file that is not a method config."""
+  spec = absl_program.resolve_path(spec)
   path, sep, arg = spec.partition(':')
-  for candidate in (path, os.path.join(REPO, path)):
-    if os.path.isfile(candidate):
-      path = os.path.abspath(candidate)
-      break
-  else:
-    _fail(f'no such config file {path!r}; methods: {", ".join(methods())} '
-          '(configs/<method>.py)')
+  if not os.path.isfile(path):
+    absl_program.fail(f'no such config file {path!r}; methods: {", ".join(methods())} '
+                      '(configs/<method>.py)')
   name = os.path.basename(path)
   if name in NOT_METHODS or name.startswith('sft_'):
     what = NOT_METHODS.get(name, 'an SFT config of `python -m jtc.sft`')
-    _fail(f'{path} is {what}, not a method config; use one of {", ".join(methods())} '
-          '(configs/<method>.py) or configs/real/*.py')
+    absl_program.fail(f'{path} is {what}, not a method config; use one of {", ".join(methods())} '
+                      '(configs/<method>.py) or configs/real/*.py')
   return path + sep + arg
 
 
-def _load(spec):
-  path, _, arg = spec.partition(':')
-  module_spec = importlib.util.spec_from_file_location('_jtc_config', path)
-  module = importlib.util.module_from_spec(module_spec)
-  if REPO not in sys.path:
-    sys.path.insert(0, REPO)  # method configs import `configs.common`
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg or None)
-
-
-def check_override_keys(config, argv):
-  """Every --config.a.b=value names a key of the config, or one line naming it and the nearest."""
-  keys = list(checks.flatten(config.to_dict()))
-  for a in argv:
-    if a.startswith('--config.'):
-      key = a[len('--config.'):].partition('=')[0]
-      if key not in keys and not any(k.startswith(key + '.') for k in keys):
-        _fail(f'unknown config key config.{key}{checks.nearest(key, keys)} '
-              '(every key is documented in configs/common.py)')
-
-
 def parse_flags(argv, flag_values=flags.FLAGS):
-  """absl flags parser for `app.run`: the checks above, then absl's own parsing (errors exit
-  with one line)."""
-  if '--help' not in argv and '-h' not in argv and '--helpfull' not in argv:
-    i, spec, prefix = _split_config_flag(argv)
-    if i is not None:
-      spec = resolve_config_path(spec)
-      argv = list(argv)
-      argv[i] = prefix + spec
-      try:
-        config = _load(spec)
-      except ValueError as e:  # e.g. an unknown ':arg'
-        _fail(str(e))
-      check_override_keys(config, argv)
-  try:
-    return flag_values(argv)
-  except flags.Error as e:
-    _fail(f'{e}\nRun with --help for the flags; every config key is documented in '
-          'configs/common.py')
+  """absl flags parser for `app.run`: a method config's path resolved (`resolve_config_path`),
+  then `absl_program.parse_flags`."""
+  return absl_program.parse_flags(argv, flag_values, resolve=resolve_config_path)
 
 
 def _print_last(trainer, last):
@@ -164,7 +110,7 @@ def train(argv):
                                   allow_config_change=flags.FLAGS.allow_config_change)
   except (ValueError, workdir_lib.WorkdirError, checkpoints.CheckpointMismatch,
           distributed.DistributedError) as e:
-    _fail(str(e))
+    absl_program.fail(str(e))
   last, stopped = trainer.run()
   _print_last(trainer, last)
   if stopped:

@@ -1,13 +1,11 @@
-"""Tests of jtc.analysis.curve_plots and its command `jtc plot`: key names, smoothing, run labels,
-figure layout and the command line.
+"""Tests of jtc.analysis.curve_plots: key names, smoothing, run labels, figure layout, errors
+naming the keys the runs have (the command, `jtc plot`, is tests/cli/test_plot.py's).
 
 Runs are fake `metrics.jsonl` files written the way `jtc.analysis.metric_writer` writes them (one JSON
 object per line with 'step'; evaluations every 50 steps).
 """
 
 import os
-import subprocess
-import sys
 
 import matplotlib
 
@@ -20,7 +18,6 @@ from jtc.analysis import metric_writer
 from jtc.analysis import curves
 from jtc.analysis import curve_plots
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
 
@@ -199,21 +196,3 @@ def test_unknown_key_names_the_valid_keys(two_same_name_runs):
     curve_plots.plot_runs(two_same_name_runs, 'x.png', smooth=0)
   with pytest.raises(FileNotFoundError, match='no metrics.jsonl'):
     curve_plots.plot_runs([os.path.dirname(two_same_name_runs[0])], 'x.png')
-
-
-def test_command_line(two_same_name_runs, tmp_path):
-  env = {**os.environ, 'PYTHONPATH': os.pathsep.join([REPO, os.environ.get('PYTHONPATH', '')])}
-  out = tmp_path / 'curves.png'
-  proc = subprocess.run([
-      sys.executable, '-m', 'jtc.plot', *two_same_name_runs, '--out',
-      str(out), '--keys', 'reward_mean,eval/avg@4', '--smooth', '5'
-  ], capture_output=True, text=True, env=env, timeout=300)
-  assert proc.returncode == 0, proc.stderr
-  assert out.read_bytes()[:8] == PNG_MAGIC
-  bad = subprocess.run([
-      sys.executable, '-m', 'jtc.plot', *two_same_name_runs, '--out',
-      str(tmp_path / 'b.png'), '--keys', 'reward_mean,nope'
-  ], capture_output=True, text=True, env=env, timeout=300)
-  assert bad.returncode == 2
-  assert "unknown metric keys ['nope']" in bad.stderr and "'reward_mean'" in bad.stderr
-  assert not (tmp_path / 'b.png').exists()

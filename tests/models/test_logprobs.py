@@ -7,7 +7,7 @@ import pytest
 
 from jtc.models import model as model_lib
 from jtc.models import logprobs
-from model_reference import CONFIGS, random_params, padded_batch, ROWS
+from tests.models.model_reference import CONFIGS, random_params, padded_batch, ROWS
 
 
 def _naive_token_logprobs(hidden_BTD, head_DV, targets_BT):

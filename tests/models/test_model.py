@@ -11,7 +11,7 @@ from jtc.models import model as model_lib
 from jtc.models import logprobs
 from jtc.models import layers
 from jtc.models.model_config import ModelConfig
-from model_reference import CONFIGS, random_params, padded_batch, ROWS
+from tests.models.model_reference import CONFIGS, random_params, padded_batch, ROWS
 
 
 def _rms(x, scale, eps):

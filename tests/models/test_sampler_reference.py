@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import reference_sampler
+from tests.models import reference_sampler
 from jtc.models import decode
 from jtc.models import model as model_lib
 from jtc.models import sampler as sampler_lib

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jtc.objectives import delta
-from delta_reference import D, logp, inputs, run, random_batch, ref_delta
+from tests.objectives.delta_reference import D, logp, inputs, run, random_batch, ref_delta
 
 REF_CASES = [
     {},

@@ -7,7 +7,7 @@ import pytest
 
 from jtc.objectives import delta
 from jtc.objectives import token_weights
-from delta_reference import B, T, D, split_options, inputs, run, random_batch, ref_delta
+from tests.objectives.delta_reference import B, T, D, split_options, inputs, run, random_batch, ref_delta
 
 
 def test_ablation_table_is_complete_and_runs():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jtc import objectives
-from loss_reference import G, B, T, AGGS, SEQ_LOSSES, run, run_all_aggregations, np_reference, reference_inputs, off_policy_inputs
+from tests.objectives.loss_reference import G, B, T, AGGS, SEQ_LOSSES, run, run_all_aggregations, np_reference, reference_inputs, off_policy_inputs
 
 _REF_SEED = 5
 

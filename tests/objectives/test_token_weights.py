@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jtc.objectives import token_weights
-from delta_reference import B, T
+from tests.objectives.delta_reference import B, T
 
 
 def test_token_cloud_accumulates_means_across_steps():
