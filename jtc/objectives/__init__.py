@@ -14,6 +14,7 @@ __all__ = [
     'delta_options',
     'group_transforms',
     'loss',
+    'registry',
     'surrogates',
     'token_weights',
     'AGGREGATIONS',

@@ -19,7 +19,7 @@ def test_a_config_path_resolves_from_any_directory(tmp_path, monkeypatch):
 def test_override_keys_are_checked_against_the_config():
   config = absl_program.load_config(os.path.join(absl_program.REPO, 'configs', 'gspo.py'))
   absl_program.check_override_keys(config, ['--config.optim.learning_rate=1e-4', '--workdir=W'])
-  with pytest.raises(SystemExit, match="config.optim.lr; did you mean"):
+  with pytest.raises(SystemExit, match='config.optim.lr; did you mean'):
     absl_program.check_override_keys(config, ['--config.optim.lr=1e-4'])
 
 

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from jtc.data import pipeline as data
 from jtc.data import datasets
 from jtc.data.tasks import get_task
 
@@ -32,7 +31,6 @@ def test_built_once(data_dir):
 _PREPARE_SCRIPT = r"""
 import contextlib, json, os, sys, time
 barrier, index, count, data_dir, unlocked = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
-from jtc.data import pipeline as data
 from jtc.data import datasets
 if unlocked:  # exercise the FileExistsError tolerance that covers file systems without flock
     datasets._file_lock = lambda path: contextlib.nullcontext()

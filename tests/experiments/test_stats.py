@@ -1,4 +1,5 @@
-"""Tests of the exact paired sign-flip permutation test in experiments/stats.py."""
+"""Tests of experiments/stats.py: the exact paired sign-flip permutation test, the bootstrap CI's
+coverage, the ratio-of-means CI."""
 
 import itertools
 
@@ -177,3 +178,72 @@ def test_exact_signflip_reaches_below_the_eight_seed_floor_with_sixteen():
   assert stats.paired_signflip_pvalue(x, y) == 2.0**-15
   # Holm's smallest threshold over a family of seven is 0.05 / 7: out of reach with 8 seeds.
   assert stats.min_attainable_p(16) < 0.05 / 7 < stats.min_attainable_p(8)
+
+
+def test_bootstrap_ci_covers_true_mean_at_about_nominal_rate():
+  rng = np.random.default_rng(123)
+  true_mean, n, trials = 1.5, 20, 300
+  covered = 0
+  for i in range(trials):
+    x = rng.normal(true_mean, 2.0, size=n)
+    mean, lo, hi = stats.bootstrap_ci(x, num_resamples=1000, seed=i)
+    assert mean == pytest.approx(x.mean())
+    assert lo <= mean <= hi
+    covered += lo <= true_mean <= hi
+  # Percentile bootstrap slightly under-covers at n = 20 (about 0.93); 300 trials -> sd 0.015.
+  assert 0.87 <= covered / trials <= 0.985
+
+
+def test_bootstrap_ci_is_seeded_and_narrows_with_more_data():
+  x = np.random.default_rng(0).normal(size=50)
+  assert stats.bootstrap_ci(x, seed=7) == stats.bootstrap_ci(x, seed=7)
+  _, lo_small, hi_small = stats.bootstrap_ci(x[:10], seed=0)
+  _, lo_big, hi_big = stats.bootstrap_ci(x, seed=0)
+  assert hi_big - lo_big < hi_small - lo_small
+  # One seed: a mean, no interval.
+  mean, lo, hi = stats.bootstrap_ci([3.0])
+  assert mean == 3.0 and np.isnan(lo) and np.isnan(hi)
+
+
+def test_paired_pvalue_small_for_clear_shift_large_for_none():
+  rng = np.random.default_rng(1)
+  base = rng.normal(50.0, 5.0, size=8)  # large between-seed spread ...
+  shifted = base + 2.0 + rng.normal(0, 0.3, size=8)  # ... but a consistent paired shift
+  assert stats.paired_bootstrap_pvalue(shifted, base) < 0.01
+  # The same shift unpaired would be buried in the spread: pairing is what detects it.
+  assert stats.bootstrap_ci(shifted)[1] < base.mean() < stats.bootstrap_ci(shifted)[2]
+  noise = base + rng.normal(0, 0.3, size=8)
+  noise = noise - (noise - base).mean()  # zero mean difference (up to rounding)
+  assert stats.paired_bootstrap_pvalue(noise, base) > 0.9
+  assert stats.paired_bootstrap_pvalue(base, base) == 1.0
+
+
+def test_paired_pvalue_is_roughly_calibrated_under_the_null():
+  rng = np.random.default_rng(2)
+  pvals = [
+      stats.paired_bootstrap_pvalue(rng.normal(size=12), rng.normal(size=12), num_resamples=500,
+                                    seed=i) for i in range(200)
+  ]
+  pvals = np.array(pvals)
+  assert np.all((pvals > 0) & (pvals <= 1))
+  # Bootstrap tests are a bit liberal at small n; a broken test gives ~0 or ~1 here.
+  assert 0.01 <= np.mean(pvals < 0.05) <= 0.12
+  assert 0.35 <= np.median(pvals) <= 0.65
+
+
+def test_paired_pvalue_is_symmetric_and_bounded_by_resamples():
+  x, y = np.array([1.0, 2.0, 3.5, 4.0]), np.array([0.0, 0.5, 1.0, 1.5])
+  assert stats.paired_bootstrap_pvalue(x, y, seed=3) == stats.paired_bootstrap_pvalue(y, x, seed=3)
+  assert stats.paired_bootstrap_pvalue(x, y, num_resamples=99) >= 1 / 100
+
+
+def test_ratio_of_means_ci_exact_ratio_and_bad_input():
+  y = np.array([1.0, 2.0, 4.0, 3.0])
+  r, lo, hi = stats.ratio_of_means_ci(0.5 * y, y)
+  assert (r, lo, hi) == pytest.approx((0.5, 0.5, 0.5))
+  with pytest.raises(ValueError, match='equal lengths'):
+    stats.paired_bootstrap_pvalue([1.0, 2.0], [1.0])
+  with pytest.raises(ValueError, match='non-finite'):
+    stats.bootstrap_ci([1.0, float('nan')])
+  with pytest.raises(ValueError, match='level'):
+    stats.bootstrap_ci([1.0, 2.0], level=95)

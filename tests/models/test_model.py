@@ -9,7 +9,6 @@ import pytest
 
 from jtc.models import model as model_lib
 from jtc.models import logprobs
-from jtc.models import layers
 from jtc.models.model_config import ModelConfig
 from tests.models.model_reference import CONFIGS, random_params, padded_batch, ROWS
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jtc.objectives import delta_geometry
-from tests.objectives.delta_reference import T, D
+from tests.objectives.delta_reference import D
 
 
 def lm_logp(w_VD, h_D, y):

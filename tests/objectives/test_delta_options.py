@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from jtc.objectives import delta
-from jtc.objectives import token_weights
 from tests.objectives.delta_reference import B, T, D, split_options, inputs, run, random_batch, ref_delta
 
 

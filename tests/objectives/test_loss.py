@@ -1,6 +1,5 @@
 """Tests of jtc.objectives.loss: `compute_loss` against numpy loops for every loss and
 aggregation, its metrics (the effective step, Asym), degenerate and bad inputs, the defaults."""
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

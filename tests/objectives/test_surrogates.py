@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jtc.objectives import surrogates
-from tests.objectives.loss_reference import G, B, T, run, run_all_aggregations, np_reference, reference_inputs, off_policy_inputs
+from tests.objectives.loss_reference import B, run, run_all_aggregations, np_reference, reference_inputs, off_policy_inputs
 
 
 def _shared_group(seed, *, shared_log_ratio, g=4, t=6, noise=0.3):

@@ -5,7 +5,6 @@ import re
 import pytest
 
 from jtc.data import tasks
-from jtc.data.tasks import arithmetic, countdown
 
 
 @pytest.mark.parametrize('name, kwargs', [('arithmetic', {}), ('arithmetic', {

@@ -2,7 +2,6 @@
 import pytest
 
 from jtc.data import tasks
-from jtc.data.tasks import arithmetic, countdown
 
 
 def test_get_task_unknown_lists_known():

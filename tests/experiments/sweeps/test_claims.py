@@ -1,0 +1,33 @@
+"""Tests of experiments/sweeps/claims.py: every claim names runs of its sweep (arm, baseline, group)
+and a metric a table of the sweep reads; names are unique; confirmatory claims are on fresh seeds
+and have a SESOI; the exploratory claims are exactly the sweeps' paper-sign comparisons."""
+from experiments import common
+from experiments import sweeps as sweeps_lib
+from experiments.sweeps import claims
+
+
+def test_every_claim_names_runs_and_a_metric_of_its_sweep():
+  every = claims.all_claims()
+  assert len({c.name for c in every}) == len(every)
+  for c in every:
+    sweep = sweeps_lib.get_sweep(c.sweep)
+    runs = {(r.group, r.label) for r in sweep.runs}
+    assert (c.group, c.arm) in runs and (c.group, c.baseline) in runs, c.name
+    assert c.metric.partition(':')[0] in common.EXTRACTORS, c.name
+
+
+def test_confirmatory_claims_are_on_fresh_seeds_with_a_sesoi():
+  confirmatory = [c for c in claims.all_claims() if c.kind == 'confirmatory']
+  assert {c.family for c in confirmatory
+         } == {'Table 1', 'Mechanism', 'Off-policy', 'Table 4', 'DelTA'}
+  for c in confirmatory:
+    assert sweeps_lib.get_sweep(c.sweep).first_seed >= 8, c.name  # seeds 0-7 chose the settings
+    assert c.sesoi and c.sesoi_why and c.predicted in ('>', '<', '='), c.name
+
+
+def test_exploratory_claims_are_the_paper_sign_comparisons_of_the_tables():
+  sweep = sweeps_lib.get_sweep('table4')
+  derived = claims.exploratory_claims([sweep])
+  expected = sum(len(t.expect) for t in sweep.tables)
+  assert len(derived) == expected > 0
+  assert all(c.kind == 'exploratory' and c.sweep == 'table4' for c in derived)
