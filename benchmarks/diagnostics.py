@@ -27,10 +27,11 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from jtc.analysis import diagnostics  # noqa: E402
+from jtc.analysis import grad_norms  # noqa: E402
 from jtc.models import model as model_lib  # noqa: E402
 from jtc.models import logprobs
 from jtc.rl import update as update_lib  # noqa: E402
-from benchmarks.sampler import median_time  # noqa: E402  (the shared timer)
+from benchmarks.machine import median_time  # noqa: E402  (the shared timer)
 
 
 def main():
@@ -41,7 +42,7 @@ def main():
   ap.add_argument('--prompt_width', type=int, default=20)
   ap.add_argument('--max_new_tokens', type=int, default=32)
   ap.add_argument('--loss', default='gspo')
-  ap.add_argument('--mode', default='proxy', choices=sorted(diagnostics.GRAD_NORM_MODES))
+  ap.add_argument('--mode', default='proxy', choices=sorted(grad_norms.GRAD_NORM_MODES))
   ap.add_argument('--every', type=int, default=10)
   ap.add_argument('--repeats', type=int, default=5)
   ap.add_argument('--small', action='store_true', help='tiny shapes for a quick check')

@@ -43,8 +43,6 @@ Reports, measured in one run on whatever backend JAX finds (`--cpu` forces CPU):
    old sampler's against the new one's, jitted alone and interleaved.
 Timings are wall clock; the machine peaks are best-of-10.
 """
-from __future__ import annotations
-
 from benchmarks import common  # first: --cpu must act before jax is imported
 
 import argparse
@@ -58,6 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import machine
 from jtc.models import decode
 from jtc.models import model as model_lib
 from jtc.models import logprobs
@@ -65,41 +64,6 @@ from jtc.models import sampler as sampler_lib
 
 EOS = 0
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _times(fn, repeats):
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return times
-
-
-def median_time(fn, repeats):
-  return statistics.median(_times(fn, repeats))
-
-
-def read_bandwidth_bytes_per_s(n_bytes=1 << 28, repeats=10):
-  """Best bytes read per second by a jitted reduction over a big array.
-
-  A decode step reads weights and cache and writes little, so the floor is set by reading. (A
-  copy also allocates and writes its output: on CPU it measured 5-7x lower, and the old sampler
-  ran at 121% of a "floor" computed from it.) Best-of rather than median: a peak is what the
-  machine can do when nothing else runs.
-  """
-  x = jnp.ones((n_bytes // 4,), jnp.float32)
-  f = jax.jit(jnp.sum)
-  jax.block_until_ready(f(x))
-  return n_bytes / min(_times(lambda: f(x), repeats))
-
-
-def matmul_flops_per_s(n=2048, repeats=10, dtype=jnp.float32):
-  """Best FLOP/s of a jitted [n, n] @ [n, n] matmul."""
-  a = jnp.ones((n, n), dtype)
-  f = jax.jit(lambda a: a @ a)
-  jax.block_until_ready(f(a))
-  return 2 * n**3 / min(_times(lambda: f(a), repeats))
 
 
 def load_reference_sampler():
@@ -262,9 +226,9 @@ def _parser():
 
 def _machine_peaks(cpu):
   """(read bandwidth bytes/s, matmul FLOP/s), printed."""
-  bandwidth = read_bandwidth_bytes_per_s(1 << (28 if cpu else 30))
-  peak_flops = matmul_flops_per_s(dtype=jnp.float32 if cpu else jnp.bfloat16,
-                                  n=2048 if cpu else 8192)
+  bandwidth = machine.read_bandwidth_bytes_per_s(1 << (28 if cpu else 30))
+  peak_flops = machine.matmul_flops_per_s(dtype=jnp.float32 if cpu else jnp.bfloat16,
+                                          n=2048 if cpu else 8192)
   print(f'read bandwidth           {bandwidth / 1e9:8.2f} GB/s (a reduction, best of 10)')
   print(f'matmul peak              {peak_flops / 1e9:8.2f} GFLOP/s '
         f'({"f32 2048" if cpu else "bf16 8192"}^3, best of 10)')
@@ -366,7 +330,7 @@ def _print_prefill(params, config, prompt_BP, mask_BP, *, G, T, block_size, peak
   prefill = jax.jit(lambda p, t, m: decode.prefill(p, config, t, m, num_samples=G, max_new_tokens=T,
                                                    block_size=block_size))
   jax.block_until_ready(prefill(params, prompt_BP, mask_BP))
-  prefill_s = median_time(lambda: prefill(params, prompt_BP, mask_BP), 3)
+  prefill_s = machine.median_time(lambda: prefill(params, prompt_BP, mask_BP), 3)
   non_embed = model_lib.num_params(params) - config.vocab_size * config.d_model
   prefill_flops = 2 * non_embed * B * P + attention_flops(
       config, B, P, P) + (2 * B * config.d_model * config.vocab_size)

@@ -23,7 +23,7 @@ sequences x 128 tokens, float32; about 2 minutes on 2 cores):
    jitted bf16 8192^3 matmul measured here (CPU: f32 2048^3).
 
 Reports, measured in one run:
-1. The matmul peak of this machine (`benchmarks.sampler.matmul_flops_per_s`: best FLOP/s of a
+1. The matmul peak of this machine (`benchmarks.machine.matmul_flops_per_s`: best FLOP/s of a
    jitted f32 [n, n] @ [n, n], best of 10; on a shared machine other jobs only slow a run down).
 2. The jitted, buffer-donating `jtc.rl.update.update_step` (loss, optimiser and mini-batch shape of
    the config: minibatch_prompts * group_size sequences of L = prompt_width + max_new_tokens
@@ -62,7 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.sampler import matmul_flops_per_s
+from benchmarks.machine import matmul_flops_per_s
 from configs import dfpo_min_replace
 from jtc.models import bundles
 from jtc.rl import checkpoints

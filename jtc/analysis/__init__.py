@@ -5,6 +5,7 @@ __all__ = [
     'curve_plots',
     'curves',
     'diagnostics',
+    'grad_norms',
     'ledger',
     'ledger_view',
     'metric_writer',

@@ -155,3 +155,53 @@ def test_hf_tokenizer_renders_message_lists_like_a_prompt(tmp_path):
       'content': 'hello'
   }]) == (tok.apply_chat_template('hello'))
   assert tok.encode('hello world', add_special_tokens=False) == tok.encode('hello world')
+
+
+def test_an_hf_tokenizer_matches_transformers(tmp_path):
+  transformers = pytest.importorskip('transformers')
+  words = [
+      '<pad>', '<|im_end|>', '<|endoftext|>', '<|im_start|>', 'hello', 'world', 'user', 'assistant',
+      '[UNK]', '\n'
+  ]
+  tok = tokenizers.Tokenizer(
+      tokenizers.models.WordLevel({
+          w: i for i, w in enumerate(words)
+      }, unk_token='[UNK]'))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+  tok.add_special_tokens(['<pad>', '<|im_end|>', '<|endoftext|>', '<|im_start|>'])
+  tok.save(str(tmp_path / 'tokenizer.json'))
+  template = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}"
+              '<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant'
+              '{% endif %}')
+  (tmp_path / 'tokenizer_config.json').write_text(
+      json.dumps({
+          'tokenizer_class': 'PreTrainedTokenizerFast',
+          'chat_template': template,
+          'eos_token': {
+              '__type': 'AddedToken',
+              'content': '<|im_end|>',
+              'lstrip': False,
+              'normalized': False,
+              'rstrip': False,
+              'single_word': False,
+              'special': True
+          },
+          'pad_token': '<pad>'
+      }))
+  (tmp_path / 'generation_config.json').write_text(json.dumps({'eos_token_id': [1, 2]}))
+
+  ours = tok_lib.HFTokenizer.from_dir(str(tmp_path))
+  theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+  text = 'hello world <|im_end|> bogus'
+  assert ours.encode(text) == theirs.encode(text, add_special_tokens=False) == [4, 5, 1, 8]
+  assert (ours.eos_id, ours.pad_id, ours.bos_id) == (theirs.eos_token_id, theirs.pad_token_id, None)
+  assert ours.eos_ids == (1, 2)
+  assert ours.decode([4, 5, 1]) == theirs.decode([4, 5, 1], skip_special_tokens=True)
+  messages = [{'role': 'user', 'content': 'hello'}]
+  assert ours.apply_chat_template(messages) == theirs.apply_chat_template(
+      messages, tokenize=False, add_generation_prompt=True)
+
+
+def test_an_hf_tokenizer_without_its_file_is_named(tmp_path):
+  with pytest.raises(FileNotFoundError, match='tokenizer.json'):
+    tok_lib.HFTokenizer.from_dir(str(tmp_path))
