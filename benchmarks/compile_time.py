@@ -47,10 +47,11 @@ def _child(n_layers):
   c = dfpo_min_replace.get_config(None)
   B, G, P, T = 8, 4, 32, 64
   rng = np.random.default_rng(0)
-  batch = dict(tokens=jnp.asarray(rng.integers(1, 512, (1, B, P + T)), jnp.int32),
-               input_mask=jnp.ones((1, B, P + T), jnp.int32), mask=jnp.ones((1, B, T), jnp.float32),
-               advantages=jnp.asarray(rng.normal(size=(1, B)), jnp.float32), old_logps=jnp.full(
-                   (1, B, T), -1.0, jnp.float32))
+  batch = dict(tokens_BL=jnp.asarray(rng.integers(1, 512, (1, B, P + T)), jnp.int32),
+               input_mask_BL=jnp.ones((1, B, P + T), jnp.int32), mask_BT=jnp.ones(
+                   (1, B, T), jnp.float32), advantages_B=jnp.asarray(rng.normal(size=(1, B)),
+                                                                     jnp.float32),
+               old_logps_BT=jnp.full((1, B, T), -1.0, jnp.float32))
   from jtc.rl import update as update_lib  # pylint: disable=import-outside-toplevel
   optimizer = update_lib.make_optimizer(c.optim, 1000)
   batch = update_lib.Batch(**batch)

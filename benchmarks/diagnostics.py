@@ -67,9 +67,9 @@ def main():
   input_mask = jnp.asarray(np.concatenate([np.ones((B, P)), mask], 1), jnp.int32)
   old = logprobs.sequence_logprobs(params, config, tokens, input_mask, completion_start=P)
   batch = update_lib.Batch(
-      tokens=tokens, input_mask=input_mask, mask=jnp.asarray(mask),
-      advantages=jnp.asarray(rng.normal(size=B), jnp.float32),
-      old_logps=old['logps'] + 0.01 * jnp.asarray(rng.normal(size=(B, T)), jnp.float32))
+      tokens_BL=tokens, input_mask_BL=input_mask, mask_BT=jnp.asarray(mask),
+      advantages_B=jnp.asarray(rng.normal(size=B), jnp.float32),
+      old_logps_BT=old['logps'] + 0.01 * jnp.asarray(rng.normal(size=(B, T)), jnp.float32))
 
   optimizer = optax.adamw(1e-6)
   update = jax.jit(

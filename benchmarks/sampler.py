@@ -267,7 +267,8 @@ def _interleaved_runs(systems, rounds, n_rows, T):
     start = time.perf_counter()
     out = jax.block_until_ready(fn())
     compile_s[name] = time.perf_counter() - start
-    tokens[name] = n_rows * T if name == 'HF generate' else int(out.completion_mask.sum())
+    mask = out.completion_mask if name == 'old jtc' else out.completion_mask_RT
+    tokens[name] = n_rows * T if name == 'HF generate' else int(mask.sum())
   if 'old jtc' in tokens:
     assert tokens['old jtc'] == tokens['new jtc'], tokens
   order = [n for n in ('old jtc', 'new jtc', 'HF generate') if n in systems]

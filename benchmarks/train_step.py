@@ -153,9 +153,9 @@ def update_batch(params, model_config, *, B, P, T, G, n_micro, seed=0):
                                completion_start=P, return_hidden=False)
   rewards_G = rng.normal(size=(B // G, G))
   adv_B = (rewards_G - rewards_G.mean(-1, keepdims=True)) / rewards_G.std(-1, keepdims=True)
-  batch = update.Batch(tokens=tokens_BL, input_mask=input_mask_BL, mask=jnp.ones(
-      (B, T), jnp.float32), advantages=jnp.asarray(adv_B.reshape(B), jnp.float32),
-                       old_logps=old['logps'])
+  batch = update.Batch(tokens_BL=tokens_BL, input_mask_BL=input_mask_BL, mask_BT=jnp.ones(
+      (B, T), jnp.float32), advantages_B=jnp.asarray(adv_B.reshape(B), jnp.float32),
+                       old_logps_BT=old['logps'])
   return update.minibatch(batch, jnp.arange(B), num_micro=n_micro)
 
 

@@ -235,8 +235,8 @@ def step_diagnostics(params, model_config, batch, *, loss_name, loss_hparams, gr
 
   Args:
     params, model_config: the current policy.
-    batch: an `update.Batch` (tokens [B, L], input_mask [B, L], mask [B, T], advantages [B],
-      old_logps [B, T], optional ref_logps and token_weights [B, T]).
+    batch: an `update.Batch` (tokens_BL, input_mask_BL, mask_BT, advantages_B, old_logps_BT,
+      optional ref_logps_BT, token_weights_BT and is_weights_BT).
     loss_name, loss_hparams: as for `objectives.compute_loss` (entropy_coef is ignored: the
       diagnostics are about the policy-gradient (+ KL) term).
     group_size, completion_start: G and P.
@@ -265,14 +265,15 @@ def step_diagnostics(params, model_config, batch, *, loss_name, loss_hparams, gr
   grad_norms.check_mode(mode)
   hp = dict(loss_hparams)
   hp['entropy_coef'] = 0.0
-  tokens_BL, input_mask_BL, mask_BT = batch.tokens, batch.input_mask, batch.mask
+  tokens_BL, input_mask_BL, mask_BT = batch.tokens_BL, batch.input_mask_BL, batch.mask_BT
   out = logprobs.sequence_logprobs(params, model_config, tokens_BL, input_mask_BL,
                                    completion_start=completion_start, return_hidden=mode == 'proxy')
-  coef_BT, metrics = loss_coefficients(out['logps'], loss_name=loss_name, old_logps=batch.old_logps,
-                                       advantages=batch.advantages, mask=mask_BT,
-                                       group_size=group_size, ref_logps=batch.ref_logps,
-                                       token_weights=batch.token_weights,
-                                       is_weights=batch.is_weights, **hp)
+  coef_BT, metrics = loss_coefficients(out['logps'], loss_name=loss_name,
+                                       old_logps=batch.old_logps_BT, advantages=batch.advantages_B,
+                                       mask=mask_BT, group_size=group_size,
+                                       ref_logps=batch.ref_logps_BT,
+                                       token_weights=batch.token_weights_BT,
+                                       is_weights=batch.is_weights_BT, **hp)
   targets_BT = tokens_BL[:, completion_start:]
   if mode == 'proxy':
     norms_BT = grad_norms.lm_head_grad_norms(out['hidden'],

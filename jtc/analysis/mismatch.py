@@ -75,7 +75,7 @@ def attribute(params, config, tokens_BP, mask_BP, *, rng, samples, max_new_token
                                                 num_samples=samples, max_new_tokens=max_new_tokens,
                                                 eos_id=eos_id, pad_id=pad_id, **kw)
   plain = sample(rng)
-  toks, mask, cmask = plain.tokens, plain.input_mask, plain.completion_mask
+  toks, mask, cmask = plain.tokens_RL, plain.input_mask_RL, plain.completion_mask_RT
   ref = full_forward_logps(params, config, toks, mask, P)
   lp = lambda c, **kw: logprobs.sequence_logprobs(params, c, toks, mask, completion_start=P, **kw)[
       'logps']
@@ -85,7 +85,7 @@ def attribute(params, config, tokens_BP, mask_BP, *, rng, samples, max_new_token
   head = model_lib.lm_head_DV(params, f32)
   bf16_head, _ = logprobs.token_logprobs(hidden.astype(jnp.bfloat16), head, toks[:, P:])
   rows = [
-      summary('decode (KV cache) vs full forward', ref - plain.logps, cmask),
+      summary('decode (KV cache) vs full forward', ref - plain.logps_RT, cmask),
       summary('chunked log-probs (chunks of 8) vs full log-softmax',
               lp(config, vocab_chunk=8) - ref, cmask),
       summary('bf16 model vs float32 model',
@@ -94,10 +94,10 @@ def attribute(params, config, tokens_BP, mask_BP, *, rng, samples, max_new_token
   ]
   for i, (name, kw) in enumerate(FILTERS):
     out = sample(jax.random.fold_in(rng, i + 1), **kw)
-    model = full_forward_logps(params, config, out.tokens, out.input_mask, P)
+    model = full_forward_logps(params, config, out.tokens_RL, out.input_mask_RL, P)
     rows.append(
-        summary(f'{name}: model (T = 1, unfiltered) vs sampler', model - out.logps,
-                out.completion_mask))
+        summary(f'{name}: model (T = 1, unfiltered) vs sampler', model - out.logps_RT,
+                out.completion_mask_RT))
   return rows
 
 

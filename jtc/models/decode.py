@@ -32,23 +32,24 @@ class GroupCache:
   Rows b*G .. b*G + G - 1 are the G samples of prompt b; they all read prompt b's block.
 
   Attributes:
-    prompt_k, prompt_v: [Y, B, K, P, H] keys/values of the (left-padded) prompts.
+    prompt_k_YBKPH, prompt_v_YBKPH: keys/values of the (left-padded) prompts.
     prompt_mask_BP: [B, P] bool, True on real prompt tokens.
-    k: [Y, R, K, H, T'] completion keys, stored transposed (the slots of a block contiguous),
-      T' = T rounded up to whole blocks.
-    v: [Y, R, K, T', H] completion values.
+    k_YRKHT: completion keys, stored transposed (the slots of a block contiguous); T here is
+      the completion length rounded up to whole blocks.
+    v_YRKTH: completion values.
+  After `split_cache` the four key / value fields are tuples of Y per-layer arrays.
     length: [] int32, completion slots written so far (the next one to write).
   """
-  prompt_k: jax.Array
-  prompt_v: jax.Array
+  prompt_k_YBKPH: jax.Array
+  prompt_v_YBKPH: jax.Array
   prompt_mask_BP: jax.Array
-  k: jax.Array
-  v: jax.Array
+  k_YRKHT: jax.Array
+  v_YRKTH: jax.Array
   length: jax.Array
 
   @property
   def group_size(self) -> int:
-    return self.k.shape[1] // self.prompt_k.shape[1]
+    return self.k_YRKHT.shape[1] // self.prompt_k_YBKPH.shape[1]
 
 
 def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, num_samples: int,
@@ -77,9 +78,10 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
   # logits are computed (never [B, P, V]).
   logits_BV = model_lib.logits(params, c, model_lib.final_norm(params, x_BPD[:, -1:], c))[:, 0]
   Y, R, K, H = c.n_layers, B * num_samples, c.n_kv_heads, c.head_dim
-  cache = GroupCache(prompt_k=k_YBKPH.astype(c.jnp_dtype), prompt_v=v_YBKPH.astype(c.jnp_dtype),
-                     prompt_mask_BP=prompt_mask_BP.astype(bool), k=jnp.zeros(
-                         (Y, R, K, H, T_pad), c.jnp_dtype), v=jnp.zeros(
+  cache = GroupCache(prompt_k_YBKPH=k_YBKPH.astype(c.jnp_dtype),
+                     prompt_v_YBKPH=v_YBKPH.astype(c.jnp_dtype),
+                     prompt_mask_BP=prompt_mask_BP.astype(bool), k_YRKHT=jnp.zeros(
+                         (Y, R, K, H, T_pad), c.jnp_dtype), v_YRKTH=jnp.zeros(
                              (Y, R, K, T_pad, H), c.jnp_dtype), length=jnp.zeros((), jnp.int32))
   return logits_BV, cache
 
@@ -174,11 +176,12 @@ def split_layers(params) -> dict:
 
 
 def split_cache(cache: GroupCache) -> GroupCache:
-  """The same cache with prompt_k/prompt_v/k/v as tuples of Y per-layer arrays (the layout
+  """The same cache with its four key / value arrays as tuples of Y per-layer arrays (the layout
   `decode_step` uses with `split_layers` params: each layer writes and reads its own buffers)."""
   split = lambda x: tuple(x[i] for i in range(x.shape[0]))
-  return cache.replace(prompt_k=split(cache.prompt_k), prompt_v=split(cache.prompt_v),
-                       k=split(cache.k), v=split(cache.v))
+  return cache.replace(prompt_k_YBKPH=split(cache.prompt_k_YBKPH),
+                       prompt_v_YBKPH=split(cache.prompt_v_YBKPH), k_YRKHT=split(cache.k_YRKHT),
+                       v_YRKTH=split(cache.v_YRKTH))
 
 
 def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: GroupCache, *,
@@ -201,10 +204,10 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
   """
   c = config
   per_layer = isinstance(params['layers'], (tuple, list))
-  if per_layer != isinstance(cache.k, (tuple, list)):
+  if per_layer != isinstance(cache.k_YRKHT, (tuple, list)):
     raise ValueError('decode_step: split_layers(params) goes with split_cache(cache), and '
                      'stacked params with a stacked cache')
-  C = min(block_size, cache.v[0].shape[-2])  # v: [(Y,) R, K, T', H]
+  C = min(block_size, cache.v_YRKTH[0].shape[-2])  # v: [(Y,) R, K, T', H]
   t = cache.length
   sin_BLH, cos_BLH = layers.rope_sin_cos(positions_R[:, None], c)
   x_R1D = model_lib.embed_tokens(params, tokens_R[:, None], c)
@@ -242,8 +245,8 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
   if per_layer:
     ks, vs = [], []
     for i, layer in enumerate(params['layers']):
-      x_R1D, (k_i, v_i) = layer_step(x_R1D, layer, cache.prompt_k[i], cache.prompt_v[i], cache.k[i],
-                                     cache.v[i], None)
+      x_R1D, (k_i, v_i) = layer_step(x_R1D, layer, cache.prompt_k_YBKPH[i], cache.prompt_v_YBKPH[i],
+                                     cache.k_YRKHT[i], cache.v_YRKTH[i], None)
       ks.append(k_i)
       vs.append(v_i)
     k, v = tuple(ks), tuple(vs)
@@ -256,7 +259,7 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
                                          i)
       return (x_R1D, k_all, v_all), None
 
-    xs = (params['layers'], cache.prompt_k, cache.prompt_v, jnp.arange(c.n_layers))
-    (x_R1D, k, v), _ = jax.lax.scan(body, (x_R1D, cache.k, cache.v), xs)
+    xs = (params['layers'], cache.prompt_k_YBKPH, cache.prompt_v_YBKPH, jnp.arange(c.n_layers))
+    (x_R1D, k, v), _ = jax.lax.scan(body, (x_R1D, cache.k_YRKHT, cache.v_YRKTH), xs)
   logits_RV = model_lib.logits(params, c, model_lib.final_norm(params, x_R1D, c))[:, 0]
-  return logits_RV, cache.replace(k=k, v=v, length=t + 1)
+  return logits_RV, cache.replace(k_YRKHT=k, v_YRKTH=v, length=t + 1)

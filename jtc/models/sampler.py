@@ -44,21 +44,21 @@ from jtc.models import model as model_lib
 class SampleOutput:
   """Result of `sample`; R = B * G rows, row b*G + g is sample g of prompt b.
 
-  Attributes:
-    tokens: [R, P + T] int32, the prompt (left-padded) then the completion (pad_id after EOS).
-    input_mask: [R, P + T] int32, 1 on real tokens (prompt mask | completion_mask).
-    completion: [R, T] int32.
-    completion_mask: [R, T] int32, 1 up to and including EOS.
-    logps: [R, T] float32, log-prob of each chosen token under the sampling distribution
-      (0 where completion_mask is 0).
-    truncated: [R] bool, True when no EOS was produced within T tokens.
+  Attributes (L = P + T):
+    tokens_RL: int32, the prompt (left-padded) then the completion (pad_id after EOS).
+    input_mask_RL: int32, 1 on real tokens (prompt mask | completion_mask_RT).
+    completion_RT: int32.
+    completion_mask_RT: int32, 1 up to and including EOS.
+    logps_RT: float32, log-prob of each chosen token under the sampling distribution
+      (0 where completion_mask_RT is 0).
+    truncated_R: bool, True when no EOS was produced within T tokens.
   """
-  tokens: jax.Array
-  input_mask: jax.Array
-  completion: jax.Array
-  completion_mask: jax.Array
-  logps: jax.Array
-  truncated: jax.Array
+  tokens_RL: jax.Array
+  input_mask_RL: jax.Array
+  completion_RT: jax.Array
+  completion_mask_RT: jax.Array
+  logps_RT: jax.Array
+  truncated_R: jax.Array
 
 
 @flax.struct.dataclass
@@ -205,10 +205,11 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
 
   state = jax.lax.while_loop(not_finished, decode_step, sample_token(state))
   prompt_RP = repeat(prompt_tokens_BP).astype(jnp.int32)
-  return SampleOutput(tokens=jnp.concatenate([prompt_RP, state.completion_RT], axis=1),
-                      input_mask=jnp.concatenate([repeat(prompt_mask_BP), state.mask_RT],
-                                                 axis=1), completion=state.completion_RT,
-                      completion_mask=state.mask_RT, logps=state.logps_RT, truncated=~state.done_R)
+  return SampleOutput(
+      tokens_RL=jnp.concatenate([prompt_RP, state.completion_RT], axis=1),
+      input_mask_RL=jnp.concatenate([repeat(prompt_mask_BP), state.mask_RT],
+                                    axis=1), completion_RT=state.completion_RT,
+      completion_mask_RT=state.mask_RT, logps_RT=state.logps_RT, truncated_R=~state.done_R)
 
 
 _sample_jit = jax.jit(_sample_impl, static_argnames=_STATIC)

@@ -50,10 +50,10 @@ def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params
   behaviour = score(params)
   sampler_logps = to_device(pop.stack([r.sampler_logps_BT for r in rollouts]))
   recompute = c.rollout.behaviour_logps == 'recompute'
-  batch = Batch(tokens=tokens_BL, input_mask=input_mask_BL, mask=to_device(stack('mask_BT')),
-                advantages=to_device(stack('adv_B')),
-                old_logps=behaviour['logps'] if recompute else sampler_logps,
-                ref_logps=None if ref_params is None else score(ref_params)['logps'])
+  batch = Batch(tokens_BL=tokens_BL, input_mask_BL=input_mask_BL,
+                mask_BT=to_device(stack('mask_BT')), advantages_B=to_device(stack('adv_B')),
+                old_logps_BT=behaviour['logps'] if recompute else sampler_logps,
+                ref_logps_BT=None if ref_params is None else score(ref_params)['logps'])
   metrics = [h['metrics'] for h in host]
   real_BT = to_device(pop.stack([r.completion_mask_BT for r in rollouts]))
   step_metrics = {
@@ -66,8 +66,8 @@ def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params
         functools.partial(corrections.weights, c.rollout.correction, cap=c.rollout.correction_cap,
                           icepop_low=c.rollout.icepop_low,
                           icepop_high=c.rollout.icepop_high))(behaviour['logps'], sampler_logps,
-                                                              batch.mask)
-    batch = batch.replace(is_weights=is_weights)
+                                                              batch.mask_BT)
+    batch = batch.replace(is_weights_BT=is_weights)
     step_metrics.update({f'correction/{k}': v for k, v in correction_metrics.items()})
   for m, values in zip(metrics, pop.unstack(sharding_lib.to_host(step_metrics))):
     m.update({k: float(v) for k, v in values.items()})
@@ -76,12 +76,12 @@ def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params
     weights_BT, weight_metrics, weighter_state = pop.map(weighter.weights)(
         run_state.weighter, params, behaviour, completion_BT, jnp.asarray(stack('adv_B')),
         jnp.asarray(stack('mask_BT')), rng)
-    batch = batch.replace(token_weights=weights_BT)
+    batch = batch.replace(token_weights_BT=weights_BT)
     for m, wm in zip(metrics, pop.unstack(sharding_lib.to_host(weight_metrics))):
       m.update({f'{c.token_weights}/{k}': float(v) for k, v in wm.items()})
     run_state = run_state.replace(weighter=weighter_state)
   run_state = run_state.replace(token_counts_V=pop.map(diagnostics.update_token_counts)(
-      run_state.token_counts_V, completion_BT, batch.mask))
+      run_state.token_counts_V, completion_BT, batch.mask_BT))
   for m, r in zip(metrics, rollouts):
     m.update(accuracy=float(r.correct_B.mean()), response_length=float(r.lengths_B.mean()),
              frac_truncated=float(r.truncated_B.mean()),

@@ -17,15 +17,16 @@ def make_columns_fn(c, model_config, population):
   """The jitted (params, batch) -> ledger columns of the config's loss, mapped over members."""
 
   def columns(params, batch):
-    logps_BT = logprobs.sequence_logprobs(params, model_config, batch.tokens, batch.input_mask,
+    logps_BT = logprobs.sequence_logprobs(params, model_config, batch.tokens_BL,
+                                          batch.input_mask_BL,
                                           completion_start=c.data.prompt_width)['logps']
-    return ledger_lib.token_ledger(logps_BT, tokens_BL=batch.tokens, input_mask_BL=batch.input_mask,
-                                   old_logps_BT=batch.old_logps, advantages_B=batch.advantages,
-                                   mask_BT=batch.mask, group_size=c.rollout.sampling.num_samples,
-                                   completion_start=c.data.prompt_width, loss_name=c.loss.name,
-                                   loss_hparams=c.loss.hparams.to_dict(),
-                                   token_weights_BT=batch.token_weights,
-                                   ref_logps_BT=batch.ref_logps, is_weights_BT=batch.is_weights)
+    return ledger_lib.token_ledger(
+        logps_BT, tokens_BL=batch.tokens_BL, input_mask_BL=batch.input_mask_BL,
+        old_logps_BT=batch.old_logps_BT, advantages_B=batch.advantages_B, mask_BT=batch.mask_BT,
+        group_size=c.rollout.sampling.num_samples, completion_start=c.data.prompt_width,
+        loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
+        token_weights_BT=batch.token_weights_BT, ref_logps_BT=batch.ref_logps_BT,
+        is_weights_BT=batch.is_weights_BT)
 
   return jax.jit(population.map(columns))
 
@@ -62,16 +63,16 @@ class LedgerRecorder:
           'sampler_logps_BT': rollout.sampler_logps_BT,
           'prompt_BP': rollout.tokens_BL[:, :c.data.prompt_width],
           'prompt_mask_BP': rollout.input_mask_BL[:, :c.data.prompt_width],
-          'mask_BT': member(batch.mask),
-          'advantages_B': member(batch.advantages),
-          'old_logps_BT': member(batch.old_logps)
+          'mask_BT': member(batch.mask_BT),
+          'advantages_B': member(batch.advantages_B),
+          'old_logps_BT': member(batch.old_logps_BT)
       }
-      if batch.token_weights is not None:
-        columns['token_weights_BT'] = member(batch.token_weights)
-      if batch.ref_logps is not None:
-        columns['ref_logps_BT'] = member(batch.ref_logps)
-      if batch.is_weights is not None:
-        columns['is_weights_BT'] = member(batch.is_weights)
+      if batch.token_weights_BT is not None:
+        columns['token_weights_BT'] = member(batch.token_weights_BT)
+      if batch.ref_logps_BT is not None:
+        columns['ref_logps_BT'] = member(batch.ref_logps_BT)
+      if batch.is_weights_BT is not None:
+        columns['is_weights_BT'] = member(batch.is_weights_BT)
       for point, cols in self.points.items():
         cols = member(cols)
         columns['shared_BT'] = cols['shared']

@@ -155,14 +155,15 @@ def generate(gen, params, prompts_M, answers_M, rng, sampling, temperature=None)
   rollouts = []
   for m, (prompts, answers) in enumerate(zip(prompts_M, answers_M)):
     out = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *[o[m] for o in outs])
-    texts = gen.decode(out.completion, out.completion_mask)
+    texts = gen.decode(out.completion_RT, out.completion_mask_RT)
     rewards_B = np.asarray(
         gen.reward_fn([p for p in prompts for _ in range(G)], list(texts),
                       [a for a in answers for _ in range(G)]), np.float32)
     rollouts.append(
-        Rollout(tokens_BL=out.tokens, input_mask_BL=out.input_mask, completion_BT=out.completion,
-                completion_mask_BT=out.completion_mask, sampler_logps_BT=out.logps,
-                truncated_B=out.truncated, rewards_B=rewards_B, texts=texts))
+        Rollout(tokens_BL=out.tokens_RL, input_mask_BL=out.input_mask_RL,
+                completion_BT=out.completion_RT, completion_mask_BT=out.completion_mask_RT,
+                sampler_logps_BT=out.logps_RT, truncated_B=out.truncated_R, rewards_B=rewards_B,
+                texts=texts))
   return rollouts
 
 
@@ -306,7 +307,7 @@ def evaluate(gen, params, examples, rng, *, sampling, batch_prompts, task=None):
     n_keep = n_real * k
     rep = [e for e in chunk[:n_real] for _ in range(k)]
     for m, out in enumerate(outs):
-      chunk_texts = gen.decode(out.completion[:n_keep], out.completion_mask[:n_keep])
+      chunk_texts = gen.decode(out.completion_RT[:n_keep], out.completion_mask_RT[:n_keep])
       rewards = gen.reward_fn([e['prompt'] for e in rep], list(chunk_texts),
                               [e['answer'] for e in rep])
       correct[m].append(is_correct(rewards))

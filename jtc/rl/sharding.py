@@ -150,9 +150,11 @@ def cache_shardings(cache, mesh: Mesh):
   mask = lambda x: named_sharding(mesh, model_lib.CACHE_MASK_AXES, x.shape)
   if isinstance(cache, decode.GroupCache):
     k_axes = model_lib.CACHE_AXES[:3] + model_lib.CACHE_AXES[:2:-1]  # [Y, R, K, H, S]
-    return decode.GroupCache(prompt_k=kv(cache.prompt_k), prompt_v=kv(cache.prompt_v),
-                             prompt_mask_BP=mask(cache.prompt_mask_BP), k=kv(cache.k, k_axes),
-                             v=kv(cache.v), length=replicated(mesh))
+    return decode.GroupCache(prompt_k_YBKPH=kv(cache.prompt_k_YBKPH),
+                             prompt_v_YBKPH=kv(cache.prompt_v_YBKPH),
+                             prompt_mask_BP=mask(cache.prompt_mask_BP),
+                             k_YRKHT=kv(cache.k_YRKHT,
+                                        k_axes), v_YRKTH=kv(cache.v_YRKTH), length=replicated(mesh))
   return model_lib.KVCache(k=kv(cache.k), v=kv(cache.v), mask_BS=mask(cache.mask_BS),
                            index=replicated(mesh))
 

@@ -192,7 +192,7 @@ class Trainer:
         c, rollouts, self.state.params, self.run_state, task=self.task,
         behaviour_fn=self._behaviour, ref_params=self.ref_params, to_device=self._to_device,
         weighter=self.weighter, rng=k_weights, population=pop)
-    jax.block_until_ready(batch.old_logps)
+    jax.block_until_ready(batch.old_logps_BT)
     t2 = time.perf_counter()
     diagnose = c.log.diagnostics_every and step % c.log.diagnostics_every == 0
     recorder = None

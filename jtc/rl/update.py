@@ -67,19 +67,19 @@ class RunState:
 class Batch:
   """What the update consumes, [B, ...] per leaf (a mini-batch: [n, B/n, ...]).
 
-  tokens / input_mask: [B, L] the rollouts (prompt then completion); mask: [B, T] the tokens
-  that carry gradient; advantages [B]; old_logps [B, T] behaviour log-probs; ref_logps [B, T]
-  (KL reference), token_weights [B, T] (e.g. DelTA's) and is_weights [B, T] (the rollout-mismatch
-  correction's, `jtc.objectives.corrections`) or None.
+  tokens_BL / input_mask_BL: the rollouts (prompt then completion); mask_BT: the tokens that
+  carry gradient; advantages_B; old_logps_BT: behaviour log-probs; ref_logps_BT (KL reference),
+  token_weights_BT (e.g. DelTA's) and is_weights_BT (the rollout-mismatch correction's,
+  `jtc.objectives.corrections`) or None.
   """
-  tokens: jax.Array
-  input_mask: jax.Array
-  mask: jax.Array
-  advantages: jax.Array
-  old_logps: jax.Array
-  ref_logps: jax.Array | None = None
-  token_weights: jax.Array | None = None
-  is_weights: jax.Array | None = None
+  tokens_BL: jax.Array
+  input_mask_BL: jax.Array
+  mask_BT: jax.Array
+  advantages_B: jax.Array
+  old_logps_BT: jax.Array
+  ref_logps_BT: jax.Array | None = None
+  token_weights_BT: jax.Array | None = None
+  is_weights_BT: jax.Array | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,21 +250,22 @@ def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_nam
     optimizer = optimizer(hparams['optim.learning_rate'])
 
   def loss_fn(params, mb):
-    out = logprobs.sequence_logprobs(params, model_config, mb.tokens, mb.input_mask,
+    out = logprobs.sequence_logprobs(params, model_config, mb.tokens_BL, mb.input_mask_BL,
                                      completion_start=completion_start)
-    return objectives.compute_loss(loss_name, logps=out['logps'], old_logps=mb.old_logps,
-                                   advantages=mb.advantages, mask=mb.mask, group_size=group_size,
-                                   ref_logps=mb.ref_logps, token_weights=mb.token_weights,
-                                   is_weights=mb.is_weights, entropy=out['entropy'], **loss_hparams)
+    return objectives.compute_loss(loss_name, logps=out['logps'], old_logps=mb.old_logps_BT,
+                                   advantages=mb.advantages_B, mask=mb.mask_BT,
+                                   group_size=group_size, ref_logps=mb.ref_logps_BT,
+                                   token_weights=mb.token_weights_BT, is_weights=mb.is_weights_BT,
+                                   entropy=out['entropy'], **loss_hparams)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  n = batch.tokens.shape[0]
+  n = batch.tokens_BL.shape[0]
   if n == 1:
     (loss, metrics), grads = grad_fn(state.params, jax.tree.map(lambda x: x[0], batch))
   else:
     aggregation = loss_hparams.get('aggregation',
                                    objectives.default_hparams(loss_name)['aggregation'])
-    w_n = microbatch_weights(batch.mask, aggregation=aggregation)
+    w_n = microbatch_weights(batch.mask_BT, aggregation=aggregation)
 
     def accumulate(acc, xs):
       mb, w = xs

@@ -37,8 +37,8 @@ def setup():
   noise = jax.tree.map(lambda x: 0.003 * jax.random.normal(jax.random.key(1), x.shape), params)
   old_params = jax.tree.map(jnp.add, params, noise)
   old = _seq_logps(old_params, cfg, tokens, inm)
-  batch = update.Batch(tokens=tokens, input_mask=inm, mask=jnp.ones((G, T)),
-                       advantages=jnp.array([1.0, -1.0, 0.5, -0.5]), old_logps=old)
+  batch = update.Batch(tokens_BL=tokens, input_mask_BL=inm, mask_BT=jnp.ones((G, T)),
+                       advantages_B=jnp.array([1.0, -1.0, 0.5, -0.5]), old_logps_BT=old)
   norms = jax.jit(grad_norms.exact_grad_norms, static_argnums=1,
                   static_argnames='completion_start')(params, cfg, tokens, inm, completion_start=P)
   return cfg, params, batch, norms
@@ -72,14 +72,14 @@ def test_asym_matches_numpy_loop():
 
 def test_shared_context_mask(setup):
   _, _, batch, _ = setup
-  shared = dg.shared_context_mask(batch.tokens, batch.input_mask, batch.mask, group_size=G,
+  shared = dg.shared_context_mask(batch.tokens_BL, batch.input_mask_BL, batch.mask_BT, group_size=G,
                                   completion_start=P)
   expected = np.zeros((G, T), bool)
   expected[:, :SHARED] = True
   np.testing.assert_array_equal(shared, expected)
   # One member with a different first token breaks the event for the whole group.
-  tokens = batch.tokens.at[2, P].set(11)
-  shared = dg.shared_context_mask(tokens, batch.input_mask, batch.mask, group_size=G,
+  tokens = batch.tokens_BL.at[2, P].set(11)
+  shared = dg.shared_context_mask(tokens, batch.input_mask_BL, batch.mask_BT, group_size=G,
                                   completion_start=P)
   assert not np.any(shared)
 
@@ -99,16 +99,16 @@ def test_shared_context_mask(setup):
 ])
 def test_shared_token_residual(setup, name, hparams, cancels):
   cfg, params, batch, norms = setup
-  logps = _seq_logps(params, cfg, batch.tokens, batch.input_mask)
-  coef, _ = dg.loss_coefficients(logps, loss_name=name, old_logps=batch.old_logps,
-                                 advantages=batch.advantages, mask=batch.mask, group_size=G,
+  logps = _seq_logps(params, cfg, batch.tokens_BL, batch.input_mask_BL)
+  coef, _ = dg.loss_coefficients(logps, loss_name=name, old_logps=batch.old_logps_BT,
+                                 advantages=batch.advantages_B, mask=batch.mask_BT, group_size=G,
                                  **hparams)
-  shared = dg.shared_context_mask(batch.tokens, batch.input_mask, batch.mask, group_size=G,
+  shared = dg.shared_context_mask(batch.tokens_BL, batch.input_mask_BL, batch.mask_BT, group_size=G,
                                   completion_start=P)
-  res = dg.shared_token_residual(coef, norms, shared, batch.mask, group_size=G)
+  res = dg.shared_token_residual(coef, norms, shared, batch.mask_BT, group_size=G)
   assert float(res['shared_energy']) > 0.1
   # Independent check with exact vectors: the net gradient of all shared positions.
-  net = _NET_GRADIENT(params, cfg, batch.tokens, batch.input_mask, coef * shared,
+  net = _NET_GRADIENT(params, cfg, batch.tokens_BL, batch.input_mask_BL, coef * shared,
                       completion_start=P)
   net_norm = float(jnp.sqrt(sum(jnp.sum(x**2) for x in jax.tree_util.tree_leaves(net))))
   gross = float(jnp.sum(jnp.abs(coef) * norms * shared))
@@ -125,7 +125,7 @@ def test_exact_grad_norms_match_grad_loop(setup):
 
   @jax.jit
   def grad_bt(p, b, t):
-    f = lambda q: logprobs.sequence_logprobs(q, cfg, batch.tokens, batch.input_mask,
+    f = lambda q: logprobs.sequence_logprobs(q, cfg, batch.tokens_BL, batch.input_mask_BL,
                                              completion_start=P)['logps'][b, t]
     return jax.grad(f)(p)
 
@@ -140,8 +140,9 @@ def test_single_event_net_gradient_equals_coefficient_sum(setup):
   cfg, params, batch, norms = setup
   coef = jnp.asarray(np.random.default_rng(3).normal(size=(G, T)), jnp.float32)
   per_pos = jax.jit(dg.position_net_grad_norms, static_argnums=1,
-                    static_argnames='completion_start')(params, cfg, batch.tokens, batch.input_mask,
-                                                        coef, completion_start=P)
+                    static_argnames='completion_start')(params, cfg, batch.tokens_BL,
+                                                        batch.input_mask_BL, coef,
+                                                        completion_start=P)
   # Shared position 1: identical score vectors, so the net norm is |sum_i c_i| * ||g||.
   np.testing.assert_allclose(per_pos[1], abs(float(jnp.sum(coef[:, 1]))) * norms[0, 1], rtol=1e-4)
 
@@ -194,8 +195,8 @@ def test_step_diagnostics_tell_the_methods_apart_only_off_policy(setup):
   shared-token residual and DFPO (Min-Replace, literal reading) cancels it; with ratios outside
   GRPO's clip on the shared tokens GRPO leaves a residual and GRPO-fix (symmetric clip) cancels."""
   cfg, params, batch, _ = setup
-  logps = _seq_logps(params, cfg, batch.tokens, batch.input_mask)
-  on_policy = batch.replace(old_logps=logps)
+  logps = _seq_logps(params, cfg, batch.tokens_BL, batch.input_mask_BL)
+  on_policy = batch.replace(old_logps_BT=logps)
   names = ('gspo', 'dfpo_min_replace', 'grpo', 'grpo_fix')
   on = [_step_diag(params, cfg, on_policy, n) for n in names]
   for other in on[1:]:
@@ -206,8 +207,8 @@ def test_step_diagnostics_tell_the_methods_apart_only_off_policy(setup):
   assert gspo['diag/coef_mass_vs_gspo'] == pytest.approx(1.0)
   assert gspo['diag/shared_residual'] > 1e-2 and dfpo['diag/shared_residual'] < 1e-5
   # Shared tokens at ratio 0.6 (< 1 - eps): GRPO clips the A < 0 members only.
-  old = batch.old_logps.at[:, :SHARED].set(logps[:, :SHARED] + 0.51)
-  clipped = batch.replace(old_logps=old)
+  old = batch.old_logps_BT.at[:, :SHARED].set(logps[:, :SHARED] + 0.51)
+  clipped = batch.replace(old_logps_BT=old)
   grpo = _step_diag(params, cfg, clipped, 'grpo')
   fix = _step_diag(params, cfg, clipped, 'grpo_fix')
   assert grpo['diag/shared_residual'] > 1e-2 and fix['diag/shared_residual'] < 1e-5

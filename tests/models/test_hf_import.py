@@ -150,8 +150,8 @@ def test_greedy_generation_matches_transformers(loaded):
   eos_id = int(np.setdiff1d(np.arange(config.vocab_size), ref_BT)[0])
   out = sampler.sample(params, config, prompt_BP, pmask_BP, rng=jax.random.PRNGKey(0),
                        num_samples=2, max_new_tokens=T, eos_id=eos_id, pad_id=0, greedy=True)
-  np.testing.assert_array_equal(out.completion, np.repeat(ref_BT, 2, axis=0))
-  assert np.all(np.asarray(out.completion_mask) == 1)
+  np.testing.assert_array_equal(out.completion_RT, np.repeat(ref_BT, 2, axis=0))
+  assert np.all(np.asarray(out.completion_mask_RT) == 1)
 
 
 # ----------------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ def test_rope_scaling_logits_and_greedy_generation_match_transformers(rope_scale
   eos_id = int(np.setdiff1d(np.arange(config.vocab_size), ref_BT)[0])
   got = sampler.sample(params, config, prompt_BP, pmask_BP, rng=jax.random.PRNGKey(0),
                        num_samples=1, max_new_tokens=T, eos_id=eos_id, pad_id=0, greedy=True)
-  np.testing.assert_array_equal(got.completion, ref_BT)
+  np.testing.assert_array_equal(got.completion_RT, ref_BT)
 
 
 def test_rope_scaling_reads_both_spellings_and_exports_them(rope_scaled, tmp_path):

@@ -47,21 +47,21 @@ _full_logits = jax.jit(lambda params, tokens, mask: model_lib.forward(
 
 def teacher_forced_logits(params, out, P):
   """Logits [R, T, V] that predicted each completion token, recomputed without a cache."""
-  return _full_logits(params, out.tokens, out.input_mask)[:, P - 1:-1]
+  return _full_logits(params, out.tokens_RL, out.input_mask_RL)[:, P - 1:-1]
 
 
 def check_mask_structure(out, P, G):
-  comp, mask = np.asarray(out.completion), np.asarray(out.completion_mask)
+  comp, mask = np.asarray(out.completion_RT), np.asarray(out.completion_mask_RT)
   for r in range(comp.shape[0]):
     eos_at = np.flatnonzero(comp[r] == EOS)
     n = eos_at[0] + 1 if len(eos_at) else comp.shape[1]
     np.testing.assert_array_equal(mask[r], np.arange(comp.shape[1]) < n)
     assert (comp[r, n:] == PAD).all()
-    assert bool(out.truncated[r]) == (len(eos_at) == 0)
-  assert (np.asarray(out.logps)[mask == 0] == 0).all()
-  np.testing.assert_array_equal(out.tokens[:, P:], comp)
-  np.testing.assert_array_equal(out.input_mask[:, P:], mask)
-  prompts = np.asarray(out.tokens[:, :P]).reshape(-1, G, P)
+    assert bool(out.truncated_R[r]) == (len(eos_at) == 0)
+  assert (np.asarray(out.logps_RT)[mask == 0] == 0).all()
+  np.testing.assert_array_equal(out.tokens_RL[:, P:], comp)
+  np.testing.assert_array_equal(out.input_mask_RL[:, P:], mask)
+  prompts = np.asarray(out.tokens_RL[:, :P]).reshape(-1, G, P)
   assert (prompts == prompts[:, :1]).all()  # rows b*G .. b*G+G-1 share prompt b
 
 
@@ -86,8 +86,8 @@ def test_greedy_matches_argmax_of_full_recompute(params):
     for g in range(2):
       r = 2 * b + g
       n = len(want)
-      np.testing.assert_array_equal(out.completion[r, :n], want)
-      np.testing.assert_allclose(out.logps[r, :n], want_logps, rtol=1e-5, atol=1e-5)
+      np.testing.assert_array_equal(out.completion_RT[r, :n], want)
+      np.testing.assert_allclose(out.logps_RT[r, :n], want_logps, rtol=1e-5, atol=1e-5)
   check_mask_structure(out, P, 2)
 
 
@@ -109,10 +109,10 @@ def test_samples_inside_filtered_set_and_logps_consistent(params, kwargs):
           **kwargs
       })
   logp = np.asarray(jax.nn.log_softmax(filtered, axis=-1))
-  chosen = np.take_along_axis(logp, np.asarray(out.completion)[..., None], axis=-1)[..., 0]
-  real = np.asarray(out.completion_mask, bool)
+  chosen = np.take_along_axis(logp, np.asarray(out.completion_RT)[..., None], axis=-1)[..., 0]
+  real = np.asarray(out.completion_mask_RT, bool)
   assert np.isfinite(chosen[real]).all()  # never a filtered-out token
-  np.testing.assert_allclose(np.asarray(out.logps)[real], chosen[real], rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(out.logps_RT)[real], chosen[real], rtol=1e-4, atol=1e-4)
 
 
 def test_filters_keep_exactly_the_specified_sets():
@@ -161,12 +161,12 @@ def test_eos_stops_rows_and_finished_batches(params):
   tokens, mask = left_pad(PROMPTS, P)
   first = sampler_lib.sample(params, CONFIG, tokens, mask, rng=jax.random.key(0), num_samples=1,
                              max_new_tokens=1, eos_id=EOS, pad_id=PAD, greedy=True)
-  eos = int(first.completion[0, 0])
+  eos = int(first.completion_RT[0, 0])
   out = sampler_lib.sample(params, CONFIG, tokens[:1], mask[:1], rng=jax.random.key(0),
                            num_samples=3, max_new_tokens=5, eos_id=eos, pad_id=PAD, greedy=True)
-  np.testing.assert_array_equal(out.completion_mask, [[1, 0, 0, 0, 0]] * 3)
-  np.testing.assert_array_equal(out.completion[:, 1:], PAD)
-  assert not np.asarray(out.truncated).any()
+  np.testing.assert_array_equal(out.completion_mask_RT, [[1, 0, 0, 0, 0]] * 3)
+  np.testing.assert_array_equal(out.completion_RT[:, 1:], PAD)
+  assert not np.asarray(out.truncated_R).any()
 
 
 def test_deterministic_per_key_and_varies_across_keys(params):
@@ -175,9 +175,9 @@ def test_deterministic_per_key_and_varies_across_keys(params):
                                         num_samples=4, max_new_tokens=6, eos_id=EOS, pad_id=PAD)
   a, b, c = run(7), run(7), run(8)
   jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
-  assert not np.array_equal(a.completion, c.completion)
+  assert not np.array_equal(a.completion_RT, c.completion_RT)
   # Samples within a group differ (one shared prefill, independent draws).
-  assert len({tuple(r) for r in np.asarray(a.completion[:4])}) > 1
+  assert len({tuple(r) for r in np.asarray(a.completion_RT[:4])}) > 1
 
 
 def test_left_padding_invariance_of_samples(params):
@@ -188,9 +188,9 @@ def test_left_padding_invariance_of_samples(params):
     outs.append(
         sampler_lib.sample(params, CONFIG, tokens, mask, rng=jax.random.key(3), num_samples=4,
                            max_new_tokens=6, eos_id=EOS, pad_id=PAD))
-  np.testing.assert_array_equal(outs[0].completion, outs[1].completion)
-  np.testing.assert_array_equal(outs[0].completion_mask, outs[1].completion_mask)
-  np.testing.assert_allclose(outs[0].logps, outs[1].logps, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(outs[0].completion_RT, outs[1].completion_RT)
+  np.testing.assert_array_equal(outs[0].completion_mask_RT, outs[1].completion_mask_RT)
+  np.testing.assert_allclose(outs[0].logps_RT, outs[1].logps_RT, rtol=1e-5, atol=1e-5)
 
 
 def test_compiled_once_per_bucket(params, monkeypatch):
@@ -223,14 +223,15 @@ def test_several_eos_ids_each_end_a_row(params):
   """eos_id may list several ids (a tokenizer's `eos_ids`): a row ends at the first of any."""
   tokens, mask = left_pad(PROMPTS, 6)
   kw = dict(rng=jax.random.key(0), num_samples=1, max_new_tokens=6, pad_id=PAD, greedy=True)
-  free = np.asarray(sampler_lib.sample(params, CONFIG, tokens, mask, eos_id=EOS, **kw).completion)
+  free = np.asarray(
+      sampler_lib.sample(params, CONFIG, tokens, mask, eos_id=EOS, **kw).completion_RT)
   eos_ids = sorted({int(free[0, 2]), int(free[1, 3])})
   out = sampler_lib.sample(params, CONFIG, tokens, mask, eos_id=eos_ids, **kw)
-  comp, got_mask = np.asarray(out.completion), np.asarray(out.completion_mask)
+  comp, got_mask = np.asarray(out.completion_RT), np.asarray(out.completion_mask_RT)
   for r in range(comp.shape[0]):
     hits = np.flatnonzero(np.isin(free[r], eos_ids))
     n = hits[0] + 1 if len(hits) else comp.shape[1]
     np.testing.assert_array_equal(got_mask[r], np.arange(comp.shape[1]) < n)
     np.testing.assert_array_equal(comp[r, :n], free[r, :n])
-    assert bool(out.truncated[r]) == (len(hits) == 0)
-  assert not out.truncated[0] and not out.truncated[1]
+    assert bool(out.truncated_R[r]) == (len(hits) == 0)
+  assert not out.truncated_R[0] and not out.truncated_R[1]

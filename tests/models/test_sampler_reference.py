@@ -80,13 +80,13 @@ def test_same_samples_as_the_reference_sampler(case):
                            layer_loop=layer_loop, **kw)
   R = len(PROMPTS) * G
   truncated = np.asarray(want.truncated)
-  assert got.tokens.shape == (R, 7 + T)
+  assert got.tokens_RL.shape == (R, 7 + T)
   assert 0 < truncated.sum() < R, truncated  # both ways of ending a row are exercised
-  np.testing.assert_array_equal(got.tokens, want.tokens)
-  np.testing.assert_array_equal(got.input_mask, want.input_mask)
-  np.testing.assert_array_equal(got.completion_mask, want.completion_mask)
-  np.testing.assert_array_equal(got.truncated, want.truncated)
-  np.testing.assert_allclose(got.logps, want.logps, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(got.tokens_RL, want.tokens)
+  np.testing.assert_array_equal(got.input_mask_RL, want.input_mask)
+  np.testing.assert_array_equal(got.completion_mask_RT, want.completion_mask)
+  np.testing.assert_array_equal(got.truncated_R, want.truncated)
+  np.testing.assert_allclose(got.logps_RT, want.logps, rtol=1e-5, atol=1e-5)
 
 
 def test_group_cache_holds_each_prompt_once_and_decode_matches_full_forward():
@@ -100,8 +100,8 @@ def test_group_cache_holds_each_prompt_once_and_decode_matches_full_forward():
   _, cache = decode.prefill(params, config, tokens_BP, mask_BP, num_samples=G, max_new_tokens=5,
                             block_size=2)
   Y, K, H = config.n_layers, config.n_kv_heads, config.head_dim
-  assert cache.prompt_k.shape == (Y, B, K, P, H)
-  assert cache.k.shape == (Y, B * G, K, H, 6) and cache.v.shape == (Y, B * G, K, 6, H)
+  assert cache.prompt_k_YBKPH.shape == (Y, B, K, P, H)
+  assert cache.k_YRKHT.shape == (Y, B * G, K, H, 6) and cache.v_YRKTH.shape == (Y, B * G, K, 6, H)
   completion_RT = jax.random.randint(jax.random.key(1), (B * G, n_prev), 1, 23)
   positions_R = jnp.repeat(jnp.sum(mask_BP, 1), G)
   step = jax.jit(lambda p, t, pos, c: decode.decode_step(p, config, t, pos, c, block_size=2))

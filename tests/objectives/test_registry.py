@@ -68,8 +68,8 @@ def _on_policy_batch(params, mc, *, G=2, M=2, P=3, T=4):
   mask = (jnp.arange(T)[None] < lengths[:, None]).astype(jnp.float32)
   input_mask = jnp.concatenate([jnp.ones((B, P), jnp.int32), mask.astype(jnp.int32)], 1)
   logps = logprobs.sequence_logprobs(params, mc, tokens, input_mask, completion_start=P)['logps']
-  return update.Batch(tokens=tokens, input_mask=input_mask, mask=mask,
-                      advantages=jax.random.normal(keys[2], (B,)), old_logps=logps)
+  return update.Batch(tokens_BL=tokens, input_mask_BL=input_mask, mask_BT=mask,
+                      advantages_B=jax.random.normal(keys[2], (B,)), old_logps_BT=logps)
 
 
 def test_a_registered_loss_trains_a_step_as_its_closed_form_says(registered):

@@ -57,12 +57,14 @@ def test_advantages_mask_and_behaviour_log_probs():
   batch, (metrics,), run_state = _make(_config())
   r_MG = REWARDS_B.reshape(-1, G)
   adv_MG = (r_MG - r_MG.mean(1, keepdims=True)) / (r_MG.std(1, keepdims=True) + 1e-6)  # Eq. 43
-  np.testing.assert_allclose(batch.advantages, adv_MG.reshape(-1), rtol=1e-5)
-  np.testing.assert_array_equal(batch.mask, _rollout().completion_mask_BT)
-  np.testing.assert_allclose(batch.old_logps, _behaviour(0.0, _rollout().tokens_BL, None)['logps'])
+  np.testing.assert_allclose(batch.advantages_B, adv_MG.reshape(-1), rtol=1e-5)
+  np.testing.assert_array_equal(batch.mask_BT, _rollout().completion_mask_BT)
+  np.testing.assert_allclose(batch.old_logps_BT,
+                             _behaviour(0.0,
+                                        _rollout().tokens_BL, None)['logps'])
   assert metrics['reward_mean'] == pytest.approx(REWARDS_B.mean())
   assert metrics['frac_truncated'] == pytest.approx(1 / 8)
-  assert batch.is_weights is None and batch.ref_logps is None and batch.token_weights is None
+  assert batch.is_weights_BT is None and batch.ref_logps_BT is None and batch.token_weights_BT is None
   # Each real completion token counted once.
   want_V = np.bincount(_rollout().completion_BT[_rollout().completion_mask_BT > 0], minlength=V)
   np.testing.assert_array_equal(run_state.token_counts_V, want_V)
@@ -75,7 +77,7 @@ def test_the_mismatch_and_a_correction_come_from_behaviour_against_sampler():
   assert metrics['mismatch/mean_abs'] == pytest.approx(np.abs(delta_BT[real]).mean(), rel=1e-5)
   # TIS: w = min(rho, C) with rho = pi_train / pi_sampler = exp(delta) > 1 here, C = 2.
   np.testing.assert_allclose(
-      np.asarray(batch.is_weights)[real],
+      np.asarray(batch.is_weights_BT)[real],
       np.minimum(np.exp(delta_BT), 2.0)[real], rtol=1e-5)
 
 
@@ -86,8 +88,8 @@ def test_sampler_log_probs_and_the_dapo_options():
       'dapo.overlong_buffer': 1
   })
   batch, (metrics,), _ = _make(c)
-  np.testing.assert_allclose(batch.old_logps, -1.0)
-  assert not np.asarray(batch.mask)[3].any()  # the truncated row carries no gradient
+  np.testing.assert_allclose(batch.old_logps_BT, -1.0)
+  assert not np.asarray(batch.mask_BT)[3].any()  # the truncated row carries no gradient
   # Overlong shaping: completions of T = 3 tokens sit at the buffer's end: reward - 1.
   shaped = REWARDS_B - (_rollout().completion_mask_BT.sum(1) == T)
   assert metrics['reward_mean'] == pytest.approx(shaped.mean())

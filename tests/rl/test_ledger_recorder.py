@@ -30,8 +30,8 @@ def test_the_recorded_ledger_loads_with_its_points_rows_and_parameters(tmp_path)
   input_mask_BL = jnp.ones((B, P + T), jnp.int32)
   logps_BT = logprobs.sequence_logprobs(params, mc, tokens_BL, input_mask_BL,
                                         completion_start=P)['logps']
-  batch = update.Batch(tokens=tokens_BL, input_mask=input_mask_BL, mask=jnp.ones((B, T)),
-                       advantages=jnp.array([1.0, -1.0, 0.5, -0.5]), old_logps=logps_BT)
+  batch = update.Batch(tokens_BL=tokens_BL, input_mask_BL=input_mask_BL, mask_BT=jnp.ones((B, T)),
+                       advantages_B=jnp.array([1.0, -1.0, 0.5, -0.5]), old_logps_BT=logps_BT)
   recorder = ledger_recorder.LedgerRecorder(
       ledger_recorder.make_columns_fn(c, mc, population.SINGLE), batch, population.SINGLE)
   moved = jax.tree.map(lambda x: x + 0.05, params)  # the parameters before the second update
@@ -53,7 +53,7 @@ def test_the_recorded_ledger_loads_with_its_points_rows_and_parameters(tmp_path)
   np.testing.assert_allclose(ledger['ratio_behaviour_BT'], 1.0, atol=1e-5)
   assert np.abs(ledger['ratio_offpolicy_BT'] - 1).max() > 1e-4
   np.testing.assert_allclose(ledger['mismatch_BT'], 0.01, atol=1e-5)
-  np.testing.assert_array_equal(ledger['advantages_B'], batch.advantages)
+  np.testing.assert_array_equal(ledger['advantages_B'], batch.advantages_B)
   config, restored = ledger.params(1)
   assert config == mc
   for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(moved)):

@@ -91,10 +91,10 @@ CHILD = textwrap.dedent('''
     s8 = sampler_lib.sample(sharded_params, config,
                             *sharding.shard_batch((jnp.asarray(prompt), jnp.asarray(prompt_mask)),
                                                   mesh), **kwargs)
-    assert len(s8.tokens.sharding.device_set) == 8
-    np.testing.assert_array_equal(s8.tokens, s1.tokens)
-    np.testing.assert_array_equal(s8.completion_mask, s1.completion_mask)
-    np.testing.assert_allclose(s8.logps, s1.logps, rtol=1e-5, atol=1e-5)
+    assert len(s8.tokens_RL.sharding.device_set) == 8
+    np.testing.assert_array_equal(s8.tokens_RL, s1.tokens_RL)
+    np.testing.assert_array_equal(s8.completion_mask_RT, s1.completion_mask_RT)
+    np.testing.assert_allclose(s8.logps_RT, s1.logps_RT, rtol=1e-5, atol=1e-5)
 
     cache = model_lib.init_cache(config, B, P + T)
     c_sh = sharding.cache_shardings(cache, mesh)
@@ -102,7 +102,7 @@ CHILD = textwrap.dedent('''
     _, group = decode.prefill(params, config, jnp.asarray(prompt), jnp.asarray(prompt_mask),
                                  num_samples=2, max_new_tokens=T)
     g_sh = sharding.cache_shardings(group, mesh)
-    assert g_sh.prompt_k.spec == g_sh.k.spec == c_sh.k.spec
+    assert g_sh.prompt_k_YBKPH.spec == g_sh.k_YRKHT.spec == c_sh.k.spec
     assert g_sh.prompt_mask_BP.spec == PS(('data', 'fsdp'), None)
     print('SHARDING_OK')
 ''')

@@ -23,13 +23,13 @@ def _batch(loss_name, G=2, M=4, P=3, T=5):
   lengths = jax.random.randint(keys[1], (B,), 1, T + 1)  # unequal lengths matter for token_mean
   mask = (jnp.arange(T)[None] < lengths[:, None]).astype(jnp.float32)
   return update.Batch(
-      tokens=tokens,
-      input_mask=jnp.concatenate([jnp.ones(
+      tokens_BL=tokens,
+      input_mask_BL=jnp.concatenate([jnp.ones(
           (B, P), jnp.int32), mask.astype(jnp.int32)],
-                                 1), mask=mask, advantages=jax.random.normal(keys[2], (B,)),
-      old_logps=-1.0 - jax.random.uniform(keys[3], (B, T)),
-      token_weights=(0.8 + 0.4 * jax.random.uniform(keys[4],
-                                                    (B, T)) if loss_name == 'delta' else None))
+                                    1), mask_BT=mask, advantages_B=jax.random.normal(keys[2], (B,)),
+      old_logps_BT=-1.0 - jax.random.uniform(keys[3], (B, T)),
+      token_weights_BT=(0.8 + 0.4 * jax.random.uniform(keys[4],
+                                                       (B, T)) if loss_name == 'delta' else None))
 
 
 @pytest.mark.parametrize('loss_name', ['grpo', 'dapo', 'delta', 'dfpo_min_replace'])
@@ -48,7 +48,7 @@ def test_gradient_accumulation_equals_one_minibatch(loss_name):
     state = update.TrainState(step=jnp.zeros((), jnp.int32), params=params,
                               opt_state=opt.init(params))
     return jax.jit(step)(state,
-                         update.minibatch(batch, jnp.arange(batch.tokens.shape[0]), num_micro=n))
+                         update.minibatch(batch, jnp.arange(batch.tokens_BL.shape[0]), num_micro=n))
 
   (s1, m1), (s4, m4) = run(1), run(4)
   np.testing.assert_allclose(m4['loss'], m1['loss'], rtol=1e-5, atol=1e-7)
@@ -73,10 +73,10 @@ def test_minibatch_takes_whole_groups_in_the_given_order():
   rows = update.minibatch_rows(order_M, 0, 2, G)
   np.testing.assert_array_equal(rows, [4, 5, 0, 1])
   mb = update.minibatch(batch, jnp.asarray(rows), num_micro=2)
-  assert mb.tokens.shape == (2, 2) + batch.tokens.shape[1:]
-  np.testing.assert_array_equal(mb.tokens.reshape(4, -1), batch.tokens[rows])
-  np.testing.assert_array_equal(mb.advantages.reshape(-1), batch.advantages[rows])
-  assert mb.ref_logps is None and mb.token_weights is None
+  assert mb.tokens_BL.shape == (2, 2) + batch.tokens_BL.shape[1:]
+  np.testing.assert_array_equal(mb.tokens_BL.reshape(4, -1), batch.tokens_BL[rows])
+  np.testing.assert_array_equal(mb.advantages_B.reshape(-1), batch.advantages_B[rows])
+  assert mb.ref_logps_BT is None and mb.token_weights_BT is None
 
 
 def test_schedule_warms_up_then_decays_to_the_floor():
