@@ -11,12 +11,19 @@ claims, and the TOST equivalence p against +-SESOI. ``crn`` says whether the two
 evaluated on the same problems with the same sampling keys (common random numbers, checked on the
 runs' `eval/crn`).
 
-Verdict rules (`verdict`, tested on constructed data):
-  agrees / disagrees   Holm p < 0.05, the paper's predicted sign / the opposite; the verdict says
-                       whether the CI contains the paper's delta.
-  equivalent (+-SESOI) TOST p < 0.05 and no Holm-significant difference. For a negative control
-                       (predicted '=') that is 'agrees'; a significant difference 'disagrees'.
+Verdict rules (`verdict`, tested on constructed data). A verdict speaks of signs and
+equivalence at this scale, never of sizes: the paper's delta was measured in another setting
+(`Claim.paper_setting`) and is shown in its own column, not compared with ours.
+  agrees in sign /     Holm p < 0.05 in the predicted sign / the opposite one.
+  disagrees in sign
+  equivalent (+-SESOI) TOST p < 0.05 and no Holm-significant difference: "equivalent within
+                       +-SESOI at this scale". Where '=' was predicted that is 'agrees', and a
+                       significant difference 'disagrees'.
   inconclusive         anything else (with the sign it showed).
+Implementation checks (kind 'check': arms identical by construction) are judged alone (holds /
+fails), outside the corrections and the tallies. Claims whose arms are bit-identical to an
+earlier claim's of the family on every seed (e.g. two corrections that reduce to the same weights)
+are one test: they are marked ``same_as`` and counted once by Holm and by BH.
 """
 
 import argparse
@@ -34,7 +41,8 @@ RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results'
 ALPHA = 0.05
 COLUMNS = ('claim', 'family', 'kind', 'sweep', 'metric', 'arm', 'baseline', 'group', 'comparison',
            'n_seeds', 'first_seed', 'delta', 'ci_low', 'ci_high', 'p_exact', 'p_holm', 'q_bh',
-           'tost_p', 'sesoi', 'paper_delta', 'predicted', 'unit', 'crn', 'verdict')
+           'tost_p', 'sesoi', 'paper_delta', 'paper_setting', 'predicted', 'unit', 'crn', 'same_as',
+           'verdict')
 
 
 def _by_seed(summaries, label, group, claim):
@@ -75,6 +83,7 @@ def measure(claim, summaries):
   else:
     crn = 'same' if all(a == b for a, b in crns) else 'DIFFERENT'
   mean, lo, hi = stats.t_ci(d) if len(d) else (np.nan,) * 3
+  arms = tuple((s, tuple(v[s][0] for pair in pairs for v in pair)) for s in seeds)
   return dict(claim=claim.name, family=claim.family, kind=claim.kind, sweep=claim.sweep,
               metric=claim.metric, arm=claim.arm, baseline=claim.baseline, group=claim.group,
               comparison=comparison(claim), n_seeds=len(d), first_seed=min(seeds) if seeds else '',
@@ -83,23 +92,59 @@ def measure(claim, summaries):
               tost_p=stats.tost_pvalue(d, claim.sesoi) if claim.sesoi and len(d) else np.nan,
               sesoi=claim.sesoi if claim.sesoi else np.nan,
               paper_delta=np.nan if claim.paper_delta is None else claim.paper_delta,
-              predicted=claim.predicted, unit=claim.unit, crn=crn)
+              paper_setting=claim.paper_setting, predicted=claim.predicted, unit=claim.unit,
+              crn=crn, same_as='', arms=arms)
+
+
+def mark_duplicates(rows):
+  """Sets ``same_as`` on every row whose arms' per-seed values (arm and baseline, on the same
+  seeds) are bit-identical to an earlier row's of its family and kind: the same test twice."""
+  first = {}
+  for r in rows:
+    if not r.get('arms'):
+      continue
+    key = (r['family'], r['kind'], r['arms'])
+    if key in first:
+      r['same_as'] = first[key]
+    else:
+      first[key] = r['claim']
+  return rows
 
 
 def correct(rows):
   """Adds p_holm (within each family) and q_bh (over all rows) and the verdicts. A declared
   claim without data counts as p = 1 (never rejected), so each correction is over the claims as
-  declared, not over those that happened to run; its own p_holm / q_bh stay NaN."""
-  declared = [r['p_exact'] if np.isfinite(r['p_exact']) else 1.0 for r in rows]
-  for r, q_r in zip(rows, stats.benjamini_hochberg(declared)):
-    r['q_bh'] = q_r if np.isfinite(r['p_exact']) else np.nan
-  for family in dict.fromkeys(r['family'] for r in rows):
-    members = [i for i, r in enumerate(rows) if r['family'] == family]
+  declared, not over those that happened to run; its own p_holm / q_bh stay NaN. A row marked
+  ``same_as`` another is not counted again and takes that row's corrected values; checks are
+  not corrected at all."""
+  counted = [i for i, r in enumerate(rows) if r['kind'] != 'check' and not r.get('same_as')]
+  declared = {i: rows[i]['p_exact'] if np.isfinite(rows[i]['p_exact']) else 1.0 for i in counted}
+  for r in rows:
+    r['p_holm'] = r['q_bh'] = np.nan
+  for i, q_i in zip(counted, stats.benjamini_hochberg([declared[i] for i in counted])):
+    rows[i]['q_bh'] = q_i if np.isfinite(rows[i]['p_exact']) else np.nan
+  for family in dict.fromkeys(rows[i]['family'] for i in counted):
+    members = [i for i in counted if rows[i]['family'] == family]
     for i, p in zip(members, stats.holm([declared[i] for i in members])):
       rows[i]['p_holm'] = p if np.isfinite(rows[i]['p_exact']) else np.nan
+  by_name = {r['claim']: r for r in rows}
   for r in rows:
-    r['verdict'] = verdict(r)
+    if r.get('same_as'):
+      r['p_holm'], r['q_bh'] = by_name[r['same_as']]['p_holm'], by_name[r['same_as']]['q_bh']
+    r['verdict'] = check_verdict(r) if r['kind'] == 'check' else verdict(r)
   return rows
+
+
+def check_verdict(row, alpha=ALPHA):
+  """An implementation check: 'holds' when the arms are identical on every seed (or, failing
+  that, equivalent within +-SESOI), else 'FAILS'."""
+  if not np.isfinite(row['delta']) or row['n_seeds'] < 2:
+    return 'not run'
+  if row['delta'] == 0 and row['ci_low'] == row['ci_high'] == 0:  # every difference is 0
+    return 'holds: identical on every seed'
+  if np.isfinite(row['tost_p']) and row['tost_p'] < alpha:
+    return f'holds: equivalent within +-{row["sesoi"]:g} {row["unit"]}'.rstrip()
+  return 'FAILS'
 
 
 def _fmt(x, digits=2):
@@ -111,30 +156,23 @@ def verdict(row, alpha=ALPHA):
   delta, p_holm, tost = row['delta'], row['p_holm'], row['tost_p']
   if not np.isfinite(delta) or row['n_seeds'] < 2:
     return 'inconclusive (no data)'
-  predicted, paper = row['predicted'], row['paper_delta']
+  predicted = row['predicted']
   significant = np.isfinite(p_holm) and p_holm < alpha
   equivalent = np.isfinite(tost) and tost < alpha
-  band = f'within +-{row["sesoi"]:g} {row["unit"]}'.rstrip()
+  band = f'equivalent within +-{row["sesoi"]:g} {row["unit"]}'.rstrip() + ' at this scale'
   if predicted == '=':
     if significant:
-      return 'disagrees (the control differs)'
-    return f'agrees (equivalent {band})' if equivalent else 'inconclusive'
-  if significant and predicted in '<>':
-    same = (delta > 0) == (predicted == '>')
-    out = 'agrees' if same else 'disagrees'
-    if np.isfinite(paper):
-      inside = row['ci_low'] <= paper <= row['ci_high']
-      out += f' (CI {"contains" if inside else "excludes"} the paper\'s {_fmt(paper, 1)})'
-    return out
+      return 'disagrees: the arms differ'
+    return f'agrees: {band}' if equivalent else 'inconclusive'
   if significant:
-    return 'differs'
+    if predicted not in '<>' or not predicted:
+      return 'differs'
+    return 'agrees in sign' if (delta > 0) == (predicted == '>') else 'disagrees in sign'
   if equivalent:
-    if predicted in '<>' and np.isfinite(paper):
-      return f'equivalent {band}: no effect, where the paper has {_fmt(paper, 1)}'
-    return f'equivalent {band}'
+    return band
   sign = ''
-  if predicted in '<>' and delta != 0:
-    sign = "; paper's sign" if (delta > 0) == (predicted == '>') else '; opposite sign'
+  if predicted in ('<', '>') and delta != 0:
+    sign = "; predicted sign" if (delta > 0) == (predicted == '>') else '; opposite sign'
   return f'inconclusive{sign}'
 
 
@@ -146,12 +184,12 @@ def build(claims, results_dir=RESULTS_DIR):
     if claim.sweep not in cache:
       cache[claim.sweep] = common.load_summaries(os.path.join(results_dir, claim.sweep))
     rows.append(measure(claim, cache[claim.sweep]))
-  return correct(rows)
+  return correct(mark_duplicates(rows))
 
 
 def write_csv(rows, path):
   with open(path, 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=COLUMNS)
+    writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction='ignore')
     writer.writeheader()
     for r in rows:
       writer.writerow({k: (f'{v:.6g}' if isinstance(v, float) else v) for k, v in r.items()})
@@ -171,8 +209,56 @@ def read_csv(path):
   return rows
 
 
+def tally(rows):
+  """'N claims: a agree in sign, ...' over the claims of ``rows`` that count (no checks, a
+  bit-identical repeat once)."""
+  counted = [r for r in rows if r['kind'] != 'check' and not r.get('same_as')]
+  words = {
+      'agrees': 'agree',
+      'disagrees': 'disagree',
+      'equivalent': 'equivalent',
+      'inconclusive': 'inconclusive',
+      'differs': 'differ'
+  }
+  counts = {label: sum(r['verdict'].startswith(w) for r in counted) for w, label in words.items()}
+  parts = [f'{n} {label}' for label, n in counts.items() if n]
+  return f'{len(counted)} claims: ' + ', '.join(parts)
+
+
+def _paper(r):
+  if not np.isfinite(r['paper_delta']):
+    return 'n/a'
+  return _fmt(r['paper_delta'], 1) + (f' ({r["paper_setting"]})' if r['paper_setting'] else '')
+
+
+def _family_table(members):
+  head = ('claim', 'comparison', 'seeds', 'delta [95% CI]', 'p', 'Holm', 'BH', 'TOST', 'verdict',
+          "paper's delta (its setting)")
+  unit = members[0]['unit']
+  lines = [
+      f'### {members[0]["family"]}' + (f' ({unit})' if unit else ''), '',
+      '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)
+  ]
+  for r in members:
+    digits = 1 if r['unit'] == 'points' else 4
+    ci = f'{_fmt(r["delta"], digits)} [{_fmt(r["ci_low"], digits)}, {_fmt(r["ci_high"], digits)}]'
+    seeds = f'{r["n_seeds"]} (from {r["first_seed"]})' if r['n_seeds'] else '0'
+    notes = ('' if r['crn'] in ('same', 'n/a') else ' CRN broken') + (
+        f' (the same runs as {r["same_as"]}: counted once)' if r.get('same_as') else '')
+    lines.append('| ' + ' | '.join([
+        r['claim'], r['comparison'], seeds, ci,
+        common.p_str(r['p_exact']),
+        common.p_str(r['p_holm']),
+        common.p_str(r['q_bh']),
+        common.p_str(r['tost_p']), r['verdict'] + notes,
+        _paper(r)
+    ]) + ' |')
+  return lines + ['']
+
+
 def markdown(rows, *, forest_paths=()):
-  """claims.md: the rules, then one table per family (confirmatory families first)."""
+  """claims.md: the rules, then one table per family: the confirmatory claims, the
+  implementation checks (apart, not counted), the exploratory claims."""
   lines = [
       '# Claims', '',
       'Every claim of `experiments/sweeps/claims.py`, measured from the per-run summaries by '
@@ -180,37 +266,27 @@ def markdown(rows, *, forest_paths=()):
       '`claims.csv`). delta: mean paired difference arm - '
       'baseline over seeds [Student-t 95% CI]; p: exact two-sided sign-flip test; Holm: adjusted '
       'within the family; BH: Benjamini-Hochberg q over all claims; TOST: equivalence within '
-      '+-SESOI. agrees / disagrees need Holm p < 0.05; "equivalent" needs TOST p < 0.05; '
-      'everything else is inconclusive. Exploratory claims come from the runs (seeds 0-7) that '
-      'chose the confirmatory settings and are never the headline.', ''
+      '+-SESOI. "agrees / disagrees in sign" need Holm p < 0.05; "equivalent" needs TOST p < '
+      '0.05; everything else is inconclusive. The verdicts speak of signs and equivalence at '
+      "this scale only: the paper's delta was measured on another model, task and scale (its "
+      'own column) and is not compared with ours. Implementation checks (arms identical by '
+      'construction) are listed apart and counted nowhere; bit-identical repeats are counted '
+      'once. Exploratory claims come from the runs (seeds 0-7) that chose the confirmatory '
+      'settings and are never the headline.', ''
   ]
   lines += [f'![forest]({os.path.basename(p)})' for p in forest_paths] + ['']
-  head = ('claim', 'comparison', 'seeds', 'delta [95% CI]', 'paper', 'p', 'Holm', 'BH', 'TOST',
-          'verdict')
-  for kind in ('confirmatory', 'exploratory'):
-    lines += [f'## {kind.capitalize()} claims', '']
-    for family in dict.fromkeys(r['family'] for r in rows if r['kind'] == kind):
-      members = [r for r in rows if r['family'] == family and r['kind'] == kind]
-      unit = members[0]['unit']
-      lines += [
-          f'### {family}' + (f' ({unit})' if unit else ''), '', '| ' + ' | '.join(head) + ' |',
-          '|' + '---|' * len(head)
-      ]
-      for r in members:
-        digits = 1 if r['unit'] == 'points' else 4
-        ci = (f'{_fmt(r["delta"], digits)} [{_fmt(r["ci_low"], digits)}, '
-              f'{_fmt(r["ci_high"], digits)}]')
-        seeds = f'{r["n_seeds"]} (from {r["first_seed"]})' if r['n_seeds'] else '0'
-        crn = '' if r['crn'] in ('same', 'n/a') else ' CRN broken'
-        lines.append('| ' + ' | '.join([
-            r['claim'], r['comparison'], seeds, ci,
-            _fmt(r['paper_delta'], 1),
-            common.p_str(r['p_exact']),
-            common.p_str(r['p_holm']),
-            common.p_str(r['q_bh']),
-            common.p_str(r['tost_p']), r['verdict'] + crn
-        ]) + ' |')
-      lines.append('')
+  sections = (('confirmatory', 'Confirmatory claims'),
+              ('check', 'Implementation checks (identical by construction; not counted)'),
+              ('exploratory', 'Exploratory claims'))
+  for kind, title in sections:
+    of_kind = [r for r in rows if r['kind'] == kind]
+    if not of_kind:
+      continue
+    lines += [f'## {title}', '']
+    if kind != 'check':
+      lines += [tally(of_kind) + '.', '']
+    for family in dict.fromkeys(r['family'] for r in of_kind):
+      lines += _family_table([r for r in of_kind if r['family'] == family])
   missing = sorted({r['sweep'] for r in rows if r['n_seeds'] == 0})
   if missing:
     lines += [
@@ -240,7 +316,7 @@ def forest(rows, path, title):
         ax.add_patch(plt.Rectangle((-r['sesoi'], i - 0.4), 2 * r['sesoi'], 0.8, color='0.85', lw=0))
       if not r['n_seeds']:
         ax.text(0, i, ' no data (not run) ', ha='center', va='center', fontsize=7, color='0.3')
-      color = _COLORS.get(r['verdict'].split(' ')[0], 'tab:gray')
+      color = _COLORS.get(r['verdict'].split(' ')[0].rstrip(':'), 'tab:gray')
       if np.isfinite(r['ci_low']):
         ax.plot([r['ci_low'], r['ci_high']], [i, i], color=color, lw=2)
       ax.plot(r['delta'], i, 'o', color=color, ms=5)
@@ -257,11 +333,11 @@ def forest(rows, path, title):
     ax.grid(axis='x', alpha=0.3)
     ax.set_ylim(-0.7, len(members) - 0.3)
   handles = [
-      plt.Line2D([], [], color='tab:green', marker='o', label="agrees (the paper's sign)"),
+      plt.Line2D([], [], color='tab:green', marker='o', label='agrees (the predicted sign)'),
       plt.Line2D([], [], color='tab:red', marker='o', label='disagrees'),
       plt.Line2D([], [], color='tab:blue', marker='o', label='equivalent (within +-SESOI)'),
       plt.Line2D([], [], color='tab:gray', marker='o', label='inconclusive'),
-      plt.Line2D([], [], color='k', marker='x', ls='', label="paper's delta"),
+      plt.Line2D([], [], color='k', marker='x', ls='', label="paper's delta (another scale)"),
       plt.Rectangle((0, 0), 1, 1, color='0.85', label='+-SESOI')
   ]
   fig.legend(handles=handles, loc='lower center', ncol=3, fontsize=8)

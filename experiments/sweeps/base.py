@@ -71,6 +71,9 @@ class Sweep:
   first_seed: int = 0  # seeds first_seed .. first_seed + seeds - 1 (confirmatory sweeps: 8)
 
 
+KINDS = ('confirmatory', 'exploratory', 'check')
+
+
 @dataclasses.dataclass(frozen=True)
 class Claim:
   """One comparison a verdict is given on: ``arm`` - ``baseline`` (run labels of ``sweep``, in
@@ -78,11 +81,15 @@ class Claim:
   ``scale`` x the metric (100: points of accuracy).
 
   family: the claims that answer one paper table or question (Holm corrects within it).
-  kind: 'confirmatory' (fresh seeds, settings fixed in this file before they ran) or
-    'exploratory' (the runs that chose the settings; shown, never the headline).
-  predicted: the paper's sign of arm - baseline: '>' / '<', '=' for a negative control that
-    must show no difference, '' where the paper predicts nothing.
-  paper_delta: the paper's difference in the same units (None: not stated).
+  kind: 'confirmatory' (fresh seeds, settings fixed in this file before they ran),
+    'exploratory' (the runs that chose the settings; shown, never the headline) or 'check' (an
+    implementation check whose arms are identical by construction, e.g. DFPO = GSPO on-policy:
+    listed apart, outside every multiplicity correction and every tally).
+  predicted: the predicted sign of arm - baseline: '>' / '<', '=' for no difference (a control,
+    or an account that predicts none), '' where nothing is predicted.
+  paper_delta: the paper's difference in the same units (None: not stated), measured in
+    ``paper_setting`` (model, task, scale): sizes do not transfer across settings, so a verdict
+    compares signs and equivalence, never this number.
   sesoi: the smallest effect size of interest, same units; ``sesoi_why`` justifies it.
   prediction: the paper's prediction in words, written before the runs.
   """
@@ -96,6 +103,7 @@ class Claim:
   kind: str = 'confirmatory'
   predicted: str = ''
   paper_delta: object = None
+  paper_setting: str = ''
   sesoi: object = 1.0  # None: no equivalence test
   sesoi_why: str = ''
   scale: float = 100.0
@@ -107,8 +115,8 @@ class Claim:
   minus: tuple = ()
 
   def __post_init__(self):
-    if self.kind not in ('confirmatory', 'exploratory'):
-      raise ValueError(f'claim {self.name!r}: kind={self.kind!r}; valid: confirmatory, exploratory')
+    if self.kind not in KINDS:
+      raise ValueError(f'claim {self.name!r}: kind={self.kind!r}; valid: {", ".join(KINDS)}')
     if self.predicted not in ('>', '<', '=', ''):
       raise ValueError(
           f"claim {self.name!r}: predicted={self.predicted!r}; valid: '>', '<', '=', ''")

@@ -28,8 +28,12 @@ from experiments.sweeps.base import FINAL_AVG, Claim
 ACC_SESOI = 1.0
 ACC_WHY = ('1 point of avg@k: twice the per-run evaluation error, a fifth of the paper margins; '
            'smaller differences would not change which objective to use')
+# Where the papers measured their deltas (sizes do not transfer from there to here).
+TGC_SETTING = 'Qwen3-32B, AIME25 avg@32, 32k context'
+DELTA_SETTING = 'Qwen3-8B-Base, AIME25/26 + HMMT25/26 avg@16, 30k tokens'
 _T1 = dict(family='Table 1', sweep='table1_confirm', metric=FINAL_AVG, group='lr=1e-4',
-           sesoi=ACC_SESOI, sesoi_why=ACC_WHY, prediction=paper.TABLE1_PREDICTION)
+           sesoi=ACC_SESOI, sesoi_why=ACC_WHY, prediction=paper.TABLE1_PREDICTION,
+           paper_setting=TGC_SETTING)
 _MECH = dict(
     family='Mechanism', sweep='table1_confirm', group='lr=1e-4', scale=1.0, unit='',
     prediction=('paper Sec. 6.1 / Prop. 3.1: the decoupled objectives leave a smaller net '
@@ -54,8 +58,8 @@ CONFIRMATORY = (
           predicted='<', sesoi=0.01, sesoi_why="6% of GSPO's exploratory mean (0.17)", **_MECH),
     Claim(
         'OP.on_policy_control', family='Off-policy', sweep='offpolicy_confirm', metric=FINAL_AVG,
-        group='mb=1', arm='DFPO (Min-Replace)', baseline='GSPO', predicted='=', sesoi=ACC_SESOI,
-        sesoi_why=ACC_WHY,
+        group='mb=1', arm='DFPO (Min-Replace)', baseline='GSPO', kind='check', predicted='=',
+        sesoi=ACC_SESOI, sesoi_why=ACC_WHY,
         prediction=('paper App. B: on-policy every ratio is 1 and the transform is the identity, '
                     'so DFPO and GSPO coincide at one update per step (a negative control).')),
     Claim(
@@ -66,13 +70,16 @@ CONFIRMATORY = (
                     'further off-policy the updates are.')),
     Claim('T4.g2', family='Table 4', sweep='table4_confirm', metric=FINAL_AVG, group='G=2',
           arm='DFPO (Min-Replace)', baseline='GSPO', predicted='>', paper_delta=3.1,
-          sesoi=ACC_SESOI, sesoi_why=ACC_WHY, prediction=paper.TABLE4_PREDICTION),
+          paper_setting=TGC_SETTING, sesoi=ACC_SESOI, sesoi_why=ACC_WHY,
+          prediction=paper.TABLE4_PREDICTION),
     Claim('T4.g16', family='Table 4', sweep='table4_confirm', metric=FINAL_AVG, group='G=16',
           arm='DFPO (Min-Replace)', baseline='GSPO', predicted='>', paper_delta=5.7,
-          sesoi=ACC_SESOI, sesoi_why=ACC_WHY, prediction=paper.TABLE4_PREDICTION),
+          paper_setting=TGC_SETTING, sesoi=ACC_SESOI, sesoi_why=ACC_WHY,
+          prediction=paper.TABLE4_PREDICTION),
     Claim(
         'D.delta', family='DelTA', sweep='delta_confirm', metric=FINAL_AVG, arm='DelTA',
-        baseline='DAPO', predicted='>', paper_delta=4.2, sesoi=ACC_SESOI, sesoi_why=ACC_WHY,
+        baseline='DAPO', predicted='>', paper_delta=4.2, paper_setting=DELTA_SETTING,
+        sesoi=ACC_SESOI, sesoi_why=ACC_WHY,
         prediction='DelTA paper Table 3: DelTA > DAPO, +4.2 points averaged over four benchmarks.'),
 )
 
@@ -114,8 +121,9 @@ def exploratory_claims(sweeps):
             Claim(f'{sweep.name}.t{t}.{group or "-"}.{arm}', family=f'{sweep.name}: {table.title}',
                   sweep=sweep.name, metric=table.metric, arm=arm, baseline=table.baseline or
                   sweep.baseline, group=group, kind='exploratory', predicted=sign,
-                  paper_delta=_paper_delta(paper_text.get(group or arm),
-                                           arm), sesoi=ACC_SESOI if accuracy else None,
+                  paper_delta=_paper_delta(paper_text.get(group or arm), arm),
+                  paper_setting=DELTA_SETTING if sweep.name == 'delta' else TGC_SETTING,
+                  sesoi=ACC_SESOI if accuracy else None,
                   sesoi_why=ACC_WHY if accuracy else 'none declared (no equivalence test)',
                   scale=table.scale, unit='points' if accuracy else '', prediction=table.prediction,
                   threshold=table.threshold))

@@ -41,7 +41,8 @@ def _claim(arm, predicted, **kw):
 
 
 def _rows(claims, summaries):
-  return verdicts.correct([verdicts.measure(c, summaries) for c in claims])
+  return verdicts.correct(verdicts.mark_duplicates([verdicts.measure(c, summaries) for c in claims
+                                                   ]))
 
 
 def test_measure_recovers_the_constructed_paired_difference():
@@ -72,16 +73,19 @@ def test_a_real_effect_agrees_or_disagrees_with_the_predicted_sign():
   up = 0.02 + 0.003 * rng.standard_normal(16)
   rows = _rows([_claim('UP', '>'), _claim('UP', '<', name='c.wrong')],
                _summaries({'UP': up}, seeds=range(16)))
-  assert rows[0]['verdict'].startswith('agrees (CI excludes the paper\'s +5.0')
-  assert rows[1]['verdict'].startswith('disagrees')
-  assert rows[0]['p_holm'] == pytest.approx(2 * rows[0]['p_exact'])  # Holm over 2 claims
+  # Signs at this scale only: the paper's +5.0 (another setting) is not compared with.
+  assert rows[0]['verdict'] == 'agrees in sign'
+  assert rows[1]['verdict'] == 'disagrees in sign'
+  # The same runs under two predictions are one (two-sided) test: Holm counts it once.
+  assert rows[1]['same_as'] == 'c.UP'
+  assert rows[0]['p_holm'] == rows[1]['p_holm'] == pytest.approx(rows[0]['p_exact'])
 
 
 def test_no_effect_is_equivalent_only_with_enough_precision():
   rng = np.random.default_rng(2)
   tiny = 0.0005 * rng.standard_normal(16)  # |delta| << SESOI = 1 point, sd 0.05 points
   (row,) = _rows([_claim('SAME', '>')], _summaries({'SAME': tiny}, seeds=range(16)))
-  assert row['verdict'].startswith('equivalent within +-1 points') and row['tost_p'] < 0.05
+  assert row['verdict'] == 'equivalent within +-1 points at this scale' and row['tost_p'] < 0.05
   noisy = 0.03 * rng.standard_normal(16)  # sd 3 points: cannot exclude 1 point either way
   (row,) = _rows([_claim('NOISY', '>')], _summaries({'NOISY': noisy}, seeds=range(16)))
   assert row['verdict'].startswith('inconclusive') and row['tost_p'] > 0.05
@@ -95,8 +99,8 @@ def test_a_negative_control_agrees_when_equivalent_and_disagrees_when_it_differs
                        'NULL': 0.0005 * rng.standard_normal(16),
                        'MOVED': 0.02 + 0.003 * rng.standard_normal(16)
                    }, seeds=range(16)))
-  assert rows[0]['verdict'].startswith('agrees (equivalent')
-  assert rows[1]['verdict'] == 'disagrees (the control differs)'
+  assert rows[0]['verdict'] == 'agrees: equivalent within +-1 points at this scale'
+  assert rows[1]['verdict'] == 'disagrees: the arms differ'
 
 
 def test_eight_seeds_cannot_survive_holm_over_a_family_of_seven():
@@ -143,3 +147,38 @@ def test_claims_csv_round_trips_and_the_corrections_recompute_from_it(tmp_path):
     assert a['verdict'] == r['verdict']
   md = open(paths[1]).read()
   assert '`python -m experiments.run fake`' in md  # the claim without data names its command
+
+
+def test_an_implementation_check_is_judged_alone_and_counted_nowhere():
+  """A check (arms identical by construction) holds when every seed's difference is 0, and it
+  takes no part in Holm or BH: the family's claim is corrected as if it were alone."""
+  rng = np.random.default_rng(5)
+  up = 0.02 + 0.003 * rng.standard_normal(16)
+  summ = _summaries({'UP': up, 'SAME': np.zeros(16), 'OFF': np.full(16, 0.01)}, seeds=range(16))
+  rows = _rows([
+      _claim('SAME', '=', kind='check'),
+      _claim('OFF', '=', kind='check', name='c.off'),
+      _claim('UP', '>')
+  ], summ)
+  assert rows[0]['verdict'] == 'holds: identical on every seed'
+  assert rows[1]['verdict'] == 'FAILS'  # the known positive: a check that is not identical
+  assert np.isnan(rows[0]['p_holm']) and np.isnan(rows[0]['q_bh'])
+  assert rows[2]['p_holm'] == pytest.approx(rows[2]['p_exact'])  # a family of one
+  assert verdicts.tally(rows) == '1 claims: 1 agree'
+
+
+def test_bit_identical_arms_are_one_test():
+  """Two claims whose arms are the same runs on every seed (two corrections that reduce to the
+  same weights) count once: Holm over the family as if the repeat were not there. A claim whose
+  arm differs on one seed by the smallest amount is a test of its own (the control)."""
+  rng = np.random.default_rng(6)
+  up = 0.02 + 0.003 * rng.standard_normal(16)
+  other = up.copy()
+  other[3] += 1e-9
+  summ = _summaries({'UP': up, 'UP_AGAIN': up, 'UP_NEARLY': other}, seeds=range(16))
+  rows = _rows([_claim('UP', '>'), _claim('UP_AGAIN', '>')], summ)
+  assert rows[1]['same_as'] == 'c.UP' and not rows[0]['same_as']
+  assert rows[0]['p_holm'] == rows[1]['p_holm'] == pytest.approx(rows[0]['p_exact'])
+  rows = _rows([_claim('UP', '>'), _claim('UP_NEARLY', '>')], summ)
+  assert not rows[1]['same_as']
+  assert rows[0]['p_holm'] == pytest.approx(2 * rows[0]['p_exact'])
