@@ -93,7 +93,7 @@ def measure(claim, summaries):
               sesoi=claim.sesoi if claim.sesoi else np.nan,
               paper_delta=np.nan if claim.paper_delta is None else claim.paper_delta,
               paper_setting=claim.paper_setting, predicted=claim.predicted, unit=claim.unit,
-              crn=crn, same_as='', arms=arms)
+              crn=crn, same_as='', arms=arms, note=claim.note)
 
 
 def mark_duplicates(rows):
@@ -253,7 +253,8 @@ def _family_table(members):
         common.p_str(r['tost_p']), r['verdict'] + notes,
         _paper(r)
     ]) + ' |')
-  return lines + ['']
+  notes = [f'- {r["claim"]}: {r["note"]}' for r in members if r.get('note')]
+  return lines + [''] + (notes + [''] if notes else [])
 
 
 def markdown(rows, *, forest_paths=()):

@@ -113,6 +113,7 @@ class Claim:
   # A difference of differences: (arm - baseline in group) - (minus[0] - minus[1] in minus[2]),
   # paired by seed (e.g. does a correction change DFPO - GSPO?).
   minus: tuple = ()
+  note: str = ''  # what a reader must know about the runs (claims.md prints it under the table)
 
   def __post_init__(self):
     if self.kind not in KINDS:

@@ -80,7 +80,12 @@ CONFIRMATORY = (
         'D.delta', family='DelTA', sweep='delta_confirm', metric=FINAL_AVG, arm='DelTA',
         baseline='DAPO', predicted='>', paper_delta=4.2, paper_setting=DELTA_SETTING,
         sesoi=ACC_SESOI, sesoi_why=ACC_WHY,
-        prediction='DelTA paper Table 3: DelTA > DAPO, +4.2 points averaged over four benchmarks.'),
+        prediction='DelTA paper Table 3: DelTA > DAPO, +4.2 points averaged over four benchmarks.',
+        note=('delta_confirm ran at 2095676, before b40ffc8 changed the training coefficients\' '
+              '1 - p from 1 - exp(log p) to -expm1(log p) (float32 1 - exp(log p) is 4.6% off at '
+              'log p = -1e-6 and 0 above -3e-8); delta_reconfirm re-runs both arms at the '
+              'current code. The paper\'s +4.2 is its Table 4 (diagnostics) average over AIME25/26 '
+              'and HMMT25/26, DelTA 23.27 vs DAPO 19.05, not Table 3 as the prediction says.')),
 )
 
 _MISMATCH = dict(
