@@ -67,7 +67,11 @@ CONFIRMATORY = (
         group='mb=2,epochs=2', arm='DFPO (Min-Replace)', baseline='GSPO', predicted='>',
         sesoi=ACC_SESOI, sesoi_why=ACC_WHY,
         prediction=('paper App. B / D: DFPO differs from GSPO only off-policy and gains more the '
-                    'further off-policy the updates are.')),
+                    'further off-policy the updates are.'),
+        note=('the arm is literal Eq. 68 DFPO, without the clip\'s gate, under two PPO epochs: '
+              'it gates no trajectory (GSPO\'s clip gates 34%), so across four updates per batch '
+              'it has no trust region. Two epochs was picked as the one setting where the '
+              'exploratory runs showed DFPO behind; the gated reading is OP.two_epochs_gated.')),
     Claim('T4.g2', family='Table 4', sweep='table4_confirm', metric=FINAL_AVG, group='G=2',
           arm='DFPO (Min-Replace)', baseline='GSPO', predicted='>', paper_delta=3.1,
           paper_setting=TGC_SETTING, sesoi=ACC_SESOI, sesoi_why=ACC_WHY,
