@@ -5,8 +5,7 @@ Run (CPU config: ~26M-parameter `small_25m`, f32, B=32 prompts x G=1, P=64, T=25
   python -m benchmarks.sampler --cpu --sampled --skip_naive --skip_memory   # temperature-1 draws, no HF
 The GPU config of issue 16 (Qwen3-0.6B shape, bf16, 32 prompts x G=8, P=128, T=512, T=1 sampling):
   python -m benchmarks.sampler --qwen3-0.6b
-Quick check:
-  python -m benchmarks.sampler --small
+Quick check: python -m benchmarks.sampler --small
 
 Reports, measured in one run on whatever backend JAX finds (`--cpu` forces CPU):
 1. Generated tokens/s of three systems, each run `--rounds` times INTERLEAVED (old jtc, new
@@ -41,7 +40,7 @@ Reports, measured in one run on whatever backend JAX finds (`--cpu` forces CPU):
    `jtc.models.logprobs.token_logprobs` vs naive logits (compiled `memory_analysis()`), and one token
    choice from [R, V] logits (greedy and a temperature-1 draw, with the token's log-prob), the
    old sampler's against the new one's, jitted alone and interleaved.
-Timings are wall clock; the machine peaks are best-of-10.
+Timings are wall clock; the machine peaks are best-of-10 (`benchmarks.machine`).
 """
 from benchmarks import common  # first: --cpu must act before jax is imported
 

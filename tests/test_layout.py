@@ -1,12 +1,18 @@
-"""Tests mirror the tree: every module of jtc/ and experiments/ with logic (a function or a class)
-has a test file of its name, tests/<package path>/test_<module>.py (a package's __init__:
-test_<package>.py). Modules that only declare data (the sweeps' tables) or only run another
-module's `main` (`python -m jtc.train`) need none; benchmarks/ are measured by hand."""
+"""The layout of the repository: tests mirror the tree, and no module is over 400 lines.
+
+Every module of jtc/ and experiments/ with logic (a function or a class) has a test file of its
+name, tests/<package path>/test_<module>.py (a package's __init__: test_<package>.py). Modules
+that only declare data or only run another module's `main` (`python -m jtc.train`) need none;
+benchmarks/ are measured by hand. The one module over 400 lines is a frozen copy kept verbatim
+as a reference (tests/models/reference_sampler.py)."""
 import ast
+import glob
 import os
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ('jtc', 'experiments')
+MAX_LINES = 400
+FROZEN = ('tests/models/reference_sampler.py',)
 
 
 def has_logic(source):
@@ -57,3 +63,27 @@ def test_a_module_without_its_test_file_is_found(tmp_path):
 
 def test_every_module_with_logic_has_its_test_file():
   assert not modules_without_tests(REPO, PACKAGES)
+
+
+def long_modules(root):
+  """'path: n lines' of every .py file of ``root`` over MAX_LINES lines (not FROZEN)."""
+  out = []
+  for folder in ('jtc', 'experiments', 'benchmarks', 'configs', 'tests'):
+    for path in glob.glob(os.path.join(root, folder, '**', '*.py'), recursive=True):
+      rel = os.path.relpath(path, root)
+      with open(path) as f:
+        n = sum(1 for _ in f)
+      if n > MAX_LINES and rel not in FROZEN:
+        out.append(f'{rel}: {n} lines')
+  return out
+
+
+def test_a_long_module_is_found(tmp_path):
+  (tmp_path / 'jtc').mkdir()
+  (tmp_path / 'jtc' / 'long.py').write_text('x = 1\n' * (MAX_LINES + 1))
+  (tmp_path / 'jtc' / 'short.py').write_text('x = 1\n' * MAX_LINES)
+  assert long_modules(str(tmp_path)) == [f'jtc/long.py: {MAX_LINES + 1} lines']
+
+
+def test_no_module_is_over_400_lines():
+  assert not long_modules(REPO)

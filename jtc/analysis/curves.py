@@ -6,7 +6,7 @@
   normalise_to_baseline  values relative to a baseline run (Table 2 reports x GSPO)
   entropy_trend          least-squares slope of an entropy curve (Cor. 3.2's collapse trend)
 
-Dimension key: n logged points.
+Dimension key (docs/dimensions.md): none; a curve is a 1-D array, one value per logged step.
 """
 
 import math

@@ -33,7 +33,7 @@ On disk, ``<run dir>/ledger/<step>/`` (a population member's run dir for a popul
                behaviour policy), for replay
 Load one with `load(run_dir, step)`; `steps(run_dir)` lists them.
 
-Dimension key: B rows (groups of G contiguous), T completion length, P prompt width, L = P + T.
+Dimension key (docs/dimensions.md): B rows (groups of G contiguous), T completion length, P prompt width, L = P + T.
 """
 
 import dataclasses

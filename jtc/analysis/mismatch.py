@@ -23,6 +23,9 @@ which are the model's own distribution at temperature 1 from one full forward pa
 Each row gives, over the real tokens, the mean delta (its bias), mean / 99th percentile / max
 |delta| and the mean |sum_t delta_t| per sequence (the log of its importance weight). The whole
 table is measured for a float32 policy and again for the same policy in bfloat16.
+
+Dimension key (docs/dimensions.md): B prompts, R = B * G sampled rows, P prompt width,
+T completion length, L = P + T, D model dim, V vocabulary.
 """
 
 import argparse

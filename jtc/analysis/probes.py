@@ -11,7 +11,8 @@ For notebooks and experiments, not the training loop (the per-step diagnostics a
   format_accuracy          are the equivalent forms equally easy? accuracy per form of sampled
                            completions, Wilson intervals and a chi-square test.
 
-Dimension key: V vocab, F solution formats, P prompt width, T completion length, L = P + T.
+Dimension key (docs/dimensions.md): V vocab, M problems, A equivalent answer formats, P prompt
+width, T completion length, L = P + T.
 """
 
 import math
@@ -98,48 +99,48 @@ def completion_logprobs(params, config, tokenizer, prompts, completions, *, prom
                         width=None, append_eos=True, chat_template=True):
   """Per-token log pi(y_t | x, y_<t) of given completion texts, one forward pass for all.
 
-  ``completions[n]`` are the F texts scored after ``prompts[n]``; prompts go through
+  ``completions[n]`` are the A texts scored after ``prompts[n]``; prompts go through
   `data.encode_prompts` (chat template unless ``chat_template=False``, bos, left padding to
   ``prompt_width``) as in training (append a run's ``data.prompt_suffix`` to the prompts);
   completions are right-padded to ``width`` (default: the longest), with EOS appended when
-  ``append_eos``. Returns (logps_NFT, mask_NFT) as numpy arrays.
+  ``append_eos``. Returns (logps_MAT, mask_MAT) as numpy arrays.
   """
-  F = len(completions[0])
-  if not prompts or any(len(c) != F for c in completions) or F == 0:
-    raise ValueError('need one non-empty list of F completions per prompt, the same F for all')
+  A = len(completions[0])
+  if not prompts or any(len(c) != A for c in completions) or A == 0:
+    raise ValueError('need one non-empty list of completions per prompt, the same number for all')
   ids = [[tokenizer.encode(c) + ([tokenizer.eos_id] if append_eos else [])
           for c in cs]
          for cs in completions]
   T = width or max(len(x) for cs in ids for x in cs)
   if max(len(x) for cs in ids for x in cs) > T:
     raise ValueError(f'a completion is longer than width={T} tokens')
-  tok_NP, mask_NP = data_lib.encode_prompts(tokenizer, prompts, width=prompt_width,
+  tok_MP, mask_MP = data_lib.encode_prompts(tokenizer, prompts, width=prompt_width,
                                             chat_template=chat_template)
-  N = len(prompts)
-  comp_NFT = np.full((N, F, T), tokenizer.pad_id, np.int32)
-  cmask_NFT = np.zeros((N, F, T), np.int32)
+  M = len(prompts)
+  comp_MAT = np.full((M, A, T), tokenizer.pad_id, np.int32)
+  cmask_MAT = np.zeros((M, A, T), np.int32)
   for n, cs in enumerate(ids):
     for f, x in enumerate(cs):
-      comp_NFT[n, f, :len(x)] = x
-      cmask_NFT[n, f, :len(x)] = 1
-  tokens = np.concatenate([np.repeat(tok_NP, F, 0), comp_NFT.reshape(N * F, T)], axis=1)
-  inmask = np.concatenate([np.repeat(mask_NP, F, 0), cmask_NFT.reshape(N * F, T)], axis=1)
+      comp_MAT[n, f, :len(x)] = x
+      cmask_MAT[n, f, :len(x)] = 1
+  tokens = np.concatenate([np.repeat(tok_MP, A, 0), comp_MAT.reshape(M * A, T)], axis=1)
+  inmask = np.concatenate([np.repeat(mask_MP, A, 0), cmask_MAT.reshape(M * A, T)], axis=1)
   logps = _sequence_logprobs_jit(params, config, jnp.asarray(tokens), jnp.asarray(inmask),
                                  completion_start=prompt_width)['logps']
-  return np.asarray(logps).reshape(N, F, T) * cmask_NFT, cmask_NFT
+  return np.asarray(logps).reshape(M, A, T) * cmask_MAT, cmask_MAT
 
 
 def solution_logprobs(params, config, tokenizer, prompt, completions, *, append_eos=True,
                       prompt_width=None):
-  """log pi(y | x) = sum_t log pi(y_t | x, y_<t) of each completion text of one prompt. [F]."""
+  """log pi(y | x) = sum_t log pi(y_t | x, y_<t) of each completion text of one prompt. [A]."""
   completions = list(completions)
   if not completions:
     raise ValueError('completions must not be empty')
   if prompt_width is None:
     prompt_width = len(data_lib.prompt_ids(tokenizer, prompt))
-  logps_NFT, _ = completion_logprobs(params, config, tokenizer, [prompt], [completions],
+  logps_MAT, _ = completion_logprobs(params, config, tokenizer, [prompt], [completions],
                                      prompt_width=prompt_width, append_eos=append_eos)
-  return jnp.asarray(logps_NFT[0].sum(-1))
+  return jnp.asarray(logps_MAT[0].sum(-1))
 
 
 def format_probe(params, config, tokenizer, examples, formats, *, prompt_width, width=None,
@@ -148,7 +149,7 @@ def format_probe(params, config, tokenizer, examples, formats, *, prompt_width, 
   measured exactly (no sampling) on fixed ``examples`` ({'prompt', 'solutions': {format: text}}).
 
   Returns floats: 'format_entropy' (mean over problems of the entropy, nats, of
-  q_f = pi(y_f | x) / sum_f' pi(y_f' | x); log F when the forms are equally likely),
+  q_f = pi(y_f | x) / sum_f' pi(y_f' | x); log A for A equally likely forms),
   'format_logq/<f>' (mean log q_f: drift towards or away from form f),
   'ending_logprob/<f>' (mean log pi(the tokens every form ends with | x, form f before them),
   EOS included: on the phrasing task the answer after the phrasing; equal across f when no
@@ -158,24 +159,24 @@ def format_probe(params, config, tokenizer, examples, formats, *, prompt_width, 
   Prompts are encoded as in training (``chat_template``, ``prompt_suffix``).
   """
   texts = [[e['solutions'][f] for f in formats] for e in examples]
-  logps_NFT, mask_NFT = completion_logprobs(params, config, tokenizer,
+  logps_MAT, mask_MAT = completion_logprobs(params, config, tokenizer,
                                             [e['prompt'] + prompt_suffix for e in examples], texts,
                                             prompt_width=prompt_width, width=width,
                                             chat_template=chat_template)
-  x_NF = logps_NFT.sum(-1).astype(np.float64)
-  x_NF = x_NF - x_NF.max(-1, keepdims=True)
-  q_NF = x_NF - np.log(np.exp(x_NF).sum(-1, keepdims=True))  # log q_f
-  out = {'format_entropy': float(np.mean(-(np.exp(q_NF) * q_NF).sum(-1)))}
-  out.update({f'format_logq/{f}': float(q_NF[:, i].mean()) for i, f in enumerate(formats)})
-  ending_NF = np.zeros(q_NF.shape)
+  x_MA = logps_MAT.sum(-1).astype(np.float64)
+  x_MA = x_MA - x_MA.max(-1, keepdims=True)
+  q_MA = x_MA - np.log(np.exp(x_MA).sum(-1, keepdims=True))  # log q_f
+  out = {'format_entropy': float(np.mean(-(np.exp(q_MA) * q_MA).sum(-1)))}
+  out.update({f'format_logq/{f}': float(q_MA[:, i].mean()) for i, f in enumerate(formats)})
+  ending_MA = np.zeros(q_MA.shape)
   for n, ts in enumerate(texts):
     k = _common_suffix_len([tokenizer.encode(t) for t in ts]) + 1  # + 1: the EOS
-    ends_F = mask_NFT[n].sum(-1)
-    ending_NF[n] = [logps_NFT[n, f, e - k:e].sum() for f, e in enumerate(ends_F)]
-  out.update({f'ending_logprob/{f}': float(ending_NF[:, i].mean()) for i, f in enumerate(formats)})
+    ends_A = mask_MAT[n].sum(-1)
+    ending_MA[n] = [logps_MAT[n, f, e - k:e].sum() for f, e in enumerate(ends_A)]
+  out.update({f'ending_logprob/{f}': float(ending_MA[:, i].mean()) for i, f in enumerate(formats)})
   if scaffold:
     n = len(tokenizer.encode(scaffold))
-    out['scaffold_logprob'] = float(logps_NFT[:, 0, :n].sum(-1).mean())
+    out['scaffold_logprob'] = float(logps_MAT[:, 0, :n].sum(-1).mean())
   return out
 
 
@@ -196,17 +197,17 @@ def format_log_odds(logp_a, logp_b):
   return jnp.asarray(logp_a, jnp.float32) - jnp.asarray(logp_b, jnp.float32)
 
 
-def format_distribution(logps_F):
+def format_distribution(logps_A):
   """q_f = pi(y_f | x) / sum_f' pi(y_f' | x): the policy restricted to the equivalent set."""
-  chex.assert_rank(logps_F, 1)
-  return jax.nn.softmax(jnp.asarray(logps_F, jnp.float32))
+  chex.assert_rank(logps_A, 1)
+  return jax.nn.softmax(jnp.asarray(logps_A, jnp.float32))
 
 
-def format_entropy(logps_F):
-  """Entropy (nats) of `format_distribution`: log F when the forms are equally likely, -> 0 under
+def format_entropy(logps_A):
+  """Entropy (nats) of `format_distribution`: log A for A equally likely forms, -> 0 under
   the entropy-collapse trend of Cor. 3.2 (the binary entropy h(p_k) for F = 2)."""
-  q_F = format_distribution(logps_F)
-  return -jnp.sum(jnp.where(q_F > 0, q_F * jnp.log(jnp.where(q_F > 0, q_F, 1.0)), 0.0))
+  q_A = format_distribution(logps_A)
+  return -jnp.sum(jnp.where(q_A > 0, q_A * jnp.log(jnp.where(q_A > 0, q_A, 1.0)), 0.0))
 
 
 def wilson_interval(k, n, z=1.96):

@@ -16,7 +16,7 @@ Replaying the run's own objective on the run's own mini-batches reproduces its l
 grad_norm for that step (`reproduce`). Objectives use their default hyper-parameters, the run's
 own objective the run's.
 
-Dimension key: B rows, G group size, T completion length, P prompt width, L = P + T, M groups.
+Dimension key (docs/dimensions.md): B rows, G group size, T completion length, P prompt width, L = P + T, M groups.
 """
 
 import json

@@ -3,13 +3,16 @@ replacing another command's of the same name (so the commands coexist in one pro
 listed by ``--help``; the config file and its ``--config.a.b=value`` keys are checked before absl
 parses them, so a typo is one line naming it and the nearest valid keys, not a traceback."""
 import importlib.util
+import json
 import os
 import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 
 from jtc import checks
+from jtc.rl import distributed
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _DEFINED = set()  # flags defined by the command that ran last in this process
@@ -81,6 +84,17 @@ def parse_flags(argv, flag_values=flags.FLAGS, *, resolve=resolve_path):
   except flags.Error as e:
     fail(f'{e}\nRun with --help for the flags; every config key is documented in '
          'configs/common.py')
+
+
+def start(argv):
+  """What a command does first, once its flags are parsed: no stray arguments, quiet logs,
+  several processes joined (before any other JAX work) and agreeing on the config
+  (`distributed.DistributedError` otherwise)."""
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments {argv[1:]}')
+  logging.set_verbosity(logging.WARNING)  # orbax and tfds are chatty at INFO
+  distributed.initialize()
+  distributed.check_agreement(json.loads(flags.FLAGS.config.to_json_best_effort()))
 
 
 def run(main_fn, argv, *, prog, define_flags, flags_parser=parse_flags):

@@ -6,9 +6,7 @@ r"""`jtc sft` / `python -m jtc.sft`: supervised fine-tuning of the base policies
 import json
 import os
 
-from absl import app
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
 from jtc.cli import absl_program
@@ -30,12 +28,8 @@ def define_flags(flag_values, argv=None):
 
 def run(argv):
   """`sft.train_sft` from the parsed flags; prints the final evaluation."""
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments {argv[1:]}')
-  logging.set_verbosity(logging.WARNING)  # orbax and tfds are chatty at INFO
   try:
-    distributed.initialize()  # several processes: before any other JAX work
-    distributed.check_agreement(json.loads(flags.FLAGS.config.to_json_best_effort()))
+    absl_program.start(argv)
   except distributed.DistributedError as e:
     absl_program.fail(str(e))
   os.makedirs(flags.FLAGS.workdir, exist_ok=True)

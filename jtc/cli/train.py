@@ -18,9 +18,7 @@ import os
 import signal
 import sys
 
-from absl import app
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
 from jtc.cli import absl_program
@@ -100,12 +98,8 @@ def _print_last(trainer, last):
 
 def train(argv):
   """``Trainer(config, workdir).run()`` from the parsed flags."""
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments {argv[1:]}')
-  logging.set_verbosity(logging.WARNING)  # orbax and tfds are chatty at INFO
   try:
-    distributed.initialize()  # several processes: before any other JAX work
-    distributed.check_agreement(json.loads(flags.FLAGS.config.to_json_best_effort()))
+    absl_program.start(argv)
     trainer = trainer_lib.Trainer(flags.FLAGS.config, flags.FLAGS.workdir,
                                   allow_config_change=flags.FLAGS.allow_config_change)
   except (ValueError, workdir_lib.WorkdirError, checkpoints.CheckpointMismatch,

@@ -10,6 +10,8 @@ The pipeline (``make_dataset`` / ``make_prompt_iterator``)::
 
 The returned grain ``DatasetIterator`` has ``get_state()`` / ``set_state(state)``; putting the
 state in a checkpoint resumes with exactly the same batches.
+
+Dimension key (docs/dimensions.md): B prompts, P prompt width.
 """
 from __future__ import annotations
 

@@ -7,14 +7,15 @@ prefix of their own completion cache, in fixed-size blocks up to the current len
 `jax.lax.fori_loop`), combining the parts with an online softmax; the layers run as the model's
 scan or, with `split_layers` / `split_cache`, as an unrolled loop (faster on XLA:CPU).
 
-Dimension key: as `jtc.models.model` (B prompts, G samples per prompt, R = B * G rows, P prompt length,
-T completion slots, Y layers, N heads, K kv heads, Q = N / K, M = G * Q queries of a prompt per kv
-head, H head dim, C cache block).
+Dimension key (docs/dimensions.md): B prompts, G samples per prompt, R = B * G rows, P prompt
+length, T completion slots, Y layers, N heads, K kv heads, Q = N / K, J = G * Q queries of a prompt
+per kv head, H head dim, C cache block.
 """
 
 import dataclasses
 import math
 
+import chex
 import flax
 import jax
 import jax.numpy as jnp
@@ -66,6 +67,8 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
   Returns:
     (logits_BV float32 of the token after each prompt, an empty-completion `GroupCache`).
   """
+  chex.assert_rank([prompt_tokens_BP, prompt_mask_BP], 2)
+  chex.assert_equal_shape([prompt_tokens_BP, prompt_mask_BP])
   c = config
   B, P = prompt_tokens_BP.shape
   C = min(block_size, max_new_tokens)
@@ -107,7 +110,7 @@ def _group_attention(q_R1NH, prompt_k_BKPH, prompt_v_BKPH, prompt_mask_BP, read_
   `read_block(start) -> (kt_RKHC, v_RKCH)` reads completion slots start .. start + C - 1 of
   this layer (keys transposed, see `GroupCache`).
 
-  Part 1: the G rows of prompt b read prompt b's keys once ([B, K, G*Q, P] scores).
+  Part 1: the G rows of prompt b read prompt b's keys once ([B, K, J, P] scores, J = G * Q).
   Part 2: the row's completion slots 0 .. length (inclusive: the new token is written
   already), in blocks of C slots, block j for j <= length // C only. The two parts are
   merged with the log-sum-exp identity softmax([a, b]) = [e^a, e^b] / (sum e^a + sum e^b).
@@ -125,17 +128,17 @@ def _group_attention(q_R1NH, prompt_k_BKPH, prompt_v_BKPH, prompt_mask_BP, read_
   # The G*Q queries of prompt b and kv head k against that head's P prompt slots, as products
   # summed in float32 (one fused pass over the prompt block; see `block` below).
   f32 = lambda x: x.astype(jnp.float32)
-  q_BKMH = q_R1NH.reshape(B, G, K, Q, H).transpose(0, 2, 1, 3, 4).reshape(B, K, G * Q, H)
-  scores_BKMP = jnp.sum(f32(q_BKMH)[:, :, :, None] * f32(prompt_k_BKPH)[:, :, None],
+  q_BKJH = q_R1NH.reshape(B, G, K, Q, H).transpose(0, 2, 1, 3, 4).reshape(B, K, G * Q, H)
+  scores_BKJP = jnp.sum(f32(q_BKJH)[:, :, :, None] * f32(prompt_k_BKPH)[:, :, None],
                         axis=-1) * scale
-  scores_BKMP = jnp.where(prompt_mask_BP[:, None, None, :], scores_BKMP, layers.MASKED)
-  m1_BKM = jnp.max(scores_BKMP, axis=-1)
-  p_BKMP = jnp.exp(scores_BKMP - m1_BKM[..., None])
-  l1_BKM = jnp.sum(p_BKMP, axis=-1)
-  o1_BKMH = jnp.sum(p_BKMP[..., None] * f32(prompt_v_BKPH)[:, :, None], axis=-2)
-  to_rows = lambda x_BKM_: x_BKM_.reshape(B, K, G, Q, *x_BKM_.shape[3:]).swapaxes(1, 2).reshape(
-      R, K, Q, *x_BKM_.shape[3:])
-  m1_RKQ, l1_RKQ, o1_RKQH = to_rows(m1_BKM), to_rows(l1_BKM), to_rows(o1_BKMH)
+  scores_BKJP = jnp.where(prompt_mask_BP[:, None, None, :], scores_BKJP, layers.MASKED)
+  m1_BKJ = jnp.max(scores_BKJP, axis=-1)
+  p_BKJP = jnp.exp(scores_BKJP - m1_BKJ[..., None])
+  l1_BKJ = jnp.sum(p_BKJP, axis=-1)
+  o1_BKJH = jnp.sum(p_BKJP[..., None] * f32(prompt_v_BKPH)[:, :, None], axis=-2)
+  to_rows = lambda x_BKJ_: x_BKJ_.reshape(B, K, G, Q, *x_BKJ_.shape[3:]).swapaxes(1, 2).reshape(
+      R, K, Q, *x_BKJ_.shape[3:])
+  m1_RKQ, l1_RKQ, o1_RKQH = to_rows(m1_BKJ), to_rows(l1_BKJ), to_rows(o1_BKJH)
 
   q_RKQH = q_R1NH.reshape(R, K, Q, H)
 
@@ -202,6 +205,8 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
   Returns:
     (logits_RV float32 of the next token, the cache with length + 1).
   """
+  chex.assert_rank([tokens_R, positions_R], 1)
+  chex.assert_equal_shape([tokens_R, positions_R])
   c = config
   per_layer = isinstance(params['layers'], (tuple, list))
   if per_layer != isinstance(cache.k_YRKHT, (tuple, list)):

@@ -32,7 +32,7 @@ scaling: ``default``, ``linear`` and ``llama3`` (Llama-3.1/3.2), read from ``rop
 (transformers 4) or ``rope_parameters`` (transformers 5); a file with both that disagree is
 rejected.
 
-Dimension key: V vocab, D model dim, Y layers, N query heads, K kv heads, H head dim,
+Dimension key (docs/dimensions.md): V vocab, D model dim, Y layers, N query heads, K kv heads, H head dim,
 F mlp dim.
 """
 from __future__ import annotations

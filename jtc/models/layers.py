@@ -3,8 +3,8 @@ rotary embeddings (Hugging Face rotate_half layout, optional linear / Llama-3 sc
 q/k/v projections with optional qk-norm and biases, grouped-query softmax attention, the SwiGLU
 MLP and the pre-norm residual block. `jtc.models.model` scans them over the stacked layers.
 
-Dimension key: as `jtc.models.model` (B batch, L tokens, S key slots, N query heads, K kv heads,
-Q = N / K, H head dim, D model dim, F mlp dim).
+Dimension key (docs/dimensions.md), as `jtc.models.model`: B batch, L tokens, S key slots,
+N query heads, K kv heads, Q = N / K, H head dim, D model dim, F mlp dim.
 """
 
 import math

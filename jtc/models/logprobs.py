@@ -3,7 +3,7 @@ online log-sum-exp (`token_logprobs`) and the completion log-probs of [prompt | 
 rows (`sequence_logprobs`), which the update, the behaviour pass, the diagnostics and the
 analysis all use. Gradients are exact.
 
-Dimension key: B batch, T completion length, L = P + T, P prompt width, D model dim,
+Dimension key (docs/dimensions.md): B batch, T completion length, L = P + T, P prompt width, D model dim,
 V vocab, C vocab chunk, n number of chunks.
 """
 

@@ -40,7 +40,7 @@ which slots hold real tokens. Query slot ``index + l`` may see key slot ``s`` if
 live completion prefix in blocks) and its decode step are in `jtc.models.decode`; the architecture and
 its presets in `jtc.models.model_config`.
 
-Dimension key:
+Dimension key (docs/dimensions.md):
   B batch (prompts), G samples per prompt, R = B * G rows, L tokens in this call, S cache slots,
   P prompt length, T completion length, Y layers, N query heads, K kv heads,
   Q query heads per kv head (N = K * Q), H head dim, D model dim, F mlp dim, V vocab,

@@ -22,9 +22,9 @@ Everything inside `sample` is one jitted function, compiled once per
 (B, P, T, G, sampling-hyper-parameter) bucket; randomness comes only from `rng` (token t of
 every row is drawn with `fold_in(rng, t)`).
 
-Dimension key:
+Dimension key (docs/dimensions.md):
   B prompts, G samples per prompt, R = B * G rows, P prompt width, T max new tokens,
-  V vocab, D model dim.
+  V vocab, D model dim, E population members (`sample_members`).
 """
 
 import functools
@@ -253,21 +253,21 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
   return _sample_jit(params, prompt_tokens_BP, prompt_mask_BP, rng, **static)
 
 
-def sample_members(params, config: model_lib.ModelConfig, prompt_tokens_NBP, prompt_mask_NBP, *,
+def sample_members(params, config: model_lib.ModelConfig, prompt_tokens_EBP, prompt_mask_EBP, *,
                    rng: jax.Array, temperature=1.0, **kwargs) -> SampleOutput:
-  """`sample` for N policies at once (a seed population, `jtc.rl.population`): every argument
-  but the static ones carries a leading member axis N (params leaves [N, ...], prompts
-  [N, B, P], ``rng`` [N] keys) and so does every field of the output. ``temperature`` is a float
-  or an [N] array (one per member, traced: members of different temperatures share one program).
+  """`sample` for E policies at once (a seed population, `jtc.rl.population`): every argument
+  but the static ones carries a leading member axis E (params leaves [E, ...], prompts
+  [E, B, P], ``rng`` [E] keys) and so does every field of the output. ``temperature`` is a float
+  or an [E] array (one per member, traced: members of different temperatures share one program).
   Member n's samples are those of `sample` on member n's arguments."""
-  chex.assert_rank([prompt_tokens_NBP, prompt_mask_NBP], 3)
-  chex.assert_equal_shape([prompt_tokens_NBP, prompt_mask_NBP])
+  chex.assert_rank([prompt_tokens_EBP, prompt_mask_EBP], 3)
+  chex.assert_equal_shape([prompt_tokens_EBP, prompt_mask_EBP])
   per_member = not isinstance(temperature, (int, float))
   if per_member and not np.all(np.asarray(temperature) > 0):
     raise ValueError(f'sample_members: temperature={temperature!r} must be > 0 for every member')
-  static = _static_args(config, prompt_tokens_NBP.shape[-1],
+  static = _static_args(config, prompt_tokens_EBP.shape[-1],
                         temperature=1.0 if per_member else temperature, **kwargs)
-  return _sample_members_jit(params, prompt_tokens_NBP, prompt_mask_NBP, rng,
+  return _sample_members_jit(params, prompt_tokens_EBP, prompt_mask_EBP, rng,
                              jnp.asarray(temperature, jnp.float32) if per_member else None,
                              **static)
 
@@ -303,14 +303,14 @@ def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temp
               layer_loop=resolve_layer_loop(layer_loop))
 
 
-def _sample_members_impl(params, prompt_tokens_NBP, prompt_mask_NBP, rng_N, temperature_N,
+def _sample_members_impl(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E, temperature_E,
                          **static):
   """`_sample_impl` vmapped over members; a traced per-member temperature when given."""
-  if temperature_N is None:
+  if temperature_E is None:
     one = lambda p, t, m, r: _sample_impl(p, t, m, r, **static)
-    return jax.vmap(one)(params, prompt_tokens_NBP, prompt_mask_NBP, rng_N)
+    return jax.vmap(one)(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E)
   one = lambda p, t, m, r, temp: _sample_impl(p, t, m, r, **{**static, 'temperature': temp})
-  return jax.vmap(one)(params, prompt_tokens_NBP, prompt_mask_NBP, rng_N, temperature_N)
+  return jax.vmap(one)(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E, temperature_E)
 
 
 _sample_members_jit = jax.jit(_sample_members_impl, static_argnames=_STATIC)

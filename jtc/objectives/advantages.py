@@ -1,6 +1,6 @@
 """Group-relative advantages over contiguous groups of G completions of one prompt.
 
-Dimension key:
+Dimension key (docs/dimensions.md):
   B  batch of completions, B = M * G, each group contiguous
   M  number of groups (prompts)
   G  group size (completions per prompt)

@@ -23,7 +23,7 @@ flows through it), before aggregation, for every objective alike (`objectives.co
             truncated, on every token of sequence i (verl rollout correction, sequence level)
   seq_mask  w_i = rho_i 1[1/C <= rho_i <= C]: sequence-level masked importance sampling
 
-Dimension key: B sequences, T completion length.
+Dimension key (docs/dimensions.md): B sequences, T completion length.
 """
 
 import chex

@@ -12,25 +12,25 @@ centroid than to the opposite one (eq:DelTA-alpha),
 
     alpha_{i,t} = sigmoid( (||v - mu_opp||^2 - ||v - mu_own||^2) / gamma_side ),
 
-refines the centroids K times as alpha-weighted within-side averages, maps the final
+refines the centroids num_refine times as alpha-weighted within-side averages, maps the final
 scores to ``lam = lam_min + (lam_max - lam_min) * alpha*`` and self-normalises them
-(eq:DelTA-weighted-objective), ``lam_bar = lam * N / sum(lam)``, so a DAPO token-mean
+(eq:DelTA-weighted-objective), ``lam_bar = lam * n / sum(lam)`` (n valid tokens), so a DAPO token-mean
 with the weights ``lam_bar`` is the paper's self-normalised objective. This is the ONLY
 place lambda is normalised: `surrogates.delta` uses the coefficients as given, so the
-"w/o lambda-norm" ablation trains on sum(lam * ppo) / N.
+"w/o lambda-norm" ablation trains on sum(lam * ppo) / n.
 
 The token-gradient proxy is the LM-head output-row gradient (Implementation):
 ``grad_{W_y} log p(y) = (1 - p(y)) h``, with ``h`` the final-normed hidden state that
 predicted the token. It is computed chunk by chunk from the hidden states of the
 behaviour log-prob forward pass (`jtc.objectives.delta_geometry`), so no extra model forward pass is
-needed (the paper's implementation spends K + 2 = 3 of them) and only one chunk of ``v`` is
+needed (the paper's implementation spends num_refine + 2 = 3 of them) and only one chunk of ``v`` is
 ever materialised. The trainer's plug-in and the token clouds are in `jtc.objectives.token_weights`.
 
-Dimension key:
+Dimension key (docs/dimensions.md):
   B: batch (trajectories)    T: completion length     D: model dim
-  V: vocabulary              N: flattened tokens B*T  C: tokens per chunk
-  S: scope segments (1 for scope='batch', B // G for scope='group')
-  G: group size              K: top-k (topk_hidden proxy only)
+  V: vocabulary              U: flattened tokens B*T  C: tokens per chunk
+  I: scope segments (1 for scope='batch', B // G for scope='group')
+  G: group size              W: top-k candidates (topk_hidden proxy only)
   Z: side (0 = positive advantage, 1 = negative advantage)
 """
 
@@ -78,11 +78,11 @@ def token_coefficients(hidden_BTD: Array, token_logps_BT: Array, advantages_B: A
     Algorithm (DelTA Method / Implementation; eq labels from the paper):
       v_{i,t} = (1 - p_t(y_t)) h_t                                  (LM-head proxy)
       mu_Z^(0) = sum_{side Z} |A_i| v_{i,t} / sum_{side Z} |A_i|    (eq:centroid-decomposition)
-      for k = 0..K:  m^(k) = ||v - mu_opp^(k)||^2 - ||v - mu_own^(k)||^2
+      for k = 0..num_refine:  m^(k) = ||v - mu_opp^(k)||^2 - ||v - mu_own^(k)||^2
                      alpha^(k) = sigmoid(m^(k) / gamma_side^(k))      (eq:DelTA-alpha)
-                     if k < K: mu_Z^(k+1) = sum |A| alpha^(k) v / sum |A| alpha^(k)
-      lam = lam_min + (lam_max - lam_min) alpha^(K)                  (range map)
-      lam_bar = lam * N / sum(lam)   over the valid tokens of a scope segment
+                     if k < num_refine: mu_Z^(k+1) = sum |A| alpha^(k) v / sum |A| alpha^(k)
+      lam = lam_min + (lam_max - lam_min) alpha^(num_refine)          (range map)
+      lam_bar = lam * n / sum(lam)   over the n valid tokens of a scope segment
                                                            (eq:DelTA-weighted-objective)
 
     Token classes: *masked* tokens (mask 0) get lam = 0 and never touch a centroid or
@@ -122,48 +122,48 @@ def token_coefficients(hidden_BTD: Array, token_logps_BT: Array, advantages_B: A
   o = options
   tk = _token_classes(advantages_B, mask_BT, scope=o.scope, group_size=group_size)
   if o.random_lambda:  # the ablation: uniform scores, no geometry
-    alpha_N = jax.random.uniform(jax.random.fold_in(rng, 0), tk.valid_N.shape)
-    margin_N, gamma_SZ = jnp.zeros_like(alpha_N), jnp.zeros((tk.num_seg, 2), jnp.float32)
+    alpha_U = jax.random.uniform(jax.random.fold_in(rng, 0), tk.valid_U.shape)
+    margin_U, gamma_IZ = jnp.zeros_like(alpha_U), jnp.zeros((tk.num_seg, 2), jnp.float32)
     centroid_cos = jnp.float32(0.0)
   else:
     run = _proxy_pass(hidden_BTD, token_logps_BT, tk, o, unembed_VD=unembed_VD,
                       token_ids_BT=token_ids_BT)
-    alpha_N, margin_N, gamma_SZ, centroid_cos = _scores(run, tk, o)
+    alpha_U, margin_U, gamma_IZ, centroid_cos = _scores(run, tk, o)
   # Range map; valid tokens DelTA does not score get the neutral 1, masked ones 0.
-  lam_mapped_N = o.lam_min + (o.lam_max - o.lam_min) * alpha_N if o.range_map else alpha_N
-  lam_N = jnp.where(tk.valid_N, jnp.where(tk.scored_N, lam_mapped_N, 1.0), 0.0)
+  lam_mapped_U = o.lam_min + (o.lam_max - o.lam_min) * alpha_U if o.range_map else alpha_U
+  lam_U = jnp.where(tk.valid_U, jnp.where(tk.scored_U, lam_mapped_U, 1.0), 0.0)
   metrics = {}
-  final_N = lam_N
+  final_U = lam_U
   if o.selection is not None:
-    final_N, metrics = _select(lam_N, tk, o.selection, rng)
+    final_U, metrics = _select(lam_U, tk, o.selection, rng)
   if o.normalize:
-    final_N, metrics['norm_factor'] = _normalise(final_N, tk)
+    final_U, metrics['norm_factor'] = _normalise(final_U, tk)
   # lam is a constant per-token weight of the surrogate (eq:DelTA-weighted-objective
   # uses stop-gradient coefficients): no gradient may flow through the proxy.
-  final_N = jax.lax.stop_gradient(final_N)
-  metrics.update(_diagnostics(tk, lam_N, margin_N, gamma_SZ, centroid_cos))
+  final_U = jax.lax.stop_gradient(final_U)
+  metrics.update(_diagnostics(tk, lam_U, margin_U, gamma_IZ, centroid_cos))
   metrics = {k: jax.lax.stop_gradient(jnp.asarray(v, jnp.float32)) for k, v in metrics.items()}
-  return final_N.reshape(mask_BT.shape), metrics
+  return final_U.reshape(mask_BT.shape), metrics
 
 
 @flax.struct.dataclass
 class _Tokens:
-  """Per-token bookkeeping of one batch, flattened to N = B * T (all [N] unless stated).
+  """Per-token bookkeeping of one batch, flattened to U = B * T (all [U] unless stated).
 
   valid: real tokens; adv: their trajectory's advantage; seg: scope segment; side: POS / NEG;
-  seg2 = 2 seg + side; on_side: valid with A != 0; mass_SZ [S, 2]: |A| mass per segment side;
-  two_sided_S [S]: both sides present; scored: on_side in a two-sided segment; weight: |A|
-  where scored, else 0; num_seg: S (static)."""
-  valid_N: Array
-  adv_N: Array
-  seg_N: Array
-  side_N: Array
-  seg2_N: Array
-  on_side_N: Array
-  mass_SZ: Array
-  two_sided_S: Array
-  scored_N: Array
-  weight_N: Array
+  seg2 = 2 seg + side; on_side: valid with A != 0; mass_IZ: |A| mass per segment side;
+  two_sided_I: both sides present; scored: on_side in a two-sided segment; weight: |A|
+  where scored, else 0; num_seg: I (static)."""
+  valid_U: Array
+  adv_U: Array
+  seg_U: Array
+  side_U: Array
+  seg2_U: Array
+  on_side_U: Array
+  mass_IZ: Array
+  two_sided_I: Array
+  scored_U: Array
+  weight_U: Array
   num_seg: int = flax.struct.field(pytree_node=False)
 
 
@@ -171,18 +171,18 @@ def _token_classes(advantages_B, mask_BT, *, scope, group_size):
   """The `_Tokens` of a batch: which tokens DelTA scores and their |A| weights."""
   batch, length = mask_BT.shape
   num_seg = batch // group_size if scope == 'group' else 1
-  valid_N = (mask_BT > 0).reshape(-1)
-  adv_N = jnp.repeat(advantages_B.astype(jnp.float32), length)
-  seg_N = jnp.repeat(jnp.arange(batch) // (batch // num_seg), length).astype(jnp.int32)
-  side_N = jnp.where(adv_N < 0, NEG, POS).astype(jnp.int32)
-  seg2_N = 2 * seg_N + side_N
-  on_side_N = valid_N & (adv_N != 0)
-  mass_SZ = geometry.seg_sum(jnp.where(on_side_N, jnp.abs(adv_N), 0.0), seg2_N, num_seg)
-  two_sided_S = jnp.all(mass_SZ > 0, axis=-1)
-  scored_N = on_side_N & two_sided_S[seg_N]
-  return _Tokens(valid_N=valid_N, adv_N=adv_N, seg_N=seg_N, side_N=side_N, seg2_N=seg2_N,
-                 on_side_N=on_side_N, mass_SZ=mass_SZ, two_sided_S=two_sided_S, scored_N=scored_N,
-                 weight_N=jnp.where(scored_N, jnp.abs(adv_N), 0.0), num_seg=num_seg)
+  valid_U = (mask_BT > 0).reshape(-1)
+  adv_U = jnp.repeat(advantages_B.astype(jnp.float32), length)
+  seg_U = jnp.repeat(jnp.arange(batch) // (batch // num_seg), length).astype(jnp.int32)
+  side_U = jnp.where(adv_U < 0, NEG, POS).astype(jnp.int32)
+  seg2_U = 2 * seg_U + side_U
+  on_side_U = valid_U & (adv_U != 0)
+  mass_IZ = geometry.seg_sum(jnp.where(on_side_U, jnp.abs(adv_U), 0.0), seg2_U, num_seg)
+  two_sided_I = jnp.all(mass_IZ > 0, axis=-1)
+  scored_U = on_side_U & two_sided_I[seg_U]
+  return _Tokens(valid_U=valid_U, adv_U=adv_U, seg_U=seg_U, side_U=side_U, seg2_U=seg2_U,
+                 on_side_U=on_side_U, mass_IZ=mass_IZ, two_sided_I=two_sided_I, scored_U=scored_U,
+                 weight_U=jnp.where(scored_U, jnp.abs(adv_U), 0.0), num_seg=num_seg)
 
 
 def _proxy_pass(hidden_BTD, token_logps_BT, tk, o, *, unembed_VD, token_ids_BT):
@@ -191,120 +191,120 @@ def _proxy_pass(hidden_BTD, token_logps_BT, tk, o, *, unembed_VD, token_ids_BT):
   batch, length, dim = hidden_BTD.shape
   num_tokens = batch * length
   chunk = min(o.chunk_size, num_tokens)
-  hidden_ND = hidden_BTD.reshape(num_tokens, dim)
+  hidden_UD = hidden_BTD.reshape(num_tokens, dim)
 
   def hidden_chunk(start):
     # Note: XLA:CPU upcasts a bfloat16 loop operand to float32 once, before the loop
     # (a float32 copy of all hidden states); pass float32 hidden states on CPU.
-    return jax.lax.dynamic_slice_in_dim(hidden_ND, start, chunk, axis=0)
+    return jax.lax.dynamic_slice_in_dim(hidden_UD, start, chunk, axis=0)
 
   if o.proxy == 'lm_head':
-    logps_N = token_logps_BT.reshape(-1)
+    logps_U = token_logps_BT.reshape(-1)
     v_fn = lambda start: geometry.lm_head_proxy(hidden_chunk(start),
-                                                geometry.take_chunk(logps_N, start, chunk))
+                                                geometry.take_chunk(logps_U, start, chunk))
   else:
-    ids_N = token_ids_BT.reshape(-1)
+    ids_U = token_ids_BT.reshape(-1)
     v_fn = lambda start: geometry.topk_hidden_proxy(hidden_chunk(
-        start), geometry.take_chunk(ids_N, start, chunk), unembed_VD, topk=o.topk)
-  return functools.partial(geometry.proxy_pass, v_fn, tk.seg_N, tk.side_N, num_tokens=num_tokens,
+        start), geometry.take_chunk(ids_U, start, chunk), unembed_VD, topk=o.topk)
+  return functools.partial(geometry.proxy_pass, v_fn, tk.seg_U, tk.side_U, num_tokens=num_tokens,
                            chunk=chunk, num_seg=tk.num_seg, dim=dim)
 
 
 def _scores(run, tk, o):
-  """alpha* by K refinements of the |A|-weighted side centroids: mu_Z^(0) from the scored
+  """alpha* by num_refine refinements of the |A|-weighted side centroids: mu_Z^(0) from the scored
   tokens (eq:centroid-decomposition), then per iteration the margins, alpha^(k) = sigmoid(m /
-  gamma_side) (eq:DelTA-alpha) and the alpha-weighted centroids. Returns (alpha_N, margin_N,
-  gamma_SZ, centroid_cos: mean cosine of the final mu+ and mu- over two-sided segments)."""
+  gamma_side) (eq:DelTA-alpha) and the alpha-weighted centroids. Returns (alpha_U, margin_U,
+  gamma_IZ, centroid_cos: mean cosine of the final mu+ and mu- over two-sided segments)."""
   num_seg = tk.num_seg
-  first = run(weight_N=tk.weight_N, want_sq=o.within_side_only or o.gamma is not None)
-  sq_N = first.get('sq_N')
-  unit_S = None
+  first = run(weight_U=tk.weight_U, want_sq=o.within_side_only or o.gamma is not None)
+  sq_U = first.get('sq_U')
+  unit_I = None
   if o.gamma is not None:  # a fixed gamma is stated in units of the mean ||v||^2
-    n_scored_S = jax.ops.segment_sum(tk.scored_N.astype(jnp.float32), tk.seg_N,
+    n_scored_I = jax.ops.segment_sum(tk.scored_U.astype(jnp.float32), tk.seg_U,
                                      num_segments=num_seg)
-    unit_S = (
-        jax.ops.segment_sum(jnp.where(tk.scored_N, sq_N, 0.0), tk.seg_N, num_segments=num_seg) /
-        jnp.maximum(n_scored_S, 1.0))
-  mu_SZD = first['sums_SZD'] / jnp.maximum(tk.mass_SZ, 1e-30)[..., None]
+    unit_I = (
+        jax.ops.segment_sum(jnp.where(tk.scored_U, sq_U, 0.0), tk.seg_U, num_segments=num_seg) /
+        jnp.maximum(n_scored_I, 1.0))
+  mu_IZD = first['sums_IZD'] / jnp.maximum(tk.mass_IZ, 1e-30)[..., None]
   for k in range(o.num_refine + 1):
-    proj_NZ = run(mu_SZD=mu_SZD)['proj_NZ']
-    margin_N = geometry.margins(proj_NZ, sq_N, mu_SZD, tk.seg_N, tk.side_N, tk.scored_N,
+    proj_UZ = run(mu_IZD=mu_IZD)['proj_UZ']
+    margin_U = geometry.margins(proj_UZ, sq_U, mu_IZD, tk.seg_U, tk.side_U, tk.scored_U,
                                 within_side_only=o.within_side_only, num_seg=num_seg)
-    alpha_N, gamma_SZ = geometry.assign(margin_N, tk.scored_N, tk.seg2_N, num_seg=num_seg,
-                                        gamma=o.gamma, unit_S=unit_S,
+    alpha_U, gamma_IZ = geometry.assign(margin_U, tk.scored_U, tk.seg2_U, num_seg=num_seg,
+                                        gamma=o.gamma, unit_I=unit_I,
                                         soft_assignment=o.soft_assignment)
     if k < o.num_refine:
-      w_alpha_N = tk.weight_N * alpha_N
-      den_SZ = geometry.seg_sum(w_alpha_N, tk.seg2_N, num_seg)
-      sums_SZD = run(weight_N=w_alpha_N)['sums_SZD']
+      w_alpha_U = tk.weight_U * alpha_U
+      den_IZ = geometry.seg_sum(w_alpha_U, tk.seg2_U, num_seg)
+      sums_IZD = run(weight_U=w_alpha_U)['sums_IZD']
       # A side whose scores are all zero (possible with hard assignment) keeps its centroid.
-      mu_SZD = jnp.where((den_SZ > 0)[..., None], sums_SZD / jnp.maximum(den_SZ, 1e-30)[..., None],
-                         mu_SZD)
-  dot_S = jnp.sum(mu_SZD[:, POS] * mu_SZD[:, NEG], axis=-1)
-  nrm_S = jnp.linalg.norm(mu_SZD[:, POS], axis=-1) * jnp.linalg.norm(mu_SZD[:, NEG], axis=-1)
-  cos_S = dot_S / jnp.maximum(nrm_S, 1e-30)
-  centroid_cos = (jnp.sum(jnp.where(tk.two_sided_S, cos_S, 0.0)) /
-                  jnp.maximum(jnp.sum(tk.two_sided_S), 1))
-  return alpha_N, margin_N, gamma_SZ, centroid_cos
+      mu_IZD = jnp.where((den_IZ > 0)[..., None], sums_IZD / jnp.maximum(den_IZ, 1e-30)[..., None],
+                         mu_IZD)
+  dot_I = jnp.sum(mu_IZD[:, POS] * mu_IZD[:, NEG], axis=-1)
+  nrm_I = jnp.linalg.norm(mu_IZD[:, POS], axis=-1) * jnp.linalg.norm(mu_IZD[:, NEG], axis=-1)
+  cos_I = dot_I / jnp.maximum(nrm_I, 1e-30)
+  centroid_cos = (jnp.sum(jnp.where(tk.two_sided_I, cos_I, 0.0)) /
+                  jnp.maximum(jnp.sum(tk.two_sided_I), 1))
+  return alpha_U, margin_U, gamma_IZ, centroid_cos
 
 
-def _select(lam_N, tk, selection, rng):
+def _select(lam_U, tk, selection, rng):
   """Figure 3's hard selection: keep half of each advantage side's tokens (or of the pooled
   segment, '*_pooled') by lam ('top' / 'bottom') or at random; (keep as 0/1 weights, metrics)."""
   rule, _, pooled = selection.partition('_')
   if rule == 'random':
-    score_N = jax.random.uniform(jax.random.fold_in(rng, 1), lam_N.shape)
+    score_U = jax.random.uniform(jax.random.fold_in(rng, 1), lam_U.shape)
   else:
-    score_N = lam_N
+    score_U = lam_U
   if pooled:
-    keep_N = geometry.select(score_N, tk.valid_N, tk.seg_N, num_seg=tk.num_seg, descending=rule
+    keep_U = geometry.select(score_U, tk.valid_U, tk.seg_U, num_seg=tk.num_seg, descending=rule
                              != 'bottom')
   else:
-    keep_N = geometry.select(score_N, tk.on_side_N, tk.seg2_N, num_seg=2 * tk.num_seg,
+    keep_U = geometry.select(score_U, tk.on_side_U, tk.seg2_U, num_seg=2 * tk.num_seg,
                              descending=rule != 'bottom')
   metrics = {
-      'frac_selected': jnp.sum(keep_N) / jnp.maximum(jnp.sum(tk.valid_N), 1),
-      'selected_pos_share': jnp.sum(keep_N & (tk.adv_N > 0)) / jnp.maximum(jnp.sum(keep_N), 1)
+      'frac_selected': jnp.sum(keep_U) / jnp.maximum(jnp.sum(tk.valid_U), 1),
+      'selected_pos_share': jnp.sum(keep_U & (tk.adv_U > 0)) / jnp.maximum(jnp.sum(keep_U), 1)
   }
-  return keep_N.astype(jnp.float32), metrics
+  return keep_U.astype(jnp.float32), metrics
 
 
-def _normalise(x_N, tk):
-  """Self-normalisation lam_bar = lam * N / sum(lam) over the valid tokens of each scope
+def _normalise(x_U, tk):
+  """Self-normalisation lam_bar = lam * n / sum(lam) over the valid tokens of each scope
   segment (eq:DelTA-weighted-objective); (lam_bar, the mean factor)."""
-  n_S = jax.ops.segment_sum(tk.valid_N.astype(jnp.float32), tk.seg_N, num_segments=tk.num_seg)
-  z_S = jax.ops.segment_sum(x_N, tk.seg_N, num_segments=tk.num_seg)
-  factor_S = jnp.where(z_S > 0, n_S / jnp.maximum(z_S, 1e-30), 1.0)
-  return x_N * factor_S[tk.seg_N], jnp.mean(factor_S)
+  n_I = jax.ops.segment_sum(tk.valid_U.astype(jnp.float32), tk.seg_U, num_segments=tk.num_seg)
+  z_I = jax.ops.segment_sum(x_U, tk.seg_U, num_segments=tk.num_seg)
+  factor_I = jnp.where(z_I > 0, n_I / jnp.maximum(z_I, 1e-30), 1.0)
+  return x_U * factor_I[tk.seg_U], jnp.mean(factor_I)
 
 
-def _diagnostics(tk, lam_N, margin_N, gamma_SZ, centroid_cos):
+def _diagnostics(tk, lam_U, margin_U, gamma_IZ, centroid_cos):
   """The scalar metrics of `token_coefficients` (per side: lam before normalisation, the
   final margins, gamma; the shares of one-sided and scored tokens; the centroid cosine)."""
-  n_side = jnp.maximum(jnp.sum(tk.on_side_N), 1)
+  n_side = jnp.maximum(jnp.sum(tk.on_side_U), 1)
   metrics = {
-      'frac_one_sided': jnp.sum(tk.on_side_N & ~tk.scored_N) / n_side,
-      'frac_scored': jnp.sum(tk.scored_N) / jnp.maximum(jnp.sum(tk.valid_N), 1),
+      'frac_one_sided': jnp.sum(tk.on_side_U & ~tk.scored_U) / n_side,
+      'frac_scored': jnp.sum(tk.scored_U) / jnp.maximum(jnp.sum(tk.valid_U), 1),
       'centroid_cos': centroid_cos
   }
   for name, z in (('pos', POS), ('neg', NEG)):
-    on_N = tk.scored_N & (tk.side_N == z)
-    metrics.update(_masked_stats(f'lam_{name}', lam_N, on_N))
-    metrics.update(_masked_stats(f'margin_{name}', margin_N, on_N))
-    metrics[f'gamma_{name}'] = (jnp.sum(jnp.where(tk.two_sided_S, gamma_SZ[:, z], 0.0)) /
-                                jnp.maximum(jnp.sum(tk.two_sided_S), 1))
+    on_U = tk.scored_U & (tk.side_U == z)
+    metrics.update(_masked_stats(f'lam_{name}', lam_U, on_U))
+    metrics.update(_masked_stats(f'margin_{name}', margin_U, on_U))
+    metrics[f'gamma_{name}'] = (jnp.sum(jnp.where(tk.two_sided_I, gamma_IZ[:, z], 0.0)) /
+                                jnp.maximum(jnp.sum(tk.two_sided_I), 1))
   return metrics
 
 
-def _masked_stats(prefix: str, x_N: Array, on_N: Array) -> dict[str, Array]:
-  """mean/std/min/max of x over on_N (all 0 when on_N is empty)."""
-  cnt = jnp.maximum(jnp.sum(on_N), 1)
-  mean = jnp.sum(jnp.where(on_N, x_N, 0.0)) / cnt
-  var = jnp.sum(jnp.where(on_N, (x_N - mean)**2, 0.0)) / cnt
-  any_on = jnp.any(on_N)
+def _masked_stats(prefix: str, x_U: Array, on_U: Array) -> dict[str, Array]:
+  """mean/std/min/max of x over on_U (all 0 when on_U is empty)."""
+  cnt = jnp.maximum(jnp.sum(on_U), 1)
+  mean = jnp.sum(jnp.where(on_U, x_U, 0.0)) / cnt
+  var = jnp.sum(jnp.where(on_U, (x_U - mean)**2, 0.0)) / cnt
+  any_on = jnp.any(on_U)
   return {
       f'{prefix}_mean': mean,
       f'{prefix}_std': jnp.sqrt(var),
-      f'{prefix}_min': jnp.where(any_on, jnp.min(jnp.where(on_N, x_N, jnp.inf)), 0.0),
-      f'{prefix}_max': jnp.where(any_on, jnp.max(jnp.where(on_N, x_N, -jnp.inf)), 0.0),
+      f'{prefix}_min': jnp.where(any_on, jnp.min(jnp.where(on_U, x_U, jnp.inf)), 0.0),
+      f'{prefix}_max': jnp.where(any_on, jnp.max(jnp.where(on_U, x_U, -jnp.inf)), 0.0),
   }

@@ -5,9 +5,9 @@ The proxy of a token's gradient ``v_{i,t}`` is the LM-head output-row gradient
 ``grad_{W_y} log p(y) = (1 - p(y)) h`` (DelTA Implementation), computed chunk by chunk from the
 hidden states of the behaviour pass: only one [chunk, D] block of v ever exists.
 
-Dimension key:
-  N: flattened tokens B*T  C: tokens per chunk  D: model dim  V: vocabulary  K: top-k
-  S: scope segments (1 for scope='batch', B // G for scope='group')
+Dimension key (docs/dimensions.md):
+  U: flattened tokens B*T  C: tokens per chunk  D: model dim  V: vocabulary  W: top-k candidates
+  I: scope segments (1 for scope='batch', B // G for scope='group')
   Z: side (0 = positive advantage, 1 = negative advantage)
 """
 
@@ -48,7 +48,7 @@ def topk_hidden_proxy(hidden_CD: Array, token_ids_C: Array, unembed_VD: Array, *
     DelTA Table 4 "Top-K hidden-gradient proxy". The digest names but does not define
     it; we use the gradient of log p(y) with respect to the hidden state,
     ``grad_h log softmax(W h)_y = W_y - sum_v p_v W_v``, with the expectation truncated
-    to the K most likely tokens (not renormalised). With K = V it is the exact
+    to the k most likely tokens (not renormalised). With k = V it is the exact
     hidden-state gradient. Assumes logits = h @ W^T (no bias, no soft-capping).
 
     Args: hidden_CD [C, D]; token_ids_C [C] sampled ids y; unembed_VD [V, D].
@@ -58,9 +58,9 @@ def topk_hidden_proxy(hidden_CD: Array, token_ids_C: Array, unembed_VD: Array, *
   w_VD = unembed_VD.astype(jnp.float32)
   logits_CV = jnp.einsum('CD,VD->CV', hidden_CD.astype(jnp.float32), w_VD)
   probs_CV = jax.nn.softmax(logits_CV, axis=-1)
-  top_p_CK, top_ids_CK = jax.lax.top_k(probs_CV, topk)
+  top_p_CW, top_ids_CW = jax.lax.top_k(probs_CV, topk)
   rows_C1 = jnp.arange(probs_CV.shape[0])[:, None]
-  coef_CV = jnp.zeros_like(probs_CV).at[rows_C1, top_ids_CK].set(top_p_CK)
+  coef_CV = jnp.zeros_like(probs_CV).at[rows_C1, top_ids_CW].set(top_p_CW)
   return w_VD[token_ids_C] - jnp.einsum('CV,VD->CD', coef_CV, w_VD)
 
 
@@ -72,7 +72,7 @@ def topk_hidden_proxy(hidden_CD: Array, token_ids_C: Array, unembed_VD: Array, *
 def scan_chunks(num_tokens: int, chunk: int, body: Callable, init: Any) -> Any:
   """Runs ``carry = body(carry, start, fresh_C)`` over chunks of ``chunk`` tokens.
 
-    Chunks start at ``min(i * chunk, N - chunk)`` so every slice is in bounds without
+    Chunks start at ``min(i * chunk, U - chunk)`` so every slice is in bounds without
     padding (which would copy the hidden states); ``fresh_C`` marks tokens not already
     covered by a previous chunk, so accumulations count each token once.
     """
@@ -87,49 +87,49 @@ def scan_chunks(num_tokens: int, chunk: int, body: Callable, init: Any) -> Any:
   return carry
 
 
-def take_chunk(x_N: Array, start: Array, chunk: int) -> Array:
-  return jax.lax.dynamic_slice_in_dim(x_N, start, chunk, axis=0)
+def take_chunk(x_U: Array, start: Array, chunk: int) -> Array:
+  return jax.lax.dynamic_slice_in_dim(x_U, start, chunk, axis=0)
 
 
-def proxy_pass(v_fn: Callable, seg_N: Array, side_N: Array, *, num_tokens: int, chunk: int,
-               num_seg: int, dim: int, mu_SZD: Optional[Array] = None,
-               weight_N: Optional[Array] = None, want_sq: bool = False) -> dict:
+def proxy_pass(v_fn: Callable, seg_U: Array, side_U: Array, *, num_tokens: int, chunk: int,
+               num_seg: int, dim: int, mu_IZD: Optional[Array] = None,
+               weight_U: Optional[Array] = None, want_sq: bool = False) -> dict:
   """One chunked pass over v = v_fn(start) computing any of:
 
-    * ``proj_NZ``: v . mu_{seg, Z} for both sides of the token's own scope segment;
-    * ``sums_SZD``: sum_t weight_t v_t per (segment, side of the token);
-    * ``sq_N``: ||v_t||^2.
+    * ``proj_UZ``: v . mu_{seg, Z} for both sides of the token's own scope segment;
+    * ``sums_IZD``: sum_t weight_t v_t per (segment, side of the token);
+    * ``sq_U``: ||v_t||^2.
     """
   init = {}
-  if mu_SZD is not None:
-    init['proj_NZ'] = jnp.zeros((num_tokens, 2), jnp.float32)
-  if weight_N is not None:
-    init['sums_SZD'] = jnp.zeros((num_seg, 2, dim), jnp.float32)
+  if mu_IZD is not None:
+    init['proj_UZ'] = jnp.zeros((num_tokens, 2), jnp.float32)
+  if weight_U is not None:
+    init['sums_IZD'] = jnp.zeros((num_seg, 2, dim), jnp.float32)
   if want_sq:
-    init['sq_N'] = jnp.zeros((num_tokens,), jnp.float32)
+    init['sq_U'] = jnp.zeros((num_tokens,), jnp.float32)
 
   def body(carry, start, fresh_C):
     v_CD = v_fn(start)
     out = dict(carry)
-    seg_C = take_chunk(seg_N, start, chunk)
-    if mu_SZD is not None:
+    seg_C = take_chunk(seg_U, start, chunk)
+    if mu_IZD is not None:
       if num_seg == 1:
-        proj_CZ = jnp.einsum('CD,ZD->CZ', v_CD, mu_SZD[0])
+        proj_CZ = jnp.einsum('CD,ZD->CZ', v_CD, mu_IZD[0])
       else:
-        proj_CZ = jnp.einsum('CD,CZD->CZ', v_CD, mu_SZD[seg_C])
-      out['proj_NZ'] = jax.lax.dynamic_update_slice_in_dim(carry['proj_NZ'], proj_CZ, start, axis=0)
-    if weight_N is not None:
-      w_C = jnp.where(fresh_C, take_chunk(weight_N, start, chunk), 0.0)
-      side_C = take_chunk(side_N, start, chunk)
+        proj_CZ = jnp.einsum('CD,CZD->CZ', v_CD, mu_IZD[seg_C])
+      out['proj_UZ'] = jax.lax.dynamic_update_slice_in_dim(carry['proj_UZ'], proj_CZ, start, axis=0)
+    if weight_U is not None:
+      w_C = jnp.where(fresh_C, take_chunk(weight_U, start, chunk), 0.0)
+      side_C = take_chunk(side_U, start, chunk)
       if num_seg == 1:
         w_CZ = w_C[:, None] * jax.nn.one_hot(side_C, 2, dtype=jnp.float32)
-        add_SZD = jnp.einsum('CZ,CD->ZD', w_CZ, v_CD)[None]
+        add_IZD = jnp.einsum('CZ,CD->ZD', w_CZ, v_CD)[None]
       else:
-        add_SZD = jax.ops.segment_sum(w_C[:, None] * v_CD, 2 * seg_C + side_C,
+        add_IZD = jax.ops.segment_sum(w_C[:, None] * v_CD, 2 * seg_C + side_C,
                                       num_segments=2 * num_seg).reshape(num_seg, 2, dim)
-      out['sums_SZD'] = carry['sums_SZD'] + add_SZD
+      out['sums_IZD'] = carry['sums_IZD'] + add_IZD
     if want_sq:
-      out['sq_N'] = jax.lax.dynamic_update_slice_in_dim(carry['sq_N'],
+      out['sq_U'] = jax.lax.dynamic_update_slice_in_dim(carry['sq_U'],
                                                         jnp.sum(v_CD * v_CD,
                                                                 axis=-1), start, axis=0)
     return out
@@ -142,23 +142,23 @@ def proxy_pass(v_fn: Callable, seg_N: Array, side_N: Array, *, num_tokens: int, 
 # ----------------------------------------------------------------------------------
 
 
-def seg_sum(x_N: Array, seg2_N: Array, num_seg: int) -> Array:
-  """Sum per (scope segment, side) -> [S, Z]."""
-  return jax.ops.segment_sum(x_N, seg2_N, num_segments=2 * num_seg).reshape(num_seg, 2)
+def seg_sum(x_U: Array, seg2_U: Array, num_seg: int) -> Array:
+  """Sum per (scope segment, side) -> [I, Z]."""
+  return jax.ops.segment_sum(x_U, seg2_U, num_segments=2 * num_seg).reshape(num_seg, 2)
 
 
-def seg_mean_std(x_N: Array, on_N: Array, seg2_N: Array, num_seg: int):
-  """Two-pass mean and population std of x over the tokens with on_N, per segment."""
-  cnt_SZ = seg_sum(on_N.astype(jnp.float32), seg2_N, num_seg)
-  safe_SZ = jnp.maximum(cnt_SZ, 1.0)
-  mean_SZ = seg_sum(jnp.where(on_N, x_N, 0.0), seg2_N, num_seg) / safe_SZ
-  dev_N = jnp.where(on_N, x_N - mean_SZ.reshape(-1)[seg2_N], 0.0)
-  var_SZ = seg_sum(dev_N * dev_N, seg2_N, num_seg) / safe_SZ
-  return mean_SZ, jnp.sqrt(var_SZ)
+def seg_mean_std(x_U: Array, on_U: Array, seg2_U: Array, num_seg: int):
+  """Two-pass mean and population std of x over the tokens with on_U, per segment."""
+  cnt_IZ = seg_sum(on_U.astype(jnp.float32), seg2_U, num_seg)
+  safe_IZ = jnp.maximum(cnt_IZ, 1.0)
+  mean_IZ = seg_sum(jnp.where(on_U, x_U, 0.0), seg2_U, num_seg) / safe_IZ
+  dev_U = jnp.where(on_U, x_U - mean_IZ.reshape(-1)[seg2_U], 0.0)
+  var_IZ = seg_sum(dev_U * dev_U, seg2_U, num_seg) / safe_IZ
+  return mean_IZ, jnp.sqrt(var_IZ)
 
 
-def margins(proj_NZ: Array, sq_N: Array, mu_SZD: Array, seg_N: Array, side_N: Array,
-            scored_N: Array, *, within_side_only: bool, num_seg: int) -> Array:
+def margins(proj_UZ: Array, sq_U: Array, mu_IZD: Array, seg_U: Array, side_U: Array,
+            scored_U: Array, *, within_side_only: bool, num_seg: int) -> Array:
   """Own-side margin per token.
 
     Distances are ``d_Z = ||v||^2 - 2 v.mu_Z + ||mu_Z||^2``. DelTA (eq:DelTA-alpha)
@@ -167,54 +167,54 @@ def margins(proj_NZ: Array, sq_N: Array, mu_SZD: Array, seg_N: Array, side_N: Ar
     Within-side only (Table 4): ``m = mean_side(d_own) - d_own`` (own-side centrality:
     positive for tokens closer than average to their own centroid).
     """
-  musq_SZ = jnp.sum(mu_SZD * mu_SZD, axis=-1)
-  musq_NZ = musq_SZ[seg_N]
-  own_N = side_N
-  opp_N = 1 - side_N
-  take = lambda x_NZ, z_N: jnp.take_along_axis(x_NZ, z_N[:, None], axis=1)[:, 0]
+  musq_IZ = jnp.sum(mu_IZD * mu_IZD, axis=-1)
+  musq_UZ = musq_IZ[seg_U]
+  own_U = side_U
+  opp_U = 1 - side_U
+  take = lambda x_UZ, z_U: jnp.take_along_axis(x_UZ, z_U[:, None], axis=1)[:, 0]
   if not within_side_only:
-    return (2.0 * (take(proj_NZ, own_N) - take(proj_NZ, opp_N)) + take(musq_NZ, opp_N) -
-            take(musq_NZ, own_N))
-  d_own_N = sq_N - 2.0 * take(proj_NZ, own_N) + take(musq_NZ, own_N)
-  seg2_N = 2 * seg_N + side_N
-  mean_SZ, _ = seg_mean_std(d_own_N, scored_N, seg2_N, num_seg)
-  return mean_SZ.reshape(-1)[seg2_N] - d_own_N
+    return (2.0 * (take(proj_UZ, own_U) - take(proj_UZ, opp_U)) + take(musq_UZ, opp_U) -
+            take(musq_UZ, own_U))
+  d_own_U = sq_U - 2.0 * take(proj_UZ, own_U) + take(musq_UZ, own_U)
+  seg2_U = 2 * seg_U + side_U
+  mean_IZ, _ = seg_mean_std(d_own_U, scored_U, seg2_U, num_seg)
+  return mean_IZ.reshape(-1)[seg2_U] - d_own_U
 
 
-def assign(margin_N: Array, scored_N: Array, seg2_N: Array, *, num_seg: int, gamma: Optional[float],
-           unit_S: Optional[Array], soft_assignment: bool):
+def assign(margin_U: Array, scored_U: Array, seg2_U: Array, *, num_seg: int, gamma: Optional[float],
+           unit_I: Optional[Array], soft_assignment: bool):
   """alpha = sigmoid(m / gamma_side) (eq:DelTA-alpha) or hard 1[m > 0] (w/o h(alpha)).
 
     Adaptive gamma (gamma=None): the spread of the margins, i.e. the population std of
     m over the scored tokens of the same side and scope segment (floored at 1e-12).
-    Fixed gamma: gamma * unit_S, the same for both sides (unit_S: E||v||^2 per segment).
-    Returns (alpha_N, gamma_SZ).
+    Fixed gamma: gamma * unit_I, the same for both sides (unit_I: E||v||^2 per segment).
+    Returns (alpha_U, gamma_IZ).
     """
   if gamma is None:
-    _, std_SZ = seg_mean_std(margin_N, scored_N, seg2_N, num_seg)
-    gamma_SZ = jnp.maximum(std_SZ, GAMMA_FLOOR)
+    _, std_IZ = seg_mean_std(margin_U, scored_U, seg2_U, num_seg)
+    gamma_IZ = jnp.maximum(std_IZ, GAMMA_FLOOR)
   else:
-    gamma_SZ = jnp.broadcast_to(jnp.maximum(gamma * unit_S, GAMMA_FLOOR)[:, None], (num_seg, 2))
+    gamma_IZ = jnp.broadcast_to(jnp.maximum(gamma * unit_I, GAMMA_FLOOR)[:, None], (num_seg, 2))
   if soft_assignment:
-    alpha_N = jax.nn.sigmoid(margin_N / gamma_SZ.reshape(-1)[seg2_N])
+    alpha_U = jax.nn.sigmoid(margin_U / gamma_IZ.reshape(-1)[seg2_U])
   else:
-    alpha_N = (margin_N > 0).astype(jnp.float32)
-  return alpha_N, gamma_SZ
+    alpha_U = (margin_U > 0).astype(jnp.float32)
+  return alpha_U, gamma_IZ
 
 
-def select(score_N: Array, valid_N: Array, seg_N: Array, *, num_seg: int,
+def select(score_U: Array, valid_U: Array, seg_U: Array, *, num_seg: int,
            descending: bool) -> Array:
   """Hard mask keeping ceil(n/2) of the n valid tokens of every segment by score
     (Figure 3). Segments are any labels in [0, num_seg); ties broken by token index.
     """
-  num_tokens = score_N.shape[0]
-  key_N = -score_N if descending else score_N
-  order_N = jnp.lexsort((key_N, ~valid_N, seg_N))
-  pos_N = jnp.zeros((num_tokens,),
-                    jnp.int32).at[order_N].set(jnp.arange(num_tokens, dtype=jnp.int32))
-  size_S = jax.ops.segment_sum(jnp.ones_like(seg_N), seg_N, num_segments=num_seg)
-  start_S = jnp.cumsum(size_S) - size_S
-  rank_N = pos_N - start_S[seg_N]
-  n_valid_S = jax.ops.segment_sum(valid_N.astype(jnp.int32), seg_N, num_segments=num_seg)
-  n_keep_S = (n_valid_S + 1) // 2
-  return valid_N & (rank_N < n_keep_S[seg_N])
+  num_tokens = score_U.shape[0]
+  key_U = -score_U if descending else score_U
+  order_U = jnp.lexsort((key_U, ~valid_U, seg_U))
+  pos_U = jnp.zeros((num_tokens,),
+                    jnp.int32).at[order_U].set(jnp.arange(num_tokens, dtype=jnp.int32))
+  size_I = jax.ops.segment_sum(jnp.ones_like(seg_U), seg_U, num_segments=num_seg)
+  start_I = jnp.cumsum(size_I) - size_I
+  rank_U = pos_U - start_I[seg_U]
+  n_valid_I = jax.ops.segment_sum(valid_U.astype(jnp.int32), seg_U, num_segments=num_seg)
+  n_keep_I = (n_valid_I + 1) // 2
+  return valid_U & (rank_U < n_keep_I[seg_U])

@@ -1,6 +1,6 @@
 """In-group transforms of trajectory weights (DFPO, paper Sec. 4.4 and Appendix B).
 
-Dimension key:
+Dimension key (docs/dimensions.md):
   G  group size (completions of one prompt)
   M  number of groups; batched helpers take ``[M, G]`` arrays
 
@@ -112,11 +112,11 @@ def pos_orth_proj_qp(w_G, adv_G):
   has_neg = jnp.any(adv_G < 0)
   # Breakpoints b_k = w_k / A_k (only where A_k != 0).
   b_G = jnp.where(nonzero_G, w_G / jnp.where(nonzero_G, adv_G, 1.0), 0.0)
-  # f at each breakpoint: f_K = sum_G A_G max(w_G - b_K A_G, 0), [K=G, G].
-  f_K = jnp.sum(adv_G[None, :] * jnp.maximum(w_G[None, :] - b_G[:, None] * adv_G[None, :], 0.0),
+  # f at each of the G breakpoints: f_k = sum_j A_j max(w_j - b_k A_j, 0).
+  f_G = jnp.sum(adv_G[None, :] * jnp.maximum(w_G[None, :] - b_G[:, None] * adv_G[None, :], 0.0),
                 axis=-1)
-  lo = jnp.max(jnp.where(nonzero_G & (f_K >= 0), b_G, -jnp.inf))
-  hi = jnp.min(jnp.where(nonzero_G & (f_K <= 0), b_G, jnp.inf))
+  lo = jnp.max(jnp.where(nonzero_G & (f_G >= 0), b_G, -jnp.inf))
+  hi = jnp.min(jnp.where(nonzero_G & (f_G <= 0), b_G, jnp.inf))
   both_sides = has_pos & has_neg
   lo = jnp.where(both_sides, lo, 0.0)
   hi = jnp.where(both_sides, hi, 0.0)
@@ -194,6 +194,8 @@ def apply_to_groups(name, w_MG, adv_MG, **kwargs):
 
 def transform_batch(name, w_B, adv_B, *, group_size, **kwargs):
   """Applies ``TRANSFORMS[name]`` to contiguous groups of flat [B] arrays; returns [B]."""
+  chex.assert_rank([w_B, adv_B], 1)
+  chex.assert_equal_shape([w_B, adv_B])
   w_MG = to_groups(w_B, group_size)
   adv_MG = to_groups(adv_B, group_size)
   return apply_to_groups(name, w_MG, adv_MG, **kwargs).reshape(-1)

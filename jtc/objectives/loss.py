@@ -1,6 +1,6 @@
 """Intra-group RL objectives on per-token log-probs: one entry point, ``compute_loss``.
 
-Dimension key:
+Dimension key (docs/dimensions.md):
   B  batch of completions, B = M * G, each group of G completions contiguous
   M  number of groups (prompts)
   G  group size

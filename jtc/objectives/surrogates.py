@@ -6,7 +6,7 @@ The per-token objective ``obj_BT`` of each loss (to be maximised) and what its m
 entry point that aggregates it into a loss, adds KL / entropy terms and reports the metrics is
 `jtc.objectives.compute_loss`.
 
-Dimension key:
+Dimension key (docs/dimensions.md):
   B  batch of completions, B = M * G, each group of G completions contiguous
   M  number of groups (prompts)
   G  group size
@@ -64,7 +64,7 @@ import jax.numpy as jnp
 
 from jtc.objectives import group_transforms
 from jtc.objectives import registry
-from jtc.objectives.registry import ABOVE_ONE, ANY_NUMBER, BOOLEAN, NON_NEGATIVE, POSITIVE, LossInputs, Surrogate, one_of, optional
+from jtc.objectives.registry import ABOVE_ONE, ANY_NUMBER, BOOLEAN, NON_NEGATIVE, POSITIVE, Surrogate, one_of, optional
 
 # ---------------------------------------------------------------------------------------------
 # Per-token helpers.

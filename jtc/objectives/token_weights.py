@@ -6,7 +6,8 @@ state)`` once per rollout batch with the behaviour pass's log-probs and hidden s
 checkpoints ``state`` with the run. `DeltaWeighter` is DelTA (arXiv 2605.21467): the
 coefficients of `jtc.objectives.delta.token_coefficients` and the running token cloud (Figure 4).
 
-Dimension key: B batch, T completion length, V vocabulary.
+Dimension key (docs/dimensions.md): B batch, T completion length, V vocabulary, U = B * T
+flattened tokens.
 """
 
 from __future__ import annotations
@@ -60,11 +61,11 @@ def update_token_cloud(state: TokenCloudState, token_ids_BT: Array, lam_BT: Arra
     """
   chex.assert_rank([token_ids_BT, lam_BT, mask_BT], 2)
   chex.assert_equal_shape([token_ids_BT, lam_BT, mask_BT])
-  on_N = (mask_BT > 0).reshape(-1).astype(jnp.float32)
-  ids_N = token_ids_BT.reshape(-1)
-  lam_N = lam_BT.reshape(-1).astype(jnp.float32)
-  return TokenCloudState(lam_sum_V=state.lam_sum_V.at[ids_N].add(on_N * lam_N),
-                         count_V=state.count_V.at[ids_N].add(on_N))
+  on_U = (mask_BT > 0).reshape(-1).astype(jnp.float32)
+  ids_U = token_ids_BT.reshape(-1)
+  lam_U = lam_BT.reshape(-1).astype(jnp.float32)
+  return TokenCloudState(lam_sum_V=state.lam_sum_V.at[ids_U].add(on_U * lam_U),
+                         count_V=state.count_V.at[ids_U].add(on_U))
 
 
 def top_bottom_tokens(state: TokenCloudState, k: int, *, min_count: float = 1.0):

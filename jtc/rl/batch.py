@@ -2,7 +2,7 @@
 rewards -> advantages -> token mask -> behaviour log-probs -> KL reference -> token weights
 (DelTA) -> the rollout-training mismatch and its correction's weights.
 
-Dimension key: B sequences, T completion length, L = P + T, V vocabulary.
+Dimension key (docs/dimensions.md): B sequences, T completion length, L = P + T, V vocabulary.
 """
 
 import functools

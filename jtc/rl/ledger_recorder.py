@@ -1,7 +1,9 @@
 """The trainer's side of the per-token ledger (`jtc.analysis.ledger`): at a ledger step it keeps
 the parameters before each update of the first epoch, computes the ledger columns of the run's
 objective at the behaviour policy and before the second update, and writes one ledger directory
-per member. Nothing of this runs at other steps (`log.ledger_every` = 0: none at all)."""
+per member. Nothing of this runs at other steps (`log.ledger_every` = 0: none at all).
+
+Dimension key (docs/dimensions.md): B rows, T completion length, L = P + T."""
 
 import os
 

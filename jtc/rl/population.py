@@ -1,4 +1,4 @@
-r"""Seed populations: N members of one configuration trained by one program.
+r"""Seed populations: E members of one configuration trained by one program.
 
   python -m jtc.train --config configs/gspo.py --config.population.size=8 --workdir W
   python -m jtc.train --config configs/gspo.py --config.population.size=8 \
@@ -17,7 +17,7 @@ data order, PRNG streams and step-1 rollouts (tests/rl/test_population.py). Its 
 experiments runner read a member as a run; the population's checkpoint is ``W/checkpoints``.
 
 On the device every train-state leaf, batch and per-member value carries a leading member axis
-[N, ...] and the step functions are vmapped over it (`Population.map`); with N = 1 there is no
+[E, ...] and the step functions are vmapped over it (`Population.map`); with E = 1 there is no
 member axis and every function is the single run's, unchanged (bit for bit).
 """
 
@@ -176,7 +176,7 @@ class Population:
 
   @property
   def batched(self):
-    """Whether values carry a leading member axis (N > 1)."""
+    """Whether values carry a leading member axis (E > 1)."""
     return self.n > 1
 
   def map(self, fn):
@@ -184,21 +184,21 @@ class Population:
     return jax.vmap(fn) if self.batched else fn
 
   def stack(self, per_member):
-    """A list of N per-member pytrees -> one pytree with a leading member axis (the single
-    member's pytree as it is when N = 1)."""
+    """A list of E per-member pytrees -> one pytree with a leading member axis (the single
+    member's pytree as it is when E = 1)."""
     if not self.batched:
       return per_member[0]
     stack = lambda *xs: (np.stack(xs) if isinstance(xs[0], np.ndarray) else jnp.stack(xs))
     return jax.tree.map(stack, *per_member)
 
   def unstack(self, tree):
-    """The inverse of `stack`: a list of N per-member pytrees."""
+    """The inverse of `stack`: a list of E per-member pytrees."""
     if not self.batched:
       return [tree]
     return [jax.tree.map(lambda x, m=m: x[m], tree) for m in range(self.n)]
 
   def values(self, key):
-    """[N] float32 of a varied key (stacked as `stack`), or None when ``key`` does not vary."""
+    """[E] float32 of a varied key (stacked as `stack`), or None when ``key`` does not vary."""
     if key not in dict(self.members[0].values):
       return None
     return self.stack([np.float32(dict(m.values)[key]) for m in self.members])

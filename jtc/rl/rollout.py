@@ -5,13 +5,15 @@ refill), for held-out evaluation (`evaluate`, used by `jtc.train` and `jtc.sft`)
 behaviour pass (`behaviour_pass`: the log-probs, and hidden states when asked, of the rollouts
 under the policy that produced them).
 
-Dimension key: B rows (= prompts x G, each group contiguous), G samples per prompt, P prompt
-width, T new tokens, L = P + T, D model width.
+Dimension key (docs/dimensions.md): B rows (= prompts x G, each group contiguous), G samples per
+prompt, M prompts (problems), P prompt width, T new tokens, L = P + T, D model width, E population
+members.
 """
 
 import dataclasses
 from typing import Any, Callable
 
+import chex
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -73,7 +75,7 @@ class Rollout:
 class Generator:
   """What sampling and scoring need besides the parameters and the sampling settings.
 
-  ``to_device`` places a host [B, ...] array (a population's [N, B, ...]) for the sampler (the
+  ``to_device`` places a host [B, ...] array (a population's [E, B, ...]) for the sampler (the
   trainer: on its mesh with the batch sharding); ``chunk_prompts`` bounds the prompts per sampler
   call (0 = all at once); ``population``: the members whose policies sample together (the
   functions below take and return one value per member, `population_lib.Population`).
@@ -252,6 +254,7 @@ def behaviour_pass(params, tokens_BL, input_mask_BL, *, model_config, completion
                    return_hidden):
   """Log-probs [B, T] (and hidden states [B, T, D] when asked) of the rollouts: one forward
   pass, no gradient. Jit with everything but the arrays static."""
+  chex.assert_equal_shape([tokens_BL, input_mask_BL])
   return logprobs.sequence_logprobs(params, model_config, tokens_BL, input_mask_BL,
                                     completion_start=completion_start, return_hidden=return_hidden)
 
@@ -323,16 +326,16 @@ def evaluate(gen, params, examples, rng, *, sampling, batch_prompts, task=None):
   return results
 
 
-def sampling_se(correct_NK):
+def sampling_se(correct_MG):
   """The standard error of avg@k that comes from sampling alone (the problems fixed): with
   p_n the chance that a sample of problem n is correct, Var(avg@k) = sum_n p_n (1 - p_n) /
-  (k N^2), estimated without bias by p_hat (1 - p_hat) k / (k - 1) per problem (NaN for k = 1).
+  (k M^2) over the M problems, estimated without bias by p_hat (1 - p_hat) k / (k - 1) per problem (NaN for k = 1).
   A run evaluated again with other sampling keys moves by about this much."""
-  n, k = correct_NK.shape
+  n, k = correct_MG.shape
   if k < 2:
     return float('nan')
-  p_N = correct_NK.mean(-1)
-  return float(np.sqrt(np.sum(p_N * (1 - p_N) * k / (k - 1)) / (k * n * n)))
+  p_M = correct_MG.mean(-1)
+  return float(np.sqrt(np.sum(p_M * (1 - p_M) * k / (k - 1)) / (k * n * n)))
 
 
 def check_sampling(section, name):

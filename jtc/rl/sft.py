@@ -9,6 +9,8 @@ of the completion tokens, computed with the same chunked `logprobs.sequence_logp
 trainer uses. At the end the policy is evaluated (avg@k at the config's temperature) and
 written as a policy bundle to `<workdir>/policy` (and to `--config.export_to`, e.g.
 `jtc/assets/base_policy` to rebuild the shipped one).
+
+Dimension key (docs/dimensions.md): B examples, P prompt width, T completion width, L = P + T.
 """
 
 import functools
@@ -17,6 +19,7 @@ import os
 import sys
 import time
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,6 +61,8 @@ def encode_pairs(tokenizer, prompts, completions, *, prompt_width, completion_wi
 def sft_step(params, opt_state, tokens_BL, input_mask_BL, mask_BT, *, model_config, optimizer,
              prompt_width):
   """One AdamW step on the mean completion-token negative log-likelihood."""
+  chex.assert_rank([tokens_BL, input_mask_BL, mask_BT], 2)
+  chex.assert_equal_shape([tokens_BL, input_mask_BL])
 
   def loss_fn(p):
     out = logprobs.sequence_logprobs(p, model_config, tokens_BL, input_mask_BL,

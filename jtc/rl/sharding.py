@@ -27,7 +27,7 @@ batch in every process (host-side rewards and advantages are replicated) and pla
 instead assembles the global array with `host_local_to_global`. Parameters are created with `jax.jit(init_params, out_shardings=...)` so no
 host ever holds them whole.
 
-Dimension key: B batch, L sequence length, plus the model's (see `jtc.models.model`).
+Dimension key (docs/dimensions.md): B batch, L sequence length, plus the model's (see `jtc.models.model`).
 """
 
 import math
@@ -44,7 +44,7 @@ MESH_AXES = ('population', 'data', 'fsdp', 'tensor')
 
 # logical axis -> mesh axis / tuple of mesh axes / None (replicated).
 LOGICAL_AXIS_RULES = {
-    # The leading member axis of a population's values ([N, ...]).
+    # The leading member axis of a population's values ([E, ...]).
     'members': 'population',
     # Activations, batches and the KV cache.
     'batch': ('data', 'fsdp'),
@@ -114,7 +114,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def param_shardings(params, mesh: Mesh, members: int = 0):
   """A pytree like `params` of NamedShardings (works on arrays or ShapeDtypeStructs); with
-  ``members`` = N > 0, of the population's [N, ...] copies of those (one member's) params."""
+  ``members`` = E > 0, of the population's [E, ...] copies of those (one member's) params."""
   axes = model_lib.param_logical_axes(params)
   lead = (('members',), (members,)) if members else ((), ())
   return jax.tree_util.tree_map(
@@ -128,7 +128,7 @@ def shard_params(params, mesh: Mesh):
 
 def batch_sharding(mesh: Mesh, shape: Sequence[int], members: bool = False) -> NamedSharding:
   """Leading dimension over ('data', 'fsdp'), the rest replicated ([B, ...] arrays); with
-  ``members``, a population's [N, B, ...] arrays: N over 'population', then the same."""
+  ``members``, a population's [E, B, ...] arrays: E over 'population', then the same."""
   lead = ('members',) if members else ()
   return named_sharding(mesh, lead + ('batch',) + (None,) * (len(shape) - 1 - len(lead)), shape)
 

@@ -9,9 +9,9 @@ One RL step (`Trainer.step`), each stage handing the next a typed value:
   prompts -> `rollout.collect` (G samples per prompt, rewards, DAPO refill)     -> Rollout
   -> advantages -> behaviour pass (+ token weights, e.g. DelTA)                -> update.Batch
   -> ppo_epochs x mini-batches of `update.update_step` (jitted, donated)       -> metrics.
-A population (`jtc.rl.population`) runs the same stages for N members at once: host values are
-lists of N (one `Rollout`, one metrics dict per member), device values carry a leading member
-axis and the jitted functions are vmapped over it; with N = 1 nothing changes.
+A population (`jtc.rl.population`) runs the same stages for E members at once: host values are
+lists of E (one `Rollout`, one metrics dict per member), device values carry a leading member
+axis and the jitted functions are vmapped over it; with E = 1 nothing changes.
 
 Real models (configs/real/): `--config.policy.checkpoint=DIR` loads a Hugging Face Llama/Qwen
 directory; `--config.data.dataset=FILE.jsonl` reads question/answer records (docs/scaling.md).
@@ -22,7 +22,7 @@ workdir (a run) or in each member's ``members/<name>/`` (a population); started 
 exactly.
 
 Dimension key: B rollout sequences (= prompts_per_step * G), G group size, P prompt width,
-T max new tokens, L = P + T, V vocabulary, N population members.
+T max new tokens, L = P + T, V vocabulary, E population members (docs/dimensions.md).
 """
 
 import dataclasses

@@ -6,8 +6,8 @@ of whole groups, sliced on the device by `minibatch`, through `update_step` (jit
 ``donate_argnums=0``), which accumulates the gradients of its micro-batches exactly
 (`microbatch_weights`).
 
-Dimension key: B sequences, G group size, T completion length, L = P + T, n micro-batches per
-mini-batch.
+Dimension key (docs/dimensions.md): B sequences, G group size, T completion length, L = P + T,
+n micro-batches per mini-batch, E population members.
 """
 
 import functools
@@ -51,12 +51,12 @@ class RunState:
         (vocab_size,), jnp.float32), weighter=weighter_state)
 
   def count(self, name):
-    """The counter ``name``: an int, or [N] int64 for a population (counters [N, 5])."""
+    """The counter ``name``: an int, or [E] int64 for a population (counters [E, 5])."""
     value = self.counters[..., COUNTERS.index(name)]
     return int(value) if np.ndim(value) == 0 else value
 
   def add(self, **increments):
-    """Counters plus ``increments`` (ints, or [N] arrays for a population)."""
+    """Counters plus ``increments`` (ints, or [E] arrays for a population)."""
     counters = self.counters.copy()
     for k, v in increments.items():
       counters[..., COUNTERS.index(k)] += v
@@ -117,7 +117,7 @@ def make_optimizer(optim, total_updates, learning_rate=None):
 def init_state(params, optimizer, *, param_shardings, replicated, population=population_lib.SINGLE):
   """(TrainState, its shardings): the params placed with ``param_shardings``, the optimiser
   state sharded like the params it mirrors (its scalars replicated), step 0. A population's
-  members start from the same host ``params``, broadcast to [N, ...] on the device."""
+  members start from the same host ``params``, broadcast to [E, ...] on the device."""
   pop = population
   if pop.batched:
     broadcast = lambda p: jax.tree.map(lambda x: jnp.broadcast_to(x, (pop.n,) + x.shape), p)
@@ -186,8 +186,8 @@ def microbatch_weights(mask_nBT, *, aggregation):
   """w_n: how much micro-batch k's loss counts in the loss of the whole mini-batch.
 
   The mini-batch loss is sum_k w_k loss_k exactly when
-    token_mean:  w_k = N_k / N   (N_k real tokens of micro-batch k; DelTA too, since its
-                                  coefficients arrive normalised and the loss is a token mean);
+    token_mean:  w_k = t_k / t   (t_k real tokens of micro-batch k, t of the mini-batch; DelTA
+                                  too: its coefficients arrive normalised, the loss is a token mean);
     seq_mean_* / seq_mean_token_sum_norm:  w_k = 1 / n   (equal-size micro-batches).
   Sequence-level transforms (GSPO, DFPO) act within a group and groups never straddle
   micro-batches, so they are unaffected.
@@ -238,6 +238,8 @@ def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_nam
   ('loss.hparams.<k>' override ``loss_hparams``; 'optim.learning_rate' is passed to
   ``optimizer``, then a function learning_rate -> optimiser, e.g. a partial `make_optimizer`).
   """
+  chex.assert_rank([batch.tokens_BL, batch.input_mask_BL, batch.mask_BT], 3)  # [n, B/n, ...]
+  chex.assert_rank(batch.advantages_B, 2)
   hparams = hparams or {}
   prefix = 'loss.hparams.'
   loss_hparams = {
@@ -311,7 +313,7 @@ def jit_minibatch_and_update(c, model_config, optimizer, mesh, state_shardings,
 
 
 def _flat(minibatch_batch, batched):
-  """A mini-batch [(N,) n, B/n, ...] as one [(N,) B, ...] batch."""
+  """A mini-batch [(E,) n, B/n, ...] as one [(E,) B, ...] batch."""
   lead = 2 if batched else 1
   return jax.tree.map(lambda x: x.reshape(x.shape[:lead - 1] + (-1,) + x.shape[lead + 1:]),
                       minibatch_batch)

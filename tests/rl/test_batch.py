@@ -38,12 +38,7 @@ def _config(**overrides):
   c = common.get_config('smoke')
   c.rollout.sampling.num_samples = G
   c.rollout.sampling.max_new_tokens = T
-  for key, value in overrides.items():
-    *parents, leaf = key.split('.')
-    node = c
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+  c.update_from_flattened_dict(overrides)
   return c
 
 
