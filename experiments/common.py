@@ -4,6 +4,7 @@ claim takes from them, how values are written, and the code revision. It imports
 from experiments/, so everything above it imports it and nothing imports back.
 """
 
+import gzip
 import json
 import os
 import subprocess
@@ -145,17 +146,46 @@ def fmt_value(value):
   return repr(value) if isinstance(value, float) else str(value)
 
 
-def load_summaries(results_dir):
-  """Every per-run summary in `<results_dir>/runs/`."""
+# A per-run summary is `<results>/<sweep>/runs/<run id>.json.gz`: gzip-compressed JSON (its
+# curves make up most of it; compressed, the committed results take a quarter of the space).
+# Summaries written before jtc 0.2 are plain `<run id>.json` and read the same.
+SUMMARY_SUFFIXES = ('.json.gz', '.json')
+
+
+def summary_name(fname):
+  """The run id of a summary's file name, or None for any other file."""
+  for suffix in SUMMARY_SUFFIXES:
+    if fname.endswith(suffix):
+      return fname[:-len(suffix)]
+  return None
+
+
+def read_summary(path):
+  """One per-run summary (gzip-compressed or plain JSON, by its suffix)."""
+  opener = gzip.open if path.endswith('.gz') else open
+  with opener(path, 'rt', encoding='utf-8') as f:
+    return json.load(f)
+
+
+def summary_files(results_dir):
+  """{run id: path} of the summaries in `<results_dir>/runs/`; a run with both a compressed and
+  a plain summary is ambiguous (ValueError naming both)."""
   runs_dir = os.path.join(results_dir, 'runs')
-  out = []
-  if not os.path.isdir(runs_dir):
-    return out
-  for fname in sorted(os.listdir(runs_dir)):
-    if fname.endswith('.json'):
-      with open(os.path.join(runs_dir, fname)) as f:
-        out.append(json.load(f))
+  out = {}
+  for fname in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else ():
+    run_id = summary_name(fname)
+    if run_id is None:
+      continue
+    path = os.path.join(runs_dir, fname)
+    if run_id in out:
+      raise ValueError(f'two summaries of run {run_id!r}: {out[run_id]} and {path}; keep one')
+    out[run_id] = path
   return out
+
+
+def load_summaries(results_dir):
+  """Every per-run summary in `<results_dir>/runs/`, in run-id order."""
+  return [read_summary(p) for _, p in sorted(summary_files(results_dir).items())]
 
 
 def failures_on_disk(results_dir):

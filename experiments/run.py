@@ -58,7 +58,7 @@ from experiments import report
 from experiments import schedule
 from experiments import sweeps as sweeps_lib
 from experiments.launch import Launch
-from experiments.summaries import refresh_curves, write_json
+from experiments.summaries import compress, refresh_curves, write_json
 
 RESULTS_DIR = os.path.join(common.ROOT, 'experiments', 'results')
 DEFAULT_WORKROOT = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'jtc_experiments')
@@ -108,6 +108,11 @@ def _parser(results_root):
       help="with --tables-only: first re-read every summary's curves from its run's "
       'metrics.jsonl (all or nothing)')
   parser.add_argument(
+      '--compress', action='store_true',
+      help='with --tables-only: first rewrite each plain runs/<run id>.json summary as '
+      '<run id>.json.gz (the format runs write since jtc 0.2), removing the plain file once '
+      'its compressed copy reads back equal')
+  parser.add_argument(
       '--runs', default=None,
       help='comma-separated run names: run only this part of the sweep (the tables still '
       'cover the whole sweep; a later invocation runs the rest)')
@@ -131,8 +136,9 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
   if args.processes < 1 or (args.launcher and args.processes == 1):
     parser.error(f'--processes {args.processes} --launcher {args.launcher!r}: --processes must be '
                  '>= 1, and a --launcher needs --processes N, the number of processes it starts')
-  if args.refresh_curves and not args.tables_only:
-    parser.error('--refresh-curves rebuilds finished summaries; it needs --tables-only')
+  if (args.refresh_curves or args.compress) and not args.tables_only:
+    parser.error('--refresh-curves and --compress rewrite finished summaries; they need '
+                 '--tables-only')
   launch = Launch(processes=args.processes, prefix=tuple(shlex.split(args.launcher)))
   sweep = sweeps_lib.get_sweep(args.sweep, smoke=args.smoke, num_steps=args.num_steps)
   resized = sweep.num_steps != sweeps_lib.get_sweep(args.sweep, smoke=args.smoke).num_steps
@@ -152,6 +158,8 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
   t0 = time.time()
   invocation_path = os.path.join(results_dir, 'invocation.json')
   if args.tables_only:
+    if args.compress:
+      print(f'compressed {compress(results_dir)} summaries')
     if args.refresh_curves:
       try:
         print(f'refreshed the curves of {refresh_curves(results_dir)} summaries')

@@ -123,8 +123,7 @@ def _existing(spec, *, results_dir, log, replace):
   """
   spath = summary_path(results_dir, spec)
   if os.path.exists(spath):
-    with open(spath) as f:
-      old = json.load(f)
+    old = common.read_summary(spath)
     if old.get('key') == spec.key:
       return 'skipped', spath
     if not replace:

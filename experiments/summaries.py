@@ -3,6 +3,7 @@ compute counters, wall time, overrides, command) in ``<results>/<sweep>/runs/<ru
 all that the tables need; a run made by a single process and one made as a population member
 have the same format (a member's says ``engine: population``)."""
 
+import gzip
 import json
 import os
 import shlex
@@ -92,27 +93,44 @@ def refresh_curves(results_dir):
   summarised; nothing but 'curves' changes. All or nothing: if a run's metrics are gone or
   unfinished, no summary is written and ValueError names those runs. Returns the number
   refreshed."""
-  runs_dir = os.path.join(results_dir, 'runs')
-  names = sorted(f for f in os.listdir(runs_dir) if f.endswith('.json'))
   refreshed, missing = {}, []
-  for name in names:
-    with open(os.path.join(runs_dir, name)) as f:
-      summary = json.load(f)
+  for run_id, path in common.summary_files(results_dir).items():
+    summary = common.read_summary(path)
     records = read_metrics(summary['workdir'])
     if not is_finished(records, summary['num_steps']):
-      missing.append(f"{name} ({summary['workdir']})")
+      missing.append(f"{run_id} ({summary['workdir']})")
       continue
-    refreshed[name] = dict(summary, curves=extract_curves(records))
+    refreshed[path] = dict(summary, curves=extract_curves(records))
   if missing:
     raise ValueError(f'cannot refresh curves: no finished metrics.jsonl for {missing}; '
                      'nothing was rewritten')
-  for name, summary in refreshed.items():
-    write_json(os.path.join(runs_dir, name), summary)
+  for path, summary in refreshed.items():
+    write_json(path, summary)
   return len(refreshed)
 
 
 def summary_path(results_dir, spec):
-  return os.path.join(results_dir, 'runs', f'{spec.run_id}.json')
+  """Where ``spec``'s summary is: the file already on disk (compressed or plain), else where it is
+  written, `<run id>.json.gz` (`common.SUMMARY_SUFFIXES`)."""
+  existing = common.summary_files(results_dir).get(spec.run_id)
+  return existing or os.path.join(results_dir, 'runs', f'{spec.run_id}{common.SUMMARY_SUFFIXES[0]}')
+
+
+def compress(results_dir):
+  """Rewrites every plain `runs/<run id>.json` of ``results_dir`` as `<run id>.json.gz` with the
+  same content and removes the plain file once its compressed copy reads back equal (the jtc 0.2
+  format, CHANGELOG.md). Returns the number compressed."""
+  n = 0
+  for path in common.summary_files(results_dir).values():
+    if path.endswith('.gz'):
+      continue
+    summary = common.read_summary(path)
+    write_json(path + '.gz', summary)
+    if common.read_summary(path + '.gz') != summary:
+      raise ValueError(f'{path}.gz does not read back as {path}; kept both')
+    os.remove(path)
+    n += 1
+  return n
 
 
 def find_same_run(results_dir, spec):
@@ -140,8 +158,15 @@ def reuse_summary(summary, spec):
 
 
 def write_json(path, obj):
+  """``obj`` as JSON at ``path`` (gzip-compressed for a '.gz' path, with no time stamp, so the
+  same summary gives the same bytes), written to a temporary file and renamed into place."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
+  data = json.dumps(obj, indent=1).encode()
   tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(obj, f, indent=1)
+  with open(tmp, 'wb') as f:
+    if path.endswith('.gz'):
+      with gzip.GzipFile(filename='', mode='wb', fileobj=f, mtime=0) as z:
+        z.write(data)
+    else:
+      f.write(data)
   os.replace(tmp, path)

@@ -16,8 +16,8 @@ def test_failed_run_reports_stderr_and_others_continue(tmp_path, monkeypatch):
                     results_root=str(tmp_path / 'results'))
   assert rc == 1
   runs_dir = tmp_path / 'results' / 'fake' / 'runs'
-  assert sorted(p.name for p in runs_dir.glob('*.json')) == [
-      'base__s0.json', 'base__s1.json', 'better__s0.json', 'better__s1.json'
+  assert sorted(p.name for p in runs_dir.glob('*.json.gz')) == [
+      'base__s0.json.gz', 'base__s1.json.gz', 'better__s0.json.gz', 'better__s1.json.gz'
   ]
   md = (tmp_path / 'results' / 'fake.md').read_text()
   assert '## Failed runs' in md and 'something broke in broken' in md

@@ -67,18 +67,18 @@ def test_a_resized_sweep_never_touches_the_committed_results(tmp_path, monkeypat
   root = tmp_path / 'results'
   args = ['fake', '--jobs', '2', '--workroot', str(tmp_path / 'w')]
   assert run_lib.main(args, make_command=make, results_root=str(root)) == 0
-  canonical = {p.name: p.read_bytes() for p in (root / 'fake' / 'runs').glob('*.json')}
+  canonical = {p.name: p.read_bytes() for p in (root / 'fake' / 'runs').glob('*.json.gz')}
   md = (root / 'fake.md').read_bytes()
   # A quick try-out with another num_steps: written under scratch/, nothing canonical changes.
   assert run_lib.main(args + ['--num-steps', '1', '--seeds', '1'], make_command=make,
                       results_root=str(root)) == 0
-  assert (root / 'scratch' / 'fake' / 'runs' / 'base__s0.json').exists()
-  assert {p.name: p.read_bytes() for p in (root / 'fake' / 'runs').glob('*.json')} == canonical
+  assert (root / 'scratch' / 'fake' / 'runs' / 'base__s0.json.gz').exists()
+  assert {p.name: p.read_bytes() for p in (root / 'fake' / 'runs').glob('*.json.gz')} == canonical
   assert (root / 'fake.md').read_bytes() == md
   # Forced into the canonical root, it is refused run by run instead of replacing them.
   assert run_lib.main(args + ['--num-steps', '1', '--seeds', '1', '--canonical'], make_command=make,
                       results_root=str(root)) == 1
-  assert {p.name: p.read_bytes() for p in (root / 'fake' / 'runs').glob('*.json')} == canonical
+  assert {p.name: p.read_bytes() for p in (root / 'fake' / 'runs').glob('*.json.gz')} == canonical
   # Re-running the sweep as defined with fewer seeds runs nothing and rewrites nothing.
   n = len(launches(counter))
   assert run_lib.main(args + ['--seeds', '1'], make_command=make, results_root=str(root)) == 0
@@ -86,7 +86,7 @@ def test_a_resized_sweep_never_touches_the_committed_results(tmp_path, monkeypat
   # --replace is the explicit request that may replace a summary.
   assert run_lib.main(args + ['--num-steps', '1', '--seeds', '1', '--canonical', '--replace'],
                       make_command=make, results_root=str(root)) == 0
-  assert json.loads((root / 'fake' / 'runs' / 'base__s0.json').read_text())['num_steps'] == 1
+  assert common.read_summary(str(root / 'fake' / 'runs' / 'base__s0.json.gz'))['num_steps'] == 1
 
 
 def test_a_sweep_run_in_parts_runs_each_part_once_and_lists_the_parts(tmp_path, monkeypatch):

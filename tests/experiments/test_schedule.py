@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from experiments import common
 from experiments import report
 from experiments import schedule
 from experiments import sweeps as sweeps_lib
@@ -41,7 +42,7 @@ def test_runner_skips_finished_runs_and_resumes_unfinished(tmp_path):
   assert sorted(out) == ['base__s0', 'base__s1', 'better__s0', 'better__s1']
   assert {s for s, _ in out.values()} == {'ok'}
   assert len(launches(counter)) == 4
-  summary = json.loads((tmp_path / 'res' / 'runs' / 'better__s1.json').read_text())
+  summary = common.read_summary(str(tmp_path / 'res' / 'runs' / 'better__s1.json.gz'))
   assert summary['final']['step'] == 4 and summary['seed'] == 1
   assert summary['curves']['reward_mean']['step'] == [0, 1, 2, 3, 4]
   assert summary['overrides']['num_steps'] == 4 and summary['label'] == 'BETTER'
@@ -52,7 +53,7 @@ def test_runner_skips_finished_runs_and_resumes_unfinished(tmp_path):
   assert len(launches(counter)) == 4
 
   # A finished workdir whose summary was lost: summarised again without a launch.
-  os.remove(tmp_path / 'res' / 'runs' / 'base__s0.json')
+  os.remove(tmp_path / 'res' / 'runs' / 'base__s0.json.gz')
   out = run_fake_sweep(tmp_path, sweep, make)
   assert out['base__s0'][0] == 'ok' and len(launches(counter)) == 4
 
@@ -77,8 +78,8 @@ def test_run_with_the_same_settings_is_reused_from_another_sweep(tmp_path):
   assert out['gspo_again__s1'] == ('reused', 'from first') and out['new__s0'][0] == 'ok'
   assert sorted(launches(counter)) == ['base', 'base', 'better', 'better', 'new', 'new']
   runs = tmp_path / 'res'
-  original = json.loads((runs / 'first' / 'runs' / 'base__s1.json').read_text())
-  reused = json.loads((runs / 'second' / 'runs' / 'gspo_again__s1.json').read_text())
+  original = common.read_summary(str(runs / 'first' / 'runs' / 'base__s1.json.gz'))
+  reused = common.read_summary(str(runs / 'second' / 'runs' / 'gspo_again__s1.json.gz'))
   assert reused['curves'] == original['curves'] and reused['seed'] == 1
   assert (reused['sweep'], reused['run'], reused['label'],
           reused['reused_from']) == ('second', 'gspo_again', 'GSPO', 'first')
@@ -93,10 +94,10 @@ def test_runner_resumes_a_killed_run_in_the_same_workdir(tmp_path):
   make_partial, counter = fake_command(tmp_path, stop_at=2)
   out = run_fake_sweep(tmp_path, sweep, make_partial, seeds=1)
   assert out['base__s0'][0] == 'failed' and 'did not reach its last step' in out['base__s0'][1]
-  assert not (tmp_path / 'res' / 'runs' / 'base__s0.json').exists()
+  assert not (tmp_path / 'res' / 'runs' / 'base__s0.json.gz').exists()
   make_full, _ = fake_command(tmp_path)
   out = run_fake_sweep(tmp_path, sweep, make_full, seeds=1)
   assert out['base__s0'][0] == 'ok'
-  summary = json.loads((tmp_path / 'res' / 'runs' / 'base__s0.json').read_text())
+  summary = common.read_summary(str(tmp_path / 'res' / 'runs' / 'base__s0.json.gz'))
   assert summary['curves']['reward_mean']['step'] == [0, 1, 2, 3, 4]  # no step twice
   assert not (tmp_path / 'res' / 'runs' / 'base__s0.failed.txt').exists()
