@@ -23,6 +23,7 @@ import re
 
 from experiments.sweeps import mismatch
 from experiments.sweeps import paper
+from experiments.sweeps import stepsize
 from experiments.sweeps.base import FINAL_AVG, Claim
 
 ACC_SESOI = 1.0
@@ -94,6 +95,26 @@ CONFIRMATORY = (
         prediction='DelTA paper Table 3: DelTA > DAPO, +4.2 points averaged over four benchmarks.'),
 )
 
+# Issue 38: the step-size account (README: "held-out accuracy follows the size of the un-gated
+# step, not the in-group transform") put to a test that could refute it, declared with its
+# factors (chosen on seeds 0-7) before any run of stepsize_confirm (fresh seeds 24-39).
+_SS = dict(family='Step size', sweep='stepsize_confirm', metric=FINAL_AVG, sesoi=ACC_SESOI,
+           sesoi_why=ACC_WHY, prediction=stepsize.STEPSIZE_PREDICTION)
+_DFPO, _GSPO = 'DFPO (Min-Replace)', 'GSPO'
+STEPSIZE = (
+    # The difference the account explains, on the fresh seeds (T1.dfpo_literal again).
+    Claim('SS.effect', arm=_DFPO, baseline=_GSPO, predicted='>', **_SS),
+    # GSPO at RAISE_GSPO x the rate takes literal DFPO's mean step.
+    Claim('SS.gspo_raised', arm=_DFPO, baseline=stepsize.matched_runs()[0].label, predicted='=',
+          **_SS),
+    # Literal DFPO at 1 / LOWER_DFPO the rate takes GSPO's mean step.
+    Claim('SS.dfpo_lowered', arm=stepsize.matched_runs()[1].label, baseline=_GSPO, predicted='=',
+          **_SS),
+    # GSPO at COEF_MASS_RATIO x the rate: the account as the README stated it (coefficient mass).
+    Claim('SS.gspo_coef_mass', arm=_DFPO, baseline=stepsize.matched_runs()[2].label, predicted='=',
+          **_SS),
+)
+
 _MISMATCH = dict(
     family='Mismatch (exploratory)', sweep='mismatch', metric=FINAL_AVG, kind='exploratory',
     sesoi=ACC_SESOI, sesoi_why=ACC_WHY,
@@ -142,6 +163,6 @@ def exploratory_claims(sweeps):
 
 def all_claims():
   """The confirmatory claims, then the exploratory ones of every paper.py sweep."""
-  return CONFIRMATORY + MISMATCH + exploratory_claims(
+  return CONFIRMATORY + STEPSIZE + MISMATCH + exploratory_claims(
       f(smoke=False) for f in (paper.table1, paper.mechanism, paper.table2, paper.table3,
                                paper.offpolicy, paper.table4, paper.drift, paper.delta))
