@@ -206,14 +206,16 @@ def _train(trainer_cls, argv):
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   logging.set_verbosity(logging.WARNING)  # orbax and tfds are chatty at INFO
   try:
-    distributed.initialize()  # several processes: before any other JAX work
+    # Several processes: before any other JAX work.
+    distributed.initialize(timeout_s=flags.FLAGS.config.distributed.coordinator_timeout_s)
     distributed.check_agreement(json.loads(flags.FLAGS.config.to_json_best_effort()))
     trainer = trainer_cls(flags.FLAGS.config, flags.FLAGS.workdir,
                           allow_config_change=flags.FLAGS.allow_config_change)
   except (ValueError, workdir_lib.WorkdirError, checkpoints.CheckpointMismatch,
           distributed.DistributedError) as e:
     _fail(str(e))
-  last, stopped = trainer.run()
+  with distributed.exit_when_a_peer_is_lost():
+    last, stopped = trainer.run()
   for path, record in zip(trainer.member_dirs if trainer.primary else [], last):  # a line a member
     shown = {
         k: v for k, v in record.items() if 'eval' in k or k in ('step', 'reward_mean', 'accuracy')

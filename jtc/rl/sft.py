@@ -157,7 +157,8 @@ def main(argv):
   except distributed.DistributedError as e:
     sys.exit(f'error: {e}')
   os.makedirs(flags.FLAGS.workdir, exist_ok=True)
-  result = train_sft(flags.FLAGS.config, flags.FLAGS.workdir)
+  with distributed.exit_when_a_peer_is_lost():
+    result = train_sft(flags.FLAGS.config, flags.FLAGS.workdir)
   if distributed.is_primary():
     print(json.dumps(result))
 

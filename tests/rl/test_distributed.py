@@ -6,13 +6,13 @@ that disagree fail fast naming the difference; a partial environment is an error
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
 
+import procs
 from jtc.analysis import metric_writer
 from jtc.rl import distributed
 
@@ -36,25 +36,25 @@ def _env(devices=1, **extra):
   return env
 
 
-def _start(workdir, *flags, port, ranks=(0, 1)):
-  """The two processes of a run, started together."""
+def _start(workdir, *flags, port, extra=((), ()), attempt=''):
+  """The two processes of a run, started together (``extra``: each one's own flags); process
+  i's stderr goes to ``<workdir>.stderr<attempt>.<i>.log``."""
   return [
-      subprocess.Popen([sys.executable, '-m', 'jtc.train', *BASE, f'--workdir={workdir}', *flags],
-                       cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       env=_env(JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', JAX_NUM_PROCESSES='2',
-                                JAX_PROCESS_ID=str(i))) for i in ranks
+      procs.start([sys.executable, '-m', 'jtc.train', *BASE, f'--workdir={workdir}', *flags, *more],
+                  f'{workdir}.stderr{attempt}.{i}.log', cwd=REPO,
+                  env=_env(JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', JAX_NUM_PROCESSES='2',
+                           JAX_PROCESS_ID=str(i))) for i, more in enumerate(extra)
   ]
 
 
-def _wait(procs, timeout=600):
-  out = [p.communicate(timeout=timeout) for p in procs]
-  return [(p.returncode, err) for p, (_, err) in zip(procs, out)]
+def _wait(started, timeout=600):
+  return [procs.wait(p, timeout) for p in started]
 
 
 def _one(workdir, *flags, devices):
-  proc = subprocess.run([sys.executable, '-m', 'jtc.train', *BASE, f'--workdir={workdir}', *flags],
-                        cwd=REPO, env=_env(devices), capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  ended = procs.run([sys.executable, '-m', 'jtc.train', *BASE, f'--workdir={workdir}', *flags],
+                    f'{workdir}.stderr.log', cwd=REPO, env=_env(devices))
+  assert ended.returncode == 0, ended
 
 
 def _metrics(workdir):
@@ -86,19 +86,20 @@ def _assert_same(a, b):
 def test_two_processes_equal_one_process_and_resume_after_a_kill(tmp_path):
   reference, run = str(tmp_path / 'one'), str(tmp_path / 'two')
   _one(reference, '--config.mesh.data=2', devices=2)
-  procs = _start(run, '--config.mesh.data=2', port=_free_port())
+  started = _start(run, '--config.mesh.data=2', port=_free_port())
   ckpt = os.path.join(run, 'checkpoints', '1')
   deadline = time.time() + 600
-  while not os.path.isdir(ckpt) and time.time() < deadline and procs[1].poll() is None:
+  while not os.path.isdir(ckpt) and time.time() < deadline and started[1].poll() is None:
     time.sleep(0.05)
-  procs[1].send_signal(signal.SIGKILL)
-  (rc0, err0), (rc1, _) = _wait(procs, timeout=300)
-  assert rc1 == -9 and rc0 != 0, err0[-2000:]  # the survivor stops, it does not hang
-  assert 'distributed' in err0.lower() or 'heartbeat' in err0.lower() or 'task' in err0.lower(), (
-      err0[-2000:])
-  results = _wait(_start(run, '--config.mesh.data=2', port=_free_port()))
-  assert all(rc == 0 for rc, _ in results), results[0][1][-3000:]
-  assert 'resumed from step' in results[0][1]
+  started[1].send_signal(signal.SIGKILL)
+  survivor, killed = _wait(started, timeout=300)
+  assert killed.returncode == -9, killed
+  assert survivor.returncode != 0, survivor  # the survivor stops, it does not hang
+  assert distributed.PEER_LOST in survivor.stderr, survivor
+  results = _wait(_start(run, '--config.mesh.data=2', port=_free_port(), attempt='-resumed'))
+  for ended in results:
+    assert ended.returncode == 0, ended
+  assert 'resumed from step' in results[0].stderr
   _assert_same(_metrics(reference), _metrics(run))
 
 
@@ -108,24 +109,20 @@ def test_a_population_over_two_processes_is_the_population_of_one_process(tmp_pa
   one, two = str(tmp_path / 'one'), str(tmp_path / 'two')
   _one(one, *members, devices=1)
   results = _wait(_start(two, *members, '--config.mesh.population=2', port=_free_port()))
-  assert all(rc == 0 for rc, _ in results), results[0][1][-3000:]
-  assert "'population': 2" in results[0][1]
+  for ended in results:
+    assert ended.returncode == 0, ended
+  assert "'population': 2" in results[0].stderr
   _assert_same(_metrics(one), _metrics(two))
 
 
 def test_processes_that_disagree_fail_fast_naming_the_difference(tmp_path):
-  port = _free_port()
-  procs = [
-      subprocess.Popen([sys.executable, '-m', 'jtc.train', *BASE, f'--workdir={tmp_path}', *extra],
-                       cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       env=_env(JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', JAX_NUM_PROCESSES='2',
-                                JAX_PROCESS_ID=str(i)))
-      for i, extra in enumerate(([], ['--config.optim.learning_rate=0.5']))
-  ]
-  results = _wait(procs, timeout=300)
-  assert all(rc != 0 for rc, _ in results)
-  assert any('optim.learning_rate' in err and 'process 1' in err for _, err in results), results
-  assert not os.path.exists(os.path.join(tmp_path, 'metrics.jsonl'))
+  results = _wait(
+      _start(str(tmp_path / 'w'), port=_free_port(),
+             extra=([], ['--config.optim.learning_rate=0.5'])), timeout=300)
+  assert all(r.returncode != 0 for r in results), results
+  assert any('optim.learning_rate' in r.stderr and 'process 1' in r.stderr for r in results), (
+      '\n'.join(map(str, results)))
+  assert not os.path.exists(tmp_path / 'w' / 'metrics.jsonl')
 
 
 @pytest.mark.parametrize('env, match', [
