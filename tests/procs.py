@@ -16,10 +16,11 @@ ERROR_LINE = re.compile(r'^(Traceback|\S*(Error|error|Exception):|[FE]\d{4} |Fat
                         r'\*\*\* |terminate called)')
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class Ended:
   """A finished child: its exit status, stdout, the file holding its whole stderr, and that
-  stderr. ``str()`` says how it ended, names the file and quotes the error lines and the tail."""
+  stderr. Its repr (what a failed assert shows) says how it ended, names the file and quotes
+  the error lines and the tail."""
   cmd: list
   returncode: int
   stdout: str
@@ -30,7 +31,7 @@ class Ended:
     with open(self.log, errors='replace') as f:
       return f.read()
 
-  def __str__(self):
+  def __repr__(self):
     lines = self.stderr.splitlines()
     errors = [l for l in lines if ERROR_LINE.match(l)][:12]
     how = (f'killed by {signal.Signals(-self.returncode).name}'

@@ -72,7 +72,7 @@ def join(host, port, *, process_id, num_processes, deadline):
     except socket.gaierror as e:
       last = f'the host name {host!r} does not resolve ({e.strerror})'
     except OSError as e:
-      last = f'connecting failed: {e.strerror or e}'
+      last = f'the last connection attempt failed: {e.strerror or e}'
     else:
       if answer == 'go':
         return
@@ -185,8 +185,9 @@ def _missing(missing, num_processes):
 
 
 def _answer(peers, text):
+  """Sends ``text`` to every connection but process 0's own."""
   for conn, pid in peers.items():
-    if pid:
+    if pid != 0:
       try:
         conn.sendall(f'{text}\n'.encode())
       except OSError:

@@ -4,6 +4,7 @@ process stops the other (the runtime's heartbeat) and the run resumes from its c
 population sharded over the two processes is the same population in one process; processes
 that disagree fail fast naming the difference; a partial environment is an error."""
 import os
+import re
 import signal
 import socket
 import sys
@@ -120,8 +121,9 @@ def test_processes_that_disagree_fail_fast_naming_the_difference(tmp_path):
       _start(str(tmp_path / 'w'), port=_free_port(),
              extra=([], ['--config.optim.learning_rate=0.5'])), timeout=300)
   assert all(r.returncode != 0 for r in results), results
-  assert any('optim.learning_rate' in r.stderr and 'process 1' in r.stderr for r in results), (
-      '\n'.join(map(str, results)))
+  assert any(
+      'optim.learning_rate' in r.stderr and 'process 1' in r.stderr for r in results), ('\n'.join(
+          map(str, results)))
   assert not os.path.exists(tmp_path / 'w' / 'metrics.jsonl')
 
 
@@ -139,10 +141,89 @@ def test_processes_that_disagree_fail_fast_naming_the_difference(tmp_path):
         'JAX_NUM_PROCESSES': 'two',
         'JAX_PROCESS_ID': '0'
     }, 'must be integers'),
-])
+] + [({
+    'JAX_COORDINATOR_ADDRESS': bad,
+    'JAX_NUM_PROCESSES': '2',
+    'JAX_PROCESS_ID': '1'
+}, f'JAX_COORDINATOR_ADDRESS={bad!r} is not host:port')
+     for bad in ('localhost', 'h:http', ':1234', 'h:0', 'h:65536')])
 def test_a_partial_or_bad_environment_is_an_error(env, match):
   with pytest.raises(distributed.DistributedError, match=match):
-    distributed.requested(env)
+    distributed.requested(env)  # at once: nothing is tried on the network
+
+
+@pytest.mark.parametrize('jtc', [True, False])
+def test_an_unreachable_coordinator_fails_within_the_timeout_naming_it(tmp_path, jtc):
+  """Process 1 of 2 with nothing at the coordinator's port: jtc retries until the (shortened)
+  timeout, then one line names the address, the process and the time waited. Control: JAX's own
+  start aborts with a C++ stack trace (what the check below must be able to see)."""
+  address = f'127.0.0.1:{_free_port()}'
+  cmd = ([
+      sys.executable, '-m', 'jtc.train', '--config=configs/gspo.py:smoke', f'--workdir={tmp_path}'
+  ] if jtc else [
+      sys.executable, '-c',
+      'import jax, os; jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"], 2, 1, '
+      'initialization_timeout=1)'
+  ])
+  ended = procs.run(
+      cmd, tmp_path / 'stderr.log', cwd=REPO, timeout=120,
+      env=_env(JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES='2', JAX_PROCESS_ID='1',
+               JTC_COORDINATOR_TIMEOUT_S='2'))
+  assert ended.returncode != 0, ended
+  c_trace = 'Check failure stack trace' in ended.stderr or 'Fatal Python error' in ended.stderr
+  assert c_trace != jtc, ended
+  if jtc:
+    assert ended.returncode == 1 and 'Traceback' not in ended.stderr, ended
+    waited = re.search(
+        rf'process 1 of 2 at coordinator {address} after (\d+) s \(timeout 2 s\): '
+        'the last connection attempt failed: Connection refused', ended.stderr)
+    assert waited and int(waited[1]) >= 2, ended  # it kept trying until the timeout
+    assert 'Check that all JAX_NUM_PROCESSES processes' in ended.stderr
+
+
+def test_process_0_whose_port_is_taken_is_named_as_such():
+  with socket.socket() as taken:
+    taken.bind(('', 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    asked = distributed.requested({
+        'JAX_COORDINATOR_ADDRESS': f'127.0.0.1:{port}',
+        'JAX_NUM_PROCESSES': '2',
+        'JAX_PROCESS_ID': '0'
+    })
+    with pytest.raises(
+        distributed.DistributedError,
+        match=rf'process 0 of 2 at coordinator 127.0.0.1:{port} .*port {port} '
+        'is taken by another program'):
+      distributed.meet(asked, 60, environ={})
+  asked['process_id'] = 1  # control: the same address for process 1 is not about a port taken
+  with pytest.raises(distributed.DistributedError, match='Connection refused'):
+    distributed.meet(asked, 0.5, environ={})
+
+
+@pytest.mark.parametrize('configured, env, expected', [
+    (0, {}, distributed.TIMEOUT_S),
+    (0, {
+        'JTC_COORDINATOR_TIMEOUT_S': '7.5'
+    }, 7.5),
+    (20, {
+        'JTC_COORDINATOR_TIMEOUT_S': '7.5'
+    }, 20),
+    (-1, {}, 'config.distributed.coordinator_timeout_s=-1 must be'),
+    (0, {
+        'JTC_COORDINATOR_TIMEOUT_S': '0'
+    }, r"\$JTC_COORDINATOR_TIMEOUT_S='0' must be"),
+    (0, {
+        'JTC_COORDINATOR_TIMEOUT_S': 'ten'
+    }, r"\$JTC_COORDINATOR_TIMEOUT_S='ten' must be"),
+])
+def test_the_coordinator_timeout_comes_from_the_config_then_the_environment(
+    configured, env, expected):
+  if isinstance(expected, str):
+    with pytest.raises(distributed.DistributedError, match=expected):
+      distributed.coordinator_timeout_s(configured, env)
+  else:
+    assert distributed.coordinator_timeout_s(configured, env) == expected
 
 
 def test_no_environment_is_one_process_and_clusters_are_detected():
