@@ -10,17 +10,19 @@ only on declared claims (experiments/sweeps/claims.py), corrected for multiplici
 experiments/verdicts.py; a table row shows the verdict of the claim it answers.
 """
 
-import json
 import os
 import subprocess
 
 import numpy as np
 
 from experiments import stats
+from jtc import files
 from jtc.analysis import curves
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOOTH_STEPS = 5  # trailing mean of the reward before compute_at_threshold
+# What every per-run summary holds (experiments.summaries.make_summary writes it).
+SUMMARY_KEYS = ('run', 'seed', 'num_steps', 'key', 'workdir', 'final', 'curves')
 
 # ---------------------------------------------------------------------------------------------
 # Per-run scalars: '<extractor>:<key>' (a key ending in '@' = the first curve starting with it).
@@ -271,17 +273,21 @@ def fmt_value(value):
   return repr(value) if isinstance(value, float) else str(value)
 
 
+def read_summary(path):
+  """One per-run summary (`files.DamagedFile` when it is not one)."""
+  return files.read_json(path, keys=SUMMARY_KEYS, expected='a run summary')
+
+
 def load_summaries(results_dir):
   """Every per-run summary in `<results_dir>/runs/`."""
   runs_dir = os.path.join(results_dir, 'runs')
-  out = []
   if not os.path.isdir(runs_dir):
-    return out
-  for fname in sorted(os.listdir(runs_dir)):
-    if fname.endswith('.json'):
-      with open(os.path.join(runs_dir, fname)) as f:
-        out.append(json.load(f))
-  return out
+    return []
+  return [
+      read_summary(os.path.join(runs_dir, f))
+      for f in sorted(os.listdir(runs_dir))
+      if f.endswith('.json')
+  ]
 
 
 def failures_on_disk(results_dir):

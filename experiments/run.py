@@ -61,6 +61,7 @@ from experiments import populations as populations_lib
 from experiments.launch import Launch, launch_program
 from experiments import report
 from experiments import sweeps as sweeps_lib
+from jtc import files
 from experiments.summaries import _write_json, find_same_run, is_finished, make_summary, read_metrics, refresh_curves, reuse_summary, summary_path  # pylint: disable=unused-import
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -172,8 +173,7 @@ def _existing(spec, *, results_dir, log, replace):
   """
   spath = summary_path(results_dir, spec)
   if os.path.exists(spath):
-    with open(spath) as f:
-      old = json.load(f)
+    old = report.read_summary(spath)
     if old.get('key') == spec.key:
       return 'skipped', spath
     if not replace:
@@ -304,8 +304,7 @@ def result_paths(sweep_name, *, smoke, scratch=False, results_root=RESULTS_DIR):
 def _read_parts(invocation_path):
   if not os.path.exists(invocation_path):
     return []
-  with open(invocation_path) as f:
-    return invocation_parts(json.load(f))
+  return invocation_parts(files.read_json(invocation_path, expected='a sweep\'s invocation record'))
 
 
 def invocation_parts(invocation):
@@ -445,4 +444,5 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  with files.report_damage():
+    sys.exit(main())

@@ -96,8 +96,7 @@ def refresh_curves(results_dir):
   names = sorted(f for f in os.listdir(runs_dir) if f.endswith('.json'))
   refreshed, missing = {}, []
   for name in names:
-    with open(os.path.join(runs_dir, name)) as f:
-      summary = json.load(f)
+    summary = report.read_summary(os.path.join(runs_dir, name))
     records = read_metrics(summary['workdir'])
     if not is_finished(records, summary['num_steps']):
       missing.append(f"{name} ({summary['workdir']})")

@@ -28,6 +28,7 @@ import numpy as np
 from experiments import report
 from experiments import stats
 from experiments.sweeps import claims as claims_lib
+from jtc import files
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')
 ALPHA = 0.05
@@ -306,4 +307,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  with files.report_damage():
+    main()

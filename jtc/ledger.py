@@ -19,6 +19,7 @@ import json
 import os
 import sys
 
+from jtc import files
 from jtc.analysis import ledger as ledger_lib
 from jtc.analysis import ledger_view
 from jtc.analysis import metric_writer
@@ -117,4 +118,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  with files.report_damage():
+    sys.exit(main())

@@ -2,7 +2,9 @@ r"""`python -m jtc.sft`: supervised fine-tuning of the base policies (the code i
 
   python -m jtc.sft --config configs/sft_arith.py --workdir W
 """
+from jtc import files
 from jtc.rl.sft import run_main
 
 if __name__ == '__main__':
-  run_main()
+  with files.report_damage():
+    run_main()

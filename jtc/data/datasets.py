@@ -37,6 +37,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
+from jtc import files as files_lib
 from jtc.data import rewards
 from jtc.data import tasks as tasks_lib
 
@@ -78,31 +79,38 @@ def read_jsonl(path: str, *, question_key: str | None = None,
   if not os.path.isfile(path):
     raise ValueError(f'JSONL file not found: {path!r}')
   out = []
-  with open(path, encoding='utf-8') as f:
-    for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f'{path}:{lineno}: malformed JSON ({e.msg})') from e
-      if not isinstance(record, dict):
-        raise ValueError(f'{path}:{lineno}: expected a JSON object, got {type(record).__name__}')
-      q_key = question_key or next((k for k in _QUESTION_KEYS if k in record), None)
-      a_key = answer_key or next((k for k in _ANSWER_KEYS if k in record), None)
-      for role, key, options in (('question', q_key, _QUESTION_KEYS), ('answer', a_key,
-                                                                       _ANSWER_KEYS)):
-        if key is None or key not in record:
-          raise ValueError(f'{path}:{lineno}: no {role} field {key!r}; looked for {list(options)}, '
-                           f'record has {sorted(record)}')
-        if not isinstance(record[key], (str, int, float)):
-          raise ValueError(f'{path}:{lineno}: field {key!r} must be a string or number')
-      raw_answer = str(record[a_key])
-      out.append({
-          'prompt': str(record[q_key]),
-          'answer': normalize_reference_answer(raw_answer),
-          'solution': raw_answer
-      })
+  with open(path, 'rb') as f:
+    data = f.read()
+  try:
+    text = data.decode('utf-8')
+  except UnicodeDecodeError as e:
+    line = data[:e.start].count(b'\n') + 1
+    raise files_lib.DamagedFile(path, 'JSONL text (one JSON object a line)',
+                                f'line {line} is not UTF-8 text') from None
+  for lineno, line in enumerate(text.split('\n'), start=1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f'{path}:{lineno}: malformed JSON ({e.msg})') from e
+    if not isinstance(record, dict):
+      raise ValueError(f'{path}:{lineno}: expected a JSON object, got {type(record).__name__}')
+    q_key = question_key or next((k for k in _QUESTION_KEYS if k in record), None)
+    a_key = answer_key or next((k for k in _ANSWER_KEYS if k in record), None)
+    for role, key, options in (('question', q_key, _QUESTION_KEYS), ('answer', a_key,
+                                                                     _ANSWER_KEYS)):
+      if key is None or key not in record:
+        raise ValueError(f'{path}:{lineno}: no {role} field {key!r}; looked for {list(options)}, '
+                         f'record has {sorted(record)}')
+      if not isinstance(record[key], (str, int, float)):
+        raise ValueError(f'{path}:{lineno}: field {key!r} must be a string or number')
+    raw_answer = str(record[a_key])
+    out.append({
+        'prompt': str(record[q_key]),
+        'answer': normalize_reference_answer(raw_answer),
+        'solution': raw_answer
+    })
   if not out:
     raise ValueError(f'empty dataset: {path!r} has no records')
   return out
@@ -304,7 +312,9 @@ def prepare(
       answer_key=answer_key,
   )
   root = os.path.join(data_dir or default_data_dir(), f'{slug}-{_spec_key(json.loads(spec))}')
-  if not _is_prepared(_BUILDERS[name](spec=spec, data_dir=root, file_format='array_record')):
+  with _reading_prepared(root):
+    prepared = _is_prepared(_BUILDERS[name](spec=spec, data_dir=root, file_format='array_record'))
+  if not prepared:
     parent, folder = os.path.split(root)
     os.makedirs(parent, exist_ok=True)
     with _file_lock(os.path.join(parent, f'.{folder}.lock')):
@@ -382,14 +392,50 @@ def decode(example: dict[str, Any]) -> dict[str, Any]:
 
 
 def data_source(source: str, *, split: str, data_dir: str | None, **prepare_kwargs: Any):
-  """``tfds.data_source`` over the prepared split; unknown split -> ValueError listing them."""
+  """``tfds.data_source`` over the prepared split; unknown split -> ValueError listing them, a
+  damaged prepared dataset -> `files.DamagedFile` naming its directory."""
   kwargs = prepare(source, data_dir=data_dir, **prepare_kwargs)
-  builder = _BUILDERS[kwargs['name']](data_dir=kwargs['data_dir'], **kwargs['builder_kwargs'])
-  available = sorted(builder.info.splits)
+  available, records = _open_prepared(kwargs, split)
   if split not in available:
     raise ValueError(f'unknown split {split!r} for {source!r}; valid: {available}')
-  records = tfds.data_source(kwargs['name'], split=split, data_dir=kwargs['data_dir'],
-                             builder_kwargs=kwargs['builder_kwargs'], download=False)
   if len(records) == 0:
     raise ValueError(f'empty dataset: split {split!r} of {source!r} has no records')
   return records
+
+
+def _open_prepared(kwargs: dict[str, Any], split: str):
+  """(the prepared splits, ``split``'s records or None). Its first and last records are read
+  here, so that a damaged file fails now (a cut array_record file can even read as records of
+  None)."""
+  with _reading_prepared(kwargs['data_dir']):
+    builder = _BUILDERS[kwargs['name']](data_dir=kwargs['data_dir'], **kwargs['builder_kwargs'])
+    available = sorted(builder.info.splits)
+    if split not in available:
+      return available, None
+    records = tfds.data_source(kwargs['name'], split=split, data_dir=kwargs['data_dir'],
+                               builder_kwargs=kwargs['builder_kwargs'], download=False)
+    for i in ({0, len(records) - 1} if len(records) else ()):
+      if any(leaf is None for leaf in _leaves(records[i])):
+        raise RuntimeError(f'record {i} of split {split!r} reads as empty fields')
+  return available, records
+
+
+def _leaves(tree: Any) -> list[Any]:
+  """The leaves of nested dicts (a decoded record)."""
+  if isinstance(tree, dict):
+    return [leaf for value in tree.values() for leaf in _leaves(value)]
+  return [tree]
+
+
+@contextlib.contextmanager
+def _reading_prepared(root: str):
+  """Any error reading the dataset prepared in ``root`` as a `files.DamagedFile` naming it
+  (tfds, protobuf and array_record each raise their own types for a damaged file)."""
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except
+    reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ''
+    raise files_lib.DamagedFile(
+        root, 'a dataset prepared by jtc (TFDS metadata and array_record files)',
+        f'it cannot be read ({type(e).__name__}: {reason})',
+        hint='it was left as it is: remove it, and the next run prepares it again') from None

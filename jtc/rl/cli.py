@@ -24,6 +24,7 @@ from ml_collections import config_flags
 import numpy as np
 
 from jtc import checks
+from jtc import files
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOT_METHODS = {
@@ -195,7 +196,8 @@ def train_main(trainer_cls):
   """`python -m jtc.train` (after `define_train_flags`): ``trainer_cls(config, workdir).run()``; the errors a
   user can cause print one line, SIGINT / SIGTERM exit with 128 + the signal number after a
   checkpoint."""
-  app.run(functools.partial(_train, trainer_cls), flags_parser=parse_flags)
+  with files.report_damage():
+    app.run(functools.partial(_train, trainer_cls), flags_parser=parse_flags)
 
 
 def _train(trainer_cls, argv):

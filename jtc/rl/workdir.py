@@ -16,6 +16,7 @@ import os
 import sys
 
 from jtc import checks
+from jtc import files
 
 CONFIG_FILE = 'config.json'
 LOCK_FILE = '.lock'
@@ -82,8 +83,7 @@ def check_identity(workdir, config, *, allow_changes=False, has_checkpoint):
       raise WorkdirError(f'--workdir={workdir} has checkpoints but no {CONFIG_FILE}: it was '
                          'written by another version of jtc; use another --workdir')
     return config.num_steps
-  with open(path) as f:
-    stored = json.load(f)
+  stored = files.read_json(path, keys=('config',), expected='the config of the run in this workdir')
   old = checks.flatten(stored['config'])
   new = checks.flatten(json.loads(config.to_json_best_effort()))
   differing = sorted(
@@ -128,8 +128,8 @@ def claim(workdir, config, *, allow_changes=False, take_lock=True):
   of a multi-process run) checks without locking: the lock is None."""
   member_file = os.path.join(workdir, MEMBER_FILE)
   if os.path.exists(member_file):
-    with open(member_file) as f:
-      owner = json.load(f).get('population_workdir', '?')
+    owner = files.read_json(member_file, keys=('population_workdir',),
+                            expected='a population member\'s marker')['population_workdir']
     raise WorkdirError(f'--workdir={workdir} is a member of the population in {owner}: resume '
                        'that population (same command, --workdir of the population) instead')
   check_writable(workdir)
