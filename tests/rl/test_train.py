@@ -185,7 +185,7 @@ def test_smoke_run_writes_metrics_checkpoints_and_tensorboard(uninterrupted):
 def test_sigkill_then_resume_equals_uninterrupted(uninterrupted, tiny_policy, tmp_path):
   workdir = str(tmp_path)
   ended = procs.kill_after_checkpoint(_cmd(workdir, tiny_policy), workdir, 1, cwd=REPO,
-                                     env=dict(os.environ, JAX_PLATFORMS='cpu'))
+                                      env=dict(os.environ, JAX_PLATFORMS='cpu'))
   assert ended.returncode == -9, ended
   killed = [r['step'] for r in metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))]
   assert killed[:2] == [0, 1] and killed[-1] < 3, killed
