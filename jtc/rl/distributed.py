@@ -40,6 +40,7 @@ import jax
 import numpy as np
 
 from jtc.rl import rendezvous
+from jtc.rl import sharding
 
 ENV_KEYS = ('JAX_COORDINATOR_ADDRESS', 'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID')
 # A process that stops answering for this long stops the others ($JTC_HEARTBEAT_S overrides).
@@ -145,6 +146,7 @@ def initialize(*, environ=None, timeout_s=0, heartbeat_timeout_s=HEARTBEAT_S, **
   """Starts the multi-process runtime when asked (module docstring; ``timeout_s``: see
   `coordinator_timeout_s`); returns the number of processes. Raises DistributedError with the
   reason when a requested start fails."""
+  sharding.reserve_cpu_threads(environ)  # before JAX's CPU client exists
   asked = requested(environ, **given)
   cluster = None if asked else detected_cluster(environ)
   if asked is None and cluster is None:
