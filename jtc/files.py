@@ -38,6 +38,18 @@ def report_damage():
     sys.exit(f'error: {e}')
 
 
+@contextlib.contextmanager
+def reading(path, expected, hint='it was left as it is'):
+  """Any error inside the block (a library reading ``path`` its own way, with its own error
+  types) as a `DamagedFile` naming ``path``."""
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except
+    reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ''
+    raise DamagedFile(path, expected, f'it cannot be read ({type(e).__name__}: {reason})',
+                      hint) from None
+
+
 def read_bytes(path, expected):
   """The bytes of ``path``; DamagedFile when it is empty."""
   with open(path, 'rb') as f:
@@ -47,11 +59,19 @@ def read_bytes(path, expected):
   return data
 
 
-def _text(path, expected, data):
+def decode_text(path, data, expected):
+  """``data`` (the content of ``path``) as UTF-8 text, or DamagedFile naming the line."""
   try:
     return data.decode('utf-8')
   except UnicodeDecodeError as e:
-    raise DamagedFile(path, expected, f'it is not text (byte {e.start} is not UTF-8)') from None
+    line = data[:e.start].count(b'\n') + 1
+    raise DamagedFile(path, expected, f'it is not text (line {line}, byte {e.start} is not '
+                      'UTF-8)') from None
+
+
+def read_text(path, expected):
+  """The UTF-8 text of ``path``; DamagedFile when it is empty or not text."""
+  return decode_text(path, read_bytes(path, expected), expected)
 
 
 def parse_json(path, text, expected):
@@ -78,7 +98,7 @@ def check_keys(path, obj, keys, expected):
 def read_json(path, *, keys=(), expected='a JSON object'):
   """The JSON object in ``path``, which must hold ``keys``."""
   expected = f'{expected} with {list(keys)}' if keys else expected
-  obj = parse_json(path, _text(path, expected, read_bytes(path, expected)), expected)
+  obj = parse_json(path, read_text(path, expected), expected)
   return check_keys(path, obj, keys, expected)
 
 
@@ -90,7 +110,7 @@ def read_jsonl(path, *, expected='one JSON object a line (metrics.jsonl)'):
     return []
   with open(path, 'rb') as f:
     data = f.read()
-  text = _text(path, expected, data)
+  text = decode_text(path, data, expected)
   lines = text.split('\n')
   torn = lines.pop()  # '' when the file ends with a newline
   if torn and not torn.startswith('{'):

@@ -44,6 +44,7 @@ from jtc.data import tasks as tasks_lib
 DEFAULT_NUM_EXAMPLES = {'train': 5000, 'test': 500}
 _QUESTION_KEYS = ('question', 'problem', 'prompt', 'query')
 _ANSWER_KEYS = ('answer', 'solution', 'response')
+PREPARED = 'a dataset prepared by jtc (TFDS files; remove the folder to prepare it again)'
 
 
 def default_data_dir() -> str:
@@ -79,14 +80,7 @@ def read_jsonl(path: str, *, question_key: str | None = None,
   if not os.path.isfile(path):
     raise ValueError(f'JSONL file not found: {path!r}')
   out = []
-  with open(path, 'rb') as f:
-    data = f.read()
-  try:
-    text = data.decode('utf-8')
-  except UnicodeDecodeError as e:
-    line = data[:e.start].count(b'\n') + 1
-    raise files_lib.DamagedFile(path, 'JSONL text (one JSON object a line)',
-                                f'line {line} is not UTF-8 text') from None
+  text = files_lib.read_text(path, 'JSONL text (one JSON object a line)')
   for lineno, line in enumerate(text.split('\n'), start=1):
     if not line.strip():
       continue
@@ -312,7 +306,7 @@ def prepare(
       answer_key=answer_key,
   )
   root = os.path.join(data_dir or default_data_dir(), f'{slug}-{_spec_key(json.loads(spec))}')
-  with _reading_prepared(root):
+  with files_lib.reading(root, PREPARED):
     prepared = _is_prepared(_BUILDERS[name](spec=spec, data_dir=root, file_format='array_record'))
   if not prepared:
     parent, folder = os.path.split(root)
@@ -392,50 +386,17 @@ def decode(example: dict[str, Any]) -> dict[str, Any]:
 
 
 def data_source(source: str, *, split: str, data_dir: str | None, **prepare_kwargs: Any):
-  """``tfds.data_source`` over the prepared split; unknown split -> ValueError listing them, a
-  damaged prepared dataset -> `files.DamagedFile` naming its directory."""
+  """``tfds.data_source`` over the prepared split; unknown split -> ValueError listing them."""
   kwargs = prepare(source, data_dir=data_dir, **prepare_kwargs)
-  available, records = _open_prepared(kwargs, split)
+  with files_lib.reading(kwargs['data_dir'], PREPARED):
+    builder = _BUILDERS[kwargs['name']](data_dir=kwargs['data_dir'], file_format='array_record',
+                                        **kwargs['builder_kwargs'])
+    available = sorted(builder.info.splits)
+    records = builder.as_data_source(split=split) if split in available else None
+    if records and None in {**records[0], **records[len(records) - 1]}.values():  # read now
+      raise RuntimeError('its first or last record reads as empty fields (cut off?)')
   if split not in available:
     raise ValueError(f'unknown split {split!r} for {source!r}; valid: {available}')
   if len(records) == 0:
     raise ValueError(f'empty dataset: split {split!r} of {source!r} has no records')
   return records
-
-
-def _open_prepared(kwargs: dict[str, Any], split: str):
-  """(the prepared splits, ``split``'s records or None). Its first and last records are read
-  here, so that a damaged file fails now (a cut array_record file can even read as records of
-  None)."""
-  with _reading_prepared(kwargs['data_dir']):
-    builder = _BUILDERS[kwargs['name']](data_dir=kwargs['data_dir'], **kwargs['builder_kwargs'])
-    available = sorted(builder.info.splits)
-    if split not in available:
-      return available, None
-    records = tfds.data_source(kwargs['name'], split=split, data_dir=kwargs['data_dir'],
-                               builder_kwargs=kwargs['builder_kwargs'], download=False)
-    for i in ({0, len(records) - 1} if len(records) else ()):
-      if any(leaf is None for leaf in _leaves(records[i])):
-        raise RuntimeError(f'record {i} of split {split!r} reads as empty fields')
-  return available, records
-
-
-def _leaves(tree: Any) -> list[Any]:
-  """The leaves of nested dicts (a decoded record)."""
-  if isinstance(tree, dict):
-    return [leaf for value in tree.values() for leaf in _leaves(value)]
-  return [tree]
-
-
-@contextlib.contextmanager
-def _reading_prepared(root: str):
-  """Any error reading the dataset prepared in ``root`` as a `files.DamagedFile` naming it
-  (tfds, protobuf and array_record each raise their own types for a damaged file)."""
-  try:
-    yield
-  except Exception as e:  # pylint: disable=broad-except
-    reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ''
-    raise files_lib.DamagedFile(
-        root, 'a dataset prepared by jtc (TFDS metadata and array_record files)',
-        f'it cannot be read ({type(e).__name__}: {reason})',
-        hint='it was left as it is: remove it, and the next run prepares it again') from None
