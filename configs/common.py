@@ -19,6 +19,7 @@ Sections and who reads them:
   eval       held-out avg@k; `sampling` has the rollout's field names   (jtc.rl.rollout)
   log        diagnostics and checkpoints                                 (jtc.train)
   mesh       device mesh                                                 (jtc.rl.sharding)
+  distributed  multi-process start-up                                    (jtc.rl.distributed)
 
 Args accepted by every method config (comma separated, e.g. `configs/gspo.py:smoke`):
   smoke     a few-second run for tests: 2 steps, 2 prompts x 4 samples, short completions.
@@ -195,6 +196,11 @@ def get_config(arg=None):
   c.mesh.data = -1  # devices on the data axis (-1 = all remaining)
   c.mesh.fsdp = 1  # devices sharding params + optimiser state (FSDP) and batch
   c.mesh.tensor = 1  # devices sharding heads / MLP / vocab (tensor parallel)
+
+  c.distributed = ConfigDict()  # several processes (JAX_COORDINATOR_ADDRESS, ...); else unused
+  # Seconds the processes have to reach each other at start-up before failing with what was
+  # tried (0 = $JTC_COORDINATOR_TIMEOUT_S, else 300).
+  c.distributed.coordinator_timeout_s = 0
 
   if args.get('runlocal'):
     c.num_steps = 10

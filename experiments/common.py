@@ -11,6 +11,7 @@ import subprocess
 
 import numpy as np
 
+from jtc import files
 from jtc.analysis import curves
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -160,11 +161,20 @@ def summary_name(fname):
   return None
 
 
+# What every per-run summary holds (experiments.summaries.make_summary writes it).
+SUMMARY_KEYS = ('run', 'seed', 'num_steps', 'key', 'workdir', 'final', 'curves')
+
+
 def read_summary(path):
-  """One per-run summary (gzip-compressed or plain JSON, by its suffix)."""
-  opener = gzip.open if path.endswith('.gz') else open
-  with opener(path, 'rt', encoding='utf-8') as f:
-    return json.load(f)
+  """One per-run summary, gzip-compressed or plain JSON by its suffix (`files.DamagedFile` when it
+  is not one: empty, cut off, not JSON, keys missing)."""
+  expected = 'a run summary'
+  data = files.read_bytes(path, expected)
+  if path.endswith('.gz'):
+    with files.reading(path, f'{expected} (gzip-compressed JSON)'):
+      data = gzip.decompress(data)
+  obj = files.parse_json(path, files.decode_text(path, data, expected), expected)
+  return files.check_keys(path, obj, SUMMARY_KEYS, expected)
 
 
 def summary_files(results_dir):

@@ -11,7 +11,6 @@ only on declared claims (experiments/sweeps/claims.py), corrected for multiplici
 experiments/verdicts.py; a table row shows the verdict of the claim it answers.
 """
 
-import json
 import os
 
 import numpy as np
@@ -21,6 +20,7 @@ from experiments import figures
 from experiments import stats
 from experiments import verdicts
 from experiments.sweeps import claims
+from jtc import files
 
 # ---------------------------------------------------------------------------------------------
 # Tables.
@@ -147,8 +147,7 @@ def read_parts(invocation_path):
   """The parts recorded in ``invocation_path`` so far ([] before the first)."""
   if not os.path.exists(invocation_path):
     return []
-  with open(invocation_path) as f:
-    return invocation_parts(json.load(f))
+  return invocation_parts(files.read_json(invocation_path, expected="a sweep's invocation record"))
 
 
 def invocation_parts(invocation):

@@ -59,6 +59,7 @@ from experiments import schedule
 from experiments import sweeps as sweeps_lib
 from experiments.launch import Launch
 from experiments.summaries import compress, refresh_curves, write_json
+from jtc import files
 
 RESULTS_DIR = os.path.join(common.ROOT, 'experiments', 'results')
 DEFAULT_WORKROOT = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'jtc_experiments')
@@ -203,4 +204,5 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  with files.report_damage():
+    sys.exit(main())

@@ -35,6 +35,7 @@ import numpy as np
 from experiments import common
 from experiments import stats
 from experiments.sweeps import claims as claims_lib
+from jtc import files
 from jtc.analysis import curve_plots
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')
@@ -379,4 +380,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  with files.report_damage():
+    main()

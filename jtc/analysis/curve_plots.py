@@ -19,7 +19,6 @@ For DelTA runs the token clouds (tokens with the highest / lowest mean lambda) g
 `<out>_tokens.png`.
 """
 
-import json
 import os
 import re
 
@@ -30,6 +29,7 @@ import matplotlib.lines as mlines  # pylint: disable=g-import-not-at-top
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from jtc import files
 from jtc.analysis import curves
 from jtc.analysis import metric_writer
 
@@ -272,8 +272,7 @@ def plot_token_clouds(workdirs, out):
   for w, label in zip(workdirs, run_labels(workdirs)):
     path = os.path.join(w, 'token_cloud.json')
     if os.path.exists(path):
-      with open(path) as f:
-        clouds[label] = json.load(f)
+      clouds[label] = files.read_json(path, keys=('top', 'bottom'), expected="DelTA's token cloud")
   if not clouds:
     return None
   fig, axes = plt.subplots(len(clouds), 2, figsize=(10, 2.8 * len(clouds)), squeeze=False)

@@ -45,12 +45,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jtc import files
 from jtc import objectives
 from jtc.analysis import diagnostics
+from jtc.models import bundles
 from jtc.models import model as model_lib
 
 POINTS = ('behaviour', 'offpolicy')  # before any update; before the second update of the step
 LEDGER_DIR = 'ledger'
+# What every ledger holds (`load` names a file without them as damaged).
+COLUMNS = ('completion_BT', 'completion_mask_BT', 'truncated_B', 'rewards_B', 'sampler_logps_BT',
+           'prompt_BP', 'prompt_mask_BP', 'mask_BT', 'advantages_B', 'old_logps_BT')
+META_KEYS = ('step', 'loss', 'loss_hparams', 'group_size', 'completion_start', 'points', 'updates',
+             'vocab')
 
 
 def token_ledger(logps_BT, *, tokens_BL, input_mask_BL, old_logps_BT, advantages_B, mask_BT,
@@ -134,17 +141,16 @@ class Ledger:
   def params(self, update=0):
     """The policy's parameters before update ``update`` of the step (0: the behaviour policy)
     and its `ModelConfig`."""
-    with open(os.path.join(self.path, 'model.json')) as f:
-      config = model_lib.ModelConfig(**json.load(f))
+    config = bundles.read_model_config(os.path.join(self.path, 'model.json'))
     template = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
     path = os.path.join(self.path, f'params_update{update}.msgpack')
     if not os.path.exists(path):
       have = sorted(n for n in os.listdir(self.path) if n.startswith('params_'))
       raise FileNotFoundError(
           f'{self.path} has no parameters before update {update}; it has {have}')
-    with open(path, 'rb') as f:
-      params = flax.serialization.from_bytes(template, f.read())
-    return config, params
+    expected = 'the parameters of the model in model.json'
+    return config, files.restore_tree(path, template, files.read_msgpack(path, expected=expected),
+                                      expected=expected)
 
 
 def steps(run_dir):
@@ -169,10 +175,10 @@ def load(run_dir, step):
         f'{run_dir} has no ledger of step {step}; steps with a ledger: {have or "none"} '
         '(the trainer writes one every config.log.ledger_every steps)')
   path = os.path.join(run_dir, LEDGER_DIR, str(step))
-  with np.load(os.path.join(path, 'ledger.npz')) as z:
-    columns = {k: z[k] for k in z.files}
-  with open(os.path.join(path, 'meta.json')) as f:
-    meta = json.load(f)
+  columns = files.read_npz(os.path.join(path, 'ledger.npz'), keys=COLUMNS,
+                           expected='a ledger\'s columns (npz)')
+  meta = files.read_json(os.path.join(path, 'meta.json'), keys=META_KEYS,
+                         expected='a ledger\'s meta.json')
   return Ledger(columns=columns, meta=meta, path=path)
 
 

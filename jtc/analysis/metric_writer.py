@@ -11,6 +11,8 @@ import os
 
 import numpy as np
 
+from jtc import files
+
 
 def _to_python(value):
   value = np.asarray(value)
@@ -23,17 +25,9 @@ def _to_python(value):
 
 
 def read_jsonl(path):
-  """All records of a metrics file (a torn last line from a killed run is ignored)."""
-  records = []
-  if not os.path.exists(path):
-    return records
-  with open(path) as f:
-    for line in f:
-      try:
-        records.append(json.loads(line))
-      except json.JSONDecodeError:
-        break
-  return records
+  """All records of a metrics file ([] without one; a torn last line from a killed run is left
+  out, any other damage is a `files.DamagedFile`)."""
+  return files.read_jsonl(path)
 
 
 def run_dirs(workdir):
@@ -46,8 +40,8 @@ def run_dirs(workdir):
   for name in os.listdir(members):
     path = os.path.join(members, name, 'member.json')
     if os.path.isfile(path):
-      with open(path) as f:
-        found.append((json.load(f)['index'], os.path.join(members, name)))
+      member = files.read_json(path, keys=('index',), expected='a population member\'s marker')
+      found.append((member['index'], os.path.join(members, name)))
   return [path for _, path in sorted(found)] or [workdir]
 
 

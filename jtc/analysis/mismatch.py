@@ -40,6 +40,7 @@ from jtc.data import tasks as tasks_lib
 from jtc.models import logprobs
 from jtc.models import model as model_lib
 from jtc.models import sampler as sampler_lib
+from jtc import files
 from jtc.models import bundles
 
 FILTERS = (('temperature 0.7', dict(temperature=0.7)), ('top-k 5', dict(top_k=5)),
@@ -154,4 +155,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  with files.report_damage():
+    main()

@@ -12,6 +12,7 @@ from absl import flags
 from absl import logging
 
 from jtc import checks
+from jtc import files
 from jtc.rl import distributed
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -93,7 +94,8 @@ def start(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   logging.set_verbosity(logging.WARNING)  # orbax and tfds are chatty at INFO
-  distributed.initialize()
+  timeout_s = flags.FLAGS.config.get('distributed', {}).get('coordinator_timeout_s', 0)
+  distributed.initialize(timeout_s=timeout_s)  # several processes: before any other JAX work
   distributed.check_agreement(json.loads(flags.FLAGS.config.to_json_best_effort()))
 
 
@@ -107,4 +109,5 @@ def run(main_fn, argv, *, prog, define_flags, flags_parser=parse_flags):
   for name in define_flags(flags.FLAGS, argv):
     _DEFINED.add(name)
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
-  app.run(main_fn, argv=argv, flags_parser=flags_parser)
+  with files.report_damage():
+    app.run(main_fn, argv=argv, flags_parser=flags_parser)

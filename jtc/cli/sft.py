@@ -33,7 +33,8 @@ def run(argv):
   except distributed.DistributedError as e:
     absl_program.fail(str(e))
   os.makedirs(flags.FLAGS.workdir, exist_ok=True)
-  result = sft.train_sft(flags.FLAGS.config, flags.FLAGS.workdir)
+  with distributed.exit_when_a_peer_is_lost():
+    result = sft.train_sft(flags.FLAGS.config, flags.FLAGS.workdir)
   if distributed.is_primary():
     print(json.dumps(result))
 

@@ -105,7 +105,8 @@ def train(argv):
   except (ValueError, workdir_lib.WorkdirError, checkpoints.CheckpointMismatch,
           distributed.DistributedError) as e:
     absl_program.fail(str(e))
-  last, stopped = trainer.run()
+  with distributed.exit_when_a_peer_is_lost():
+    last, stopped = trainer.run()
   _print_last(trainer, last)
   if stopped:
     sys.exit(128 + signal.Signals[stopped].value)

@@ -37,12 +37,14 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
+from jtc import files as files_lib
 from jtc.data import rewards
 from jtc.data import tasks as tasks_lib
 
 DEFAULT_NUM_EXAMPLES = {'train': 5000, 'test': 500}
 _QUESTION_KEYS = ('question', 'problem', 'prompt', 'query')
 _ANSWER_KEYS = ('answer', 'solution', 'response')
+PREPARED = 'a dataset prepared by jtc (TFDS files; remove the folder to prepare it again)'
 
 
 def default_data_dir() -> str:
@@ -78,31 +80,31 @@ def read_jsonl(path: str, *, question_key: str | None = None,
   if not os.path.isfile(path):
     raise ValueError(f'JSONL file not found: {path!r}')
   out = []
-  with open(path, encoding='utf-8') as f:
-    for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f'{path}:{lineno}: malformed JSON ({e.msg})') from e
-      if not isinstance(record, dict):
-        raise ValueError(f'{path}:{lineno}: expected a JSON object, got {type(record).__name__}')
-      q_key = question_key or next((k for k in _QUESTION_KEYS if k in record), None)
-      a_key = answer_key or next((k for k in _ANSWER_KEYS if k in record), None)
-      for role, key, options in (('question', q_key, _QUESTION_KEYS), ('answer', a_key,
-                                                                       _ANSWER_KEYS)):
-        if key is None or key not in record:
-          raise ValueError(f'{path}:{lineno}: no {role} field {key!r}; looked for {list(options)}, '
-                           f'record has {sorted(record)}')
-        if not isinstance(record[key], (str, int, float)):
-          raise ValueError(f'{path}:{lineno}: field {key!r} must be a string or number')
-      raw_answer = str(record[a_key])
-      out.append({
-          'prompt': str(record[q_key]),
-          'answer': normalize_reference_answer(raw_answer),
-          'solution': raw_answer
-      })
+  text = files_lib.read_text(path, 'JSONL text (one JSON object a line)')
+  for lineno, line in enumerate(text.split('\n'), start=1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f'{path}:{lineno}: malformed JSON ({e.msg})') from e
+    if not isinstance(record, dict):
+      raise ValueError(f'{path}:{lineno}: expected a JSON object, got {type(record).__name__}')
+    q_key = question_key or next((k for k in _QUESTION_KEYS if k in record), None)
+    a_key = answer_key or next((k for k in _ANSWER_KEYS if k in record), None)
+    for role, key, options in (('question', q_key, _QUESTION_KEYS), ('answer', a_key,
+                                                                     _ANSWER_KEYS)):
+      if key is None or key not in record:
+        raise ValueError(f'{path}:{lineno}: no {role} field {key!r}; looked for {list(options)}, '
+                         f'record has {sorted(record)}')
+      if not isinstance(record[key], (str, int, float)):
+        raise ValueError(f'{path}:{lineno}: field {key!r} must be a string or number')
+    raw_answer = str(record[a_key])
+    out.append({
+        'prompt': str(record[q_key]),
+        'answer': normalize_reference_answer(raw_answer),
+        'solution': raw_answer
+    })
   if not out:
     raise ValueError(f'empty dataset: {path!r} has no records')
   return out
@@ -304,7 +306,9 @@ def prepare(
       answer_key=answer_key,
   )
   root = os.path.join(data_dir or default_data_dir(), f'{slug}-{_spec_key(json.loads(spec))}')
-  if not _is_prepared(_BUILDERS[name](spec=spec, data_dir=root, file_format='array_record')):
+  with files_lib.reading(root, PREPARED):
+    prepared = _is_prepared(_BUILDERS[name](spec=spec, data_dir=root, file_format='array_record'))
+  if not prepared:
     parent, folder = os.path.split(root)
     os.makedirs(parent, exist_ok=True)
     with _file_lock(os.path.join(parent, f'.{folder}.lock')):
@@ -384,12 +388,15 @@ def decode(example: dict[str, Any]) -> dict[str, Any]:
 def data_source(source: str, *, split: str, data_dir: str | None, **prepare_kwargs: Any):
   """``tfds.data_source`` over the prepared split; unknown split -> ValueError listing them."""
   kwargs = prepare(source, data_dir=data_dir, **prepare_kwargs)
-  builder = _BUILDERS[kwargs['name']](data_dir=kwargs['data_dir'], **kwargs['builder_kwargs'])
-  available = sorted(builder.info.splits)
+  with files_lib.reading(kwargs['data_dir'], PREPARED):
+    builder = _BUILDERS[kwargs['name']](data_dir=kwargs['data_dir'], file_format='array_record',
+                                        **kwargs['builder_kwargs'])
+    available = sorted(builder.info.splits)
+    records = builder.as_data_source(split=split) if split in available else None
+    if records and None in {**records[0], **records[len(records) - 1]}.values():  # read now
+      raise RuntimeError('its first or last record reads as empty fields (cut off?)')
   if split not in available:
     raise ValueError(f'unknown split {split!r} for {source!r}; valid: {available}')
-  records = tfds.data_source(kwargs['name'], split=split, data_dir=kwargs['data_dir'],
-                             builder_kwargs=kwargs['builder_kwargs'], download=False)
   if len(records) == 0:
     raise ValueError(f'empty dataset: split {split!r} of {source!r} has no records')
   return records

@@ -17,6 +17,7 @@ import tempfile
 import flax.serialization
 import jax
 
+from jtc import files
 from jtc.models import model as model_lib
 from jtc.models import tokenizer as tokenizer_lib
 
@@ -64,6 +65,15 @@ def save_policy_bundle(path, *, model_config, params, tokenizer_spec, meta=None)
     os.rename(tmp, path)
 
 
+def read_model_config(path):
+  """The `ModelConfig` stored in ``path`` (a bundle's or a ledger's model.json)."""
+  fields = files.read_json(path, expected='a ModelConfig')
+  try:
+    return model_lib.ModelConfig(**fields)
+  except TypeError as e:  # an unknown or missing field
+    raise files.DamagedFile(path, 'a ModelConfig', f'its fields do not fit ({e})') from None
+
+
 def load_policy_bundle(name_or_path):
   """Reads a policy bundle ('base' = the one shipped with jtc)."""
   path = resolve_policy_path(name_or_path)
@@ -73,27 +83,18 @@ def load_policy_bundle(name_or_path):
     raise FileNotFoundError(
         f'{path!r} is not a policy bundle: missing {missing} (a bundle has {list(needed)}; '
         "use 'base' for the shipped policy or a directory written by `python -m jtc.sft`)")
-  with open(os.path.join(path, 'model.json')) as f:
-    model_config = model_lib.ModelConfig(**json.load(f))
-  with open(os.path.join(path, 'tokenizer.json')) as f:
-    tokenizer_spec = json.load(f)
+  model_config = read_model_config(os.path.join(path, 'model.json'))
+  tokenizer_spec = files.read_json(os.path.join(path, 'tokenizer.json'),
+                                   expected='a tokenizer spec (jtc.models.tokenizer.from_spec)')
   meta = {}
   if os.path.exists(os.path.join(path, 'meta.json')):
-    with open(os.path.join(path, 'meta.json')) as f:
-      meta = json.load(f)
+    meta = files.read_json(os.path.join(path, 'meta.json'), expected='how the bundle was made')
   template = jax.eval_shape(lambda: model_lib.init_params(model_config, jax.random.key(0)))
-  with open(os.path.join(path, 'params.msgpack'), 'rb') as f:
-    raw = flax.serialization.msgpack_restore(f.read())
+  params_path, expected = os.path.join(path, 'params.msgpack'), 'the parameters of model.json'
+  raw = files.read_msgpack(params_path, expected=expected)
   # Bundles written before the layers were stacked hold 'layers_0' .. 'layers_{Y-1}'; the
   # conversion only stacks them (values unchanged).
-  params = flax.serialization.from_state_dict(template, model_lib.stack_layers(raw))
-  mismatched = [
-      f'{jax.tree_util.keystr(p)}: {getattr(x, "shape", None)} != {t.shape}' for (p, x), t in zip(
-          jax.tree_util.tree_leaves_with_path(params), jax.tree_util.tree_leaves(template))
-      if getattr(x, 'shape', None) != t.shape
-  ]
-  if mismatched:
-    raise ValueError(f'{path!r}: params.msgpack does not match model.json: {mismatched[:3]}')
+  params = files.restore_tree(params_path, template, model_lib.stack_layers(raw), expected=expected)
   return PolicyBundle(model_config=model_config, params=params,
                       tokenizer=tokenizer_lib.from_spec(tokenizer_spec),
                       tokenizer_spec=tokenizer_spec, meta=meta)

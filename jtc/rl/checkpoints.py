@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from jtc import files
 from jtc.models import bundles
 from jtc.models import tokenizer as tokenizer_lib
 
@@ -165,8 +166,11 @@ class TrainCheckpointer:
         f'moved to {dst}, resuming from the previous step', file=sys.stderr)
 
   def restore_latest(self, state_template, run_template):
-    """(state, run_state, extra) of the newest readable step, or None if there is none."""
-    for step in sorted(self.manager.all_steps(), reverse=True):
+    """(state, run_state, extra) of the newest readable step, or None when there is no step;
+    a `files.DamagedFile` when every step was unreadable (starting over would replace the
+    run's metrics)."""
+    steps = sorted(self.manager.all_steps(), reverse=True)
+    for step in steps:
       self._check_fits(step, 'state', state_template)
       self._check_fits(step, 'run', run_template)
       try:
@@ -178,6 +182,13 @@ class TrainCheckpointer:
         self._move_aside(step, e)
         continue
       return restored.state, restored.run, restored.extra
+    if steps:
+      raise files.DamagedFile(
+          self.directory, 'at least one readable checkpoint step',
+          f'every step ({sorted(steps)}) failed to restore and was moved to '
+          f'{os.path.join(self.directory, "unreadable")}',
+          hint='the run cannot resume, and starting over here would replace its metrics: use '
+          'another --workdir')
     return None
 
   def close(self):

@@ -31,6 +31,8 @@ Dimension key (docs/dimensions.md): B batch, L sequence length, plus the model's
 """
 
 import math
+import os
+import re
 from typing import Any, Sequence
 
 import jax
@@ -41,6 +43,7 @@ from jtc.models import decode
 from jtc.models import model as model_lib
 
 MESH_AXES = ('population', 'data', 'fsdp', 'tensor')
+CPU_DEVICES_FLAG = re.compile(r'--xla_force_host_platform_device_count=(\d+)')
 
 # logical axis -> mesh axis / tuple of mesh axes / None (replicated).
 LOGICAL_AXIS_RULES = {
@@ -213,3 +216,27 @@ def check_batch_rows(rows: int, sizes: dict) -> None:
     raise ValueError(f'a (micro-)batch of {rows} sequences (config.optim.microbatch_prompts or '
                      'minibatch_prompts, times the group size) does not split over the '
                      f'{n} devices of config.mesh.data x config.mesh.fsdp')
+
+
+def reserve_cpu_threads(environ=None):
+  """Sets $PJRT_NPROC to 2N + 2 (at least the cores) when XLA_FLAGS asks for N > 1 CPU devices
+  in this process and neither $PJRT_NPROC nor $NPROC is set; returns the value set, else None.
+  Call it before JAX creates its CPU client (`distributed.initialize` does, first thing).
+
+  Why: XLA's CPU client runs each device's launch and execution on one pool of max(cores,
+  devices) threads ($PJRT_NPROC or $NPROC replaces the cores: xla/pjrt/utils.cc
+  DefaultThreadPoolSize). A launch blocks its thread while the device has 32 computations in
+  flight (a pacing semaphore in xla/pjrt/cpu/cpu_client.cc), and a collective's participants
+  block theirs until all have arrived. With 2 cores and 2 devices, one launch and one waiting
+  participant take the whole pool: the computations holding the semaphore never run, and after
+  40 s XLA aborts the process ("Termination timeout for `all reduce ...` of 40 seconds
+  exceeded"). That needs many small computations queued (eager ops under load). N blocked
+  launches and N - 1 waiting participants at most leave a 2N + 2 pool a free thread.
+  """
+  env = os.environ if environ is None else environ
+  found = CPU_DEVICES_FLAG.findall(env.get('XLA_FLAGS', ''))
+  n = int(found[-1]) if found else 1
+  if n <= 1 or env.get('PJRT_NPROC') or env.get('NPROC'):
+    return None
+  env['PJRT_NPROC'] = str(max(len(os.sched_getaffinity(0)), 2 * n + 2))
+  return env['PJRT_NPROC']

@@ -16,6 +16,7 @@ import os
 import sys
 
 from jtc import checks
+from jtc import files
 
 CONFIG_FILE = 'config.json'
 LOCK_FILE = '.lock'
@@ -24,7 +25,7 @@ MEMBER_FILE = 'member.json'  # marks a population member's directory
 # never what a step computes. (num_steps keeps the run's original learning-rate schedule.)
 RESUMABLE_KEYS = ('num_steps', 'token_budget', 'eval.every', 'eval.problems', 'eval.probe_problems',
                   'log.ckpt_every', 'log.keep_checkpoints', 'log.diagnostics_every',
-                  'log.progress_every', 'log.ledger_every')
+                  'log.progress_every', 'log.ledger_every', 'distributed.coordinator_timeout_s')
 SCHEDULE_KEY = 'schedule_num_steps'  # in config.json: the num_steps the schedule was built for
 # Keys that define which members a population has: never changed on resume, even with
 # --allow_config_change (the checkpoint would be restored into other members).
@@ -82,8 +83,7 @@ def check_identity(workdir, config, *, allow_changes=False, has_checkpoint):
       raise WorkdirError(f'--workdir={workdir} has checkpoints but no {CONFIG_FILE}: it was '
                          'written by another version of jtc; use another --workdir')
     return config.num_steps
-  with open(path) as f:
-    stored = json.load(f)
+  stored = files.read_json(path, keys=('config',), expected='the config of the run in this workdir')
   old = checks.flatten(stored['config'])
   new = checks.flatten(json.loads(config.to_json_best_effort()))
   differing = sorted(
@@ -128,8 +128,8 @@ def claim(workdir, config, *, allow_changes=False, take_lock=True):
   of a multi-process run) checks without locking: the lock is None."""
   member_file = os.path.join(workdir, MEMBER_FILE)
   if os.path.exists(member_file):
-    with open(member_file) as f:
-      owner = json.load(f).get('population_workdir', '?')
+    owner = files.read_json(member_file, keys=('population_workdir',),
+                            expected='a population member\'s marker')['population_workdir']
     raise WorkdirError(f'--workdir={workdir} is a member of the population in {owner}: resume '
                        'that population (same command, --workdir of the population) instead')
   check_writable(workdir)

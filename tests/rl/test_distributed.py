@@ -4,15 +4,16 @@ process stops the other (the runtime's heartbeat) and the run resumes from its c
 population sharded over the two processes is the same population in one process; processes
 that disagree fail fast naming the difference; a partial environment is an error."""
 import os
+import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
 
+import procs
 from jtc.analysis import metric_writer
 from jtc.rl import distributed
 
@@ -36,25 +37,25 @@ def _env(devices=1, **extra):
   return env
 
 
-def _start(workdir, *flags, port, ranks=(0, 1)):
-  """The two processes of a run, started together."""
+def _start(workdir, *flags, port, extra=((), ()), attempt=''):
+  """The two processes of a run, started together (``extra``: each one's own flags); process
+  i's stderr goes to ``<workdir>.stderr<attempt>.<i>.log``."""
   return [
-      subprocess.Popen([sys.executable, '-m', 'jtc.train', *BASE, f'--workdir={workdir}', *flags],
-                       cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       env=_env(JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', JAX_NUM_PROCESSES='2',
-                                JAX_PROCESS_ID=str(i))) for i in ranks
+      procs.start([sys.executable, '-m', 'jtc.train', *BASE, f'--workdir={workdir}', *flags, *more],
+                  f'{workdir}.stderr{attempt}.{i}.log', cwd=REPO,
+                  env=_env(JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', JAX_NUM_PROCESSES='2',
+                           JAX_PROCESS_ID=str(i))) for i, more in enumerate(extra)
   ]
 
 
-def _wait(procs, timeout=600):
-  out = [p.communicate(timeout=timeout) for p in procs]
-  return [(p.returncode, err) for p, (_, err) in zip(procs, out)]
+def _wait(started, timeout=600):
+  return [procs.wait(p, timeout) for p in started]
 
 
 def _one(workdir, *flags, devices):
-  proc = subprocess.run([sys.executable, '-m', 'jtc.train', *BASE, f'--workdir={workdir}', *flags],
-                        cwd=REPO, env=_env(devices), capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  ended = procs.run([sys.executable, '-m', 'jtc.train', *BASE, f'--workdir={workdir}', *flags],
+                    f'{workdir}.stderr.log', cwd=REPO, env=_env(devices))
+  assert ended.returncode == 0, ended
 
 
 def _metrics(workdir):
@@ -86,19 +87,20 @@ def _assert_same(a, b):
 def test_two_processes_equal_one_process_and_resume_after_a_kill(tmp_path):
   reference, run = str(tmp_path / 'one'), str(tmp_path / 'two')
   _one(reference, '--config.mesh.data=2', devices=2)
-  procs = _start(run, '--config.mesh.data=2', port=_free_port())
+  started = _start(run, '--config.mesh.data=2', port=_free_port())
   ckpt = os.path.join(run, 'checkpoints', '1')
   deadline = time.time() + 600
-  while not os.path.isdir(ckpt) and time.time() < deadline and procs[1].poll() is None:
+  while not os.path.isdir(ckpt) and time.time() < deadline and started[1].poll() is None:
     time.sleep(0.05)
-  procs[1].send_signal(signal.SIGKILL)
-  (rc0, err0), (rc1, _) = _wait(procs, timeout=300)
-  assert rc1 == -9 and rc0 != 0, err0[-2000:]  # the survivor stops, it does not hang
-  assert 'distributed' in err0.lower() or 'heartbeat' in err0.lower() or 'task' in err0.lower(), (
-      err0[-2000:])
-  results = _wait(_start(run, '--config.mesh.data=2', port=_free_port()))
-  assert all(rc == 0 for rc, _ in results), results[0][1][-3000:]
-  assert 'resumed from step' in results[0][1]
+  started[1].send_signal(signal.SIGKILL)
+  survivor, killed = _wait(started, timeout=300)
+  assert killed.returncode == -9, killed
+  assert survivor.returncode != 0, survivor  # the survivor stops, it does not hang
+  assert distributed.PEER_LOST in survivor.stderr, survivor
+  results = _wait(_start(run, '--config.mesh.data=2', port=_free_port(), attempt='-resumed'))
+  for ended in results:
+    assert ended.returncode == 0, ended
+  assert 'resumed from step' in results[0].stderr
   _assert_same(_metrics(reference), _metrics(run))
 
 
@@ -108,24 +110,21 @@ def test_a_population_over_two_processes_is_the_population_of_one_process(tmp_pa
   one, two = str(tmp_path / 'one'), str(tmp_path / 'two')
   _one(one, *members, devices=1)
   results = _wait(_start(two, *members, '--config.mesh.population=2', port=_free_port()))
-  assert all(rc == 0 for rc, _ in results), results[0][1][-3000:]
-  assert "'population': 2" in results[0][1]
+  for ended in results:
+    assert ended.returncode == 0, ended
+  assert "'population': 2" in results[0].stderr
   _assert_same(_metrics(one), _metrics(two))
 
 
 def test_processes_that_disagree_fail_fast_naming_the_difference(tmp_path):
-  port = _free_port()
-  procs = [
-      subprocess.Popen([sys.executable, '-m', 'jtc.train', *BASE, f'--workdir={tmp_path}', *extra],
-                       cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       env=_env(JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', JAX_NUM_PROCESSES='2',
-                                JAX_PROCESS_ID=str(i)))
-      for i, extra in enumerate(([], ['--config.optim.learning_rate=0.5']))
-  ]
-  results = _wait(procs, timeout=300)
-  assert all(rc != 0 for rc, _ in results)
-  assert any('optim.learning_rate' in err and 'process 1' in err for _, err in results), results
-  assert not os.path.exists(os.path.join(tmp_path, 'metrics.jsonl'))
+  results = _wait(
+      _start(str(tmp_path / 'w'), port=_free_port(),
+             extra=([], ['--config.optim.learning_rate=0.5'])), timeout=300)
+  assert all(r.returncode != 0 for r in results), results
+  assert any(
+      'optim.learning_rate' in r.stderr and 'process 1' in r.stderr for r in results), ('\n'.join(
+          map(str, results)))
+  assert not os.path.exists(tmp_path / 'w' / 'metrics.jsonl')
 
 
 @pytest.mark.parametrize('env, match', [
@@ -142,10 +141,89 @@ def test_processes_that_disagree_fail_fast_naming_the_difference(tmp_path):
         'JAX_NUM_PROCESSES': 'two',
         'JAX_PROCESS_ID': '0'
     }, 'must be integers'),
-])
+] + [({
+    'JAX_COORDINATOR_ADDRESS': bad,
+    'JAX_NUM_PROCESSES': '2',
+    'JAX_PROCESS_ID': '1'
+}, f'JAX_COORDINATOR_ADDRESS={bad!r} is not host:port')
+     for bad in ('localhost', 'h:http', ':1234', 'h:0', 'h:65536')])
 def test_a_partial_or_bad_environment_is_an_error(env, match):
   with pytest.raises(distributed.DistributedError, match=match):
-    distributed.requested(env)
+    distributed.requested(env)  # at once: nothing is tried on the network
+
+
+@pytest.mark.parametrize('jtc', [True, False])
+def test_an_unreachable_coordinator_fails_within_the_timeout_naming_it(tmp_path, jtc):
+  """Process 1 of 2 with nothing at the coordinator's port: jtc retries until the (shortened)
+  timeout, then one line names the address, the process and the time waited. Control: JAX's own
+  start aborts with a C++ stack trace (what the check below must be able to see)."""
+  address = f'127.0.0.1:{_free_port()}'
+  cmd = ([
+      sys.executable, '-m', 'jtc.train', '--config=configs/gspo.py:smoke', f'--workdir={tmp_path}'
+  ] if jtc else [
+      sys.executable, '-c',
+      'import jax, os; jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"], 2, 1, '
+      'initialization_timeout=1)'
+  ])
+  ended = procs.run(
+      cmd, tmp_path / 'stderr.log', cwd=REPO, timeout=120,
+      env=_env(JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES='2', JAX_PROCESS_ID='1',
+               JTC_COORDINATOR_TIMEOUT_S='2'))
+  assert ended.returncode != 0, ended
+  c_trace = 'Check failure stack trace' in ended.stderr or 'Fatal Python error' in ended.stderr
+  assert c_trace != jtc, ended
+  if jtc:
+    assert ended.returncode == 1 and 'Traceback' not in ended.stderr, ended
+    waited = re.search(
+        rf'process 1 of 2 at coordinator {address} after (\d+) s \(timeout 2 s\): '
+        'the last connection attempt failed: Connection refused', ended.stderr)
+    assert waited and int(waited[1]) >= 2, ended  # it kept trying until the timeout
+    assert 'Check that all JAX_NUM_PROCESSES processes' in ended.stderr
+
+
+def test_process_0_whose_port_is_taken_is_named_as_such():
+  with socket.socket() as taken:
+    taken.bind(('', 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    asked = distributed.requested({
+        'JAX_COORDINATOR_ADDRESS': f'127.0.0.1:{port}',
+        'JAX_NUM_PROCESSES': '2',
+        'JAX_PROCESS_ID': '0'
+    })
+    with pytest.raises(
+        distributed.DistributedError,
+        match=rf'process 0 of 2 at coordinator 127.0.0.1:{port} .*port {port} '
+        'is taken by another program'):
+      distributed.meet(asked, 60, environ={})
+  asked['process_id'] = 1  # control: the same address for process 1 is not about a port taken
+  with pytest.raises(distributed.DistributedError, match='Connection refused'):
+    distributed.meet(asked, 0.5, environ={})
+
+
+@pytest.mark.parametrize('configured, env, expected', [
+    (0, {}, distributed.TIMEOUT_S),
+    (0, {
+        'JTC_COORDINATOR_TIMEOUT_S': '7.5'
+    }, 7.5),
+    (20, {
+        'JTC_COORDINATOR_TIMEOUT_S': '7.5'
+    }, 20),
+    (-1, {}, 'config.distributed.coordinator_timeout_s=-1 must be'),
+    (0, {
+        'JTC_COORDINATOR_TIMEOUT_S': '0'
+    }, r"\$JTC_COORDINATOR_TIMEOUT_S='0' must be"),
+    (0, {
+        'JTC_COORDINATOR_TIMEOUT_S': 'ten'
+    }, r"\$JTC_COORDINATOR_TIMEOUT_S='ten' must be"),
+])
+def test_the_coordinator_timeout_comes_from_the_config_then_the_environment(
+    configured, env, expected):
+  if isinstance(expected, str):
+    with pytest.raises(distributed.DistributedError, match=expected):
+      distributed.coordinator_timeout_s(configured, env)
+  else:
+    assert distributed.coordinator_timeout_s(configured, env) == expected
 
 
 def test_no_environment_is_one_process_and_clusters_are_detected():

@@ -4,7 +4,6 @@ after that the proximal policy moves away from the behaviour one, the more so th
 lag; the lagged parameters are checkpointed, so a killed run resumes exactly."""
 import os
 import re
-import subprocess
 import sys
 
 import jax.numpy as jnp
@@ -140,13 +139,13 @@ def test_sigkill_then_resume_keeps_the_lagged_parameters(tmp_path):
   and 2 it saved (re-initialising them at the current policy would change steps 3 and 4)."""
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   ref = str(tmp_path / 'ref')
-  subprocess.run(_cmd(ref), cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
+  proc = procs.run(_cmd(ref), f'{ref}.stderr.log', cwd=REPO, env=env)
+  assert proc.returncode == 0, proc
   killed = str(tmp_path / 'killed')
-  returncode, stderr = procs.kill_after_checkpoint(_cmd(killed), killed, 2, cwd=REPO, env=env)
-  assert returncode == -9, stderr[-2000:]
-  proc = subprocess.run(_cmd(killed), cwd=REPO, env=env, capture_output=True, text=True,
-                        timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  ended = procs.kill_after_checkpoint(_cmd(killed), killed, 2, cwd=REPO, env=env)
+  assert ended.returncode == -9, ended
+  proc = procs.run(_cmd(killed), f'{killed}.stderr.log', cwd=REPO, env=env)
+  assert proc.returncode == 0, proc
   assert 2 <= int(re.search(r'resumed from step (\d+)', proc.stderr)[1]) < 4
   a, b = (metric_writer.read_jsonl(os.path.join(w, 'metrics.jsonl')) for w in (killed, ref))
   assert [r['step'] for r in a] == [r['step'] for r in b] == [1, 2, 3, 4]

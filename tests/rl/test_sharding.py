@@ -151,3 +151,54 @@ def test_make_mesh_validates_sizes():
     sharding.make_mesh(data=-1, fsdp=-1)
   with pytest.raises(ValueError):
     sharding.make_mesh(data=3, fsdp=1, tensor=1, devices=jax.devices()[:1])
+
+
+@pytest.mark.parametrize('env, expected', [
+    ({
+        'XLA_FLAGS': '--xla_force_host_platform_device_count=2'
+    }, 6),
+    ({
+        'XLA_FLAGS': '--xla_foo=1 --xla_force_host_platform_device_count=8'
+    }, 18),
+    ({
+        'XLA_FLAGS': '--xla_force_host_platform_device_count=1'
+    }, None),
+    ({}, None),
+    ({
+        'XLA_FLAGS': '--xla_force_host_platform_device_count=8',
+        'PJRT_NPROC': '3'
+    }, None),
+])
+def test_several_cpu_devices_reserve_threads_for_their_collectives(env, expected):
+  env = dict(env)
+  kept = env.get('PJRT_NPROC')
+  assert sharding.reserve_cpu_threads(env) == (None if expected is None else str(
+      max(len(os.sched_getaffinity(0)), expected)))
+  assert env.get('PJRT_NPROC') == (kept if expected is None else str(
+      max(len(os.sched_getaffinity(0)), expected)))
+
+
+@pytest.mark.parametrize('reserve', [True, False])
+def test_xla_sizes_its_cpu_thread_pools_by_the_reserved_threads(reserve):
+  """What `reserve_cpu_threads` relies on: this jaxlib reads $PJRT_NPROC when it creates the
+  CPU client (its intra-op pool has the client pool's size and names its threads). Control:
+  without it, the pools have one thread a core."""
+  child = textwrap.dedent(f'''
+      import os, sys
+      os.environ.pop('PJRT_NPROC', None)
+      os.environ.pop('NPROC', None)
+      os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=2'
+      from jtc.rl import sharding
+      if {reserve}:
+        sharding.reserve_cpu_threads()
+      import jax
+      jax.devices()
+      names = [open(f'/proc/self/task/{{t}}/comm').read().strip()
+               for t in os.listdir('/proc/self/task')]
+      print(names.count('tf_XLAEigen'))
+  ''')
+  proc = subprocess.run([sys.executable, '-c', child], cwd=REPO, capture_output=True, text=True,
+                        timeout=300, env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  cores = len(os.sched_getaffinity(0))
+  assert int(proc.stdout.split()[-1]) == (max(cores, 6) if reserve else max(cores, 2))

@@ -9,13 +9,13 @@ changes only the order of floating-point reductions.
 """
 
 import os
-import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
 
+import procs
 from jtc.models import bundles
 
 from jtc.analysis import metric_writer
@@ -64,9 +64,9 @@ def _run(workdir, policy, n_devices, *mesh):
       '--config.loss.hparams.kl_coef=0.01',
       *mesh
   ]
-  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  proc = procs.run(cmd, f'{workdir}.stderr.log', cwd=REPO, env=env)
   if proc.returncode:
-    raise AssertionError(f'{cmd} failed:\n{proc.stderr[-4000:]}')
+    raise AssertionError(proc)
   return proc.stderr, [
       metric_writer.read_jsonl(os.path.join(d, 'metrics.jsonl'))
       for d in metric_writer.run_dirs(workdir)

@@ -47,9 +47,9 @@ def _cmd(workdir, policy, *extra, method='dfpo_min_replace'):
 def _run(workdir, policy, *extra, method='dfpo_min_replace', check=True):
   cmd = _cmd(workdir, policy, *extra, method=method)
   env = dict(os.environ, JAX_PLATFORMS='cpu')
-  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  proc = procs.run(cmd, f'{workdir.rstrip(os.sep)}.stderr.log', cwd=REPO, env=env)
   if check and proc.returncode != 0:
-    raise AssertionError(f'{cmd} failed:\n{proc.stderr[-4000:]}')
+    raise AssertionError(proc)
   return proc
 
 
@@ -82,9 +82,9 @@ def test_smoke_run_writes_metrics_checkpoints_and_tensorboard(uninterrupted):
 
 def test_sigkill_then_resume_equals_uninterrupted(uninterrupted, tiny_policy, tmp_path):
   workdir = str(tmp_path)
-  returncode, stderr = procs.kill_after_checkpoint(_cmd(workdir, tiny_policy), workdir, 1, cwd=REPO,
-                                                   env=dict(os.environ, JAX_PLATFORMS='cpu'))
-  assert returncode == -9, stderr[-2000:]
+  ended = procs.kill_after_checkpoint(_cmd(workdir, tiny_policy), workdir, 1, cwd=REPO,
+                                      env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert ended.returncode == -9, ended
   killed = [r['step'] for r in metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))]
   assert killed[:2] == [0, 1] and killed[-1] < 3, killed
   proc = _run(workdir, tiny_policy)
