@@ -95,6 +95,12 @@ def get_config(arg=None):
   c.policy.compute_dtype = ''  # matmuls (log-probs are float32 whatever this is)
   c.policy.remat = False  # jax.checkpoint every Transformer block in the update
   c.policy.ref_param_dtype = ''  # dtype of the frozen KL reference (kept only if kl_coef > 0)
+  # The trunk's attention (jtc.models.attention): auto | dense | blockwise | splash; 'auto' picks
+  # for the devices that run it (CPU: dense; TPU, GPU: blockwise, no [L, L] scores).
+  c.policy.attention = 'auto'
+  # A ModelConfig preset (e.g. 'qwen3_8b') `python -m jtc.plan` plans with when no checkpoint
+  # is given: the architecture without the weights.
+  c.policy.preset = ''
 
   c.data = ConfigDict()
   c.data.task = 'arithmetic'  # a name from jtc.data.tasks

@@ -57,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jtc.models import attention
 from jtc.models import layers
 from jtc.models.model_config import ModelConfig  # the architecture this module implements
 
@@ -235,16 +236,14 @@ def _to_BKLH(x_BLKH):
 
 def trunk(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask_BL, *,
           return_kv: bool = False):
-  """Causal attention over the L tokens themselves (real keys only).
+  """Causal attention over the L tokens themselves (real keys only), by `config.attention`.
 
   Returns (x_BLD, kv) where kv is None or the keys/values of every layer, each
   [Y, B, K, L, H] (a prompt cache, when `return_kv`)."""
   c = config
-  L = x_BLD.shape[1]
-  allowed_BLS = mask_BL.astype(bool)[:, None, :] & jnp.tril(jnp.ones((L, L), bool))[None]
 
   def attend(q_BLNH, k_BLKH, v_BLKH):
-    out_BLNH = layers.softmax_attention(q_BLNH, _to_BKLH(k_BLKH), _to_BKLH(v_BLKH), allowed_BLS, c)
+    out_BLNH = attention.causal_attention(q_BLNH, k_BLKH, v_BLKH, mask_BL, c)
     return out_BLNH, ((_to_BKLH(k_BLKH), _to_BKLH(v_BLKH)) if return_kv else None)
 
   def body(x_BLD, layer):

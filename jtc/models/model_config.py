@@ -10,6 +10,9 @@ import jax.numpy as jnp
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 ROPE_SCALINGS = ('default', 'linear', 'llama3')
+# The trunk's causal attention (`jtc.models.attention`): the dense [L, S] scores, an online
+# softmax over key blocks with a recomputing backward, or the Pallas TPU splash kernel.
+ATTENTIONS = ('dense', 'blockwise', 'splash')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +49,8 @@ class ModelConfig:
   # scanned block): memory O(n_layers * B L D) instead of O(n_layers * B L (D + F + N S)),
   # for about one extra forward pass. Same parameters, same values, same gradients.
   remat: bool = False
+  # How the trunk attends (`ATTENTIONS`): same values up to float rounding, different memory.
+  attention: str = 'dense'
 
   def __post_init__(self):
     for name in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'head_dim', 'd_ff',
@@ -72,6 +77,8 @@ class ModelConfig:
                        f'{self.rope_high_freq_factor!r}')
     if not self.norm_eps > 0:
       raise ValueError(f'ModelConfig.norm_eps must be > 0, got {self.norm_eps!r}')
+    if self.attention not in ATTENTIONS:
+      raise ValueError(f'ModelConfig.attention={self.attention!r} is not one of {list(ATTENTIONS)}')
     for name in ('param_dtype', 'dtype'):
       value = getattr(self, name)
       if value not in DTYPES:

@@ -272,7 +272,8 @@ def sample_members(params, config: model_lib.ModelConfig, prompt_tokens_NBP, pro
 
 
 def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temperature=1.0,
-                 top_k=0, top_p=1.0, min_p=0.0, greedy=False, block_size=None, layer_loop='auto'):
+                 top_k=0, top_p=1.0, min_p=0.0, greedy=False, block_size=None, layer_loop='auto',
+                 platform=None):
   """The sampler's static arguments, checked (a ValueError naming the bad one) and resolved."""
   V = config.vocab_size
   eos_ids = tuple(int(e) for e in (eos_id if isinstance(eos_id, (tuple, list)) else [eos_id]))
@@ -298,8 +299,8 @@ def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temp
   return dict(config=config, num_samples=num_samples, max_new_tokens=max_new_tokens,
               eos_ids=eos_ids, pad_id=int(pad_id), temperature=float(temperature), top_k=int(top_k),
               top_p=float(top_p), min_p=float(min_p), greedy=bool(greedy),
-              block_size=resolve_block_size(block_size, max_new_tokens),
-              layer_loop=resolve_layer_loop(layer_loop))
+              block_size=resolve_block_size(block_size, max_new_tokens, platform),
+              layer_loop=resolve_layer_loop(layer_loop, platform))
 
 
 def _sample_members_impl(params, prompt_tokens_NBP, prompt_mask_NBP, rng_N, temperature_N,
@@ -315,20 +316,32 @@ def _sample_members_impl(params, prompt_tokens_NBP, prompt_mask_NBP, rng_N, temp
 _sample_members_jit = jax.jit(_sample_members_impl, static_argnames=_STATIC)
 
 
-def resolve_block_size(block_size: int | None, max_new_tokens: int) -> int:
-  """None -> one block of `max_new_tokens` slots on the CPU backend, 128 on GPU/TPU.
+def resolve_block_size(block_size: int | None, max_new_tokens: int,
+                       platform: str | None = None) -> int:
+  """None -> one block of `max_new_tokens` slots on the CPU backend, 128 on GPU/TPU (the
+  backend of ``platform``, default the host's).
 
   On XLA:CPU each block is a trip of the decode step's loop, which costs more than reading the
   dead slots of one whole-cache block (benchmarks/sampler.py, 26M model, T = 256: 1809 tokens/s
   with one block, 1600-1640 with 128-slot and 1503 with 64-slot blocks); on an accelerator,
   blocks skip the reads of the dead part of the cache."""
   if block_size is None:
-    return max_new_tokens if jax.default_backend() == 'cpu' else 128
+    return max_new_tokens if (platform or jax.default_backend()) == 'cpu' else 128
   return int(block_size)
 
 
-def resolve_layer_loop(layer_loop: str) -> str:
-  """'auto' -> 'unroll' on the CPU backend, 'scan' on GPU/TPU; others unchanged."""
+def resolve_layer_loop(layer_loop: str, platform: str | None = None) -> str:
+  """'auto' -> 'unroll' on the CPU backend, 'scan' on GPU/TPU (of ``platform``, default the
+  host's); others unchanged."""
   if layer_loop == 'auto':
-    return 'unroll' if jax.default_backend() == 'cpu' else 'scan'
+    return 'unroll' if (platform or jax.default_backend()) == 'cpu' else 'scan'
   return layer_loop
+
+
+def program(config: model_lib.ModelConfig, prompt_width: int, *, members: bool, platform: str,
+            **kwargs):
+  """(jitted fn, static kwargs) of the program `sample` (``members``: `sample_members`) runs for
+  ``kwargs`` on ``platform``: fn(params, prompt_tokens, prompt_mask, rng(, temperature_N),
+  **static). For compiling ahead of time for a target (`jtc.plan`)."""
+  static = _static_args(config, prompt_width, platform=platform, **kwargs)
+  return (_sample_members_jit if members else _sample_jit), static

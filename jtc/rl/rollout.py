@@ -10,6 +10,7 @@ width, T new tokens, L = P + T, D model width.
 """
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import flax.struct
@@ -253,6 +254,16 @@ def behaviour_pass(params, tokens_BL, input_mask_BL, *, model_config, completion
   pass, no gradient. Jit with everything but the arrays static."""
   return logprobs.sequence_logprobs(params, model_config, tokens_BL, input_mask_BL,
                                     completion_start=completion_start, return_hidden=return_hidden)
+
+
+def jit_behaviour(model_config, *, completion_start, return_hidden,
+                  population=population_lib.SINGLE):
+  """`behaviour_pass` jitted (and mapped over a population's members): fn(params, tokens_BL,
+  input_mask_BL) -> {'logps', 'entropy'(, 'hidden')}."""
+  return jax.jit(
+      population.map(
+          functools.partial(behaviour_pass, model_config=model_config,
+                            completion_start=completion_start, return_hidden=return_hidden)))
 
 
 def behaviour_logps(behaviour_fn, params, *, tokens_BL, input_mask_BL, host_tokens_BL,

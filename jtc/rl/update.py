@@ -125,13 +125,24 @@ def init_state(params, optimizer, *, param_shardings, replicated, population=pop
   else:
     params = jax.tree.map(sharding_lib.to_device, params, param_shardings)
   init = pop.map(optimizer.init)
-  opt_sh = optax.tree_map_params(optimizer, lambda _, sh: sh, jax.eval_shape(init, params),
-                                 param_shardings, transform_non_params=lambda _: replicated)
-  shardings = TrainState(step=replicated, params=param_shardings, opt_state=opt_sh)
+  shardings = state_shardings(params, optimizer, param_shardings=param_shardings,
+                              replicated=replicated, population=pop)
+  opt_sh = shardings.opt_state
   step = np.zeros((pop.n,) if pop.batched else (), np.int32)
   state = TrainState(step=sharding_lib.to_device(step, replicated), params=params,
                      opt_state=jax.jit(init, out_shardings=opt_sh)(params))
   return state, shardings
+
+
+def state_shardings(params, optimizer, *, param_shardings, replicated,
+                    population=population_lib.SINGLE):
+  """The `TrainState` of shardings for ``params`` (arrays or ShapeDtypeStructs, with a member
+  axis for a population): the optimiser state sharded like the params it mirrors, its scalars
+  and the step replicated."""
+  opt_shapes = jax.eval_shape(population.map(optimizer.init), params)
+  opt_sh = optax.tree_map_params(optimizer, lambda _, sh: sh, opt_shapes, param_shardings,
+                                 transform_non_params=lambda _: replicated)
+  return TrainState(step=replicated, params=param_shardings, opt_state=opt_sh)
 
 
 def microbatch_prompts(optim):
@@ -284,18 +295,23 @@ def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_nam
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
+def minibatch_sharding(c, mesh, population=population_lib.SINGLE):
+  """The sharding of a mini-batch's [(N,) n, rows, ...] leaves: rows over the batch axes."""
+  members = (('members',), (population.n,)) if population.batched else ((), ())
+  rows = microbatch_prompts(c.optim) * c.rollout.sampling.num_samples
+  return jax.sharding.NamedSharding(
+      mesh,
+      sharding_lib.logical_to_spec(members[0] + (None, 'batch'),
+                                   members[1] + (num_microbatches(c.optim), rows), mesh))
+
+
 def jit_minibatch_and_update(c, model_config, optimizer, mesh, state_shardings,
                              population=population_lib.SINGLE):
   """The jitted (minibatch_fn, update_fn) of `run_updates` for config ``c``: mini-batches of whole
   groups sliced on device and sharded over the batch axes; `update_step` donating the state; both
   mapped over the population's members."""
   pop = population
-  members = (('members',), (pop.n,)) if pop.batched else ((), ())
-  rows = microbatch_prompts(c.optim) * c.rollout.sampling.num_samples
-  minibatch_sh = jax.sharding.NamedSharding(
-      mesh,
-      sharding_lib.logical_to_spec(members[0] + (None, 'batch'),
-                                   members[1] + (num_microbatches(c.optim), rows), mesh))
+  minibatch_sh = minibatch_sharding(c, mesh, pop)
   minibatch_fn = jax.jit(pop.map(functools.partial(minibatch, num_micro=num_microbatches(c.optim))),
                          out_shardings=minibatch_sh)
   update_fn = jax.jit(
