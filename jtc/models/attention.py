@@ -43,6 +43,11 @@ def resolve(name: str, platform: str) -> str:
   return name
 
 
+def _acc(x):
+  """The accumulation dtype: float32, or float64 for float64 inputs."""
+  return jnp.promote_types(x.dtype, jnp.float32)
+
+
 def _pairs(n):
   """The (query block i, key block j <= i) pairs of a causal n x n block grid, [n(n+1)/2] each."""
   i, j = np.tril_indices(n)
@@ -53,7 +58,7 @@ def _block_scores(q_BCKQH, k_BCKH, mask_BC, i, j, C):
   """Scaled, masked float32 scores [B, K, Q, C, C] of query block i against key block j."""
   H = q_BCKQH.shape[-1]
   s_BKQCS = jnp.einsum('BCKQH,BSKH->BKQCS', q_BCKQH, k_BCKH,
-                       preferred_element_type=jnp.float32) / math.sqrt(H)
+                       preferred_element_type=_acc(q_BCKQH)) / math.sqrt(H)
   causal_CS = (i * C + jnp.arange(C))[:, None] >= (j * C + jnp.arange(C))[None, :]
   allowed_BCS = causal_CS[None] & mask_BC[:, None, :]
   return jnp.where(allowed_BCS[:, None, None], s_BKQCS, layers.MASKED)
@@ -70,8 +75,9 @@ def _update(x, value, b, C, axis):
 def _forward(q_BLKQH, k_BLKH, v_BLKH, mask_BL, C):
   """(out_BLKQH float32, lse_BKQL): the online softmax over the causal block pairs."""
   B, L, K, Q, H = q_BLKQH.shape
-  init = (jnp.full((B, K, Q, L), layers.MASKED, jnp.float32), jnp.zeros((B, K, Q, L), jnp.float32),
-          jnp.zeros((B, L, K, Q, H), jnp.float32))
+  acc = _acc(q_BLKQH)
+  init = (jnp.full((B, K, Q, L), layers.MASKED, acc), jnp.zeros(
+      (B, K, Q, L), acc), jnp.zeros((B, L, K, Q, H), acc))
 
   def step(carry, ij):
     m_BKQL, l_BKQL, o_BLKQH = carry
@@ -84,10 +90,10 @@ def _forward(q_BLKQH, k_BLKH, v_BLKH, mask_BL, C):
     decay = jnp.exp(m_old - m_new)
     l_new = _slice(l_BKQL, i, C, 3) * decay + jnp.sum(p_BKQCS, axis=-1)
     pv_BCKQH = jnp.einsum('BKQCS,BSKH->BCKQH', p_BKQCS.astype(v_BLKH.dtype),
-                          _slice(v_BLKH, j, C, 1), preferred_element_type=jnp.float32)
+                          _slice(v_BLKH, j, C, 1), preferred_element_type=acc)
     o_new = _slice(o_BLKQH, i, C, 1) * decay.transpose(0, 3, 1, 2)[..., None] + pv_BCKQH
-    return (_update(m_BKQL, m_new, i, C, 3), _update(l_BKQL, l_new, i, C, 3),
-            _update(o_BLKQH, o_new, i, C, 1)), None
+    return (_update(m_BKQL, m_new, i, C, 3), _update(l_BKQL, l_new, i, C,
+                                                     3), _update(o_BLKQH, o_new, i, C, 1)), None
 
   (m_BKQL, l_BKQL, o_BLKQH), _ = jax.lax.scan(step, init, _pairs(L // C))
   out_BLKQH = o_BLKQH / l_BKQL.transpose(0, 3, 1, 2)[..., None]
@@ -111,10 +117,10 @@ def _flash_bwd(C, residuals, dout_BLKQH):
   dv += p^T do, ds = p (do v^T - rowsum(do o)), dq += ds k / sqrt(H), dk += ds^T q / sqrt(H)."""
   q_BLKQH, k_BLKH, v_BLKH, mask_BL, out_BLKQH, lse_BKQL = residuals
   H = q_BLKQH.shape[-1]
-  dout32 = dout_BLKQH.astype(jnp.float32)
-  delta_BKQL = jnp.einsum('BLKQH,BLKQH->BKQL', dout32, out_BLKQH.astype(jnp.float32))
-  init = (jnp.zeros(q_BLKQH.shape, jnp.float32), jnp.zeros(k_BLKH.shape, jnp.float32),
-          jnp.zeros(v_BLKH.shape, jnp.float32))
+  acc = _acc(q_BLKQH)
+  dout32 = dout_BLKQH.astype(acc)
+  delta_BKQL = jnp.einsum('BLKQH,BLKQH->BKQL', dout32, out_BLKQH.astype(acc))
+  init = (jnp.zeros(q_BLKQH.shape, acc), jnp.zeros(k_BLKH.shape, acc), jnp.zeros(v_BLKH.shape, acc))
   L = q_BLKQH.shape[1]
 
   def step(carry, ij):
@@ -125,13 +131,16 @@ def _flash_bwd(C, residuals, dout_BLKQH):
     p_BKQCS = jnp.exp(s_BKQCS - _slice(lse_BKQL, i, C, 3)[..., None])
     do_i = _slice(dout32, i, C, 1)
     dv_j = jnp.einsum('BKQCS,BCKQH->BSKH', p_BKQCS, do_i)
-    dp_BKQCS = jnp.einsum('BCKQH,BSKH->BKQCS', do_i, v_j.astype(jnp.float32))
+    dp_BKQCS = jnp.einsum('BCKQH,BSKH->BKQCS', do_i, v_j.astype(acc))
     ds_BKQCS = p_BKQCS * (dp_BKQCS - _slice(delta_BKQL, i, C, 3)[..., None]) / math.sqrt(H)
-    dq_i = jnp.einsum('BKQCS,BSKH->BCKQH', ds_BKQCS, k_j.astype(jnp.float32))
-    dk_j = jnp.einsum('BKQCS,BCKQH->BSKH', ds_BKQCS, q_i.astype(jnp.float32))
-    return (_update(dq, _slice(dq, i, C, 1) + dq_i, i, C, 1),
-            _update(dk, _slice(dk, j, C, 1) + dk_j, j, C, 1),
-            _update(dv, _slice(dv, j, C, 1) + dv_j, j, C, 1)), None
+    dq_i = jnp.einsum('BKQCS,BSKH->BCKQH', ds_BKQCS, k_j.astype(acc))
+    dk_j = jnp.einsum('BKQCS,BCKQH->BSKH', ds_BKQCS, q_i.astype(acc))
+    return (_update(dq,
+                    _slice(dq, i, C, 1) + dq_i, i, C,
+                    1), _update(dk,
+                                _slice(dk, j, C, 1) + dk_j, j, C,
+                                1), _update(dv,
+                                            _slice(dv, j, C, 1) + dv_j, j, C, 1)), None
 
   (dq, dk, dv), _ = jax.lax.scan(step, init, _pairs(L // C))
   return dq.astype(q_BLKQH.dtype), dk.astype(k_BLKH.dtype), dv.astype(v_BLKH.dtype), None
@@ -152,8 +161,9 @@ def blockwise_attention(q_BLNH, k_BLKH, v_BLKH, mask_BL, *, block: int = BLOCK):
   pad = -L % C
   padded = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
   q_BLKQH = padded(q_BLNH).reshape(B, L + pad, K, N // K, H)
-  out = _flash(q_BLKQH, padded(k_BLKH).astype(q_BLNH.dtype), padded(v_BLKH).astype(q_BLNH.dtype),
-               padded(mask_BL.astype(bool)), C)
+  out = _flash(q_BLKQH,
+               padded(k_BLKH).astype(q_BLNH.dtype),
+               padded(v_BLKH).astype(q_BLNH.dtype), padded(mask_BL.astype(bool)), C)
   return out[:, :L].reshape(B, L, N, H)
 
 

@@ -138,6 +138,26 @@ class ModelConfig:
         })
 
   @classmethod
+  def qwen3_14b(cls, **overrides) -> 'ModelConfig':
+    """Qwen/Qwen3-14B config.json: 40 layers, hidden 5120, 40 heads / 8 kv heads of 128,
+    intermediate 17408, vocab 151936, rope_theta 1e6, untied embeddings."""
+    return cls(
+        **{
+            **dict(vocab_size=151_936, d_model=5120, n_layers=40, n_heads=40, n_kv_heads=8, head_dim=128, d_ff=17_408, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True, attn_bias=False, tie_embeddings=False, param_dtype='bfloat16', dtype='bfloat16', max_seq_len=40_960),
+            **overrides
+        })
+
+  @classmethod
+  def qwen3_32b(cls, **overrides) -> 'ModelConfig':
+    """Qwen/Qwen3-32B config.json: 64 layers, hidden 5120, 64 heads / 8 kv heads of 128,
+    intermediate 25600, vocab 151936, rope_theta 1e6, untied embeddings."""
+    return cls(
+        **{
+            **dict(vocab_size=151_936, d_model=5120, n_layers=64, n_heads=64, n_kv_heads=8, head_dim=128, d_ff=25_600, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True, attn_bias=False, tie_embeddings=False, param_dtype='bfloat16', dtype='bfloat16', max_seq_len=40_960),
+            **overrides
+        })
+
+  @classmethod
   def llama3_1b(cls, **overrides) -> 'ModelConfig':
     """Llama-3.2-1B sizes, including its "llama3" RoPE frequency scaling (factor 32)."""
     return cls(

@@ -91,9 +91,8 @@ def _abstract(tree, shardings):
 def _batch_sds(mesh, shape, dtype, pop):
   lead = (pop.n,) if pop.batched else ()
   shape = lead + tuple(shape)
-  return jax.ShapeDtypeStruct(shape, dtype,
-                              sharding=sharding_lib.batch_sharding(mesh, shape,
-                                                                   members=pop.batched))
+  return jax.ShapeDtypeStruct(
+      shape, dtype, sharding=sharding_lib.batch_sharding(mesh, shape, members=pop.batched))
 
 
 def _keys(mesh, pop):
@@ -127,10 +126,11 @@ class Setup:
     return chip_bytes(self.ref_params) if self.ref_params is not None else 0.0
 
 
-def setup(c, devices, platform: str) -> Setup:
-  """The abstract train state of config ``c`` on ``devices`` (as `Trainer._build` places it)."""
+def setup(c, devices, platform: str, model_config=None) -> Setup:
+  """The abstract train state of config ``c`` on ``devices`` (as `Trainer._build` places it);
+  ``model_config`` defaults to `model_config_for` (the trainer passes its own)."""
   pop = population_lib.Population.of(c)
-  model_config = model_config_for(c, platform)
+  model_config = model_config or model_config_for(c, platform)
   sizes = sharding_lib.mesh_sizes(**c.mesh, n_devices=len(devices))
   mesh = sharding_lib.make_mesh(**sizes, devices=devices)
   one = jax.eval_shape(lambda: model_lib.init_params(model_config, jax.random.key(0)))
@@ -148,16 +148,14 @@ def setup(c, devices, platform: str) -> Setup:
   if 'optim.learning_rate' in pop.varied():
     optimizer = functools.partial(update_lib.make_optimizer, c.optim, total_updates)
   kl = [
-      dict(m.values).get('loss.hparams.kl_coef', c.loss.hparams.get('kl_coef'))
-      for m in pop.members
+      dict(m.values).get('loss.hparams.kl_coef', c.loss.hparams.get('kl_coef')) for m in pop.members
   ]
   ref_params = None
   if any(kl):
     dtype = jnp.dtype(c.policy.ref_param_dtype or model_config.param_dtype)
     ref_params = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, dtype
-                                       if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype,
-                                       sharding=x.sharding), state.params)
+        lambda x: jax.ShapeDtypeStruct(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else
+                                       x.dtype, sharding=x.sharding), state.params)
   return Setup(c, model_config, mesh, pop, state, state_sh, optimizer, ref_params)
 
 
@@ -168,13 +166,13 @@ def sampler_stage(setup_, name, sampling, model_config, *, platform, calls):
   P = c.data.prompt_width
   fn, static = sampler_lib.program(model_config, P, members=pop.batched, platform=platform,
                                    eos_id=1, pad_id=0, **sampling)
-  args = (setup_.state.params, _batch_sds(mesh, (B, P), jnp.int32, pop),
-          _batch_sds(mesh, (B, P), jnp.int32, pop), _keys(mesh, pop))
+  args = (setup_.state.params, _batch_sds(mesh, (B, P), jnp.int32,
+                                          pop), _batch_sds(mesh, (B, P), jnp.int32,
+                                                           pop), _keys(mesh, pop))
   if pop.batched:
     args += (None,)
   T, C = sampling['max_new_tokens'], static['block_size']
-  return Stage(name, fn, args, static, calls,
-               resident_other=setup_.opt_bytes + setup_.ref_bytes,
+  return Stage(name, fn, args, static, calls, resident_other=setup_.opt_bytes + setup_.ref_bytes,
                unknown_trips=(T, (T // C) / 2 + 1), flops_note='hlo, loops at T tokens')
 
 
@@ -188,8 +186,8 @@ def prefill_stage(setup_, model_config, *, platform, calls):
                               num_samples=c.rollout.sampling.num_samples, max_new_tokens=T,
                               block_size=block)
   fn = jax.jit(pop.map(lambda p, t, m: prefill(p, prompt_tokens_BP=t, prompt_mask_BP=m)))
-  args = (setup_.state.params, _batch_sds(mesh, (B, P), jnp.int32, pop),
-          _batch_sds(mesh, (B, P), jnp.int32, pop))
+  args = (setup_.state.params, _batch_sds(mesh, (B, P), jnp.int32,
+                                          pop), _batch_sds(mesh, (B, P), jnp.int32, pop))
   return Stage('prefill', fn, args, {}, calls, resident_other=setup_.opt_bytes + setup_.ref_bytes)
 
 
@@ -227,8 +225,8 @@ def scoring_stages(setup_, infer_config):
         'entropy': f32(B, T),
         'hidden': _batch_sds(mesh, (B, T, setup_.model_config.d_model), infer_config.jnp_dtype, pop)
     }
-    args = (state, setup_.state.params, behaviour, _batch_sds(mesh, (B, T), jnp.int32, pop),
-            f32(B), f32(B, T), _keys(mesh, pop))
+    args = (state, setup_.state.params, behaviour, _batch_sds(mesh, (B, T), jnp.int32, pop), f32(B),
+            f32(B, T), _keys(mesh, pop))
     stages.append(
         Stage('delta', jax.jit(pop.map(weighter.weights)), args, {}, 1,
               resident_other=setup_.opt_bytes + setup_.ref_bytes))
@@ -247,8 +245,8 @@ def update_stage(setup_):
   lead = (pop.n,) * pop.batched + (n, rows)
   leaf = lambda shape, dtype: jax.ShapeDtypeStruct(lead + shape, dtype, sharding=sh)
   f32 = lambda *shape: leaf(shape, jnp.float32)
-  batch = update_lib.Batch(tokens=leaf((P + T,), jnp.int32), input_mask=leaf((P + T,), jnp.int32),
-                           mask=f32(T), advantages=f32(), old_logps=f32(T),
+  batch = update_lib.Batch(tokens=leaf((P + T,), jnp.int32), input_mask=leaf(
+      (P + T,), jnp.int32), mask=f32(T), advantages=f32(), old_logps=f32(T),
                            ref_logps=f32(T) if setup_.ref_params is not None else None,
                            token_weights=f32(T) if c.token_weights else None,
                            is_weights=f32(T) if c.rollout.correction != 'none' else None)
@@ -261,9 +259,9 @@ def update_stage(setup_):
                resident_other=setup_.ref_bytes)
 
 
-def build(c, devices, platform: str):
+def build(c, devices, platform: str, model_config=None):
   """(`Setup`, [`Stage`]) of one RL step of config ``c`` on ``devices`` of ``platform``."""
-  s = setup(c, devices, platform)
+  s = setup(c, devices, platform, model_config)
   infer_config = dataclasses.replace(s.model_config, remat=False)
   sampler_config = infer_config
   if c.rollout.sampler_dtype:

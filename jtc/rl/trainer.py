@@ -139,6 +139,8 @@ class Trainer:
     self.member_dirs = population_lib.record(self.workdir, c, schedule_steps, pop,
                                              write=self.primary)
     lr_varies = 'optim.learning_rate' in self.hparams
+    from jtc.plan import preflight  # pylint: disable=import-outside-toplevel
+    preflight.check(c, self.model_config, self.mesh)  # every stage fits, before any rollout
     self._build_jits(
         infer_config,
         functools.partial(update_lib.make_optimizer, c.optim, total_updates)

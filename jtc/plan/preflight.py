@@ -1,0 +1,40 @@
+"""The trainer's own check before step 1: its stages compiled for its devices, each stage's
+memory (`memory_analysis()` plus the state it does not take as an argument) against the
+device's capacity, and the planner's `does not fit` error instead of an out-of-memory error
+in the middle of a step.
+
+Runs where the capacity is known: an accelerator's `memory_stats()['bytes_limit']`, or a
+capacity stated in $JTC_DEVICE_MEMORY_BYTES (how the CPU tests exercise it).
+"""
+
+import sys
+
+from jtc.plan import hardware
+from jtc.plan import planner
+from jtc.plan import stages as stages_lib
+
+STAGES = ('sample', 'behaviour', 'reference', 'update')
+
+
+def check(c, model_config, mesh):
+  """Raises `hardware.DoesNotFit` naming the first stage of config ``c`` (the trainer's model
+  and mesh) that exceeds its devices' memory; a no-op where the capacity is unknown."""
+  device = mesh.devices.flat[0]
+  capacity = hardware.device_capacity(device)
+  if capacity is None:
+    return
+  devices = list(mesh.devices.flat)
+  _, stages = stages_lib.build(c, devices, device.platform, model_config)
+  for stage in stages:
+    if stage.name not in STAGES:
+      continue
+    _, compiled, seconds = planner.compile_stage(stage)
+    need = hardware.peak_bytes(compiled.memory_analysis()) + stage.resident_other
+    print(
+        f'preflight: {stage.name} compiled in {seconds:.1f} s, {need / hardware.GIB:.2f} GiB of '
+        f'{capacity / hardware.GIB:.2f} GiB per device', file=sys.stderr)
+    if need > capacity:
+      raise hardware.DoesNotFit(
+          hardware.does_not_fit(
+              stage.name, need, capacity, f'{device.device_kind}; plan a '
+              'setting that fits with python -m jtc.plan --suggest'))
