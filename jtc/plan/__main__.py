@@ -39,17 +39,19 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-  config_flags.DEFINE_config_file('config', None, 'An RL config (configs/*.py, configs/real/*.py); '
-                                  'override keys with --config.<section>.<key>=value.',
-                                  lock_config=True)
-  flags.DEFINE_string('topology', None, f'TPU topology or slice: {", ".join(hardware.SLICES)}, '
-                      'or a topology such as v5e:2x2.')
+  config_flags.DEFINE_config_file(
+      'config', None, 'An RL config (configs/*.py, configs/real/*.py); '
+      'override keys with --config.<section>.<key>=value.', lock_config=True)
+  flags.DEFINE_string(
+      'topology', None, f'TPU topology or slice: {", ".join(hardware.SLICES)}, '
+      'or a topology such as v5e:2x2.')
   flags.DEFINE_integer('num_slices', 1, 'Slices joined over the data-centre network.')
   flags.DEFINE_enum('gpu', None, [k for k, v in hardware.CHIPS.items() if v.platform == 'gpu'],
                     'Estimate for GPUs instead (not compiled for the GPU).')
   flags.DEFINE_integer('gpus', 8, 'With --gpu: the number of GPUs.')
-  flags.DEFINE_bool('suggest', False, 'Search mesh / micro-batches / sampler chunks / remat for '
-                    'the cheapest setting that fits.')
+  flags.DEFINE_bool(
+      'suggest', False, 'Search mesh / micro-batches / sampler chunks / remat for '
+      'the cheapest setting that fits.')
   flags.DEFINE_list('stages', [], 'Only these stages (default: all).')
 
 

@@ -27,28 +27,28 @@ class Chip:
 CHIPS = {
     # https://cloud.google.com/tpu/docs/v5e : 197 TFLOP/s bf16, 16 GiB HBM2 at 819 GB/s,
     # ICI 1,600 Gbps per chip.
-    'v5e': Chip('v5e', 'tpu', 197e12, 16 * GIB, 819e9, 1600e9 / 8,
-                'cloud.google.com/tpu/docs/v5e'),
+    'v5e':
+        Chip('v5e', 'tpu', 197e12, 16 * GIB, 819e9, 1600e9 / 8, 'cloud.google.com/tpu/docs/v5e'),
     # https://cloud.google.com/tpu/docs/v5p : 459 TFLOP/s bf16, 95 GiB HBM2e at 2,765 GB/s,
     # ICI 4,800 Gbps per chip.
-    'v5p': Chip('v5p', 'tpu', 459e12, 95 * GIB, 2765e9, 4800e9 / 8,
-                'cloud.google.com/tpu/docs/v5p'),
+    'v5p':
+        Chip('v5p', 'tpu', 459e12, 95 * GIB, 2765e9, 4800e9 / 8, 'cloud.google.com/tpu/docs/v5p'),
     # https://cloud.google.com/tpu/docs/v6e : 918 TFLOP/s bf16, 32 GiB HBM at 1,640 GB/s,
     # ICI 3,584 Gbps per chip.
-    'v6e': Chip('v6e', 'tpu', 918e12, 32 * GIB, 1640e9, 3584e9 / 8,
-                'cloud.google.com/tpu/docs/v6e'),
+    'v6e':
+        Chip('v6e', 'tpu', 918e12, 32 * GIB, 1640e9, 3584e9 / 8, 'cloud.google.com/tpu/docs/v6e'),
     # https://www.nvidia.com/en-us/data-center/h100/ (SXM): 989 TFLOP/s dense bf16 (1,979 with
     # sparsity), 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s.
-    'h100': Chip('h100', 'gpu', 989e12, 80e9, 3.35e12, 900e9,
-                 'nvidia.com/en-us/data-center/h100'),
+    'h100':
+        Chip('h100', 'gpu', 989e12, 80e9, 3.35e12, 900e9, 'nvidia.com/en-us/data-center/h100'),
     # https://www.nvidia.com/en-us/data-center/h200/ (SXM): 989 TFLOP/s dense bf16, 141 GB HBM3e
     # at 4.8 TB/s, NVLink 900 GB/s.
-    'h200': Chip('h200', 'gpu', 989e12, 141e9, 4.8e12, 900e9,
-                 'nvidia.com/en-us/data-center/h200'),
+    'h200':
+        Chip('h200', 'gpu', 989e12, 141e9, 4.8e12, 900e9, 'nvidia.com/en-us/data-center/h200'),
     # https://www.nvidia.com/en-us/data-center/a100/ (80 GB SXM): 312 TFLOP/s bf16, 80 GB HBM2e
     # at 2,039 GB/s, NVLink 600 GB/s.
-    'a100': Chip('a100', 'gpu', 312e12, 80e9, 2.039e12, 600e9,
-                 'nvidia.com/en-us/data-center/a100'),
+    'a100':
+        Chip('a100', 'gpu', 312e12, 80e9, 2.039e12, 600e9, 'nvidia.com/en-us/data-center/a100'),
 }
 
 # Slice names (chips as Google counts them: v5e / v6e by chips, v5p by TensorCores, 2 per chip)

@@ -21,9 +21,26 @@ import math
 import re
 
 DTYPE_BYTES = {
-    'pred': 1, 's8': 1, 'u8': 1, 's16': 2, 'u16': 2, 'f16': 2, 'bf16': 2, 's32': 4, 'u32': 4,
-    'f32': 4, 's64': 8, 'u64': 8, 'f64': 8, 'c64': 8, 'c128': 16, 'f8e4m3fn': 1, 'f8e5m2': 1,
-    's4': 1, 'u4': 1, 'token': 0
+    'pred': 1,
+    's8': 1,
+    'u8': 1,
+    's16': 2,
+    'u16': 2,
+    'f16': 2,
+    'bf16': 2,
+    's32': 4,
+    'u32': 4,
+    'f32': 4,
+    's64': 8,
+    'u64': 8,
+    'f64': 8,
+    'c64': 8,
+    'c128': 16,
+    'f8e4m3fn': 1,
+    'f8e5m2': 1,
+    's4': 1,
+    'u4': 1,
+    'token': 0
 }
 COLLECTIVES = ('all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all')
 _ARRAY = re.compile(r'([a-z]+[0-9a-z]*)\[([0-9,]*)\]')
@@ -151,8 +168,9 @@ def _trip_count(comps, caller, ins):
   init = {i.name: i for i in caller.instrs}.get((_operands(ins.rest) or [''])[0])
   if index and init is not None and init.op == 'tuple':
     elems = _operands(init.rest)
-    src = {i.name: i for i in caller.instrs}.get(elems[int(index.group(1))]) if int(
-        index.group(1)) < len(elems) else None
+    src = {
+        i.name: i for i in caller.instrs
+    }.get(elems[int(index.group(1))]) if int(index.group(1)) < len(elems) else None
     if src is not None and src.op == 'constant':
       start = int(re.match(r'(-?\d+)', src.rest).group(1))
   return max(limit - start, 0)
@@ -163,7 +181,8 @@ class Costs:
   """Per-chip costs of one run of a compiled program, loops counted as often as they run."""
   flops: float = 0.0
   hbm_bytes: float = 0.0  # set by the caller (`planner.stage_costs`)
-  collective_bytes: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(COLLECTIVES, 0.0))
+  collective_bytes: dict = dataclasses.field(
+      default_factory=lambda: dict.fromkeys(COLLECTIVES, 0.0))
   unknown_loops: int = 0  # while loops whose trip count came from ``unknown_trips``
 
   @property
@@ -207,8 +226,8 @@ def program_costs(text, unknown_trips=()):
       else:
         for callee in re.findall(r'(?:calls|to_apply|branch_computations)=\{?%?([\w.\-]+)',
                                  ins.rest):
-          if callee in comps and not ins.op.startswith(('all-reduce', 'reduce', 'sort', 'map',
-                                                        'scatter', 'select-and-scatter')):
+          if callee in comps and not ins.op.startswith(
+              ('all-reduce', 'reduce', 'sort', 'map', 'scatter', 'select-and-scatter')):
             visit(callee, m, depth)
 
   visit(entry, 1.0, 0)

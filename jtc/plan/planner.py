@@ -122,8 +122,8 @@ def _row(stage, lowered, compiled, seconds, chip, n_devices):
   costs = stage_costs(lowered, compiled, n_devices, stage.unknown_trips,
                       stage.unknown_trips[0] if stage.unknown_trips else 0)
   return Row(stage.name, stage.calls, mem.argument_size_in_bytes, mem.output_size_in_bytes,
-             mem.temp_size_in_bytes, mem.generated_code_size_in_bytes, mem.alias_size_in_bytes,
-             stage.resident_other, costs, stage.flops_note, seconds,
+             mem.temp_size_in_bytes, mem.generated_code_size_in_bytes,
+             mem.alias_size_in_bytes, stage.resident_other, costs, stage.flops_note, seconds,
              roofline_seconds(costs, chip), in_total=stage.name != 'prefill')
 
 
@@ -171,11 +171,16 @@ def format_table(p: Plan) -> str:
     cb = r.costs.collective_bytes
     lines.append(' | '.join([
         r.stage if r.in_total else f'{r.stage} (inside sample)', f'{r.calls:g}',
-        _gib(r.arguments), _gib(r.outputs), _gib(r.temporaries), f'{r.code / 2**20:.0f}',
-        _gib(r.resident_other), _gib(r.peak), f'{100 * r.peak / p.capacity:.0f}',
-        f'{r.costs.flops / 1e12:.3g}', r.flops_note, _gib(cb['all-gather']),
-        _gib(cb['reduce-scatter']), _gib(cb['all-reduce']), _gib(cb['all-to-all']),
-        f'{r.seconds:.3g}', f'{r.compile_s:.1f}'
+        _gib(r.arguments),
+        _gib(r.outputs),
+        _gib(r.temporaries), f'{r.code / 2**20:.0f}',
+        _gib(r.resident_other),
+        _gib(r.peak), f'{100 * r.peak / p.capacity:.0f}', f'{r.costs.flops / 1e12:.3g}',
+        r.flops_note,
+        _gib(cb['all-gather']),
+        _gib(cb['reduce-scatter']),
+        _gib(cb['all-reduce']),
+        _gib(cb['all-to-all']), f'{r.seconds:.3g}', f'{r.compile_s:.1f}'
     ]))
   res = ', '.join(f'{k} {_gib(v)} GiB' for k, v in p.resident.items())
   lines.append(f'resident per chip across stages: {res}')
