@@ -125,6 +125,12 @@ def get_config(arg=None):
   c.rollout.icepop_low = 0.5  # icepop keeps rho in [low, high] (IcePop's defaults)
   c.rollout.icepop_high = 5.0
   c.rollout.sampler_dtype = ''  # '' (the policy's) | bfloat16 | float32: the sampler's matmuls
+  # Asynchronous RL's off-policy data: sample step t's rollouts with the parameters of step
+  # t - policy_lag (kept, never recomputed; 0 = the synchronous trainer). The ratios are then
+  # taken against that behaviour policy ('behaviour'), or, 'decoupled' (decoupled PPO), the clip
+  # is centred on the current parameters while pi_current / pi_behaviour weighs each token.
+  c.rollout.policy_lag = 0
+  c.rollout.policy_lag_mode = 'behaviour'
   c.rollout.sampling = sampling(8, 32)  # G completions per prompt, T new tokens, temperature 1
 
   c.advantage = ConfigDict()
@@ -167,6 +173,10 @@ def get_config(arg=None):
   c.eval = ConfigDict()  # held-out avg@k
   c.eval.every = 50  # RL steps between evaluations (0 = never)
   c.eval.problems = 256
+  # Prompts per evaluation sampler call. The draws depend on it (and on the seed, the problems
+  # and `sampling`), never on the training batch, so runs of any rollout shape evaluate with
+  # common random numbers; 16 is the default rollout batch, whose evaluations it reproduces.
+  c.eval.batch_prompts = 16
   c.eval.sampling = sampling(4, 32)  # k samples per problem, T new tokens, temperature 1
   c.eval.probe_problems = 64  # problems of the exact format probe (Cor. 3.2; 0 = off)
 
@@ -198,6 +208,7 @@ def get_config(arg=None):
     c.optim.minibatch_prompts = 4
     c.eval.every = 5
     c.eval.problems = 32
+    c.eval.batch_prompts = 8
     c.log.ckpt_every = 5
   if args.get('smoke'):
     c.num_steps = 2
@@ -208,6 +219,7 @@ def get_config(arg=None):
     c.optim.minibatch_prompts = 1
     c.eval.every = 2
     c.eval.problems = 4
+    c.eval.batch_prompts = 2
     c.eval.sampling.num_samples = 2
     c.eval.probe_problems = 4
     c.log.ckpt_every = 1

@@ -71,7 +71,10 @@ class Program:
     ] + flags
 
   def member_dir(self, workdir, spec):
-    """Where ``spec``'s run is written: its member's directory."""
+    """Where ``spec``'s run is written: its member's directory (the workdir itself when the
+    program is a single run, as `jtc.rl.population.member_dir` has it)."""
+    if len(self.specs) == 1:
+      return workdir
     values = dict(spec.overrides)
     member = population_lib.Member(index=0, seed=spec.seed, values=tuple(
         (k, float(values[k])) for k, _ in self.vary))

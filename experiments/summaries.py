@@ -15,10 +15,10 @@ from jtc.analysis import metric_writer
 MAX_CURVE_POINTS = 1000
 CURVE_KEYS = ('reward_mean', 'reward_std', 'accuracy', 'entropy', 'asym', 'format/entropy',
               'response_length', 'approx_kl', 'clip_frac_high', 'clip_frac_low', 'asym_gated',
-              'coef_mass_vs_gspo', 'frac_traj_gated', 'compute/generated_tokens',
-              'compute/update_steps', 'compute/rollouts', 'compute/prompts', 'time_sample',
-              'time_update')
-CURVE_PATTERNS = ('eval/', 'energy', 'diag/', 'delta/', 'mismatch/', 'correction/')
+              'coef_mass_vs_gspo', 'frac_traj_gated', 'coef_mass', 'update_norm', 'adam_step_norm',
+              'grad_norm', 'learning_rate', 'compute/generated_tokens', 'compute/update_steps',
+              'compute/rollouts', 'compute/prompts', 'time_sample', 'time_update')
+CURVE_PATTERNS = ('eval/', 'energy', 'diag/', 'delta/', 'mismatch/', 'correction/', 'lag/')
 
 
 def read_metrics(workdir):

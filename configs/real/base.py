@@ -73,6 +73,7 @@ def smoke(c):
   c.dapo.dynamic_sampling_rounds = 1
   c.eval.every = 2
   c.eval.problems = 2
+  c.eval.batch_prompts = 1
   c.eval.sampling.num_samples = 2
   c.log.ckpt_every = 1
   c.log.diagnostics_every = 1

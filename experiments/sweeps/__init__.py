@@ -4,13 +4,17 @@ they carry (`CLAIMS`, experiments/sweeps/claims.py).
   base.py     Run, Table, Sweep, Claim and the helpers that build sweeps
   paper.py    the exploratory sweeps (seeds 0-7): the papers' tables at CPU scale
   confirm.py  the confirmatory sweeps (fresh seeds from 8, settings fixed before they ran)
+  stepsize.py the step-size account's test (factors chosen on seeds 0-7, confirmed on 24-39)
+  lag.py      the policy-lag axis (asynchronous RL's off-policy data), exploratory
   claims.py   every claim: comparison, family, the paper's delta and sign, SESOI, kind
 """
 import dataclasses
 
 from experiments.sweeps import confirm
+from experiments.sweeps import lag
 from experiments.sweeps import mismatch
 from experiments.sweeps import paper
+from experiments.sweeps import stepsize
 from experiments.sweeps.base import (FINAL_AVG, FULL_STEPS, LEARNING_RATES, SEEDS, Run, Sweep,
                                      Table, estimate_seconds)
 
@@ -25,6 +29,8 @@ SWEEPS = {
     'delta': paper.delta,
     **confirm.SWEEPS,
     'mismatch': mismatch.mismatch,
+    **stepsize.SWEEPS,
+    **lag.SWEEPS,
 }
 
 

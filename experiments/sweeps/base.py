@@ -124,6 +124,12 @@ def estimate_seconds(sweep, *, seeds=None, step_seconds=STEP_SECONDS):
 
 
 SEEDS = 8
+# Issue 38: evaluations whose draws do not depend on the training batch (common random numbers
+# across group sizes and settings). 16 prompts per evaluation call is what every earlier run with
+# 16 prompts per step used, so those evaluations are unchanged; the explicit override also gives
+# these runs a key of their own, so they are never confused with (or reused from) runs made
+# before the change.
+EVAL_CRN = (('eval.batch_prompts', 16),)
 FINAL_AVG = 'final:eval/avg@'  # the eval/avg@K key, K = config.eval.sampling.num_samples
 BETTER, LOWER = '>', '<'
 GATED = (('loss.hparams.clip_gating', 'gspo'),)
@@ -150,10 +156,11 @@ def num_steps_of(smoke, full=FULL_STEPS):
   return SMOKE_STEPS if smoke else full
 
 
-def shared_overrides(num_steps, *extra):
+def shared_overrides(num_steps, *extra, diagnostics_every=5):
   """Evaluate at step 0 and at the end; the per-step diagnostics every 5 steps (measured at
-  the off-policy mini-batches, see jtc/update.run_updates) so `mechanism` reads these runs."""
-  return (('eval.every', num_steps), ('log.diagnostics_every', 5)) + extra
+  the off-policy mini-batches, see jtc/update.run_updates) so `mechanism` reads these runs (0:
+  none; they never change the training)."""
+  return (('eval.every', num_steps), ('log.diagnostics_every', diagnostics_every)) + extra
 
 
 def predicted(runs, labels, op):

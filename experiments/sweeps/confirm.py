@@ -13,9 +13,12 @@ G = 2 and G = 16 (the ends of the paper's axis; G = 8 is table1_confirm); DelTA 
 the delta sweep's settings. Each claim these runs decide is declared in claims.py.
 """
 
+import dataclasses
+
 from experiments.sweeps import paper
-from experiments.sweeps.base import (DFPO_GATED, DFPO_MIN, FINAL_AVG, GRPO, GRPO_FIX, GSPO, Run,
-                                     Table, at, make_sweep, num_steps_of, shared_overrides)
+from experiments.sweeps.base import (DFPO_GATED, DFPO_MIN, EVAL_CRN, FINAL_AVG, GRPO, GRPO_FIX,
+                                     GSPO, Run, Table, at, make_sweep, num_steps_of,
+                                     shared_overrides)
 
 FIRST_SEED = 8  # seeds 0-7 chose the settings
 SEEDS = 16  # the exact sign-flip test can then reach 2 / 2^16: Holm over a family can pass
@@ -102,9 +105,63 @@ def delta_confirm(smoke=False):
       tables=(Table('DelTA vs DAPO', FINAL_AVG, unit='(%)', scale=100.0),))
 
 
+def offpolicy_gated_confirm(smoke=False):
+  """Issue 38: the gated reading at two PPO epochs, the one the paper's clipping framework keeps
+  (Theorem C.1), which offpolicy_confirm did not confirm; GSPO re-run beside it so that the two
+  share the evaluation's random numbers."""
+  groups = paper.SMOKE_OFFPOLICY[1:] if smoke else OFFPOLICY[1:]
+  runs = tuple(at(r, g, LR, *ov) for g, ov in groups for r in (GSPO, DFPO_GATED))
+  n = num_steps_of(smoke)
+  return _confirm(
+      'offpolicy_gated_confirm', smoke, shared=shared_overrides(n, *(() if smoke else EVAL),
+                                                                *EVAL_CRN),
+      description=('Confirmatory off-policy axis, gated reading: DFPO (Min-Replace) with '
+                   "GSPO's clip gating kept vs GSPO, 2 mini-batches x 2 PPO epochs, lr 1e-4."),
+      runs=runs, baseline='GSPO',
+      tables=(_accuracy('Held-out accuracy vs GSPO, two PPO epochs'),
+              Table('Trajectories whose gradient is switched off, mean over training',
+                    'mean:frac_traj_gated', by_group=True),
+              Table('Update norm, mean over training', 'mean:update_norm', by_group=True,
+                    digits=5)))
+
+
+def table4_crn(smoke=False):
+  """Issue 38: Table 4's growth claim, margin(G=16) - margin(G=2), decided on evaluations that
+  are paired across G (table4_confirm evaluated G = 2 and G = 16 in batches of their training
+  shape, so its draws differed across G). Same seeds and settings as table4_confirm: the training
+  is that sweep's, only the evaluation's random numbers are now shared."""
+  gs, default, sequences = ((2, 4), 4, 8) if smoke else ((2, 16), 8, paper.SEQUENCES_PER_STEP)
+  runs = tuple(
+      at(r, f'G={g}', LR, *paper.group_size_overrides(g, default, sequences))
+      for g in gs
+      for r in (GSPO, DFPO_MIN))
+  n = num_steps_of(smoke)
+  return _confirm(
+      'table4_crn', smoke, shared=shared_overrides(n, *(() if smoke else EVAL), *EVAL_CRN,
+                                                   diagnostics_every=0),
+      description=('Confirmatory paper Table 4 growth with G: literal DFPO - GSPO at G = 2 and '
+                   f'G = 16 ({paper.SEQUENCES_PER_STEP} sequences per step in 2 mini-batches, '
+                   'lr 1e-4), evaluated with common random numbers across G.'), runs=runs,
+      baseline='GSPO', tables=(_accuracy('Held-out accuracy vs GSPO by group size',
+                                         prediction=paper.TABLE4_PREDICTION),))
+
+
+def delta_reconfirm(smoke=False):
+  """Issue 38: delta_confirm again at the current code. delta_confirm ran at 2095676, before
+  b40ffc8 changed DelTA's 1 - p from 1 - exp(log p) to -expm1(log p) in the training
+  coefficients; both arms are re-run so that they share the evaluation's random numbers."""
+  sweep = delta_confirm(smoke)
+  shared = sweep.shared + (() if smoke else EVAL_CRN)
+  return dataclasses.replace(sweep, name='delta_reconfirm', shared=shared,
+                             description=sweep.description + ' Re-run at the current code.')
+
+
 SWEEPS = {
     'table1_confirm': table1_confirm,
     'offpolicy_confirm': offpolicy_confirm,
     'table4_confirm': table4_confirm,
     'delta_confirm': delta_confirm,
+    'offpolicy_gated_confirm': offpolicy_gated_confirm,
+    'table4_crn': table4_crn,
+    'delta_reconfirm': delta_reconfirm,
 }

@@ -20,9 +20,15 @@ from jtc.rl.update import Batch
 
 
 def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params, to_device,
-               weighter=None, rng=None, population=population_lib.SINGLE):
+               weighter=None, rng=None, population=population_lib.SINGLE, proximal_params=None):
   """Rollouts (one per member) -> `Batch` on the device; returns (batch, each member's rollout
   metrics, run_state).
+
+  ``params`` is the policy that sampled the rollouts (the behaviour policy). Under a policy lag
+  (config.rollout.policy_lag > 0) that is an older policy than the one about to be updated,
+  ``proximal_params``: its log-probs are then measured too (`lag_metrics`) and, with
+  ``c.rollout.policy_lag_mode == 'decoupled'``, they centre the clip while pi_prox / pi_behav
+  weighs every token (`decoupled_weights`).
 
   Rewards (+ DAPO overlong shaping) -> advantages (``c.advantage``) -> the token mask (minus
   truncated completions with ``c.dapo.mask_truncated``) -> behaviour log-probs of ``params``
@@ -69,6 +75,17 @@ def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params
                                                               batch.mask)
     batch = batch.replace(is_weights=is_weights)
     step_metrics.update({f'correction/{k}': v for k, v in correction_metrics.items()})
+  if proximal_params is not None:
+    proximal_logps = score(proximal_params)['logps']
+    step_metrics.update({
+        f'lag/{k}': v
+        for k, v in pop.map(lag_metrics)(proximal_logps, behaviour['logps'], real_BT).items()
+    })
+    if c.rollout.policy_lag_mode == 'decoupled':
+      weights_BT = pop.map(decoupled_weights)(proximal_logps, behaviour['logps'], batch.mask)
+      if batch.is_weights is not None:
+        weights_BT = weights_BT * batch.is_weights
+      batch = batch.replace(old_logps=proximal_logps, is_weights=weights_BT)
   for m, values in zip(metrics, pop.unstack(sharding_lib.to_host(step_metrics))):
     m.update({k: float(v) for k, v in values.items()})
   completion_BT = jnp.asarray(pop.stack([r.completion_BT for r in rollouts]))
@@ -105,3 +122,27 @@ def _host_batch(c, rollout):
   metrics = {f'adv/{k}': float(v) for k, v in adv_metrics.items()}
   metrics.update(reward_mean=float(rewards_B.mean()), reward_std=float(rewards_B.std()))
   return {'adv_B': np.asarray(adv_B), 'mask_BT': mask_BT, 'metrics': metrics}
+
+
+def lag_metrics(proximal_logps_BT, behaviour_logps_BT, mask_BT):
+  """How far the policy about to be updated (proximal) has moved from the lagged one that
+  sampled: over the real tokens, mean |log pi_prox - log pi_behav| ('abs_log_ratio'), the
+  standard deviation of that log-ratio ('log_ratio_std') and its largest absolute value
+  ('abs_log_ratio_max'). All are 0 without a lag."""
+  m = mask_BT > 0
+  n = jnp.maximum(jnp.sum(m), 1)
+  d_BT = jnp.where(m, proximal_logps_BT - behaviour_logps_BT, 0.0)
+  mean = jnp.sum(d_BT) / n
+  return {
+      'abs_log_ratio': jnp.sum(jnp.abs(d_BT)) / n,
+      'log_ratio_std': jnp.sqrt(jnp.sum(jnp.where(m, (d_BT - mean)**2, 0.0)) / n),
+      'abs_log_ratio_max': jnp.max(jnp.abs(d_BT)),
+  }
+
+
+def decoupled_weights(proximal_logps_BT, behaviour_logps_BT, mask_BT):
+  """[B, T] pi_prox / pi_behav per token (0 on padding): the importance weight of decoupled PPO
+  (Hilton et al., 2022, "Batch size-invariance for policy optimization"), which corrects
+  for sampling from the lagged behaviour policy while the clip is taken around the proximal
+  policy (the parameters at the start of this step). Uncapped, so the correction is exact."""
+  return jnp.where(mask_BT > 0, jnp.exp(proximal_logps_BT - behaviour_logps_BT), 0.0)

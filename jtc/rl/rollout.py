@@ -11,7 +11,9 @@ width, T new tokens, L = P + T, D model width.
 
 import dataclasses
 import functools
+import json
 from typing import Any, Callable
+import zlib
 
 import flax.struct
 import jax
@@ -306,14 +308,22 @@ def evaluate(gen, params, examples, rng, *, sampling, batch_prompts, task=None):
   """avg@k accuracy (k = sampling['num_samples']) of every member on the same held-out
   ``examples`` and the format shares of its correct samples: a dict per member. Prompts go
   ``batch_prompts`` at a time (the last batch padded by repeating its last prompt, so one shape
-  compiles); batch s uses fold_in(member key, s), ``rng`` being the members' keys, stacked."""
+  compiles); batch s uses fold_in(member key, s), ``rng`` being the members' keys, stacked.
+
+  The draws depend on ``examples`` (in order), the member's key, ``batch_prompts`` and
+  ``sampling`` only, never on how training batches its rollouts (the trainer passes
+  config.eval.batch_prompts). 'crn' is a hash of exactly those: the problems in order, the batch
+  shape and every key the sampler was given (`crn_hash`), so two runs with equal 'crn' were
+  evaluated with common random numbers."""
   pop, k = gen.population, sampling['num_samples']
   correct, texts = [[] for _ in range(pop.n)], [[] for _ in range(pop.n)]
+  keys = []
   for s in range(0, len(examples), batch_prompts):
     chunk = examples[s:s + batch_prompts]
     n_real = len(chunk)
     chunk = chunk + [chunk[-1]] * (batch_prompts - n_real)
-    outs = gen.sample(params, [[e['prompt'] for e in chunk]] * pop.n, pop.fold_in(rng, s), sampling)
+    keys.append(pop.fold_in(rng, s))
+    outs = gen.sample(params, [[e['prompt'] for e in chunk]] * pop.n, keys[-1], sampling)
     n_keep = n_real * k
     rep = [e for e in chunk[:n_real] for _ in range(k)]
     for m, out in enumerate(outs):
@@ -323,14 +333,29 @@ def evaluate(gen, params, examples, rng, *, sampling, batch_prompts, task=None):
       correct[m].append(is_correct(rewards))
       texts[m] += chunk_texts
   results = []
-  for c_m, t_m in zip(correct, texts):
+  keys_M = [pop.unstack(key) for key in keys]  # [batches][members]
+  for m, (c_m, t_m) in enumerate(zip(correct, texts)):
     c_m = np.concatenate(c_m)
     results.append({
-        f'avg@{k}': float(c_m.mean()),
-        f'avg@{k}_se': sampling_se(c_m.reshape(-1, k)),
+        f'avg@{k}':
+            float(c_m.mean()),
+        f'avg@{k}_se':
+            sampling_se(c_m.reshape(-1, k)),
+        'crn':
+            crn_hash([e['prompt'] for e in examples], [key[m] for key in keys_M],
+                     batch_prompts=batch_prompts, sampling=sampling),
         **format_metrics(task, t_m, c_m)
     })
   return results
+
+
+def crn_hash(prompts, keys, *, batch_prompts, sampling):
+  """CRC32 of what fixes an evaluation's random draws: the problems in order, the batch shape, the
+  sampling settings and the sampler's keys (one per batch). Runs evaluated with common random
+  numbers share it (experiments/verdicts.py checks it for every paired comparison)."""
+  parts = [json.dumps([prompts, batch_prompts, sorted(sampling.items())]).encode()]
+  parts += [np.asarray(jax.random.key_data(key)).tobytes() for key in keys]
+  return zlib.crc32(b''.join(parts))
 
 
 def sampling_se(correct_NK):
@@ -375,12 +400,19 @@ def check_config(c):
                     behaviour_logps=c.rollout.behaviour_logps)
   checks.choice('config.rollout.sampler_dtype', c.rollout.sampler_dtype,
                 ('', 'float32', 'bfloat16'))
+  checks.in_range('config.rollout.policy_lag', c.rollout.policy_lag, low=0, integer=True)
+  checks.choice('config.rollout.policy_lag_mode', c.rollout.policy_lag_mode,
+                ('behaviour', 'decoupled'))
+  if c.rollout.policy_lag_mode == 'decoupled' and not c.rollout.policy_lag:
+    raise ValueError("config.rollout.policy_lag_mode='decoupled' needs config.rollout.policy_lag "
+                     '>= 1 (without a lag the proximal and behaviour policies are the same)')
   chunk = c.rollout.chunk_prompts
   if chunk < 0 or (chunk and c.rollout.prompts_per_step % chunk):
     raise ValueError(f'config.rollout.chunk_prompts={chunk} must be 0 (off) or a divisor of '
                      f'config.rollout.prompts_per_step={c.rollout.prompts_per_step}')
   checks.in_range('config.eval.every', c.eval.every, low=0, integer=True)
   checks.positive_int('config.eval.problems', c.eval.problems)
+  checks.positive_int('config.eval.batch_prompts', c.eval.batch_prompts)
   checks.in_range('config.eval.probe_problems', c.eval.probe_problems, low=0, integer=True)
   checks.in_range('config.dapo.dynamic_sampling_rounds', c.dapo.dynamic_sampling_rounds, low=0,
                   integer=True)

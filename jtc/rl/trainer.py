@@ -31,7 +31,6 @@ import json
 import os
 import sys
 import time
-import zlib
 
 from absl import flags
 import jax
@@ -129,6 +128,9 @@ class Trainer:
         lambda x: x
         if isinstance(x, np.ndarray) else sharding_lib.to_device(np.asarray(x), replicated),
         run_state)
+    if c.rollout.policy_lag:  # every lagged slot starts at the initial policy
+      self.run_state = self.run_state.replace(lagged_params=tuple(
+          self._copy_params() for _ in range(c.rollout.policy_lag)))
     self.train_iters, self.eval_examples, prompts = data_lib.run_data(
         c.data, batch_size=c.rollout.prompts_per_step, seeds=[m.seed for m in pop.members],
         eval_problems=c.eval.problems)
@@ -145,6 +147,11 @@ class Trainer:
         infer_config,
         functools.partial(update_lib.make_optimizer, c.optim, total_updates)
         if lr_varies else optimizer)
+
+  def _copy_params(self):
+    """The current parameters in new buffers (the update donates the state's)."""
+    return checkpoints.frozen_copy(self.state.params, self.model_config.param_dtype,
+                                   self.state_sh.params)
 
   def _to_device(self, x):
     sharding = sharding_lib.batch_sharding(self.mesh, np.shape(x), members=self.pop.batched)
@@ -181,18 +188,24 @@ class Trainer:
         jax.random.split(jax.random.fold_in(jax.random.key(m.seed), step), 3) for m in pop.members
     ]
     k_rollout, k_order, k_weights = (pop.stack([k[i] for k in keys]) for i in range(3))
+    # Under a policy lag of k steps the rollouts come from the parameters of step - k (the
+    # initial ones for the first k steps), as an asynchronous trainer's would.
+    lagged = self.run_state.lagged_params
+    behaviour_params = lagged[0] if lagged else self.state.params
     t0 = time.perf_counter()
     rollouts, rounds = rollout_lib.collect(
-        self.gen, self.state.params, [functools.partial(next, it) for it in self.train_iters],
+        self.gen, behaviour_params, [functools.partial(next, it) for it in self.train_iters],
         k_rollout, sampling=c.rollout.sampling.to_dict(), dynamic_sampling=c.dapo.dynamic_sampling,
         max_rounds=c.dapo.dynamic_sampling_rounds,
         temperature=self.hparams.get('rollout.sampling.temperature'))
     self.rollouts = rollouts  # the step's rollouts, one per member (for inspection)
     t1 = time.perf_counter()
     batch, metrics, self.run_state = batch_lib.make_batch(
-        c, rollouts, self.state.params, self.run_state, task=self.task,
-        behaviour_fn=self._behaviour, ref_params=self.ref_params, to_device=self._to_device,
-        weighter=self.weighter, rng=k_weights, population=pop)
+        c, rollouts, behaviour_params, self.run_state, task=self.task, behaviour_fn=self._behaviour,
+        ref_params=self.ref_params, to_device=self._to_device, weighter=self.weighter,
+        rng=k_weights, population=pop, proximal_params=self.state.params if lagged else None)
+    if lagged:  # this step's parameters join the lag, the oldest leave it
+      self.run_state = self.run_state.replace(lagged_params=lagged[1:] + (self._copy_params(),))
     jax.block_until_ready(batch.old_logps)
     t2 = time.perf_counter()
     diagnose = c.log.diagnostics_every and step % c.log.diagnostics_every == 0
@@ -233,8 +246,7 @@ class Trainer:
     keys = pop.keys(lambda m: jax.random.fold_in(jax.random.key(m.seed + 1), step))
     outs = rollout_lib.evaluate(self.eval_gen, self.state.params, self.eval_examples, keys,
                                 sampling=c.eval.sampling.to_dict(),
-                                batch_prompts=c.rollout.chunk_prompts or c.rollout.prompts_per_step,
-                                task=self.task)
+                                batch_prompts=c.eval.batch_prompts, task=self.task)
     if self.task is not None and c.eval.probe_problems:  # exact drift between equivalent forms
       replicated = sharding_lib.replicated(self.mesh)
       for m, out in enumerate(outs):
@@ -247,11 +259,6 @@ class Trainer:
                 prompt_suffix=c.data.prompt_suffix).items()
         })
     seconds = time.perf_counter() - t0
-    problems = json.dumps([e['prompt'] for e in self.eval_examples]).encode()
-    for out, key in zip(outs, pop.unstack(keys)):
-      # Common random numbers: runs evaluated on the same problems with the same sampling keys
-      # share this number (experiments/verdicts.py checks it for every paired comparison).
-      out['crn'] = zlib.crc32(problems + np.asarray(jax.random.key_data(key)).tobytes())
     return [dict({f'eval/{k}': v for k, v in out.items()}, time_eval=seconds) for out in outs]
 
   def _restore(self):

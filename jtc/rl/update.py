@@ -40,10 +40,13 @@ COUNTERS = ('rl_steps', 'generated_tokens', 'rollouts', 'update_steps', 'prompts
 class RunState:
   """What a run carries between steps besides the train state (checkpointed as arrays):
   counters int64 [5] (`COUNTERS`), token_counts_V float32 [V] (the Energy diagnostic's
-  frequency buckets) and the token-weight plug-in's state (DelTA's token cloud) or None."""
+  frequency buckets), the token-weight plug-in's state (DelTA's token cloud) or None, and, with
+  config.rollout.policy_lag = k > 0, the parameters of the last k steps, oldest first
+  (`lagged_params`: the policy that samples is lagged_params[0])."""
   counters: np.ndarray
   token_counts_V: jax.Array
   weighter: object = None
+  lagged_params: tuple = ()
 
   @classmethod
   def init(cls, vocab_size, weighter_state=None):
@@ -106,12 +109,33 @@ def learning_rate_schedule(optim, total_updates, learning_rate=None):
                                             end_value=peak * optim.min_lr_ratio)
 
 
+ADAM_EPS = 1e-8  # AdamW's epsilon (optax's default), added to sqrt(v_hat)
+
+
 def make_optimizer(optim, total_updates, learning_rate=None):
   """Global-norm clipping (``grad_clip`` > 0) then AdamW on the schedule above."""
   return optax.chain(
       optax.clip_by_global_norm(optim.grad_clip) if optim.grad_clip > 0 else optax.identity(),
       optax.adamw(learning_rate_schedule(optim, total_updates, learning_rate), b1=optim.adam_b1,
-                  b2=optim.adam_b2, weight_decay=optim.weight_decay))
+                  b2=optim.adam_b2, eps=ADAM_EPS, weight_decay=optim.weight_decay))
+
+
+def adam_direction_norm(opt_state, params, optim):
+  """||m_hat / (sqrt(v_hat) + eps) + weight_decay * params||: the l2 norm of the step AdamW takes
+  before the learning rate scales it (the update is -lr_t times this direction), from the moments
+  in ``opt_state`` after an update and the ``params`` it was applied to. With the learning rate
+  factored out, it says how large a step the objective's gradients ask for, whatever the rate."""
+  adam = next(s for s in jax.tree.leaves(opt_state, is_leaf=_is_adam_state) if _is_adam_state(s))
+  count = adam.count.astype(jnp.float32)
+  m_fix, v_fix = 1 - optim.adam_b1**count, 1 - optim.adam_b2**count
+  direction = jax.tree.map(
+      lambda m, v, p: (m / m_fix) / (jnp.sqrt(v / v_fix) + ADAM_EPS) + optim.weight_decay * p,
+      adam.mu, adam.nu, params)
+  return optax.tree.norm(direction)
+
+
+def _is_adam_state(x):
+  return isinstance(x, optax.ScaleByAdamState)
 
 
 def init_state(params, optimizer, *, param_shardings, replicated, population=population_lib.SINGLE):
@@ -238,14 +262,15 @@ def _combine_metrics(metrics_n, w_n):
 
 
 def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_name, loss_hparams,
-                completion_start, group_size):
+                completion_start, group_size, optim=None):
   """One optimiser step on a mini-batch of whole groups; returns (state, metrics).
 
   ``batch`` is a `Batch` with leaves [n, B/n, ...]: n micro-batches of whole groups. Their
   gradients are accumulated in float32 with `microbatch_weights` (n = 1: a plain step), so the
   update equals the one on the un-split mini-batch while holding the activations of one
   micro-batch. Metrics: the loss's (`objectives.compute_loss`) plus loss, grad / update / param
-  l2 norms. ``hparams``: a population member's traced values of the varied keys
+  l2 norms and, given the ``optim`` config section, the norm of AdamW's direction before the
+  learning rate (`adam_direction_norm`, 'adam_step_norm'). ``hparams``: a population member's traced values of the varied keys
   ('loss.hparams.<k>' override ``loss_hparams``; 'optim.learning_rate' is passed to
   ``optimizer``, then a function learning_rate -> optimiser, e.g. a partial `make_optimizer`).
   """
@@ -292,6 +317,8 @@ def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_nam
   params = optax.apply_updates(state.params, updates)
   metrics.update(loss=loss, grad_norm=optax.tree.norm(grads), update_norm=optax.tree.norm(updates),
                  param_norm=optax.tree.norm(params))
+  if optim is not None:
+    metrics['adam_step_norm'] = adam_direction_norm(opt_state, state.params, optim)
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -319,7 +346,7 @@ def jit_minibatch_and_update(c, model_config, optimizer, mesh, state_shardings,
           functools.partial(update_step, model_config=model_config, optimizer=optimizer,
                             loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
                             completion_start=c.data.prompt_width,
-                            group_size=c.rollout.sampling.num_samples)),
+                            group_size=c.rollout.sampling.num_samples, optim=c.optim)),
       in_shardings=(state_shardings, minibatch_sh, state_shardings.step),
       out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=(0,))
   return minibatch_fn, update_fn

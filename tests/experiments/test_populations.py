@@ -32,6 +32,11 @@ def test_programs_group_seeds_and_variable_keys_and_split_the_rest():
       for k in (0, 1, 3)
   ]
   assert sorted((p.first_seed, p.size) for p in populations.programs(gap)) == [(0, 2), (3, 1)]
+  # The trainer writes a one-member program (one seed, nothing varied) as a single run, in the
+  # workdir itself (a --smoke sweep's programs); a larger program's members under members/.
+  for p in populations.programs(gap):
+    dirs = {p.member_dir('W', s) for s in p.specs}
+    assert dirs == ({'W'} if p.size == 1 else {f'W/members/seed{k}' for k in (0, 1)})
 
 
 def test_a_sweep_trains_its_seeds_as_a_population_and_reads_members_as_runs(tmp_path):

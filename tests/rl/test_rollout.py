@@ -132,3 +132,35 @@ def test_sampling_se_predicts_the_spread_of_repeated_evaluations():
   assert 0.7 < spread / se < 1.4, (spread, se)
   np.testing.assert_allclose(rollout.sampling_se(np.ones((5, 4), bool)), 0.0)
   assert np.isnan(rollout.sampling_se(np.ones((5, 1), bool)))
+
+
+def _evaluate_at_step_0(tmp_path, name, **overrides):
+  from configs import gspo  # pylint: disable=import-outside-toplevel
+  from jtc.rl import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
+  c = gspo.get_config('smoke')
+  c.eval.problems, c.eval.batch_prompts = 6, 4
+  for key, value in overrides.items():
+    section, leaf = key.rsplit('.', 1)
+    c[section][leaf] = value
+  trainer = trainer_lib.Trainer(c, str(tmp_path / name))
+  try:
+    return trainer.evaluate(0)[0]
+  finally:
+    trainer.close()
+
+
+def test_evaluation_draws_do_not_depend_on_the_training_batch(tmp_path):
+  """Issue 38: the same policy evaluated under two rollout shapes (2 prompts x G = 4 and
+  4 x G = 2) draws the same samples: equal accuracy, format shares and `crn`. A different
+  config.eval.batch_prompts changes the draws and the hash (the known positive)."""
+  a = _evaluate_at_step_0(tmp_path, 'a')
+  b = _evaluate_at_step_0(tmp_path, 'b', **{
+      'rollout.prompts_per_step': 4,
+      'rollout.sampling.num_samples': 2
+  })
+  assert a.keys() == b.keys()
+  for k in a:
+    assert k == 'time_eval' or a[k] == b[k], k
+  c = _evaluate_at_step_0(tmp_path, 'c', **{'eval.batch_prompts': 3})
+  assert c['eval/crn'] != a['eval/crn']
+  assert any(c[k] != a[k] for k in a if k.startswith(('eval/avg', 'eval/format/')))

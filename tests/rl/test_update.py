@@ -99,3 +99,23 @@ def test_bad_optimiser_settings_name_the_key(key, value):
   optim[key] = value
   with pytest.raises(ValueError, match=f'optim.{key}'):
     update.check_config(optim, prompts_per_step=16)
+
+
+def test_adam_direction_norm_is_the_update_before_the_learning_rate():
+  """With a constant learning rate the update is -lr x (m_hat / (sqrt(v_hat) + eps) + wd theta),
+  so `adam_direction_norm` equals ||update|| / lr at every step (bias corrections of counts 1-3
+  included); the weight-decay term is part of it (dropping it is the failing control)."""
+  optim = ml_collections.ConfigDict(
+      dict(learning_rate=3e-3, warmup_frac=0.0, min_lr_ratio=1.0, weight_decay=0.1, grad_clip=0.0,
+           adam_b1=0.9, adam_b2=0.99))
+  opt = update.make_optimizer(optim, total_updates=10)
+  params = {'w': jnp.array([[1.0, -2.0], [0.5, 3.0]]), 'b': jnp.array([0.2, -0.1])}
+  state = opt.init(params)
+  no_decay = ml_collections.ConfigDict(dict(optim.to_dict(), weight_decay=0.0))
+  for k in range(3):
+    grads = jax.tree.map(lambda p, k=k: jnp.sin(p * (k + 1)) * (k + 1), params)
+    updates, state = opt.update(grads, state, params)
+    got = update.adam_direction_norm(state, params, optim)
+    np.testing.assert_allclose(got, optax.tree.norm(updates) / optim.learning_rate, rtol=1e-5)
+    assert abs(update.adam_direction_norm(state, params, no_decay) - got) > 1e-3 * got
+    params = optax.apply_updates(params, updates)
