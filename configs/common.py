@@ -117,6 +117,9 @@ def get_config(arg=None):
   c.rollout = ConfigDict()
   c.rollout.prompts_per_step = 16  # groups per RL step
   c.rollout.chunk_prompts = 0  # prompts per sampler / scoring call (0 = all at once)
+  # Prompts per behaviour / reference pass when it must differ from the sampler's chunk (a
+  # 32k-token forward pass holds far more activations per row than a decode step): 0 = chunk_prompts.
+  c.rollout.score_chunk_prompts = 0
   c.rollout.behaviour_logps = 'recompute'  # recompute | sampler: old log-probs for the ratios
   # Rollout-training mismatch correction (jtc.objectives.corrections): none | tis | mis | icepop |
   # seq_tis | seq_mask, weighing the recomputed behaviour policy against the sampler's.

@@ -101,7 +101,7 @@ def main(argv):
   print(planner.format_table(result))
   if FLAGS.suggest:
     model_config = stages_lib.model_config_for(c, platform)
-    overrides, best = suggest_lib.suggest(c, plan_fn, len(devices), model_config, log=log)
+    overrides, best = suggest_lib.suggest(c, plan_fn, len(devices), model_config, chip, log=log)
     if overrides is None:
       sys.exit('suggest: no candidate setting fits; try a larger slice')
     print(f'suggest: the cheapest fitting setting found ({best.step_seconds:.4g} s per step, '

@@ -93,13 +93,16 @@ def chip_of(topology: str) -> Chip:
 
 def quiet_libtpu_env():
   """Environment for libtpu on a machine without TPUs: without an accelerator type and worker
-  list libtpu prints start-up errors before it serves a deviceless topology. Set only where no
-  TPU chip is attached (a TPU VM's own settings are left alone)."""
+  list libtpu prints start-up errors before it serves a deviceless topology, and without
+  ALLOW_MULTIPLE_LIBTPU_LOAD a second planner (or test worker) on the machine stops at libtpu's
+  lockfile, which guards chips this machine does not have. Set only where no TPU chip is
+  attached (a TPU VM's own settings are left alone)."""
   if os.path.exists('/dev/accel0') or os.path.exists('/dev/vfio/0'):
     return
   os.environ.setdefault('TPU_ACCELERATOR_TYPE', 'v5litepod-4')
   os.environ.setdefault('TPU_WORKER_HOSTNAMES', 'localhost')
   os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
+  os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
 
 
 def topology_devices(topology: str, num_slices: int = 1):

@@ -134,7 +134,8 @@ def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=Non
   resident = {
       'params': setup.params_bytes,
       'opt_state': setup.opt_bytes,
-      'reference': setup.ref_bytes
+      'reference': setup.ref_bytes,
+      'lagged params': setup.lagged_bytes
   }
   result = Plan(target, chip, len(devices), dict(setup.mesh.shape), [], resident, compiled_for)
   for stage in stages:

@@ -4,7 +4,11 @@ device's capacity, and the planner's `does not fit` error instead of an out-of-m
 in the middle of a step.
 
 Runs where the capacity is known: an accelerator's `memory_stats()['bytes_limit']`, or a
-capacity stated in $JTC_DEVICE_MEMORY_BYTES (how the CPU tests exercise it).
+capacity stated in $JTC_DEVICE_MEMORY_BYTES (how the CPU tests exercise it). The stages are
+compiled through the trainer's own jitted functions (its behaviour pass and update, the
+sampler's module-level jit with the tokenizer's ids) on abstract arguments of the shapes and
+shardings its steps pass, so the steps find them compiled: each stage compiles once
+(tests/plan/test_preflight.py counts the compilations).
 """
 
 import sys
@@ -13,18 +17,22 @@ from jtc.plan import hardware
 from jtc.plan import planner
 from jtc.plan import stages as stages_lib
 
-STAGES = ('sample', 'behaviour', 'reference', 'update')
+STAGES = ('sample', 'behaviour', 'reference', 'update', 'eval')
 
 
-def check(c, model_config, mesh):
+def check(c, model_config, mesh, *, behaviour_fn=None, update_fn=None, tokenizer=None):
   """Raises `hardware.DoesNotFit` naming the first stage of config ``c`` (the trainer's model
-  and mesh) that exceeds its devices' memory; a no-op where the capacity is unknown."""
+  and mesh) that exceeds its devices' memory; a no-op where the capacity is unknown. The
+  trainer passes its ``behaviour_fn``, ``update_fn`` and ``tokenizer``."""
   device = mesh.devices.flat[0]
   capacity = hardware.device_capacity(device)
   if capacity is None:
     return
-  devices = list(mesh.devices.flat)
-  _, stages = stages_lib.build(c, devices, device.platform, model_config)
+  fns = {'behaviour': behaviour_fn, 'update': update_fn}
+  ids = (tokenizer.eos_id, tokenizer.pad_id) if tokenizer is not None else (1, 0)
+  _, stages = stages_lib.build(c, list(mesh.devices.flat), device.platform, model_config, fns={
+      k: v for k, v in fns.items() if v is not None
+  }, ids=ids)
   for stage in stages:
     if stage.name not in STAGES:
       continue

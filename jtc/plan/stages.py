@@ -7,11 +7,16 @@ RL step and which resident state it does not take as an argument):
   prefill     `jtc.models.decode.prefill` of one sampler call (the prompts' forward pass);
   sample      `jtc.models.sampler` for rollout.chunk_prompts x G rows and T new tokens, with its
               KV cache (prefill and the decode loop: the program the trainer runs);
-  behaviour   `rollout.behaviour_pass` (+ hidden states for DelTA) of rollout.chunk_prompts groups;
+  behaviour   `rollout.behaviour_pass` (+ hidden states for DelTA) of
+              `rollout.score_chunk_prompts` groups (twice under a policy lag: the behaviour and
+              the proximal policy);
   reference   the same pass with the frozen reference parameters (kl_coef > 0);
   delta       DelTA's coefficients from the behaviour pass's hidden states;
   update      `update.update_step` of one mini-batch (micro-batches, remat, AdamW state);
-  eval        the sampler at the evaluation decoding, amortised over eval.every steps.
+  eval        the sampler at the evaluation decoding (eval.batch_prompts prompts a call),
+              amortised over eval.every steps.
+Every stage holds the state it does not take as an argument meanwhile (`Setup.resident`): the
+optimiser state, the KL reference, a policy lag's older parameters.
 A population (population.size > 1) adds the member axis to every one of them.
 """
 
@@ -95,10 +100,11 @@ def _batch_sds(mesh, shape, dtype, pop):
       shape, dtype, sharding=sharding_lib.batch_sharding(mesh, shape, members=pop.batched))
 
 
-def _keys(mesh, pop):
+def _keys(pop):
+  """The sampler's keys: uncommitted, as the trainer passes them (split on the host's default
+  device), so that a compile here is the one the trainer's call finds."""
   key = jax.eval_shape(lambda: jax.random.key(0))
-  shape = (pop.n,) if pop.batched else ()
-  return jax.ShapeDtypeStruct(shape, key.dtype, sharding=sharding_lib.replicated(mesh))
+  return jax.ShapeDtypeStruct((pop.n,) if pop.batched else (), key.dtype)
 
 
 @dataclasses.dataclass
@@ -112,6 +118,11 @@ class Setup:
   state_sh: Any
   optimizer: Any
   ref_params: Any  # abstract reference params or None
+  # The trainer's own jitted functions ('behaviour', 'update') where it passes them
+  # (`preflight.check`: compiling those fills the caches its steps then hit), and the sampler's
+  # end-of-sequence and pad ids (static arguments: the tokenizer's, for the same reason).
+  fns: dict = dataclasses.field(default_factory=dict)
+  ids: tuple = (1, 0)
 
   @property
   def params_bytes(self):
@@ -124,6 +135,22 @@ class Setup:
   @property
   def ref_bytes(self):
     return chip_bytes(self.ref_params) if self.ref_params is not None else 0.0
+
+  @property
+  def lagged_bytes(self):
+    """rollout.policy_lag older copies of the parameters (`Trainer._copy_params`)."""
+    return self.c.rollout.policy_lag * self.params_bytes
+
+  def resident(self, *args_of_stage):
+    """Bytes per chip a stage holds besides its arguments: the state (params, opt_state,
+    reference, lagged) minus the parts named in ``args_of_stage``."""
+    parts = {
+        'params': self.params_bytes,
+        'opt_state': self.opt_bytes,
+        'reference': self.ref_bytes,
+        'lagged': self.lagged_bytes
+    }
+    return sum(v for k, v in parts.items() if k not in args_of_stage)
 
 
 def setup(c, devices, platform: str, model_config=None) -> Setup:
@@ -159,20 +186,21 @@ def setup(c, devices, platform: str, model_config=None) -> Setup:
   return Setup(c, model_config, mesh, pop, state, state_sh, optimizer, ref_params)
 
 
-def sampler_stage(setup_, name, sampling, model_config, *, platform, calls):
-  """The sampler program for one call of rollout.chunk_prompts (or all) prompts."""
-  c, pop, mesh = setup_.c, setup_.pop, setup_.mesh
-  B = c.rollout.chunk_prompts or c.rollout.prompts_per_step
-  P = c.data.prompt_width
+def sampler_stage(setup_, name, sampling, model_config, *, platform, calls, B):
+  """The sampler program for one call of B prompts, its cache's rows over the batch axes (as
+  the trainer's `rollout.Generator` samples)."""
+  pop, mesh = setup_.pop, setup_.mesh
+  P = setup_.c.data.prompt_width
   fn, static = sampler_lib.program(model_config, P, members=pop.batched, platform=platform,
-                                   eos_id=1, pad_id=0, **sampling)
+                                   eos_id=setup_.ids[0], pad_id=setup_.ids[1],
+                                   cache_sharding=sharding_lib.CacheSharding(mesh), **sampling)
   args = (setup_.state.params, _batch_sds(mesh, (B, P), jnp.int32,
                                           pop), _batch_sds(mesh, (B, P), jnp.int32,
-                                                           pop), _keys(mesh, pop))
+                                                           pop), _keys(pop))
   if pop.batched:
     args += (None,)
   T, C = sampling['max_new_tokens'], static['block_size']
-  return Stage(name, fn, args, static, calls, resident_other=setup_.opt_bytes + setup_.ref_bytes,
+  return Stage(name, fn, args, static, calls, resident_other=setup_.resident('params'),
                unknown_trips=(T, (T // C) / 2 + 1), flops_note='hlo, loops at T tokens')
 
 
@@ -185,32 +213,38 @@ def prefill_stage(setup_, model_config, *, platform, calls):
   prefill = functools.partial(decode.prefill, config=model_config,
                               num_samples=c.rollout.sampling.num_samples, max_new_tokens=T,
                               block_size=block)
-  fn = jax.jit(pop.map(lambda p, t, m: prefill(p, prompt_tokens_BP=t, prompt_mask_BP=m)))
+  cache_sharding = sharding_lib.CacheSharding(mesh)
+
+  def one(params, tokens_BP, mask_BP):
+    logits_BV, cache = prefill(params, prompt_tokens_BP=tokens_BP, prompt_mask_BP=mask_BP)
+    return logits_BV, jax.lax.with_sharding_constraint(cache, cache_sharding(cache))
+
+  fn = jax.jit(jax.vmap(one, spmd_axis_name='population') if pop.batched else one)
   args = (setup_.state.params, _batch_sds(mesh, (B, P), jnp.int32,
                                           pop), _batch_sds(mesh, (B, P), jnp.int32, pop))
-  return Stage('prefill', fn, args, {}, calls, resident_other=setup_.opt_bytes + setup_.ref_bytes)
+  return Stage('prefill', fn, args, {}, calls, resident_other=setup_.resident('params'))
 
 
 def scoring_stages(setup_, infer_config):
   """The behaviour pass, the reference pass (kl_coef > 0) and DelTA's coefficients."""
   c, pop, mesh = setup_.c, setup_.pop, setup_.mesh
   G, P, T = c.rollout.sampling.num_samples, c.data.prompt_width, c.rollout.sampling.max_new_tokens
-  rows = (c.rollout.chunk_prompts or c.rollout.prompts_per_step) * G
+  rows = (rollout_lib.score_chunk_prompts(c.rollout) or c.rollout.prompts_per_step) * G
   calls = c.rollout.prompts_per_step * G / rows
   delta = c.token_weights == 'delta'
-  fn = rollout_lib.jit_behaviour(infer_config, completion_start=P, return_hidden=delta,
-                                 population=pop)
+  fn = setup_.fns.get('behaviour') or rollout_lib.jit_behaviour(infer_config, completion_start=P,
+                                                                return_hidden=delta, population=pop)
   tokens = _batch_sds(mesh, (rows, P + T), jnp.int32, pop)
   stages = [
-      Stage('behaviour', fn, (setup_.state.params, tokens, tokens), {}, calls,
-            resident_other=setup_.opt_bytes + setup_.ref_bytes)
+      Stage('behaviour', fn, (setup_.state.params, tokens, tokens), {},
+            calls * (2 if c.rollout.policy_lag else 1), resident_other=setup_.resident('params'))
   ]
   if setup_.ref_params is not None:
-    ref_fn = rollout_lib.jit_behaviour(infer_config, completion_start=P, return_hidden=False,
-                                       population=pop)
+    ref_fn = setup_.fns.get('behaviour') or rollout_lib.jit_behaviour(
+        infer_config, completion_start=P, return_hidden=False, population=pop)
     stages.append(
         Stage('reference', ref_fn, (setup_.ref_params, tokens, tokens), {}, calls,
-              resident_other=setup_.params_bytes + setup_.opt_bytes))
+              resident_other=setup_.resident('reference')))
   if delta:
     weighter = token_weights.PLUGINS['delta'].from_config(c.delta, group_size=G,
                                                           model_config=setup_.model_config)
@@ -225,19 +259,19 @@ def scoring_stages(setup_, infer_config):
         'entropy': f32(B, T),
         'hidden': _batch_sds(mesh, (B, T, setup_.model_config.d_model), infer_config.jnp_dtype, pop)
     }
-    args = (state, setup_.state.params, behaviour, _batch_sds(mesh, (B, T), jnp.int32, pop), f32(B),
-            f32(B, T), _keys(mesh, pop))
+    args = (state, setup_.state.params, behaviour, _batch_sds(mesh, (B, T), jnp.int32,
+                                                              pop), f32(B), f32(B, T), _keys(pop))
     stages.append(
         Stage('delta', jax.jit(pop.map(weighter.weights)), args, {}, 1,
-              resident_other=setup_.opt_bytes + setup_.ref_bytes))
+              resident_other=setup_.resident('params')))
   return stages
 
 
 def update_stage(setup_):
   """`update.update_step` of one mini-batch, jitted as the trainer jits it."""
   c, pop, mesh = setup_.c, setup_.pop, setup_.mesh
-  _, update_fn = update_lib.jit_minibatch_and_update(c, setup_.model_config, setup_.optimizer, mesh,
-                                                     setup_.state_sh, pop)
+  update_fn = setup_.fns.get('update') or update_lib.jit_minibatch_and_update(
+      c, setup_.model_config, setup_.optimizer, mesh, setup_.state_sh, pop)[1]
   n = update_lib.num_microbatches(c.optim)
   rows = update_lib.microbatch_prompts(c.optim) * c.rollout.sampling.num_samples
   P, T = c.data.prompt_width, c.rollout.sampling.max_new_tokens
@@ -245,39 +279,43 @@ def update_stage(setup_):
   lead = (pop.n,) * pop.batched + (n, rows)
   leaf = lambda shape, dtype: jax.ShapeDtypeStruct(lead + shape, dtype, sharding=sh)
   f32 = lambda *shape: leaf(shape, jnp.float32)
-  batch = update_lib.Batch(tokens=leaf((P + T,), jnp.int32), input_mask=leaf(
-      (P + T,), jnp.int32), mask=f32(T), advantages=f32(), old_logps=f32(T),
-                           ref_logps=f32(T) if setup_.ref_params is not None else None,
-                           token_weights=f32(T) if c.token_weights else None,
-                           is_weights=f32(T) if c.rollout.correction != 'none' else None)
+  batch = update_lib.Batch(
+      tokens=leaf((P + T,), jnp.int32), input_mask=leaf(
+          (P + T,), jnp.int32), mask=f32(T), advantages=f32(), old_logps=f32(T),
+      ref_logps=f32(T) if setup_.ref_params is not None else None,
+      token_weights=f32(T) if c.token_weights else None,
+      is_weights=f32(T) if c.rollout.correction != 'none' or
+      (c.rollout.policy_lag and c.rollout.policy_lag_mode == 'decoupled') else None)
   hparams = {
       k: jax.ShapeDtypeStruct((pop.n,), jnp.float32, sharding=sharding_lib.replicated(mesh))
       for k in pop.varied()
   }
   return Stage('update', update_fn, (setup_.state, batch, hparams), {},
                update_lib.updates_per_step(c.optim, c.rollout.prompts_per_step),
-               resident_other=setup_.ref_bytes)
+               resident_other=setup_.resident('params', 'opt_state'))
 
 
-def build(c, devices, platform: str, model_config=None):
-  """(`Setup`, [`Stage`]) of one RL step of config ``c`` on ``devices`` of ``platform``."""
-  s = setup(c, devices, platform, model_config)
+def build(c, devices, platform: str, model_config=None, fns=None, ids=(1, 0)):
+  """(`Setup`, [`Stage`]) of one RL step of config ``c`` on ``devices`` of ``platform``; ``fns``
+  and ``ids`` as `Setup`'s."""
+  s = dataclasses.replace(setup(c, devices, platform, model_config), fns=fns or {}, ids=ids)
   infer_config = dataclasses.replace(s.model_config, remat=False)
   sampler_config = infer_config
   if c.rollout.sampler_dtype:
     sampler_config = dataclasses.replace(infer_config, dtype=c.rollout.sampler_dtype)
-  calls = c.rollout.prompts_per_step / (c.rollout.chunk_prompts or c.rollout.prompts_per_step)
+  B = c.rollout.chunk_prompts or c.rollout.prompts_per_step
+  calls = c.rollout.prompts_per_step / B
   stages = [
       prefill_stage(s, sampler_config, platform=platform, calls=calls),
       sampler_stage(s, 'sample', c.rollout.sampling.to_dict(), sampler_config, platform=platform,
-                    calls=calls),
+                    calls=calls, B=B),
       *scoring_stages(s, infer_config),
       update_stage(s),
   ]
   if c.eval.every:
-    batch = c.rollout.chunk_prompts or c.rollout.prompts_per_step
+    batch = c.eval.batch_prompts  # as `Trainer._evaluate` batches the problems
     eval_calls = -(-c.eval.problems // batch) / c.eval.every
     stages.append(
         sampler_stage(s, 'eval', c.eval.sampling.to_dict(), infer_config, platform=platform,
-                      calls=eval_calls))
+                      calls=eval_calls, B=batch))
   return s, stages

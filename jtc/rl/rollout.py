@@ -79,7 +79,9 @@ class Generator:
   ``to_device`` places a host [B, ...] array (a population's [N, B, ...]) for the sampler (the
   trainer: on its mesh with the batch sharding); ``chunk_prompts`` bounds the prompts per sampler
   call (0 = all at once); ``population``: the members whose policies sample together (the
-  functions below take and return one value per member, `population_lib.Population`).
+  functions below take and return one value per member, `population_lib.Population`);
+  ``mesh``: the devices' mesh, over whose batch axes the sampler splits its KV cache's rows
+  (`sharding_lib.CacheSharding`; None: the cache follows the prompts' sharding).
   """
   model_config: model_lib.ModelConfig
   tokenizer: Any
@@ -90,10 +92,11 @@ class Generator:
   chunk_prompts: int = 0
   to_device: Callable = jnp.asarray
   population: population_lib.Population = population_lib.SINGLE
+  mesh: Any = None
 
   @classmethod
   def from_config(cls, c, model_config, tokenizer, task, *, to_device=jnp.asarray,
-                  population=population_lib.SINGLE):
+                  population=population_lib.SINGLE, mesh=None):
     """The generator of a run config: its task's verifier (or `data.reward`; a dataset run
     defaults to boxed_numeric), prompt encoding and chunking."""
     reward = c.data.reward or ('' if task else 'boxed_numeric')
@@ -101,7 +104,7 @@ class Generator:
                reward_fn=rewards_lib.REWARD_FNS[reward] if reward else task.reward_fn,
                prompt_width=c.data.prompt_width, chat_template=c.data.chat_template,
                prompt_suffix=c.data.prompt_suffix, chunk_prompts=c.rollout.chunk_prompts,
-               to_device=to_device, population=population)
+               to_device=to_device, population=population, mesh=mesh)
 
   def check_prompt_width(self, prompts):
     """ValueError naming config.data.prompt_width when the longest of ``prompts`` (suffix and
@@ -128,7 +131,9 @@ class Generator:
     ]
     tokens_BP = self.to_device(pop.stack([t for t, _ in encoded]))
     mask_BP = self.to_device(pop.stack([m for _, m in encoded]))
-    kwargs = dict(sampling, eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id)
+    kwargs = dict(
+        sampling, eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id,
+        cache_sharding=None if self.mesh is None else sharding_lib.CacheSharding(self.mesh))
     if temperature is not None:
       kwargs['temperature'] = temperature if pop.batched else float(temperature)
     sample = sampler_lib.sample_members if pop.batched else sampler_lib.sample
@@ -266,6 +271,11 @@ def jit_behaviour(model_config, *, completion_start, return_hidden,
       population.map(
           functools.partial(behaviour_pass, model_config=model_config,
                             completion_start=completion_start, return_hidden=return_hidden)))
+
+
+def score_chunk_prompts(rollout):
+  """Prompts per behaviour / reference pass of config section ``rollout`` (0 = all at once)."""
+  return rollout.get('score_chunk_prompts', 0) or rollout.chunk_prompts
 
 
 def behaviour_logps(behaviour_fn, params, *, tokens_BL, input_mask_BL, host_tokens_BL,
@@ -406,10 +416,11 @@ def check_config(c):
   if c.rollout.policy_lag_mode == 'decoupled' and not c.rollout.policy_lag:
     raise ValueError("config.rollout.policy_lag_mode='decoupled' needs config.rollout.policy_lag "
                      '>= 1 (without a lag the proximal and behaviour policies are the same)')
-  chunk = c.rollout.chunk_prompts
-  if chunk < 0 or (chunk and c.rollout.prompts_per_step % chunk):
-    raise ValueError(f'config.rollout.chunk_prompts={chunk} must be 0 (off) or a divisor of '
-                     f'config.rollout.prompts_per_step={c.rollout.prompts_per_step}')
+  for key in ('chunk_prompts', 'score_chunk_prompts'):
+    chunk = c.rollout.get(key, 0)
+    if chunk < 0 or (chunk and c.rollout.prompts_per_step % chunk):
+      raise ValueError(f'config.rollout.{key}={chunk} must be 0 (off) or a divisor of '
+                       f'config.rollout.prompts_per_step={c.rollout.prompts_per_step}')
   checks.in_range('config.eval.every', c.eval.every, low=0, integer=True)
   checks.positive_int('config.eval.problems', c.eval.problems)
   checks.positive_int('config.eval.batch_prompts', c.eval.batch_prompts)

@@ -30,6 +30,7 @@ host ever holds them whole.
 Dimension key: B batch, L sequence length, plus the model's (see `jtc.models.model`).
 """
 
+import dataclasses
 import math
 from typing import Any, Sequence
 
@@ -155,6 +156,17 @@ def cache_shardings(cache, mesh: Mesh):
                              v=kv(cache.v), length=replicated(mesh))
   return model_lib.KVCache(k=kv(cache.k), v=kv(cache.v), mask_BS=mask(cache.mask_BS),
                            index=replicated(mesh))
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheSharding:
+  """cache -> `cache_shardings(cache, mesh)`, hashable (equal meshes, equal instances): the
+  sampler's static ``cache_sharding``, so that its completion cache splits its R = B x G rows
+  over the batch axes (and kv heads over 'tensor') even when the B prompts cannot."""
+  mesh: Mesh
+
+  def __call__(self, cache):
+    return cache_shardings(cache, self.mesh)
 
 
 def host_local_to_global(tree, mesh: Mesh):

@@ -111,7 +111,8 @@ class Trainer:
     if c.rollout.sampler_dtype:
       sampler_config = dataclasses.replace(infer_config, dtype=c.rollout.sampler_dtype)
     self.gen = rollout_lib.Generator.from_config(c, sampler_config, self.tokenizer, self.task,
-                                                 to_device=self._to_device, population=pop)
+                                                 to_device=self._to_device, population=pop,
+                                                 mesh=self.mesh)
     # Held-out evaluation samples from the policy as trained, whatever the rollouts' sampler.
     self.eval_gen = dataclasses.replace(self.gen, model_config=infer_config)
     self.weighter = (token_weights.PLUGINS[c.token_weights].from_config(
@@ -141,12 +142,14 @@ class Trainer:
     self.member_dirs = population_lib.record(self.workdir, c, schedule_steps, pop,
                                              write=self.primary)
     lr_varies = 'optim.learning_rate' in self.hparams
-    from jtc.plan import preflight  # pylint: disable=import-outside-toplevel
-    preflight.check(c, self.model_config, self.mesh)  # every stage fits, before any rollout
     self._build_jits(
         infer_config,
         functools.partial(update_lib.make_optimizer, c.optim, total_updates)
         if lr_varies else optimizer)
+    from jtc.plan import preflight  # pylint: disable=import-outside-toplevel
+    # Every stage fits, before any rollout (compiled by the functions the steps then call).
+    preflight.check(c, self.model_config, self.mesh, behaviour_fn=self._behaviour,
+                    update_fn=self._update, tokenizer=self.tokenizer)
 
   def _copy_params(self):
     """The current parameters in new buffers (the update donates the state's)."""
