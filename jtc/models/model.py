@@ -281,13 +281,21 @@ def _trunk_with_cache(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask
   return x_BLD, KVCache(k=k, v=v, mask_BS=key_mask_BS, index=index + L)
 
 
+def constrain_rows(x, row_sharding):
+  """``x`` (an array or pytree of [B, ...] rows) constrained to ``row_sharding(x)``: a hashable
+  function from values to their shardings (`jtc.rl.sharding.RowSharding`), or None (no
+  constraint: XLA's propagation decides)."""
+  return x if row_sharding is None else jax.lax.with_sharding_constraint(x, row_sharding(x))
+
+
 def hidden_states(params, config: ModelConfig, tokens_BL, positions_BL, mask_BL,
-                  cache: KVCache | None = None):
-  """The trunk only: (final-normed hidden [B, L, D], cache or None). No LM head."""
+                  cache: KVCache | None = None, *, row_sharding=None):
+  """The trunk only: (final-normed hidden [B, L, D], cache or None). No LM head.
+  ``row_sharding``: the embedded tokens' rows constrained to it (`constrain_rows`)."""
   chex.assert_rank([tokens_BL, positions_BL, mask_BL], 2)
   chex.assert_equal_shape([tokens_BL, positions_BL, mask_BL])
   sin_BLH, cos_BLH = layers.rope_sin_cos(positions_BL, config)
-  x_BLD = embed_tokens(params, tokens_BL, config)
+  x_BLD = constrain_rows(embed_tokens(params, tokens_BL, config), row_sharding)
   if cache is None:
     x_BLD, _ = trunk(params, config, x_BLD, sin_BLH, cos_BLH, mask_BL)
   else:

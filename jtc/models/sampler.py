@@ -145,13 +145,13 @@ def _choose(logits_RV, key, *, temperature, top_k, top_p, min_p, greedy):
 # The jitted sampler.
 
 _STATIC = ('config', 'num_samples', 'max_new_tokens', 'eos_ids', 'pad_id', 'temperature', 'top_k',
-           'top_p', 'min_p', 'greedy', 'block_size', 'layer_loop', 'cache_sharding')
+           'top_p', 'min_p', 'greedy', 'block_size', 'layer_loop', 'row_sharding')
 LAYER_LOOPS = ('auto', 'scan', 'unroll')
 
 
 def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_samples,
                  max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, min_p, greedy,
-                 block_size, layer_loop, cache_sharding=None):
+                 block_size, layer_loop, row_sharding=None):
   B, P = prompt_tokens_BP.shape
   G, T = num_samples, max_new_tokens
   R = B * G
@@ -161,9 +161,8 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
 
   # Prefill once per prompt; the prompt cache stays [B, ...], shared by each group of G rows.
   logits_BV, cache = decode.prefill(params, config, prompt_tokens_BP, prompt_mask_BP, num_samples=G,
-                                    max_new_tokens=T, block_size=block_size)
-  if cache_sharding is not None:  # the R rows over the batch axes, whatever B is
-    cache = jax.lax.with_sharding_constraint(cache, cache_sharding(cache))
+                                    max_new_tokens=T, block_size=block_size,
+                                    row_sharding=row_sharding)
   # Per-layer weights and caches sliced once, outside the loop, for an unrolled layer loop.
   decode_params = params
   if layer_loop == 'unroll':
@@ -198,7 +197,8 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
                                                        False)
     mask_R = prev(state.mask_RT)
     logits_RV, cache = decode.decode_step(decode_params, config, prev(state.completion_RT),
-                                          state.positions_R, state.cache, block_size=block_size)
+                                          state.positions_R, state.cache, block_size=block_size,
+                                          row_sharding=row_sharding)
     state = state.replace(logits_RV=logits_RV, positions_R=state.positions_R + mask_R, cache=cache)
     return sample_token(state)
 
@@ -220,7 +220,7 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
            rng: jax.Array, num_samples: int, max_new_tokens: int, eos_id: int | Sequence[int],
            pad_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            min_p: float = 0.0, greedy: bool = False, block_size: int | None = None,
-           layer_loop: str = 'auto', cache_sharding=None) -> SampleOutput:
+           layer_loop: str = 'auto', row_sharding=None) -> SampleOutput:
   """Sample `num_samples` completions for each of B left-padded prompts.
 
   Args:
@@ -241,10 +241,11 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
       loop over per-layer weights sliced once before decoding: XLA:CPU copies a dynamically
       sliced weight every step, so this is faster there, but compiles in time linear in depth),
       or 'auto' = 'unroll' on the CPU backend, else 'scan'.
-    cache_sharding: None (the cache follows the prompts' sharding), or a hashable function
-      from the `decode.GroupCache` to its shardings (`jtc.rl.sharding.CacheSharding`): the
-      completion cache's R rows then split over the mesh's batch axes even when the B prompts
-      cannot (B smaller than the devices). Same samples either way.
+    row_sharding: None (XLA's propagation places the activations and the cache, which then
+      follows the prompts), or a hashable function from values to their shardings
+      (`jtc.rl.sharding.RowSharding`) that the activations' rows and the cache are constrained
+      to: the completion cache's R rows then split over the mesh's batch axes even when the
+      B prompts cannot (B smaller than the devices). Same samples either way.
 
   Returns:
     `SampleOutput` with R = B * num_samples rows.
@@ -254,7 +255,7 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
                         max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
                         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                         greedy=greedy, block_size=block_size, layer_loop=layer_loop,
-                        cache_sharding=cache_sharding)
+                        row_sharding=row_sharding)
   chex.assert_equal_shape([prompt_tokens_BP, prompt_mask_BP])
   return _sample_jit(params, prompt_tokens_BP, prompt_mask_BP, rng, **static)
 
@@ -280,7 +281,7 @@ def sample_members(params, config: model_lib.ModelConfig, prompt_tokens_NBP, pro
 
 def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temperature=1.0,
                  top_k=0, top_p=1.0, min_p=0.0, greedy=False, block_size=None, layer_loop='auto',
-                 cache_sharding=None, platform=None):
+                 row_sharding=None, platform=None):
   """The sampler's static arguments, checked (a ValueError naming the bad one) and resolved."""
   V = config.vocab_size
   eos_ids = tuple(int(e) for e in (eos_id if isinstance(eos_id, (tuple, list)) else [eos_id]))
@@ -307,15 +308,15 @@ def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temp
               eos_ids=eos_ids, pad_id=int(pad_id), temperature=float(temperature), top_k=int(top_k),
               top_p=float(top_p), min_p=float(min_p), greedy=bool(greedy),
               block_size=resolve_block_size(block_size, max_new_tokens, platform),
-              layer_loop=resolve_layer_loop(layer_loop, platform), cache_sharding=cache_sharding)
+              layer_loop=resolve_layer_loop(layer_loop, platform), row_sharding=row_sharding)
 
 
 def _sample_members_impl(params, prompt_tokens_NBP, prompt_mask_NBP, rng_N, temperature_N,
                          **static):
   """`_sample_impl` vmapped over members; a traced per-member temperature when given. With a
-  ``cache_sharding`` the member axis of the cache goes over the mesh's 'population' axis."""
-  vmap = functools.partial(
-      jax.vmap, spmd_axis_name=None if static['cache_sharding'] is None else 'population')
+  ``row_sharding`` the members' axis goes over the mesh's 'population' axis."""
+  vmap = functools.partial(jax.vmap,
+                           spmd_axis_name=None if static['row_sharding'] is None else 'population')
   if temperature_N is None:
     one = lambda p, t, m, r: _sample_impl(p, t, m, r, **static)
     return vmap(one)(params, prompt_tokens_NBP, prompt_mask_NBP, rng_N)

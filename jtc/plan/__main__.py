@@ -50,8 +50,8 @@ def define_flags():
                     'Estimate for GPUs instead (not compiled for the GPU).')
   flags.DEFINE_integer('gpus', 8, 'With --gpu: the number of GPUs.')
   flags.DEFINE_bool(
-      'suggest', False, 'Search mesh / micro-batches / sampler chunks / remat for '
-      'the cheapest setting that fits.')
+      'suggest', False, 'Search mesh / micro-batches / sampler and scoring chunks / remat for '
+      'the cheapest setting that fits (exit 0 when one is found).')
   flags.DEFINE_list('stages', [], 'Only these stages (default: all).')
 
 
@@ -93,20 +93,23 @@ def main(argv):
     devices, platform, chip, where, compiled_for = target(FLAGS.gpu, FLAGS.gpus, FLAGS.topology,
                                                           FLAGS.num_slices)
     check_mesh(c, len(devices))
-    plan_fn = lambda cfg: planner.plan(cfg, devices, platform=platform, chip=chip, target=where,
-                                       compiled_for=compiled_for, only=FLAGS.stages, log=log)
-    result = plan_fn(c)
+    plan_fn = lambda cfg, **kw: planner.plan(cfg, devices, platform=platform, chip=chip, target=
+                                             where, compiled_for=compiled_for, only=FLAGS.stages,
+                                             log=log, **kw)
+    result = plan_fn(c, stop_early=FLAGS.suggest)  # --suggest needs the verdict only
   except ValueError as e:
     sys.exit(f'error: {e}')
   print(planner.format_table(result))
-  if FLAGS.suggest:
+  if FLAGS.suggest:  # exits 0 with a setting that fits, whether or not the config does
     model_config = stages_lib.model_config_for(c, platform)
     overrides, best = suggest_lib.suggest(c, plan_fn, len(devices), model_config, chip, log=log)
     if overrides is None:
       sys.exit('suggest: no candidate setting fits; try a larger slice')
+    print(planner.format_table(best))
     print(f'suggest: the cheapest fitting setting found ({best.step_seconds:.4g} s per step, '
           f'estimate; peak {best.worst.peak / hardware.GIB:.2f} GiB per chip):\n  '
           f'{suggest_lib.flags(overrides)}')
+    return
   verdict = result.verdict()
   if verdict:
     sys.exit(verdict)

@@ -8,7 +8,7 @@ of `jtc.rl.sharding`) + what the stage adds:
              x K/t kv heads x H x 2 (keys, values) in the compute dtype, plus the [R/r, V]
              float32 logits and the sampling filters' copies of them (4);
   behaviour  one layer's forward on rows/r sequences of L = P + T tokens (`_layer_bytes`), the
-             residual stream, and the vocabulary chunk's [T, C] float32 logits (3 live copies);
+             residual stream, and the vocabulary chunk's [T, C/t] float32 logits (3 live copies);
   update     the saved activations (remat: one [L, D] residual per layer and row; without:
              every layer's forward), one layer's backward (2 forwards), the vocabulary chunk
              forward and backward (4 copies), float32 gradients (and their accumulator over
@@ -136,6 +136,13 @@ class _Ctx:
     return np.dtype(self.m.jnp_param_dtype).itemsize
 
   @property
+  def vocab_chunk(self):
+    """Columns per chip of `logprobs.token_logprobs`'s vocabulary chunk (the head's vocabulary
+    is sharded over 'tensor')."""
+    C = min(VOCAB_CHUNK, self.m.vocab_size)
+    return C // _div(C, self.t)
+
+  @property
   def layer(self):
     """One layer's weights gathered over fsdp (and the next one's in flight)."""
     return self.n_params / self.m.n_layers / self.t * self.p * 2
@@ -179,7 +186,7 @@ def _scoring(x, c, rows):
   """(bytes, seconds) of one behaviour (or reference) pass over all the step's rows."""
   m = x.m
   P, T = c.data.prompt_width, c.rollout.sampling.max_new_tokens
-  r, C = _rows(rows, x.sizes), min(VOCAB_CHUNK, m.vocab_size)
+  r, C = _rows(rows, x.sizes), x.vocab_chunk
   nbytes = _layer_bytes(m, r, P + T, x.t) + r * (P + T) * m.d_model * x.d * 2 + 3 * r * T * C * 4
   all_rows = c.rollout.prompts_per_step * c.rollout.sampling.num_samples
   return nbytes, x.roof(x.flops(all_rows * (P + T), P + T), 0,
@@ -190,7 +197,7 @@ def _update(x, c, grads):
   """(bytes, seconds) of the update: every mini-batch's micro-batches."""
   m = x.m
   P, T = c.data.prompt_width, c.rollout.sampling.max_new_tokens
-  L, C = P + T, min(VOCAB_CHUNK, m.vocab_size)
+  L, C = P + T, x.vocab_chunk
   mb = update_lib.microbatch_prompts(c.optim) * c.rollout.sampling.num_samples
   n_micro = update_lib.num_microbatches(c.optim)
   r = _rows(mb, x.sizes)

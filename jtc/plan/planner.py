@@ -127,9 +127,12 @@ def _row(stage, lowered, compiled, seconds, chip, n_devices):
              roofline_seconds(costs, chip), in_total=stage.name != 'prefill')
 
 
-def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=None):
+def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=None,
+         stop_early=False):
   """Compiles the stages of config ``c`` on ``devices`` and returns a `Plan`. A stage the
-  compiler refuses for memory ends the plan with that refusal as its verdict."""
+  compiler refuses for memory ends the plan with that refusal as its verdict; with
+  ``stop_early`` so does the first stage that does not fit (`--suggest`: the rest need not
+  compile)."""
   setup, stages = stages_lib.build(c, devices, platform)
   resident = {
       'params': setup.params_bytes,
@@ -153,6 +156,8 @@ def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=Non
     result.rows.append(row)
     if log:
       log(f'compiled {stage.name} in {seconds:.1f} s: peak {row.peak / GIB:.2f} GiB per chip')
+    if stop_early and row.peak > result.capacity:
+      break
   return result
 
 

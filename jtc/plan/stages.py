@@ -193,7 +193,7 @@ def sampler_stage(setup_, name, sampling, model_config, *, platform, calls, B):
   P = setup_.c.data.prompt_width
   fn, static = sampler_lib.program(model_config, P, members=pop.batched, platform=platform,
                                    eos_id=setup_.ids[0], pad_id=setup_.ids[1],
-                                   cache_sharding=sharding_lib.CacheSharding(mesh), **sampling)
+                                   row_sharding=sharding_lib.RowSharding(mesh), **sampling)
   args = (setup_.state.params, _batch_sds(mesh, (B, P), jnp.int32,
                                           pop), _batch_sds(mesh, (B, P), jnp.int32,
                                                            pop), _keys(pop))
@@ -212,14 +212,8 @@ def prefill_stage(setup_, model_config, *, platform, calls):
   block = sampler_lib.resolve_block_size(None, T, platform)
   prefill = functools.partial(decode.prefill, config=model_config,
                               num_samples=c.rollout.sampling.num_samples, max_new_tokens=T,
-                              block_size=block)
-  cache_sharding = sharding_lib.CacheSharding(mesh)
-
-  def one(params, tokens_BP, mask_BP):
-    logits_BV, cache = prefill(params, prompt_tokens_BP=tokens_BP, prompt_mask_BP=mask_BP)
-    return logits_BV, jax.lax.with_sharding_constraint(cache, cache_sharding(cache))
-
-  fn = jax.jit(jax.vmap(one, spmd_axis_name='population') if pop.batched else one)
+                              block_size=block, row_sharding=sharding_lib.RowSharding(mesh))
+  fn = jax.jit(pop.map(lambda p, t, m: prefill(p, prompt_tokens_BP=t, prompt_mask_BP=m), spmd=True))
   args = (setup_.state.params, _batch_sds(mesh, (B, P), jnp.int32,
                                           pop), _batch_sds(mesh, (B, P), jnp.int32, pop))
   return Stage('prefill', fn, args, {}, calls, resident_other=setup_.resident('params'))
@@ -232,18 +226,17 @@ def scoring_stages(setup_, infer_config):
   rows = (rollout_lib.score_chunk_prompts(c.rollout) or c.rollout.prompts_per_step) * G
   calls = c.rollout.prompts_per_step * G / rows
   delta = c.token_weights == 'delta'
-  fn = setup_.fns.get('behaviour') or rollout_lib.jit_behaviour(infer_config, completion_start=P,
-                                                                return_hidden=delta, population=pop)
+  # One function for both passes, as the trainer scores the reference with its behaviour pass.
+  fn = setup_.fns.get('behaviour') or rollout_lib.jit_behaviour(
+      infer_config, completion_start=P, return_hidden=delta, population=pop, mesh=mesh)
   tokens = _batch_sds(mesh, (rows, P + T), jnp.int32, pop)
   stages = [
       Stage('behaviour', fn, (setup_.state.params, tokens, tokens), {},
             calls * (2 if c.rollout.policy_lag else 1), resident_other=setup_.resident('params'))
   ]
   if setup_.ref_params is not None:
-    ref_fn = setup_.fns.get('behaviour') or rollout_lib.jit_behaviour(
-        infer_config, completion_start=P, return_hidden=False, population=pop)
     stages.append(
-        Stage('reference', ref_fn, (setup_.ref_params, tokens, tokens), {}, calls,
+        Stage('reference', fn, (setup_.ref_params, tokens, tokens), {}, calls,
               resident_other=setup_.resident('reference')))
   if delta:
     weighter = token_weights.PLUGINS['delta'].from_config(c.delta, group_size=G,

@@ -20,9 +20,9 @@ def _divisors(n):
   return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidates(c, n_devices, model_config, chip):
-  """[(estimate, {override: value})] of the settings that can fit ``chip``, cheapest
-  (estimated step time) first."""
+def candidates(c, n_devices, model_config, chip, fit_only=True):
+  """[(estimate, {override: value})] of the settings that can fit ``chip`` (all of them without
+  ``fit_only``), cheapest (estimated step time) first."""
   G = c.rollout.sampling.num_samples
   tensors = [t for t in (1, 2, 4, 8) if n_devices % t == 0 and model_config.n_kv_heads % t == 0]
   prompts = _divisors(c.rollout.prompts_per_step)
@@ -52,7 +52,7 @@ def candidates(c, n_devices, model_config, chip):
       }
       set_in(work, overrides)
       est = estimate_lib.estimate(work, m, sizes, chip)
-      if est.peak <= chip.hbm_bytes:
+      if est.peak <= chip.hbm_bytes or not fit_only:
         out.append((est, overrides))
   # Ties (the same estimated time) go to the smaller estimated peak: the likelier to fit.
   return sorted(out, key=lambda x: (x[0].seconds, x[0].peak))
@@ -91,7 +91,7 @@ def suggest(c, plan_fn, n_devices, model_config, chip, *, max_compiles=4, log=pr
   log(f'suggest: {len(found)} settings can fit by the analytic estimate; compiling the '
       f'cheapest (at most {max_compiles})')
   for est, overrides in found[:max_compiles]:
-    p = plan_fn(apply(c, overrides))
+    p = plan_fn(apply(c, overrides), stop_early=True)
     log(f'suggest: {flags(overrides)}: estimated {est.peak / 2**30:.2f} GiB, {est.seconds:.4g} s; '
         + ('compiled: fits' if p.fits else f'compiled: {p.verdict()}'))
     if p.fits:

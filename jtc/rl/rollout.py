@@ -81,7 +81,7 @@ class Generator:
   call (0 = all at once); ``population``: the members whose policies sample together (the
   functions below take and return one value per member, `population_lib.Population`);
   ``mesh``: the devices' mesh, over whose batch axes the sampler splits its KV cache's rows
-  (`sharding_lib.CacheSharding`; None: the cache follows the prompts' sharding).
+  (`sharding_lib.RowSharding`; None: the cache follows the prompts' sharding).
   """
   model_config: model_lib.ModelConfig
   tokenizer: Any
@@ -131,9 +131,8 @@ class Generator:
     ]
     tokens_BP = self.to_device(pop.stack([t for t, _ in encoded]))
     mask_BP = self.to_device(pop.stack([m for _, m in encoded]))
-    kwargs = dict(
-        sampling, eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id,
-        cache_sharding=None if self.mesh is None else sharding_lib.CacheSharding(self.mesh))
+    kwargs = dict(sampling, eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id,
+                  row_sharding=None if self.mesh is None else sharding_lib.RowSharding(self.mesh))
     if temperature is not None:
       kwargs['temperature'] = temperature if pop.batched else float(temperature)
     sample = sampler_lib.sample_members if pop.batched else sampler_lib.sample
@@ -256,21 +255,25 @@ def overlong_shaping(lengths_B, *, max_new_tokens, buffer, penalty):
 
 
 def behaviour_pass(params, tokens_BL, input_mask_BL, *, model_config, completion_start,
-                   return_hidden):
+                   return_hidden, row_sharding=None):
   """Log-probs [B, T] (and hidden states [B, T, D] when asked) of the rollouts: one forward
   pass, no gradient. Jit with everything but the arrays static."""
   return logprobs.sequence_logprobs(params, model_config, tokens_BL, input_mask_BL,
-                                    completion_start=completion_start, return_hidden=return_hidden)
+                                    completion_start=completion_start, return_hidden=return_hidden,
+                                    row_sharding=row_sharding)
 
 
 def jit_behaviour(model_config, *, completion_start, return_hidden,
-                  population=population_lib.SINGLE):
+                  population=population_lib.SINGLE, mesh=None):
   """`behaviour_pass` jitted (and mapped over a population's members): fn(params, tokens_BL,
-  input_mask_BL) -> {'logps', 'entropy'(, 'hidden')}."""
+  input_mask_BL) -> {'logps', 'entropy'(, 'hidden')}; with a ``mesh``, the activations' rows
+  over its batch axes (`sharding_lib.RowSharding`)."""
+  row_sharding = None if mesh is None else sharding_lib.RowSharding(mesh)
   return jax.jit(
       population.map(
           functools.partial(behaviour_pass, model_config=model_config,
-                            completion_start=completion_start, return_hidden=return_hidden)))
+                            completion_start=completion_start, return_hidden=return_hidden,
+                            row_sharding=row_sharding), spmd=mesh is not None))
 
 
 def score_chunk_prompts(rollout):

@@ -159,14 +159,20 @@ def cache_shardings(cache, mesh: Mesh):
 
 
 @dataclasses.dataclass(frozen=True)
-class CacheSharding:
-  """cache -> `cache_shardings(cache, mesh)`, hashable (equal meshes, equal instances): the
-  sampler's static ``cache_sharding``, so that its completion cache splits its R = B x G rows
-  over the batch axes (and kv heads over 'tensor') even when the B prompts cannot."""
+class RowSharding:
+  """tree -> its shardings with the rows over the batch axes: a `decode.GroupCache` by
+  `cache_shardings`, every other leaf [B, ...] by `batch_sharding`. Hashable (equal meshes,
+  equal instances), so jitted model code takes it as a static ``row_sharding`` and constrains
+  its activations and KV cache to it: the rows split over (data, fsdp) even where XLA's
+  propagation would follow the parameters' fsdp-sharded model dimension instead (which
+  replicates the rows), and the sampler's R = B x G cache rows split even when the B prompts
+  cannot. Inside a vmap over a population's members, vmap with spmd_axis_name='population'."""
   mesh: Mesh
 
-  def __call__(self, cache):
-    return cache_shardings(cache, self.mesh)
+  def __call__(self, tree):
+    if isinstance(tree, decode.GroupCache):
+      return cache_shardings(tree, self.mesh)
+    return jax.tree_util.tree_map(lambda x: batch_sharding(self.mesh, x.shape), tree)
 
 
 def host_local_to_global(tree, mesh: Mesh):

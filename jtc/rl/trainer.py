@@ -163,8 +163,9 @@ class Trainer:
   def _build_jits(self, infer_config, optimizer):
     c, pop = self.c, self.pop
     self._behaviour = rollout_lib.jit_behaviour(
-        infer_config, completion_start=self.P,
-        return_hidden=bool(self.weighter and self.weighter.needs_hidden), population=pop)
+        infer_config, completion_start=self.P, return_hidden=bool(self.weighter and
+                                                                  self.weighter.needs_hidden),
+        population=pop, mesh=self.mesh)
     self._minibatch, self._update = update_lib.jit_minibatch_and_update(
         c, self.model_config, optimizer, self.mesh, self.state_sh, pop)
 

@@ -262,7 +262,7 @@ def _combine_metrics(metrics_n, w_n):
 
 
 def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_name, loss_hparams,
-                completion_start, group_size, optim=None):
+                completion_start, group_size, optim=None, row_sharding=None):
   """One optimiser step on a mini-batch of whole groups; returns (state, metrics).
 
   ``batch`` is a `Batch` with leaves [n, B/n, ...]: n micro-batches of whole groups. Their
@@ -270,7 +270,8 @@ def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_nam
   update equals the one on the un-split mini-batch while holding the activations of one
   micro-batch. Metrics: the loss's (`objectives.compute_loss`) plus loss, grad / update / param
   l2 norms and, given the ``optim`` config section, the norm of AdamW's direction before the
-  learning rate (`adam_direction_norm`, 'adam_step_norm'). ``hparams``: a population member's traced values of the varied keys
+  learning rate (`adam_direction_norm`, 'adam_step_norm'). ``row_sharding``: the activations'
+  rows constrained to it (`logprobs.sequence_logprobs`). ``hparams``: a population member's traced values of the varied keys
   ('loss.hparams.<k>' override ``loss_hparams``; 'optim.learning_rate' is passed to
   ``optimizer``, then a function learning_rate -> optimiser, e.g. a partial `make_optimizer`).
   """
@@ -287,7 +288,7 @@ def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_nam
 
   def loss_fn(params, mb):
     out = logprobs.sequence_logprobs(params, model_config, mb.tokens, mb.input_mask,
-                                     completion_start=completion_start)
+                                     completion_start=completion_start, row_sharding=row_sharding)
     return objectives.compute_loss(loss_name, logps=out['logps'], old_logps=mb.old_logps,
                                    advantages=mb.advantages, mask=mb.mask, group_size=group_size,
                                    ref_logps=mb.ref_logps, token_weights=mb.token_weights,
@@ -346,8 +347,9 @@ def jit_minibatch_and_update(c, model_config, optimizer, mesh, state_shardings,
           functools.partial(update_step, model_config=model_config, optimizer=optimizer,
                             loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
                             completion_start=c.data.prompt_width,
-                            group_size=c.rollout.sampling.num_samples, optim=c.optim)),
-      in_shardings=(state_shardings, minibatch_sh, state_shardings.step),
+                            group_size=c.rollout.sampling.num_samples, optim=c.optim,
+                            row_sharding=sharding_lib.RowSharding(mesh)),
+          spmd=True), in_shardings=(state_shardings, minibatch_sh, state_shardings.step),
       out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=(0,))
   return minibatch_fn, update_fn
 
