@@ -31,15 +31,18 @@ def get_config(arg=None):
   c.optim.minibatch_prompts = 32  # Appendix I: mini-batch size 32
   c.optim.microbatch_prompts = 1  # 32 sequences of <= 32k tokens per backward pass
   c.rollout.chunk_prompts = 32  # every prompt in one sampler call: its KV cache splits over fsdp
+  # The behaviour pass 4 prompts (128 rows of 32k tokens) at a time: all 1024 rows at once would
+  # hold ~8x the activations (planned: 16.6 GiB per chip on v5p-256 at 4 prompts).
+  c.rollout.score_chunk_prompts = 4
   c.data.prompt_width = 1024
   c.rollout.sampling.max_new_tokens = 31_744  # 32k context: prompt + completion = 32,768
   c.eval.sampling.max_new_tokens = 31_744
   c.eval.problems = 30  # AIME 2025 has 30 problems
   c.eval.sampling.num_samples = 32  # avg@32, as the paper reports
   c.eval.every = 20
-  # Planned for a v5p-256 (128 chips): parameters and AdamW state over fsdp x tensor, the
-  # batch (and the sampler's 1 TB of 32k-token KV cache per 32 rows) over fsdp, kv heads over
-  # tensor.
+  # Planned for a v5p-256 (128 chips; python -m jtc.plan --topology v5p-256): parameters and
+  # AdamW state over fsdp x tensor, every batch's rows (and the sampler's 7.75 TiB of 32k-token KV
+  # cache for 1024 rows) over fsdp, kv heads over tensor.
   c.mesh.data = 1
   c.mesh.fsdp = -1
   c.mesh.tensor = 4

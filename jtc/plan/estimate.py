@@ -111,7 +111,7 @@ def state_bytes(c, model_config, sizes):
 
 
 @dataclasses.dataclass
-class _Ctx:
+class Context:
   """What every stage's estimate needs: the model, mesh sizes, chip and derived constants."""
   m: object
   sizes: dict
@@ -169,13 +169,31 @@ class _Ctx:
     return tokens * (2 * self.n_params + 2 * m.n_layers * m.n_heads * m.head_dim * L)
 
 
+def kv_cache_bytes(x, B, G, P, T):
+  """The sampler's `decode.GroupCache` per chip: B prompts' P slots and B x G rows' T slots
+  (rounded up to blocks of 128 on an accelerator) of keys and values, every layer."""
+  m = x.m
+  r, b = _rows(B * G, x.sizes), _rows(B, x.sizes)
+  kv = m.n_kv_heads // _div(m.n_kv_heads, x.t)
+  T_pad = T if x.chip.platform == 'cpu' else -(-T // min(128, T)) * min(128, T)
+  return m.n_layers * kv * m.head_dim * 2 * x.d * (r * T_pad + b * P)
+
+
+def context(c, model_config, sizes, chip):
+  """The `Context` of config ``c`` on a mesh of ``sizes`` of ``chip``s."""
+  return Context(model_config, sizes, chip, sum(state_bytes(c, model_config, sizes).values()),
+                 _n_params(model_config))
+
+
+def _n_params(model_config):
+  return sum(math.prod(s) for s, _ in _param_shapes(model_config))
+
+
 def _sampler(x, B, G, P, T):
   """(bytes per chip without the state, seconds) of one sampler call of B prompts x G."""
   m = x.m
   r, b = _rows(B * G, x.sizes), _rows(B, x.sizes)
-  kv = m.n_kv_heads // _div(m.n_kv_heads, x.t)
-  T_pad = -(-T // min(128, T)) * min(128, T)
-  cache = m.n_layers * kv * m.head_dim * 2 * x.d * (r * T_pad + b * P)
+  cache = kv_cache_bytes(x, B, G, P, T)
   nbytes = cache + r * m.vocab_size * 4 * 4 + _layer_bytes(m, b, P, x.t)
   per_token = x.roof(2 * x.n_params * B * G, x.n_params * x.p / x.t + cache / 2,
                      x.gather + x.activations(B * G))
@@ -219,8 +237,7 @@ def estimate(c, model_config, sizes, chip) -> Estimate:
   pop = population_lib.Population.of(c)
   members = pop.n // sizes['population'] if pop.batched else 1
   state = state_bytes(c, model_config, sizes)
-  x = _Ctx(model_config, sizes, chip, sum(state.values()),
-           sum(math.prod(s) for s, _ in _param_shapes(model_config)))
+  x = Context(model_config, sizes, chip, sum(state.values()), _n_params(model_config))
   G, P = c.rollout.sampling.num_samples, c.data.prompt_width
   B = c.rollout.chunk_prompts or c.rollout.prompts_per_step
   out, seconds = {}, 0.0

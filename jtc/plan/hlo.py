@@ -190,9 +190,10 @@ class Costs:
     return sum(self.collective_bytes.values())
 
 
-def program_costs(text, unknown_trips=()):
-  """`Costs` of the optimised HLO ``text``; ``unknown_trips[d]`` is the trip count of a
-  non-constant loop at depth d among such loops (1 past the end of the tuple)."""
+def program_costs(text, unknown_trips=(), trip_counts=True):
+  """`Costs` of the HLO ``text``; ``unknown_trips[d]`` is the trip count of a non-constant loop
+  at depth d among such loops (1 past the end of the tuple). ``trip_counts=False`` counts every
+  loop body once, as XLA's `cost_analysis()` does (the tests' known negative)."""
   comps, entry = parse(text)
   mult = collections.defaultdict(float)
   costs = Costs()
@@ -222,7 +223,7 @@ def program_costs(text, unknown_trips=()):
           costs.unknown_loops += 1
           trips = unknown_trips[depth] if depth < len(unknown_trips) else 1
           d = depth + 1
-        visit(body, m * trips, d)
+        visit(body, m * trips if trip_counts else m, d)
       else:
         for callee in re.findall(r'(?:calls|to_apply|branch_computations)=\{?%?([\w.\-]+)',
                                  ins.rest):

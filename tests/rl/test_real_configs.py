@@ -147,11 +147,11 @@ def even_length_reward(prompts, completions, answers):
   return np.asarray([len(c) % 2 == 0 for c in completions], np.float32)
 
 
-# The Llama and DAPO smoke runs are slow-only (CI time); the HF import tests cover Llama and the
-# 8B DelTA config covers the 8B math task.
+# The Llama, DAPO and 32B smoke runs are slow-only (CI time); the HF import tests cover Llama,
+# the 8B DelTA config covers the 8B math task and the 0.6B config DFPO Min-Replace (the 32B's).
 SMOKE = [
-    pytest.param(n, marks=pytest.mark.slow) if n in ('llama3_1b_gsm8k_grpo',
-                                                     'qwen3_8b_math_dapo') else n for n in REAL
+    pytest.param(n, marks=pytest.mark.slow) if n in ('llama3_1b_gsm8k_grpo', 'qwen3_8b_math_dapo',
+                                                     'qwen3_32b_aime_dfpo') else n for n in REAL
 ]
 
 
