@@ -55,32 +55,15 @@ TINY = {
     'data.prompt_width': 160,
     'eval.sampling.max_new_tokens': 8,
 }
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-                 '<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n'
-                 '{% endif %}')
 
 
 def write_checkpoint(path, tiny):
   """A random Qwen3-0.6B-shaped (or tiny) checkpoint written by `transformers`, with a
   byte-level tokenizer (ids past its vocabulary decode to nothing)."""
-  import tokenizers  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
-  from tokenizers import decoders, models, pre_tokenizers  # pylint: disable=import-outside-toplevel
-  vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-  tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-  tok.decoder = decoders.ByteLevel()
-  tok.add_special_tokens(['<|endoftext|>', '<|im_start|>', '<|im_end|>'])
-  os.makedirs(path, exist_ok=True)
-  tok.save(os.path.join(path, 'tokenizer.json'))
-  with open(os.path.join(path, 'tokenizer_config.json'), 'w') as f:
-    json.dump(
-        {
-            'eos_token': '<|im_end|>',
-            'pad_token': '<|endoftext|>',
-            'chat_template': CHAT_TEMPLATE
-        }, f)
+  from jtc.models import tokenizer  # pylint: disable=import-outside-toplevel
+  tokenizer.write_byte_level_hf(path)
   sizes = (dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, intermediate_size=128) if tiny else
            dict(vocab_size=151_936, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,

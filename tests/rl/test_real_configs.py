@@ -36,10 +36,6 @@ REAL = sorted(
     os.path.basename(p)[:-3]
     for p in glob.glob(os.path.join(REPO, 'configs', 'real', '*.py'))
     if os.path.basename(p) not in ('__init__.py', 'base.py'))
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-                 '<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n'
-                 '{% endif %}')
-SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>']
 
 
 @pytest.fixture(scope='module', autouse=True)
@@ -61,23 +57,7 @@ def compilation_cache(tmp_path_factory):
 
 def write_tiny_hf_checkpoint(path, *, arch='qwen3'):
   """A random tiny Qwen3 (or Llama) checkpoint + byte-level tokenizer in the HF layout."""
-  import tokenizers  # pylint: disable=import-outside-toplevel
-  from tokenizers import decoders, models, pre_tokenizers  # pylint: disable=import-outside-toplevel
-  alphabet = pre_tokenizers.ByteLevel.alphabet()
-  vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-  tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-  tok.decoder = decoders.ByteLevel()
-  tok.add_special_tokens(SPECIALS)
-  os.makedirs(path, exist_ok=True)
-  tok.save(os.path.join(path, 'tokenizer.json'))
-  with open(os.path.join(path, 'tokenizer_config.json'), 'w') as f:
-    json.dump(
-        {
-            'eos_token': '<|im_end|>',
-            'pad_token': '<|endoftext|>',
-            'chat_template': CHAT_TEMPLATE
-        }, f)
+  tokenizer_lib.write_byte_level_hf(path)
   extra = dict(qk_norm=True) if arch == 'qwen3' else dict(qk_norm=False)
   config = model_lib.ModelConfig.tiny(vocab_size=272, n_layers=2, d_ff=256, **extra)
   params = model_lib.init_params(config, jax.random.key(0))
