@@ -80,14 +80,10 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
   # logits are computed (never [B, P, V]).
   logits_BV = model_lib.logits(params, c, model_lib.final_norm(params, x_BPD[:, -1:], c))[:, 0]
   Y, R, K, H = c.n_layers, B * num_samples, c.n_kv_heads, c.head_dim
-  # Zeros computed from the rows (the last prompt column is real in every row) rather than a
-  # constant: they inherit the prompts' sharding over the rows, so a sharded batch keeps its
-  # completion cache sharded instead of every device holding all R rows.
-  zero_R = jnp.repeat(prompt_mask_BP[:, -1] > 1, num_samples).astype(c.jnp_dtype)
-  zeros = lambda *shape: jnp.broadcast_to(zero_R[None, :, None, None, None], (Y, R) + shape)
   cache = GroupCache(prompt_k=k_YBKPH.astype(c.jnp_dtype), prompt_v=v_YBKPH.astype(c.jnp_dtype),
-                     prompt_mask_BP=prompt_mask_BP.astype(bool), k=zeros(K, H, T_pad),
-                     v=zeros(K, T_pad, H), length=jnp.zeros((), jnp.int32))
+                     prompt_mask_BP=prompt_mask_BP.astype(bool), k=jnp.zeros(
+                         (Y, R, K, H, T_pad), c.jnp_dtype), v=jnp.zeros(
+                             (Y, R, K, T_pad, H), c.jnp_dtype), length=jnp.zeros((), jnp.int32))
   return logits_BV, model_lib.constrain_rows(cache, row_sharding)
 
 

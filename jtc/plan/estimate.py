@@ -11,15 +11,16 @@ of `jtc.rl.sharding`) + what the stage adds:
              residual stream, and the vocabulary chunk's [T, C/t] float32 logits (3 live copies);
   update     the saved activations (remat: one [L, D] residual per layer and row; without:
              every layer's forward), one layer's backward (2 forwards), the vocabulary chunk
-             forward and backward (4 copies), float32 gradients (and their accumulator over
-             micro-batches), the mini-batch's arrays;
+             forward and backward (4 copies), float32 gradients, their accumulator over
+             micro-batches and AdamW's updates, the mini-batch's arrays;
 with r the rows' shards over (data, fsdp) and t the tensor shards where they divide (as
 `sharding.logical_to_spec` places them). Each stage also all-gathers one layer's weights.
 
 Times are roofline estimates at the chip's published peaks (`hardware.CHIPS`): per stage the
 slowest of FLOPs (2 N per token forward, + 2 Y N_heads H L per token of causal attention;
 backward 2x, remat + 1x), HBM traffic (a decode step reads the weights and the live half of its
-cache) and the fsdp all-gathers / reduce-scatters of the weights over the interconnect.
+cache) and the interconnect: fsdp's all-gathers of the weights (every pass over the layers,
+every decode step) and tensor parallelism's two all-reduces of [tokens, D] per layer.
 
 These are estimates to rank and filter candidates, not a verdict: the planner compiles the
 winner (`planner.plan`), whose `memory_analysis()` decides. docs/scaling.md compares the two.
