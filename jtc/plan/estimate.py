@@ -35,6 +35,7 @@ import jax
 import numpy as np
 
 from jtc.models import model as model_lib
+from jtc.plan import stages
 from jtc.rl import population as population_lib
 from jtc.rl import rollout as rollout_lib
 from jtc.rl import sharding as sharding_lib
@@ -99,9 +100,7 @@ def state_bytes(c, model_config, sizes):
   members = pop.n // sizes['population'] if pop.batched else 1
   elems = members * sum(shard_elements(s, a, sizes) for s, a in _param_shapes(model_config))
   p = np.dtype(model_config.jnp_param_dtype).itemsize
-  kl = any(
-      dict(m.values).get('loss.hparams.kl_coef', c.loss.hparams.get('kl_coef'))
-      for m in pop.members)
+  kl = stages.keeps_reference(c, pop)
   ref = np.dtype(c.policy.ref_param_dtype or model_config.param_dtype).itemsize
   return {
       'params': elems * p,

@@ -153,6 +153,13 @@ class Setup:
     return sum(v for k, v in parts.items() if k not in args_of_stage)
 
 
+def keeps_reference(c, pop) -> bool:
+  """Whether the trainer keeps a frozen KL reference: some member's kl_coef > 0."""
+  return any(
+      dict(m.values).get('loss.hparams.kl_coef', c.loss.hparams.get('kl_coef'))
+      for m in pop.members)
+
+
 def setup(c, devices, platform: str, model_config=None) -> Setup:
   """The abstract train state of config ``c`` on ``devices`` (as `Trainer._build` places it);
   ``model_config`` defaults to `model_config_for` (the trainer passes its own)."""
@@ -174,11 +181,8 @@ def setup(c, devices, platform: str, model_config=None) -> Setup:
   state = _abstract(update_lib.TrainState(step=step, params=params, opt_state=opt_state), state_sh)
   if 'optim.learning_rate' in pop.varied():
     optimizer = functools.partial(update_lib.make_optimizer, c.optim, total_updates)
-  kl = [
-      dict(m.values).get('loss.hparams.kl_coef', c.loss.hparams.get('kl_coef')) for m in pop.members
-  ]
   ref_params = None
-  if any(kl):
+  if keeps_reference(c, pop):
     dtype = jnp.dtype(c.policy.ref_param_dtype or model_config.param_dtype)
     ref_params = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else
