@@ -35,6 +35,9 @@ BEGIN, END = '<!-- plan table: begin -->', '<!-- plan table: end -->'
 SLICES = ('v5e-8', 'v5e-64', 'v5p-64', 'v6e-16')
 POPULATIONS = (8, 4, 2)
 MAX_COMPILES = 3  # settings `suggest` compiles per row at most
+# Every stage but the prefill, which the sample stage's program contains (its own row in a plan
+# only shows the prompts' part).
+STAGES = ('sample', 'behaviour', 'reference', 'delta', 'update', 'eval')
 
 
 def rows():
@@ -87,7 +90,8 @@ def plan_row(path, slice_name, overrides, log):
   chip = hardware.chip_of(name)
   model_config = stages_lib.model_config_for(c, 'tpu')
   plan_fn = lambda cfg, **kw: planner.plan(cfg, devices, platform='tpu', chip=chip, target=
-                                           slice_name, compiled_for='libtpu', log=log, **kw)
+                                           slice_name, compiled_for='libtpu', log=log, only=STAGES,
+                                           **kw)
   est = _estimate(c, model_config, len(devices), chip)
   if est is None:
     note = 'as configured: its mesh or batch does not split over the slice'
