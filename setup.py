@@ -36,9 +36,13 @@ setuptools.setup(
         'cuda': ['jax[cuda12]'],  # NVIDIA GPUs, CUDA 12 wheels (driver >= 525)
         'cuda13': ['jax[cuda13]'],  # NVIDIA GPUs, CUDA 13 wheels
         'tpu': ['jax[tpu]'],  # Cloud TPU VMs (libtpu)
+        # `python -m jtc.plan`: libtpu compiles for TPU slices without the hardware. Kept out of
+        # the default install: with it, jax's start-up on a CPU machine prints libtpu errors.
+        'plan': ['jax[tpu]'],
         # The viewer for the TensorBoard event files the trainer writes (tensorboardX).
         'tensorboard': ['tensorboard>=2.16'],
         'test': [
+            'jax[tpu]',  # tests/plan: the planner's deviceless TPU compiles (the plan extra)
             'pytest>=8',
             'pytest-xdist>=3.5',  # the README's test command runs the suite on 2 workers
             'yapf==0.43.0',  # tests/test_style.py: the one code style (.style.yapf)

@@ -96,6 +96,12 @@ def get_config(arg=None):
   c.policy.compute_dtype = ''  # matmuls (log-probs are float32 whatever this is)
   c.policy.remat = False  # jax.checkpoint every Transformer block in the update
   c.policy.ref_param_dtype = ''  # dtype of the frozen KL reference (kept only if kl_coef > 0)
+  # The trunk's attention (jtc.models.attention): auto | dense | blockwise | splash; 'auto' picks
+  # for the devices that run it (CPU: dense; TPU, GPU: blockwise, no [L, L] scores).
+  c.policy.attention = 'auto'
+  # A ModelConfig preset (e.g. 'qwen3_8b') `python -m jtc.plan` plans with when no checkpoint
+  # is given: the architecture without the weights.
+  c.policy.preset = ''
 
   c.data = ConfigDict()
   c.data.task = 'arithmetic'  # a name from jtc.data.tasks
@@ -112,6 +118,9 @@ def get_config(arg=None):
   c.rollout = ConfigDict()
   c.rollout.prompts_per_step = 16  # groups per RL step
   c.rollout.chunk_prompts = 0  # prompts per sampler / scoring call (0 = all at once)
+  # Prompts per behaviour / reference pass when it must differ from the sampler's chunk (a
+  # 32k-token forward pass holds far more activations per row than a decode step): 0 = chunk_prompts.
+  c.rollout.score_chunk_prompts = 0
   c.rollout.behaviour_logps = 'recompute'  # recompute | sampler: old log-probs for the ratios
   # Rollout-training mismatch correction (jtc.objectives.corrections): none | tis | mis | icepop |
   # seq_tis | seq_mask, weighing the recomputed behaviour policy against the sampler's.

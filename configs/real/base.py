@@ -66,6 +66,7 @@ def smoke(c):
   c.optim.minibatch_prompts = 2
   c.optim.microbatch_prompts = 1  # exercises gradient accumulation
   c.rollout.chunk_prompts = 1  # ... and chunked sampling / scoring
+  c.rollout.score_chunk_prompts = 0  # scoring chunked as sampling
   c.data.prompt_width = 160
   c.rollout.sampling.max_new_tokens = 12
   c.eval.sampling.max_new_tokens = 12

@@ -25,6 +25,7 @@ def get_config(arg=None):
   c = base.get_config(None)
   common.set_loss(c, 'grpo')
   c.advantage.name = 'grpo'
+  c.policy.preset = 'llama3_1b'  # the architecture `python -m jtc.plan` plans without weights
   c.num_steps = 200
   c.rollout.prompts_per_step = 64
   c.optim.microbatch_prompts = 4

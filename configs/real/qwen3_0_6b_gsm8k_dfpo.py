@@ -18,15 +18,22 @@ def get_config(arg=None):
   c = base.get_config(None)
   common.set_loss(c, 'dfpo_min_replace', eps_low=3e-4, eps_high=4e-4)
   c.advantage.name = 'grpo'
+  c.policy.preset = 'qwen3_0_6b'  # the architecture `python -m jtc.plan` plans without weights
   c.num_steps = 200
   c.rollout.prompts_per_step = 64  # 64 prompts x 32 rollouts = 2048 sequences per step
-  c.optim.microbatch_prompts = 4  # 128 sequences of <= 1280 tokens per backward pass
-  c.rollout.chunk_prompts = 32  # 32 x 32 rows of <= 1280 tokens per sampler call
+  # Planned to fit a v5e-4 (16 GiB chips; python -m jtc.plan --topology v5e:2x2); the smaller
+  # micro-batches and sampler calls (were 4 prompts and 32) are the lead's accepted change:
+  c.optim.microbatch_prompts = 1  # 32 sequences of <= 1280 tokens per backward pass
+  c.rollout.chunk_prompts = 4  # 4 x 32 rows per sampler call: a 15 GB bf16 KV cache in all
   c.data.prompt_width = 256  # GSM8K question + chat template + suffix
   c.rollout.sampling.max_new_tokens = 1024
   c.eval.sampling.max_new_tokens = 1024
-  c.mesh.data = -1  # 0.6B fits on every device: pure data parallelism
-  c.mesh.fsdp = 1
+  # Parameters and AdamW state sharded over every device (on one device: as data parallelism).
+  # Replicated (data = -1), their 6.7 GiB per chip and an update's gradients and activations
+  # need 16.84 GiB, over a v5e chip's 16 (planned); on 80 GB GPUs data = -1 is faster (no
+  # all-gather of the weights in every decode step).
+  c.mesh.data = 1
+  c.mesh.fsdp = -1
   if args.get('smoke'):
     base.smoke(c)
   return c

@@ -21,6 +21,7 @@ def get_config(arg=None):
   c = base.get_config(None)
   common.set_loss(c, 'dapo', eps_low=0.2, eps_high=0.28, aggregation='token_mean')
   c.advantage.name = 'grpo'
+  c.policy.preset = 'qwen3_8b'  # the architecture `python -m jtc.plan` plans without weights
   c.num_steps = 300
   c.rollout.prompts_per_step = 128  # 128 x 32 = 4096 rollouts; 4 optimiser steps per RL step
   c.optim.microbatch_prompts = 1  # 32 sequences of <= 9216 tokens per backward pass

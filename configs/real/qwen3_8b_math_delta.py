@@ -21,6 +21,7 @@ def get_config(arg=None):
   common.set_loss(c, 'delta', eps_low=0.2, eps_high=0.28)
   c.token_weights = 'delta'  # the DelTA coefficients, options in c.delta
   c.advantage.name = 'grpo'
+  c.policy.preset = 'qwen3_8b'  # the architecture `python -m jtc.plan` plans without weights
   c.delta.lam_min = 0.8
   c.delta.lam_max = 1.2
   c.delta.num_refine = 1

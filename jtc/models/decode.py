@@ -54,7 +54,7 @@ class GroupCache:
 
 
 def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, num_samples: int,
-            max_new_tokens: int, block_size: int = 128):
+            max_new_tokens: int, block_size: int = 128, row_sharding=None):
   """Runs the left-padded prompts once and builds the sampler's `GroupCache`.
 
   Args:
@@ -63,6 +63,8 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
     num_samples: G rows per prompt in the completion cache.
     max_new_tokens: T completion slots (rounded up to whole blocks of `block_size`).
     block_size: C, completion slots per attention block in `decode_step`.
+    row_sharding: None, or the prompts' activations and the cache constrained to it
+      (`model_lib.constrain_rows`; the cache's R rows split even when the B prompts cannot).
 
   Returns:
     (logits_BV float32 of the token after each prompt, an empty-completion `GroupCache`).
@@ -74,8 +76,9 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
   C = min(block_size, max_new_tokens)
   T_pad = -(-max_new_tokens // C) * C
   sin_BLH, cos_BLH = layers.rope_sin_cos(model_lib.positions_from_mask(prompt_mask_BP), c)
-  x_BPD, (k_YBKPH, v_YBKPH) = model_lib.trunk(params, dataclasses.replace(c, remat=False),
-                                              model_lib.embed_tokens(params, prompt_tokens_BP, c),
+  x_BPD = model_lib.constrain_rows(model_lib.embed_tokens(params, prompt_tokens_BP, c),
+                                   row_sharding)
+  x_BPD, (k_YBKPH, v_YBKPH) = model_lib.trunk(params, dataclasses.replace(c, remat=False), x_BPD,
                                               sin_BLH, cos_BLH, prompt_mask_BP, return_kv=True)
   # Prompts are left-padded, so the last column predicts the first new token; only its
   # logits are computed (never [B, P, V]).
@@ -86,7 +89,7 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
                      prompt_mask_BP=prompt_mask_BP.astype(bool), k_YRKHT=jnp.zeros(
                          (Y, R, K, H, T_pad), c.jnp_dtype), v_YRKTH=jnp.zeros(
                              (Y, R, K, T_pad, H), c.jnp_dtype), length=jnp.zeros((), jnp.int32))
-  return logits_BV, cache
+  return logits_BV, model_lib.constrain_rows(cache, row_sharding)
 
 
 def _online_update(state, scores_RKQC, v_RKCH):
@@ -188,7 +191,7 @@ def split_cache(cache: GroupCache) -> GroupCache:
 
 
 def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: GroupCache, *,
-                block_size: int = 128):
+                block_size: int = 128, row_sharding=None):
   """One new token per row: written at completion slot `cache.length`, attending to the
   row's prompt (shared by its group) and to its completion slots 0 .. length.
 
@@ -201,6 +204,7 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
     positions_R: [R] int RoPE positions of those tokens.
     cache: the `GroupCache` from `prefill` (or a previous step).
     block_size: C, completion slots per attention block (as in `prefill`).
+    row_sharding: as in `prefill` (the rows' activations).
 
   Returns:
     (logits_RV float32 of the next token, the cache with length + 1).
@@ -215,7 +219,8 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
   C = min(block_size, cache.v_YRKTH[0].shape[-2])  # v: [(Y,) R, K, T', H]
   t = cache.length
   sin_BLH, cos_BLH = layers.rope_sin_cos(positions_R[:, None], c)
-  x_R1D = model_lib.embed_tokens(params, tokens_R[:, None], c)
+  x_R1D = model_lib.constrain_rows(model_lib.embed_tokens(params, tokens_R[:, None], c),
+                                   row_sharding)
 
   def layer_step(x_R1D, layer, prompt_k_BKPH, prompt_v_BKPH, k_cache, v_cache, i):
     """One block; `k_cache`, `v_cache` are this layer's ([R, K, H, T'], [R, K, T', H]) or, with

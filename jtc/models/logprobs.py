@@ -75,8 +75,8 @@ def token_logprobs(hidden_BTD, head_DV, targets_BT, *, vocab_chunk: int = 8192):
 
 
 def sequence_logprobs(params, config: ModelConfig, tokens_BL, input_mask_BL, *,
-                      completion_start: int, vocab_chunk: int = 8192,
-                      return_hidden: bool = False) -> dict:
+                      completion_start: int, vocab_chunk: int = 8192, return_hidden: bool = False,
+                      row_sharding=None) -> dict:
   """Per-token log-probs and entropies of the completion region of [prompt | completion].
 
   tokens_BL = [left-padded prompt (static width P = completion_start) | completion (T)];
@@ -88,6 +88,8 @@ def sequence_logprobs(params, config: ModelConfig, tokens_BL, input_mask_BL, *,
      'entropy': [B, T] float32 entropy of that next-token distribution,
      'hidden': [B, T, D] final-normed hidden state that predicted it (iff return_hidden)}.
     Values at pad positions are finite but meaningless; mask them.
+    ``row_sharding``: as `model_lib.hidden_states` (the rows of every activation over the batch
+    axes of a mesh).
   """
   chex.assert_rank([tokens_BL, input_mask_BL], 2)
   chex.assert_equal_shape([tokens_BL, input_mask_BL])
@@ -97,7 +99,7 @@ def sequence_logprobs(params, config: ModelConfig, tokens_BL, input_mask_BL, *,
     raise ValueError(f'completion_start={P!r} must satisfy 1 <= completion_start < L={L}')
   hidden_BLD, _ = model_lib.hidden_states(params, config, tokens_BL,
                                           model_lib.positions_from_mask(input_mask_BL),
-                                          input_mask_BL)
+                                          input_mask_BL, row_sharding=row_sharding)
   hidden_BTD = hidden_BLD[:, P - 1:L - 1]
   logps_BT, entropy_BT = token_logprobs(hidden_BTD, model_lib.lm_head_DV(params, config),
                                         tokens_BL[:, P:], vocab_chunk=vocab_chunk)

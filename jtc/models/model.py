@@ -57,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jtc.models import attention
 from jtc.models import layers
 from jtc.models.model_config import ModelConfig  # the architecture this module implements
 
@@ -235,16 +236,14 @@ def _to_BKLH(x_BLKH):
 
 def trunk(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask_BL, *,
           return_kv: bool = False):
-  """Causal attention over the L tokens themselves (real keys only).
+  """Causal attention over the L tokens themselves (real keys only), by `config.attention`.
 
   Returns (x_BLD, kv) where kv is None or the keys/values of every layer, each
   [Y, B, K, L, H] (a prompt cache, when `return_kv`)."""
   c = config
-  L = x_BLD.shape[1]
-  allowed_BLS = mask_BL.astype(bool)[:, None, :] & jnp.tril(jnp.ones((L, L), bool))[None]
 
   def attend(q_BLNH, k_BLKH, v_BLKH):
-    out_BLNH = layers.softmax_attention(q_BLNH, _to_BKLH(k_BLKH), _to_BKLH(v_BLKH), allowed_BLS, c)
+    out_BLNH = attention.causal_attention(q_BLNH, k_BLKH, v_BLKH, mask_BL, c)
     return out_BLNH, ((_to_BKLH(k_BLKH), _to_BKLH(v_BLKH)) if return_kv else None)
 
   def body(x_BLD, layer):
@@ -282,13 +281,21 @@ def _trunk_with_cache(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask
   return x_BLD, KVCache(k=k, v=v, mask_BS=key_mask_BS, index=index + L)
 
 
+def constrain_rows(x, row_sharding):
+  """``x`` (an array or pytree of [B, ...] rows) constrained to ``row_sharding(x)``: a hashable
+  function from values to their shardings (`jtc.rl.sharding.RowSharding`), or None (no
+  constraint: XLA's propagation decides)."""
+  return x if row_sharding is None else jax.lax.with_sharding_constraint(x, row_sharding(x))
+
+
 def hidden_states(params, config: ModelConfig, tokens_BL, positions_BL, mask_BL,
-                  cache: KVCache | None = None):
-  """The trunk only: (final-normed hidden [B, L, D], cache or None). No LM head."""
+                  cache: KVCache | None = None, *, row_sharding=None):
+  """The trunk only: (final-normed hidden [B, L, D], cache or None). No LM head.
+  ``row_sharding``: the embedded tokens' rows constrained to it (`constrain_rows`)."""
   chex.assert_rank([tokens_BL, positions_BL, mask_BL], 2)
   chex.assert_equal_shape([tokens_BL, positions_BL, mask_BL])
   sin_BLH, cos_BLH = layers.rope_sin_cos(positions_BL, config)
-  x_BLD = embed_tokens(params, tokens_BL, config)
+  x_BLD = constrain_rows(embed_tokens(params, tokens_BL, config), row_sharding)
   if cache is None:
     x_BLD, _ = trunk(params, config, x_BLD, sin_BLH, cos_BLH, mask_BL)
   else:

@@ -10,6 +10,9 @@ import jax.numpy as jnp
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 ROPE_SCALINGS = ('default', 'linear', 'llama3')
+# The trunk's causal attention (`jtc.models.attention`): the dense [L, S] scores, an online
+# softmax over key blocks with a recomputing backward, or the Pallas TPU splash kernel.
+ATTENTIONS = ('dense', 'blockwise', 'splash')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +49,8 @@ class ModelConfig:
   # scanned block): memory O(n_layers * B L D) instead of O(n_layers * B L (D + F + N S)),
   # for about one extra forward pass. Same parameters, same values, same gradients.
   remat: bool = False
+  # How the trunk attends (`ATTENTIONS`): same values up to float rounding, different memory.
+  attention: str = 'dense'
 
   def __post_init__(self):
     for name in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'head_dim', 'd_ff',
@@ -72,6 +77,8 @@ class ModelConfig:
                        f'{self.rope_high_freq_factor!r}')
     if not self.norm_eps > 0:
       raise ValueError(f'ModelConfig.norm_eps must be > 0, got {self.norm_eps!r}')
+    if self.attention not in ATTENTIONS:
+      raise ValueError(f'ModelConfig.attention={self.attention!r} is not one of {list(ATTENTIONS)}')
     for name in ('param_dtype', 'dtype'):
       value = getattr(self, name)
       if value not in DTYPES:
@@ -127,6 +134,26 @@ class ModelConfig:
     return cls(
         **{
             **dict(vocab_size=151_936, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128, d_ff=12_288, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True, attn_bias=False, tie_embeddings=False, param_dtype='bfloat16', dtype='bfloat16', max_seq_len=40_960),
+            **overrides
+        })
+
+  @classmethod
+  def qwen3_14b(cls, **overrides) -> 'ModelConfig':
+    """Qwen/Qwen3-14B config.json: 40 layers, hidden 5120, 40 heads / 8 kv heads of 128,
+    intermediate 17408, vocab 151936, rope_theta 1e6, untied embeddings."""
+    return cls(
+        **{
+            **dict(vocab_size=151_936, d_model=5120, n_layers=40, n_heads=40, n_kv_heads=8, head_dim=128, d_ff=17_408, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True, attn_bias=False, tie_embeddings=False, param_dtype='bfloat16', dtype='bfloat16', max_seq_len=40_960),
+            **overrides
+        })
+
+  @classmethod
+  def qwen3_32b(cls, **overrides) -> 'ModelConfig':
+    """Qwen/Qwen3-32B config.json: 64 layers, hidden 5120, 64 heads / 8 kv heads of 128,
+    intermediate 25600, vocab 151936, rope_theta 1e6, untied embeddings."""
+    return cls(
+        **{
+            **dict(vocab_size=151_936, d_model=5120, n_layers=64, n_heads=64, n_kv_heads=8, head_dim=128, d_ff=25_600, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True, attn_bias=False, tie_embeddings=False, param_dtype='bfloat16', dtype='bfloat16', max_seq_len=40_960),
             **overrides
         })
 

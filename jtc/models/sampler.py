@@ -145,13 +145,13 @@ def _choose(logits_RV, key, *, temperature, top_k, top_p, min_p, greedy):
 # The jitted sampler.
 
 _STATIC = ('config', 'num_samples', 'max_new_tokens', 'eos_ids', 'pad_id', 'temperature', 'top_k',
-           'top_p', 'min_p', 'greedy', 'block_size', 'layer_loop')
+           'top_p', 'min_p', 'greedy', 'block_size', 'layer_loop', 'row_sharding')
 LAYER_LOOPS = ('auto', 'scan', 'unroll')
 
 
 def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_samples,
                  max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, min_p, greedy,
-                 block_size, layer_loop):
+                 block_size, layer_loop, row_sharding=None):
   B, P = prompt_tokens_BP.shape
   G, T = num_samples, max_new_tokens
   R = B * G
@@ -161,7 +161,8 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
 
   # Prefill once per prompt; the prompt cache stays [B, ...], shared by each group of G rows.
   logits_BV, cache = decode.prefill(params, config, prompt_tokens_BP, prompt_mask_BP, num_samples=G,
-                                    max_new_tokens=T, block_size=block_size)
+                                    max_new_tokens=T, block_size=block_size,
+                                    row_sharding=row_sharding)
   # Per-layer weights and caches sliced once, outside the loop, for an unrolled layer loop.
   decode_params = params
   if layer_loop == 'unroll':
@@ -196,7 +197,8 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
                                                        False)
     mask_R = prev(state.mask_RT)
     logits_RV, cache = decode.decode_step(decode_params, config, prev(state.completion_RT),
-                                          state.positions_R, state.cache, block_size=block_size)
+                                          state.positions_R, state.cache, block_size=block_size,
+                                          row_sharding=row_sharding)
     state = state.replace(logits_RV=logits_RV, positions_R=state.positions_R + mask_R, cache=cache)
     return sample_token(state)
 
@@ -219,7 +221,7 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
            rng: jax.Array, num_samples: int, max_new_tokens: int, eos_id: int | Sequence[int],
            pad_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            min_p: float = 0.0, greedy: bool = False, block_size: int | None = None,
-           layer_loop: str = 'auto') -> SampleOutput:
+           layer_loop: str = 'auto', row_sharding=None) -> SampleOutput:
   """Sample `num_samples` completions for each of B left-padded prompts.
 
   Args:
@@ -240,6 +242,11 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
       loop over per-layer weights sliced once before decoding: XLA:CPU copies a dynamically
       sliced weight every step, so this is faster there, but compiles in time linear in depth),
       or 'auto' = 'unroll' on the CPU backend, else 'scan'.
+    row_sharding: None (XLA's propagation places the activations and the cache, which then
+      follows the prompts), or a hashable function from values to their shardings
+      (`jtc.rl.sharding.RowSharding`) that the activations' rows and the cache are constrained
+      to: the completion cache's R rows then split over the mesh's batch axes even when the
+      B prompts cannot (B smaller than the devices). Same samples either way.
 
   Returns:
     `SampleOutput` with R = B * num_samples rows.
@@ -248,7 +255,8 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
   static = _static_args(config, prompt_tokens_BP.shape[-1], num_samples=num_samples,
                         max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
                         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                        greedy=greedy, block_size=block_size, layer_loop=layer_loop)
+                        greedy=greedy, block_size=block_size, layer_loop=layer_loop,
+                        row_sharding=row_sharding)
   chex.assert_equal_shape([prompt_tokens_BP, prompt_mask_BP])
   return _sample_jit(params, prompt_tokens_BP, prompt_mask_BP, rng, **static)
 
@@ -273,7 +281,8 @@ def sample_members(params, config: model_lib.ModelConfig, prompt_tokens_EBP, pro
 
 
 def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temperature=1.0,
-                 top_k=0, top_p=1.0, min_p=0.0, greedy=False, block_size=None, layer_loop='auto'):
+                 top_k=0, top_p=1.0, min_p=0.0, greedy=False, block_size=None, layer_loop='auto',
+                 row_sharding=None, platform=None):
   """The sampler's static arguments, checked (a ValueError naming the bad one) and resolved."""
   V = config.vocab_size
   eos_ids = tuple(int(e) for e in (eos_id if isinstance(eos_id, (tuple, list)) else [eos_id]))
@@ -299,37 +308,52 @@ def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temp
   return dict(config=config, num_samples=num_samples, max_new_tokens=max_new_tokens,
               eos_ids=eos_ids, pad_id=int(pad_id), temperature=float(temperature), top_k=int(top_k),
               top_p=float(top_p), min_p=float(min_p), greedy=bool(greedy),
-              block_size=resolve_block_size(block_size, max_new_tokens),
-              layer_loop=resolve_layer_loop(layer_loop))
+              block_size=resolve_block_size(block_size, max_new_tokens, platform),
+              layer_loop=resolve_layer_loop(layer_loop, platform), row_sharding=row_sharding)
 
 
 def _sample_members_impl(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E, temperature_E,
                          **static):
-  """`_sample_impl` vmapped over members; a traced per-member temperature when given."""
+  """`_sample_impl` vmapped over members; a traced per-member temperature when given. With a
+  ``row_sharding`` the members' axis goes over the mesh's 'population' axis."""
+  vmap = functools.partial(jax.vmap,
+                           spmd_axis_name=None if static['row_sharding'] is None else 'population')
   if temperature_E is None:
     one = lambda p, t, m, r: _sample_impl(p, t, m, r, **static)
-    return jax.vmap(one)(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E)
+    return vmap(one)(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E)
   one = lambda p, t, m, r, temp: _sample_impl(p, t, m, r, **{**static, 'temperature': temp})
-  return jax.vmap(one)(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E, temperature_E)
+  return vmap(one)(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E, temperature_E)
 
 
 _sample_members_jit = jax.jit(_sample_members_impl, static_argnames=_STATIC)
 
 
-def resolve_block_size(block_size: int | None, max_new_tokens: int) -> int:
-  """None -> one block of `max_new_tokens` slots on the CPU backend, 128 on GPU/TPU.
+def resolve_block_size(block_size: int | None, max_new_tokens: int,
+                       platform: str | None = None) -> int:
+  """None -> one block of `max_new_tokens` slots on the CPU backend, 128 on GPU/TPU (the
+  backend of ``platform``, default the host's).
 
   On XLA:CPU each block is a trip of the decode step's loop, which costs more than reading the
   dead slots of one whole-cache block (benchmarks/sampler.py, 26M model, T = 256: 1809 tokens/s
   with one block, 1600-1640 with 128-slot and 1503 with 64-slot blocks); on an accelerator,
   blocks skip the reads of the dead part of the cache."""
   if block_size is None:
-    return max_new_tokens if jax.default_backend() == 'cpu' else 128
+    return max_new_tokens if (platform or jax.default_backend()) == 'cpu' else 128
   return int(block_size)
 
 
-def resolve_layer_loop(layer_loop: str) -> str:
-  """'auto' -> 'unroll' on the CPU backend, 'scan' on GPU/TPU; others unchanged."""
+def resolve_layer_loop(layer_loop: str, platform: str | None = None) -> str:
+  """'auto' -> 'unroll' on the CPU backend, 'scan' on GPU/TPU (of ``platform``, default the
+  host's); others unchanged."""
   if layer_loop == 'auto':
-    return 'unroll' if jax.default_backend() == 'cpu' else 'scan'
+    return 'unroll' if (platform or jax.default_backend()) == 'cpu' else 'scan'
   return layer_loop
+
+
+def program(config: model_lib.ModelConfig, prompt_width: int, *, members: bool, platform: str,
+            **kwargs):
+  """(jitted fn, static kwargs) of the program `sample` (``members``: `sample_members`) runs for
+  ``kwargs`` on ``platform``: fn(params, prompt_tokens, prompt_mask, rng(, temperature_E),
+  **static). For compiling ahead of time for a target (`jtc.plan`)."""
+  static = _static_args(config, prompt_width, platform=platform, **kwargs)
+  return (_sample_members_jit if members else _sample_jit), static

@@ -302,6 +302,34 @@ def _hf_from_spec(spec: dict[str, Any]) -> HFTokenizer:
 
 TOKENIZERS = {'char': _char_from_spec, 'hf': _hf_from_spec}
 
+# ChatML (Qwen's chat format) for `write_byte_level_hf`.
+CHATML_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                   '<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n'
+                   '{% endif %}')
+
+
+def write_byte_level_hf(path: str) -> None:
+  """A Hugging Face tokenizer at ``path`` (tokenizer.json, tokenizer_config.json) for random
+  checkpoints in tests and benchmarks: one token per byte (byte-level BPE without merges, ids
+  0-255), then '<|endoftext|>' (pad), '<|im_start|>', '<|im_end|>' (eos) and a ChatML chat
+  template. Ids past its vocabulary (a larger model's) decode to nothing."""
+  import tokenizers  # pylint: disable=import-outside-toplevel
+  from tokenizers import decoders, models, pre_tokenizers  # pylint: disable=import-outside-toplevel
+  vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+  tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens(['<|endoftext|>', '<|im_start|>', '<|im_end|>'])
+  os.makedirs(path, exist_ok=True)
+  tok.save(os.path.join(path, 'tokenizer.json'))
+  with open(os.path.join(path, 'tokenizer_config.json'), 'w') as f:
+    json.dump(
+        {
+            'eos_token': '<|im_end|>',
+            'pad_token': '<|endoftext|>',
+            'chat_template': CHATML_TEMPLATE
+        }, f)
+
 
 def from_spec(spec: dict[str, Any]) -> Tokenizer:
   """Builds a tokenizer from a config dict: ``{'kind': 'char'}`` (other keys go to

@@ -32,7 +32,7 @@ def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params
 
   Rewards (+ DAPO overlong shaping) -> advantages (``c.advantage``) -> the token mask (minus
   truncated completions with ``c.dapo.mask_truncated``) -> behaviour log-probs of ``params``
-  (``behaviour_fn``, a jitted `rollout.behaviour_pass`, ``c.rollout.chunk_prompts`` groups at a
+  (``behaviour_fn``, a jitted `rollout.behaviour_pass`, `rollout.score_chunk_prompts` groups at a
   time; or the sampler's, by ``c.rollout.behaviour_logps``) -> the KL reference's (when
   ``ref_params``) -> token weights of the ``weighter`` plug-in (DelTA), from the behaviour pass
   -> the rollout-training mismatch against the sampler's log-probs (`mismatch/*` metrics) and
@@ -46,11 +46,11 @@ def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params
   tokens, input_mask = pop.stack([r.tokens_BL for r in rollouts
                                  ]), pop.stack([r.input_mask_BL for r in rollouts])
   tokens_BL, input_mask_BL = to_device(tokens), to_device(input_mask)
-  score = functools.partial(rollout_lib.behaviour_logps, behaviour_fn, tokens_BL=tokens_BL,
-                            input_mask_BL=input_mask_BL, host_tokens_BL=tokens,
-                            host_input_mask_BL=input_mask, to_device=to_device,
-                            chunk_rows=c.rollout.chunk_prompts * c.rollout.sampling.num_samples,
-                            axis=1 if pop.batched else 0)
+  score = functools.partial(
+      rollout_lib.behaviour_logps, behaviour_fn, tokens_BL=tokens_BL, input_mask_BL=input_mask_BL,
+      host_tokens_BL=tokens, host_input_mask_BL=input_mask, to_device=to_device,
+      chunk_rows=rollout_lib.score_chunk_prompts(c.rollout) * c.rollout.sampling.num_samples,
+      axis=1 if pop.batched else 0)
   # The trainer's behaviour log-probs: the ratios' denominator (behaviour_logps='recompute'), the
   # mismatch measured against the sampler's, DelTA's hidden states.
   behaviour = score(params)

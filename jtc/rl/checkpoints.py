@@ -53,6 +53,18 @@ def frozen_copy(params, dtype, shardings):
   return jax.jit(lambda p: cast_floats(p, dtype), out_shardings=shardings)(params)
 
 
+def policy_model_config(policy, model_config, platform):
+  """``model_config`` with the policy section's dtypes, remat, attention (its 'auto' resolved for
+  ``platform``, the devices that will run it: `attention.resolve`) and overrides."""
+  from jtc.models import attention  # pylint: disable=import-outside-toplevel
+  overrides = {
+      k: v for k, v in (('param_dtype', policy.param_dtype), ('dtype', policy.compute_dtype),
+                        ('remat', policy.remat)) if v
+  }
+  overrides['attention'] = attention.resolve(policy.get('attention', 'auto'), platform)
+  return dataclasses.replace(model_config, **{**overrides, **dict(policy.overrides)})
+
+
 def load_policy(policy):
   """(model_config, params on host, tokenizer) from a config's `policy` section: a Hugging Face
   directory (`hf_import`) or a policy bundle, then the section's dtypes / remat / overrides (the
@@ -67,11 +79,7 @@ def load_policy(policy):
   else:
     bundle = bundles.load_policy_bundle(policy.init)
     model_config, params, tokenizer = bundle.model_config, bundle.params, bundle.tokenizer
-  overrides = {
-      k: v for k, v in (('param_dtype', policy.param_dtype), ('dtype', policy.compute_dtype),
-                        ('remat', policy.remat)) if v
-  }
-  model_config = dataclasses.replace(model_config, **overrides, **dict(policy.overrides))
+  model_config = policy_model_config(policy, model_config, jax.devices()[0].platform)
   params = cast_floats(jax.device_get(params), model_config.jnp_param_dtype)
   for name in ('eos_id', 'pad_id'):
     tid = getattr(tokenizer, name)

@@ -179,9 +179,13 @@ class Population:
     """Whether values carry a leading member axis (E > 1)."""
     return self.n > 1
 
-  def map(self, fn):
-    """``fn`` over the member axis (vmap), or ``fn`` itself for a single run."""
-    return jax.vmap(fn) if self.batched else fn
+  def map(self, fn, spmd=False):
+    """``fn`` over the member axis (vmap), or ``fn`` itself for a single run. ``spmd``: ``fn``
+    constrains shardings (a ``row_sharding``), whose member axis is then the mesh's
+    'population' axis."""
+    if not self.batched:
+      return fn
+    return jax.vmap(fn, spmd_axis_name='population' if spmd else None)
 
   def stack(self, per_member):
     """A list of E per-member pytrees -> one pytree with a leading member axis (the single

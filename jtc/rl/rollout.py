@@ -11,6 +11,7 @@ members.
 """
 
 import dataclasses
+import functools
 import json
 from typing import Any, Callable
 import zlib
@@ -80,7 +81,9 @@ class Generator:
   ``to_device`` places a host [B, ...] array (a population's [E, B, ...]) for the sampler (the
   trainer: on its mesh with the batch sharding); ``chunk_prompts`` bounds the prompts per sampler
   call (0 = all at once); ``population``: the members whose policies sample together (the
-  functions below take and return one value per member, `population_lib.Population`).
+  functions below take and return one value per member, `population_lib.Population`);
+  ``mesh``: the devices' mesh, over whose batch axes the sampler splits its KV cache's rows
+  (`sharding_lib.RowSharding`; None: the cache follows the prompts' sharding).
   """
   model_config: model_lib.ModelConfig
   tokenizer: Any
@@ -91,10 +94,11 @@ class Generator:
   chunk_prompts: int = 0
   to_device: Callable = jnp.asarray
   population: population_lib.Population = population_lib.SINGLE
+  mesh: Any = None
 
   @classmethod
   def from_config(cls, c, model_config, tokenizer, task, *, to_device=jnp.asarray,
-                  population=population_lib.SINGLE):
+                  population=population_lib.SINGLE, mesh=None):
     """The generator of a run config: its task's verifier (or `data.reward`; a dataset run
     defaults to boxed_numeric), prompt encoding and chunking."""
     reward = c.data.reward or ('' if task else 'boxed_numeric')
@@ -102,7 +106,7 @@ class Generator:
                reward_fn=rewards_lib.REWARD_FNS[reward] if reward else task.reward_fn,
                prompt_width=c.data.prompt_width, chat_template=c.data.chat_template,
                prompt_suffix=c.data.prompt_suffix, chunk_prompts=c.rollout.chunk_prompts,
-               to_device=to_device, population=population)
+               to_device=to_device, population=population, mesh=mesh)
 
   def check_prompt_width(self, prompts):
     """ValueError naming config.data.prompt_width when the longest of ``prompts`` (suffix and
@@ -129,7 +133,8 @@ class Generator:
     ]
     tokens_BP = self.to_device(pop.stack([t for t, _ in encoded]))
     mask_BP = self.to_device(pop.stack([m for _, m in encoded]))
-    kwargs = dict(sampling, eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id)
+    kwargs = dict(sampling, eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id,
+                  row_sharding=None if self.mesh is None else sharding_lib.RowSharding(self.mesh))
     if temperature is not None:
       kwargs['temperature'] = temperature if pop.batched else float(temperature)
     sample = sampler_lib.sample_members if pop.batched else sampler_lib.sample
@@ -253,12 +258,31 @@ def overlong_shaping(lengths_B, *, max_new_tokens, buffer, penalty):
 
 
 def behaviour_pass(params, tokens_BL, input_mask_BL, *, model_config, completion_start,
-                   return_hidden):
+                   return_hidden, row_sharding=None):
   """Log-probs [B, T] (and hidden states [B, T, D] when asked) of the rollouts: one forward
   pass, no gradient. Jit with everything but the arrays static."""
   chex.assert_equal_shape([tokens_BL, input_mask_BL])
   return logprobs.sequence_logprobs(params, model_config, tokens_BL, input_mask_BL,
-                                    completion_start=completion_start, return_hidden=return_hidden)
+                                    completion_start=completion_start, return_hidden=return_hidden,
+                                    row_sharding=row_sharding)
+
+
+def jit_behaviour(model_config, *, completion_start, return_hidden,
+                  population=population_lib.SINGLE, mesh=None):
+  """`behaviour_pass` jitted (and mapped over a population's members): fn(params, tokens_BL,
+  input_mask_BL) -> {'logps', 'entropy'(, 'hidden')}; with a ``mesh``, the activations' rows
+  over its batch axes (`sharding_lib.RowSharding`)."""
+  row_sharding = None if mesh is None else sharding_lib.RowSharding(mesh)
+  return jax.jit(
+      population.map(
+          functools.partial(behaviour_pass, model_config=model_config,
+                            completion_start=completion_start, return_hidden=return_hidden,
+                            row_sharding=row_sharding), spmd=mesh is not None))
+
+
+def score_chunk_prompts(rollout):
+  """Prompts per behaviour / reference pass of config section ``rollout`` (0 = all at once)."""
+  return rollout.get('score_chunk_prompts', 0) or rollout.chunk_prompts
 
 
 def behaviour_logps(behaviour_fn, params, *, tokens_BL, input_mask_BL, host_tokens_BL,
@@ -399,10 +423,11 @@ def check_config(c):
   if c.rollout.policy_lag_mode == 'decoupled' and not c.rollout.policy_lag:
     raise ValueError("config.rollout.policy_lag_mode='decoupled' needs config.rollout.policy_lag "
                      '>= 1 (without a lag the proximal and behaviour policies are the same)')
-  chunk = c.rollout.chunk_prompts
-  if chunk < 0 or (chunk and c.rollout.prompts_per_step % chunk):
-    raise ValueError(f'config.rollout.chunk_prompts={chunk} must be 0 (off) or a divisor of '
-                     f'config.rollout.prompts_per_step={c.rollout.prompts_per_step}')
+  for key in ('chunk_prompts', 'score_chunk_prompts'):
+    chunk = c.rollout.get(key, 0)
+    if chunk < 0 or (chunk and c.rollout.prompts_per_step % chunk):
+      raise ValueError(f'config.rollout.{key}={chunk} must be 0 (off) or a divisor of '
+                       f'config.rollout.prompts_per_step={c.rollout.prompts_per_step}')
   checks.in_range('config.eval.every', c.eval.every, low=0, integer=True)
   checks.positive_int('config.eval.problems', c.eval.problems)
   checks.positive_int('config.eval.batch_prompts', c.eval.batch_prompts)

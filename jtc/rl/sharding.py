@@ -30,6 +30,7 @@ host ever holds them whole.
 Dimension key (docs/dimensions.md): B batch, L sequence length, plus the model's (see `jtc.models.model`).
 """
 
+import dataclasses
 import math
 import os
 import re
@@ -160,6 +161,23 @@ def cache_shardings(cache, mesh: Mesh):
                                         k_axes), v_YRKTH=kv(cache.v_YRKTH), length=replicated(mesh))
   return model_lib.KVCache(k=kv(cache.k), v=kv(cache.v), mask_BS=mask(cache.mask_BS),
                            index=replicated(mesh))
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSharding:
+  """tree -> its shardings with the rows over the batch axes: a `decode.GroupCache` by
+  `cache_shardings`, every other leaf [B, ...] by `batch_sharding`. Hashable (equal meshes,
+  equal instances), so jitted model code takes it as a static ``row_sharding`` and constrains
+  its activations and KV cache to it: the rows split over (data, fsdp) even where XLA's
+  propagation would follow the parameters' fsdp-sharded model dimension instead (which
+  replicates the rows), and the sampler's R = B x G cache rows split even when the B prompts
+  cannot. Inside a vmap over a population's members, vmap with spmd_axis_name='population'."""
+  mesh: Mesh
+
+  def __call__(self, tree):
+    if isinstance(tree, decode.GroupCache):
+      return cache_shardings(tree, self.mesh)
+    return jax.tree_util.tree_map(lambda x: batch_sharding(self.mesh, x.shape), tree)
 
 
 def host_local_to_global(tree, mesh: Mesh):

@@ -110,7 +110,8 @@ class Trainer:
     if c.rollout.sampler_dtype:
       sampler_config = dataclasses.replace(infer_config, dtype=c.rollout.sampler_dtype)
     self.gen = rollout_lib.Generator.from_config(c, sampler_config, self.tokenizer, self.task,
-                                                 to_device=self._to_device, population=pop)
+                                                 to_device=self._to_device, population=pop,
+                                                 mesh=self.mesh)
     # Held-out evaluation samples from the policy as trained, whatever the rollouts' sampler.
     self.eval_gen = dataclasses.replace(self.gen, model_config=infer_config)
     self.weighter = (token_weights.PLUGINS[c.token_weights].from_config(
@@ -144,6 +145,10 @@ class Trainer:
         infer_config,
         functools.partial(update_lib.make_optimizer, c.optim, total_updates)
         if lr_varies else optimizer)
+    from jtc.plan import preflight  # pylint: disable=import-outside-toplevel
+    # Every stage fits, before any rollout (compiled by the functions the steps then call).
+    preflight.check(c, self.model_config, self.mesh, behaviour_fn=self._behaviour,
+                    update_fn=self._update, tokenizer=self.tokenizer)
 
   def _copy_params(self):
     """The current parameters in new buffers (the update donates the state's)."""
@@ -156,11 +161,10 @@ class Trainer:
 
   def _build_jits(self, infer_config, optimizer):
     c, pop = self.c, self.pop
-    self._behaviour = jax.jit(
-        pop.map(
-            functools.partial(rollout_lib.behaviour_pass, model_config=infer_config,
-                              completion_start=self.P,
-                              return_hidden=bool(self.weighter and self.weighter.needs_hidden))))
+    self._behaviour = rollout_lib.jit_behaviour(
+        infer_config, completion_start=self.P, return_hidden=bool(self.weighter and
+                                                                  self.weighter.needs_hidden),
+        population=pop, mesh=self.mesh)
     self._minibatch, self._update = update_lib.jit_minibatch_and_update(
         c, self.model_config, optimizer, self.mesh, self.state_sh, pop)
 

@@ -149,13 +149,24 @@ def init_state(params, optimizer, *, param_shardings, replicated, population=pop
   else:
     params = jax.tree.map(sharding_lib.to_device, params, param_shardings)
   init = pop.map(optimizer.init)
-  opt_sh = optax.tree_map_params(optimizer, lambda _, sh: sh, jax.eval_shape(init, params),
-                                 param_shardings, transform_non_params=lambda _: replicated)
-  shardings = TrainState(step=replicated, params=param_shardings, opt_state=opt_sh)
+  shardings = state_shardings(params, optimizer, param_shardings=param_shardings,
+                              replicated=replicated, population=pop)
+  opt_sh = shardings.opt_state
   step = np.zeros((pop.n,) if pop.batched else (), np.int32)
   state = TrainState(step=sharding_lib.to_device(step, replicated), params=params,
                      opt_state=jax.jit(init, out_shardings=opt_sh)(params))
   return state, shardings
+
+
+def state_shardings(params, optimizer, *, param_shardings, replicated,
+                    population=population_lib.SINGLE):
+  """The `TrainState` of shardings for ``params`` (arrays or ShapeDtypeStructs, with a member
+  axis for a population): the optimiser state sharded like the params it mirrors, its scalars
+  and the step replicated."""
+  opt_shapes = jax.eval_shape(population.map(optimizer.init), params)
+  opt_sh = optax.tree_map_params(optimizer, lambda _, sh: sh, opt_shapes, param_shardings,
+                                 transform_non_params=lambda _: replicated)
+  return TrainState(step=replicated, params=param_shardings, opt_state=opt_sh)
 
 
 def microbatch_prompts(optim):
@@ -251,7 +262,7 @@ def _combine_metrics(metrics_n, w_n):
 
 
 def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_name, loss_hparams,
-                completion_start, group_size, optim=None):
+                completion_start, group_size, optim=None, row_sharding=None):
   """One optimiser step on a mini-batch of whole groups; returns (state, metrics).
 
   ``batch`` is a `Batch` with leaves [n, B/n, ...]: n micro-batches of whole groups. Their
@@ -259,7 +270,8 @@ def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_nam
   update equals the one on the un-split mini-batch while holding the activations of one
   micro-batch. Metrics: the loss's (`objectives.compute_loss`) plus loss, grad / update / param
   l2 norms and, given the ``optim`` config section, the norm of AdamW's direction before the
-  learning rate (`adam_direction_norm`, 'adam_step_norm'). ``hparams``: a population member's traced values of the varied keys
+  learning rate (`adam_direction_norm`, 'adam_step_norm'). ``row_sharding``: the activations'
+  rows constrained to it (`logprobs.sequence_logprobs`). ``hparams``: a population member's traced values of the varied keys
   ('loss.hparams.<k>' override ``loss_hparams``; 'optim.learning_rate' is passed to
   ``optimizer``, then a function learning_rate -> optimiser, e.g. a partial `make_optimizer`).
   """
@@ -278,7 +290,7 @@ def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_nam
 
   def loss_fn(params, mb):
     out = logprobs.sequence_logprobs(params, model_config, mb.tokens_BL, mb.input_mask_BL,
-                                     completion_start=completion_start)
+                                     completion_start=completion_start, row_sharding=row_sharding)
     return objectives.compute_loss(loss_name, logps=out['logps'], old_logps=mb.old_logps_BT,
                                    advantages=mb.advantages_B, mask=mb.mask_BT,
                                    group_size=group_size, ref_logps=mb.ref_logps_BT,
@@ -314,18 +326,23 @@ def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_nam
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
+def minibatch_sharding(c, mesh, population=population_lib.SINGLE):
+  """The sharding of a mini-batch's [(N,) n, rows, ...] leaves: rows over the batch axes."""
+  members = (('members',), (population.n,)) if population.batched else ((), ())
+  rows = microbatch_prompts(c.optim) * c.rollout.sampling.num_samples
+  return jax.sharding.NamedSharding(
+      mesh,
+      sharding_lib.logical_to_spec(members[0] + (None, 'batch'),
+                                   members[1] + (num_microbatches(c.optim), rows), mesh))
+
+
 def jit_minibatch_and_update(c, model_config, optimizer, mesh, state_shardings,
                              population=population_lib.SINGLE):
   """The jitted (minibatch_fn, update_fn) of `run_updates` for config ``c``: mini-batches of whole
   groups sliced on device and sharded over the batch axes; `update_step` donating the state; both
   mapped over the population's members."""
   pop = population
-  members = (('members',), (pop.n,)) if pop.batched else ((), ())
-  rows = microbatch_prompts(c.optim) * c.rollout.sampling.num_samples
-  minibatch_sh = jax.sharding.NamedSharding(
-      mesh,
-      sharding_lib.logical_to_spec(members[0] + (None, 'batch'),
-                                   members[1] + (num_microbatches(c.optim), rows), mesh))
+  minibatch_sh = minibatch_sharding(c, mesh, pop)
   minibatch_fn = jax.jit(pop.map(functools.partial(minibatch, num_micro=num_microbatches(c.optim))),
                          out_shardings=minibatch_sh)
   update_fn = jax.jit(
@@ -333,8 +350,9 @@ def jit_minibatch_and_update(c, model_config, optimizer, mesh, state_shardings,
           functools.partial(update_step, model_config=model_config, optimizer=optimizer,
                             loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
                             completion_start=c.data.prompt_width,
-                            group_size=c.rollout.sampling.num_samples, optim=c.optim)),
-      in_shardings=(state_shardings, minibatch_sh, state_shardings.step),
+                            group_size=c.rollout.sampling.num_samples, optim=c.optim,
+                            row_sharding=sharding_lib.RowSharding(mesh)),
+          spmd=True), in_shardings=(state_shardings, minibatch_sh, state_shardings.step),
       out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=(0,))
   return minibatch_fn, update_fn
 

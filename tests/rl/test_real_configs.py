@@ -36,10 +36,6 @@ REAL = sorted(
     os.path.basename(p)[:-3]
     for p in glob.glob(os.path.join(REPO, 'configs', 'real', '*.py'))
     if os.path.basename(p) not in ('__init__.py', 'base.py'))
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-                 '<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n'
-                 '{% endif %}')
-SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>']
 
 
 @pytest.fixture(scope='module', autouse=True)
@@ -61,23 +57,7 @@ def compilation_cache(tmp_path_factory):
 
 def write_tiny_hf_checkpoint(path, *, arch='qwen3'):
   """A random tiny Qwen3 (or Llama) checkpoint + byte-level tokenizer in the HF layout."""
-  import tokenizers  # pylint: disable=import-outside-toplevel
-  from tokenizers import decoders, models, pre_tokenizers  # pylint: disable=import-outside-toplevel
-  alphabet = pre_tokenizers.ByteLevel.alphabet()
-  vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-  tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-  tok.decoder = decoders.ByteLevel()
-  tok.add_special_tokens(SPECIALS)
-  os.makedirs(path, exist_ok=True)
-  tok.save(os.path.join(path, 'tokenizer.json'))
-  with open(os.path.join(path, 'tokenizer_config.json'), 'w') as f:
-    json.dump(
-        {
-            'eos_token': '<|im_end|>',
-            'pad_token': '<|endoftext|>',
-            'chat_template': CHAT_TEMPLATE
-        }, f)
+  tokenizer_lib.write_byte_level_hf(path)
   extra = dict(qk_norm=True) if arch == 'qwen3' else dict(qk_norm=False)
   config = model_lib.ModelConfig.tiny(vocab_size=272, n_layers=2, d_ff=256, **extra)
   params = model_lib.init_params(config, jax.random.key(0))
@@ -147,11 +127,11 @@ def even_length_reward(prompts, completions, answers):
   return np.asarray([len(c) % 2 == 0 for c in completions], np.float32)
 
 
-# The Llama and DAPO smoke runs are slow-only (CI time); the HF import tests cover Llama and the
-# 8B DelTA config covers the 8B math task.
+# The Llama, DAPO and 32B smoke runs are slow-only (CI time); the HF import tests cover Llama,
+# the 8B DelTA config covers the 8B math task and the 0.6B config DFPO Min-Replace (the 32B's).
 SMOKE = [
-    pytest.param(n, marks=pytest.mark.slow) if n in ('llama3_1b_gsm8k_grpo',
-                                                     'qwen3_8b_math_dapo') else n for n in REAL
+    pytest.param(n, marks=pytest.mark.slow) if n in ('llama3_1b_gsm8k_grpo', 'qwen3_8b_math_dapo',
+                                                     'qwen3_32b_aime_dfpo') else n for n in REAL
 ]
 
 

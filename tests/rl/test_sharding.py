@@ -96,6 +96,29 @@ CHILD = textwrap.dedent('''
     np.testing.assert_array_equal(s8.completion_mask_RT, s1.completion_mask_RT)
     np.testing.assert_allclose(s8.logps_RT, s1.logps_RT, rtol=1e-5, atol=1e-5)
 
+    # Fewer prompts (2) than batch devices (data x fsdp = 4): with `RowSharding` the
+    # completion cache's R = 8 rows still split 4 ways, per device [Y, R/4, K/2, H, T] keys;
+    # without it (a constant's sharding is XLA's choice) they do not. Same samples either way.
+    cs = sharding.RowSharding(mesh)
+    assert cs == sharding.RowSharding(mesh) and hash(cs) == hash(sharding.RowSharding(mesh))
+    few = sharding.shard_batch((jnp.asarray(prompt[:2]), jnp.asarray(prompt_mask[:2])), mesh)
+    static_kw = dict(num_samples=4, max_new_tokens=T, eos_id=1, pad_id=0, temperature=0.8,
+                     top_k=20, layer_loop='scan')
+    s1 = sampler_lib.sample(params, config, jnp.asarray(prompt[:2]), jnp.asarray(prompt_mask[:2]),
+                            rng=jax.random.key(4), **static_kw)
+    s8 = sampler_lib.sample(sharded_params, config, *few, rng=jax.random.key(4), row_sharding=cs,
+                            **static_kw)
+    np.testing.assert_array_equal(s8.tokens, s1.tokens)
+    np.testing.assert_allclose(s8.logps, s1.logps, rtol=1e-5, atol=1e-5)
+
+    def per_device_keys(row_sharding, shape):
+      fn, static = sampler_lib.program(config, P, members=False, platform='cpu',
+                                       row_sharding=row_sharding, **static_kw)
+      text = fn.lower(sharded_params, *few, jax.random.key(4), **static).compile().as_text()
+      return f'f32[{shape}]' in text
+
+    assert per_device_keys(cs, f'1,2,1,8,{T}') and not per_device_keys(None, f'1,2,1,8,{T}')
+
     cache = model_lib.init_cache(config, B, P + T)
     c_sh = sharding.cache_shardings(cache, mesh)
     assert c_sh.k.spec == PS(None, ('data', 'fsdp'), 'tensor', None, None), c_sh.k.spec

@@ -1,0 +1,1 @@
+"""Plan a run before paying for it: every stage of one RL step compiled for a TPU slice without the hardware (`python -m jtc.plan`)."""

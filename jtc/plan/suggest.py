@@ -1,0 +1,99 @@
+"""`--suggest`: a setting of the mesh, micro-batches, sampler and scoring chunks and remat that
+fits, cheapest first.
+
+Every candidate (mesh data x fsdp x tensor over the chips, `optim.microbatch_prompts`,
+`rollout.chunk_prompts`, `rollout.score_chunk_prompts`, `policy.remat`) that the config's
+divisibility rules allow gets the analytic `estimate.estimate` (no compile); those whose estimated
+peak fits the chip are compiled in order of estimated step time, and the first whose compiled
+stages all fit wins (the compiler's `memory_analysis()` decides, not the estimate).
+"""
+
+import dataclasses
+import itertools
+
+from jtc.plan import estimate as estimate_lib
+from jtc.rl import sharding as sharding_lib
+from jtc.rl import update as update_lib
+
+
+def _divisors(n):
+  return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(c, n_devices, model_config, chip, fit_only=True):
+  """[(estimate, {override: value})] of the settings that can fit ``chip`` (all of them without
+  ``fit_only``), cheapest (estimated step time) first."""
+  G = c.rollout.sampling.num_samples
+  tensors = [t for t in (1, 2, 4, 8) if n_devices % t == 0 and model_config.n_kv_heads % t == 0]
+  prompts = _divisors(c.rollout.prompts_per_step)
+  work = apply(c, {})  # a copy each candidate is written into (cheaper than a copy each)
+  out = []
+  for tensor, fsdp, mb, remat in itertools.product(tensors, _divisors(n_devices),
+                                                   _divisors(c.optim.minibatch_prompts),
+                                                   (False, True)):
+    data = n_devices // (tensor * fsdp * c.mesh.population)
+    sizes = {'population': c.mesh.population, 'data': data, 'fsdp': fsdp, 'tensor': tensor}
+    if data * fsdp * tensor * c.mesh.population != n_devices:
+      continue
+    try:
+      sharding_lib.check_batch_rows(mb * G, sizes)
+    except ValueError:
+      continue
+    m = dataclasses.replace(model_config, remat=remat)
+    for chunk, score in itertools.product(prompts, prompts):
+      overrides = {
+          'mesh.data': data,
+          'mesh.fsdp': fsdp,
+          'mesh.tensor': tensor,
+          'optim.microbatch_prompts': mb,
+          'rollout.chunk_prompts': chunk,
+          'rollout.score_chunk_prompts': score,
+          'policy.remat': remat
+      }
+      set_in(work, overrides)
+      est = estimate_lib.estimate(work, m, sizes, chip)
+      if est.peak <= chip.hbm_bytes or not fit_only:
+        out.append((est, overrides))
+  # Ties (the same estimated time) go to the smaller estimated peak: the likelier to fit.
+  return sorted(out, key=lambda x: (x[0].seconds, x[0].peak))
+
+
+def apply(c, overrides):
+  """A copy of config ``c`` with ``overrides`` ({'a.b': value}) set."""
+  c = c.copy_and_resolve_references()
+  set_in(c, overrides)
+  return c
+
+
+def set_in(c, overrides):
+  """Sets ``overrides`` ({'a.b': value}) in config ``c`` in place."""
+  for key, value in overrides.items():
+    *path, leaf = key.split('.')
+    section = c
+    for p in path:
+      section = section[p]
+    try:
+      section[leaf] = value
+    except TypeError:  # e.g. an int for a float field
+      with section.ignore_type():
+        section[leaf] = value
+
+
+def flags(overrides):
+  return ' '.join(f'--config.{k}={v}' for k, v in overrides.items())
+
+
+def suggest(c, plan_fn, n_devices, model_config, chip, *, max_compiles=4, log=print):
+  """(overrides, plan) of the first candidate, in estimated-time order, whose compiled plan
+  fits, or (None, None) after ``max_compiles`` plans. ``plan_fn(c)`` compiles config c's stages
+  (`planner.plan`)."""
+  found = candidates(c, n_devices, model_config, chip)
+  log(f'suggest: {len(found)} settings can fit by the analytic estimate; compiling the '
+      f'cheapest (at most {max_compiles})')
+  for est, overrides in found[:max_compiles]:
+    p = plan_fn(apply(c, overrides), stop_early=True)
+    log(f'suggest: {flags(overrides)}: estimated {est.peak / 2**30:.2f} GiB, {est.seconds:.4g} s; '
+        + ('compiled: fits' if p.fits else f'compiled: {p.verdict()}'))
+    if p.fits:
+      return overrides, p
+  return None, None
