@@ -277,11 +277,11 @@ def update_stage(setup_):
   leaf = lambda shape, dtype: jax.ShapeDtypeStruct(lead + shape, dtype, sharding=sh)
   f32 = lambda *shape: leaf(shape, jnp.float32)
   batch = update_lib.Batch(
-      tokens=leaf((P + T,), jnp.int32), input_mask=leaf(
-          (P + T,), jnp.int32), mask=f32(T), advantages=f32(), old_logps=f32(T),
-      ref_logps=f32(T) if setup_.ref_params is not None else None,
-      token_weights=f32(T) if c.token_weights else None,
-      is_weights=f32(T) if c.rollout.correction != 'none' or
+      tokens_BL=leaf((P + T,), jnp.int32), input_mask_BL=leaf((P + T,), jnp.int32),
+      mask_BT=f32(T), advantages_B=f32(), old_logps_BT=f32(T),
+      ref_logps_BT=f32(T) if setup_.ref_params is not None else None,
+      token_weights_BT=f32(T) if c.token_weights else None,
+      is_weights_BT=f32(T) if c.rollout.correction != 'none' or
       (c.rollout.policy_lag and c.rollout.policy_lag_mode == 'decoupled') else None)
   hparams = {
       k: jax.ShapeDtypeStruct((pop.n,), jnp.float32, sharding=sharding_lib.replicated(mesh))
