@@ -173,7 +173,7 @@ def verdict(row, alpha=ALPHA):
     return band
   sign = ''
   if predicted in ('<', '>') and delta != 0:
-    sign = "; predicted sign" if (delta > 0) == (predicted == '>') else '; opposite sign'
+    sign = '; predicted sign' if (delta > 0) == (predicted == '>') else '; opposite sign'
   return f'inconclusive{sign}'
 
 

@@ -21,7 +21,7 @@ OURS = ('jtc', 'experiments', 'benchmarks')
 FENCE = re.compile(r'^```(\w*)\n(.*?)^```', re.M | re.S)
 SHELL_FENCES = ('', 'bash', 'sh', 'shell')
 SEPARATORS = {';', '&&', '||', '|', '&', 'do', 'done', 'then', 'else', 'fi', '(', ')'}
-COMMAND_MODULES = {f'jtc.{c}': f'jtc.cli.{c}' for c in ('train', 'sft', 'ledger', 'plot')}
+COMMAND_MODULES = {f'jtc.{c}': f'jtc.cli.{c}' for c in ('train', 'sft', 'ledger', 'plot', 'plan')}
 
 
 def fenced_commands(text):

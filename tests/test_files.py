@@ -124,9 +124,8 @@ def _invocation(tmp):
 def _token_cloud(tmp):
   with open(os.path.join(tmp, 'token_cloud.json'), 'w') as f:
     json.dump({'top': [], 'bottom': []}, f)
-  return os.path.join(
-      tmp,
-      'token_cloud.json'), lambda: curve_plots.plot_token_clouds([tmp], os.path.join(tmp, 'clouds.png'))
+  return os.path.join(tmp, 'token_cloud.json'), lambda: curve_plots.plot_token_clouds(
+      [tmp], os.path.join(tmp, 'clouds.png'))
 
 
 def _checkpoint(tmp):

@@ -4,6 +4,7 @@ r"""The commands, one thin module each over a library function: `jtc <command> .
   jtc sft    --config configs/sft_arith.py --workdir W                    (jtc.rl.sft)
   jtc ledger steps|replay|html W ...                                     (jtc.analysis.replay)
   jtc plot   W1 [W2 ...] --out curves.png                                (jtc.analysis.curve_plots)
+  jtc plan   --config configs/real/<config>.py --topology v5e-64          (jtc.plan.planner)
 
 `jtc` is the console script (setup.py); ``python -m jtc.<command>`` runs the same `main`.
 Each command module has ``main(argv=None, prog=...)`` (``argv`` without the program name) and
@@ -18,10 +19,13 @@ COMMANDS = {
     'sft': 'supervised fine-tuning of a base policy',
     'ledger': "a run's per-token ledger: its steps, replay under other objectives, the viewer",
     'plot': 'training curves of runs',
+    'plan': "a config's RL step compiled for a TPU slice (or estimated for GPUs) before a run",
 }
 
 # The command modules, then the dispatcher.
-__all__ = ['absl_program', 'ledger', 'plot', 'sft', 'train', 'COMMANDS', 'command_module', 'main']
+__all__ = [
+    'absl_program', 'ledger', 'plan', 'plot', 'sft', 'train', 'COMMANDS', 'command_module', 'main'
+]
 
 
 def command_module(name):

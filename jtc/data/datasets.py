@@ -18,9 +18,7 @@ Preparation is safe under concurrency: processes that start together on a fresh 
 ``<data_dir>/.<folder>.lock``; the first builds, the others wait and then read what it built.
 Nothing is downloaded, so TFDS's "Downloading and preparing dataset" / "Dataset ... prepared"
 lines are not printed (one ``absl`` INFO line says what was generated); reading a prepared
-dataset prints nothing.
-
-`jtc.data.pipeline` reads what is prepared here.
+dataset prints nothing. `jtc.data.pipeline` reads what is prepared here.
 """
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 # The submodules (``from jtc.models import *`` imports them).
 __all__ = [
+    'attention',
     'bundles',
     'decode',
     'hf_config',

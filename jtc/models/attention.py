@@ -13,7 +13,7 @@
 Query l may see key s iff s <= l and mask_BL[b, s] (keys are the L tokens themselves). A query
 that sees no key at all (left padding) gets a finite, meaningless output, as in 'dense'.
 
-Dimension key: B batch, L tokens, C block of L, n = L / C blocks, N query heads, K kv heads,
+Dimension key (docs/dimensions.md): B batch, L tokens, C block of L, n = L / C blocks, N query heads, K kv heads,
 Q = N / K, H head dim.
 """
 

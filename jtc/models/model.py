@@ -8,9 +8,7 @@ One set of pure functions covers the three architectures:
     with optional frequency scaling (``rope_scaling='linear'`` or Llama-3.1/3.2 ``'llama3'``);
   * grouped-query attention (``n_kv_heads`` divides ``n_heads``);
   * optional RMSNorm over the head dimension of q and k before RoPE (Qwen3 ``qk_norm``);
-  * optional q/k/v biases (Qwen2 ``attn_bias``);
-  * SwiGLU MLP ``down(silu(gate(x)) * up(x))``;
-  * tied or untied output embeddings.
+  * optional q/k/v biases (Qwen2 ``attn_bias``); SwiGLU MLP; tied or untied output embeddings.
 
 The layers share one structure, so their parameters are stacked on a leading axis of size
 Y = n_layers and the trunk is one `jax.lax.scan` over them (as maxtext's ``scan_layers``): the

@@ -1,1 +1,14 @@
-"""Plan a run before paying for it: every stage of one RL step compiled for a TPU slice without the hardware (`python -m jtc.plan`)."""
+"""Plan a run before paying for it: every stage of one RL step compiled for a TPU slice without
+the hardware (`python -m jtc.plan`)."""
+
+# The submodules (``from jtc.plan import *`` imports them).
+__all__ = [
+    'estimate',
+    'hardware',
+    'hlo',
+    'planner',
+    'preflight',
+    'scaling_table',
+    'stages',
+    'suggest',
+]

@@ -24,11 +24,11 @@ from jtc.plan import hardware  # noqa: E402
 from jtc.plan import planner  # noqa: E402
 from jtc.plan import stages as stages_lib  # noqa: E402
 from jtc.plan import suggest as suggest_lib  # noqa: E402
-from jtc.rl import cli  # noqa: E402
+from jtc.cli import absl_program  # noqa: E402
 from jtc.rl import sharding as sharding_lib  # noqa: E402
 from jtc.rl import update as update_lib  # noqa: E402
 
-REPO = cli.REPO
+REPO = absl_program.REPO
 DOC = os.path.join(REPO, 'docs', 'scaling.md')
 CACHE = os.path.join(REPO, 'docs', 'scaling_plans.json')
 BEGIN, END = '<!-- plan table: begin -->', '<!-- plan table: end -->'
@@ -84,7 +84,7 @@ def _result(p, setting, note, est):
 
 def plan_row(path, slice_name, overrides, log):
   """{'fits', 'peak', 'mesh', 'setting', 'step_s', 'mfu', 'compile_s', 'stages', 'note', ...}."""
-  c = suggest_lib.apply(cli._load(os.path.join(REPO, path)), overrides)  # pylint: disable=protected-access
+  c = suggest_lib.apply(absl_program.load_config(os.path.join(REPO, path)), overrides)
   name = hardware.topology_name(slice_name)
   devices = hardware.topology_devices(name)
   chip = hardware.chip_of(name)

@@ -18,6 +18,8 @@ RL step and which resident state it does not take as an argument):
 Every stage holds the state it does not take as an argument meanwhile (`Setup.resident`): the
 optimiser state, the KL reference, a policy lag's older parameters.
 A population (population.size > 1) adds the member axis to every one of them.
+
+Dimension key (docs/dimensions.md): B rows, P prompt width, T new tokens, L = P + T.
 """
 
 import dataclasses
@@ -277,8 +279,8 @@ def update_stage(setup_):
   leaf = lambda shape, dtype: jax.ShapeDtypeStruct(lead + shape, dtype, sharding=sh)
   f32 = lambda *shape: leaf(shape, jnp.float32)
   batch = update_lib.Batch(
-      tokens_BL=leaf((P + T,), jnp.int32), input_mask_BL=leaf((P + T,), jnp.int32),
-      mask_BT=f32(T), advantages_B=f32(), old_logps_BT=f32(T),
+      tokens_BL=leaf((P + T,), jnp.int32), input_mask_BL=leaf(
+          (P + T,), jnp.int32), mask_BT=f32(T), advantages_B=f32(), old_logps_BT=f32(T),
       ref_logps_BT=f32(T) if setup_.ref_params is not None else None,
       token_weights_BT=f32(T) if c.token_weights else None,
       is_weights_BT=f32(T) if c.rollout.correction != 'none' or

@@ -13,6 +13,7 @@ import numpy as np
 from jtc.analysis import diagnostics
 from jtc.objectives import advantages as advantages_lib
 from jtc.objectives import corrections
+from jtc.rl import evaluation
 from jtc.rl import population as population_lib
 from jtc.rl import rollout as rollout_lib
 from jtc.rl import sharding as sharding_lib
@@ -102,7 +103,7 @@ def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params
   for m, r in zip(metrics, rollouts):
     m.update(accuracy=float(r.correct_B.mean()), response_length=float(r.lengths_B.mean()),
              frac_truncated=float(r.truncated_B.mean()),
-             **rollout_lib.format_metrics(task, r.texts, r.correct_B))
+             **evaluation.format_metrics(task, r.texts, r.correct_B))
   return batch, metrics, run_state
 
 

@@ -1,8 +1,8 @@
 """Rollouts: prompts -> G completions -> text -> verifier rewards, written once.
 
 The same code samples and scores for training (`collect`, with DAPO's dynamic sampling and
-refill), for held-out evaluation (`evaluate`, used by `jtc.train` and `jtc.sft`) and for the
-behaviour pass (`behaviour_pass`: the log-probs, and hidden states when asked, of the rollouts
+refill), for held-out evaluation (`jtc.rl.evaluation`, used by `jtc.train` and `jtc.sft`) and for
+the behaviour pass (`behaviour_pass`: the log-probs, and hidden states when asked, of the rollouts
 under the policy that produced them).
 
 Dimension key (docs/dimensions.md): B rows (= prompts x G, each group contiguous), G samples per
@@ -12,9 +12,7 @@ members.
 
 import dataclasses
 import functools
-import json
 from typing import Any, Callable
-import zlib
 
 import chex
 import flax.struct
@@ -299,92 +297,6 @@ def behaviour_logps(behaviour_fn, params, *, tokens_BL, input_mask_BL, host_toke
                    to_device(rows(host_input_mask_BL, s))) for s in range(0, B, chunk_rows)
   ]
   return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=axis), *parts)
-
-
-# ---------------------------------------------------------------------------------------------
-# Held-out evaluation and the equivalent-format shares.
-# ---------------------------------------------------------------------------------------------
-
-
-def format_metrics(task, texts, correct_B):
-  """Share of each equivalent solution format among the correct completions and its entropy
-  (nats); {} for a task without formats or when nothing is correct."""
-  formats = getattr(task, 'formats', ())
-  names = [task.format_of(t) for t, ok in zip(texts, correct_B) if ok] if formats else []
-  if not names:
-    return {}
-  counts = np.array([names.count(f) for f in formats], np.float64)
-  p = counts / max(counts.sum(), 1)
-  nz = p[p > 0]
-  out = {f'format/{f}': float(v) for f, v in zip(formats, p)}
-  out['format/entropy'] = float(-(nz * np.log(nz)).sum())
-  return out
-
-
-def evaluate(gen, params, examples, rng, *, sampling, batch_prompts, task=None):
-  """avg@k accuracy (k = sampling['num_samples']) of every member on the same held-out
-  ``examples`` and the format shares of its correct samples: a dict per member. Prompts go
-  ``batch_prompts`` at a time (the last batch padded by repeating its last prompt, so one shape
-  compiles); batch s uses fold_in(member key, s), ``rng`` being the members' keys, stacked.
-
-  The draws depend on ``examples`` (in order), the member's key, ``batch_prompts`` and
-  ``sampling`` only, never on how training batches its rollouts (the trainer passes
-  config.eval.batch_prompts). 'crn' is a hash of exactly those: the problems in order, the batch
-  shape and every key the sampler was given (`crn_hash`), so two runs with equal 'crn' were
-  evaluated with common random numbers."""
-  pop, k = gen.population, sampling['num_samples']
-  correct, texts = [[] for _ in range(pop.n)], [[] for _ in range(pop.n)]
-  keys = []
-  for s in range(0, len(examples), batch_prompts):
-    chunk = examples[s:s + batch_prompts]
-    n_real = len(chunk)
-    chunk = chunk + [chunk[-1]] * (batch_prompts - n_real)
-    keys.append(pop.fold_in(rng, s))
-    outs = gen.sample(params, [[e['prompt'] for e in chunk]] * pop.n, keys[-1], sampling)
-    n_keep = n_real * k
-    rep = [e for e in chunk[:n_real] for _ in range(k)]
-    for m, out in enumerate(outs):
-      chunk_texts = gen.decode(out.completion_RT[:n_keep], out.completion_mask_RT[:n_keep])
-      rewards = gen.reward_fn([e['prompt'] for e in rep], list(chunk_texts),
-                              [e['answer'] for e in rep])
-      correct[m].append(is_correct(rewards))
-      texts[m] += chunk_texts
-  results = []
-  keys_M = [pop.unstack(key) for key in keys]  # [batches][members]
-  for m, (c_m, t_m) in enumerate(zip(correct, texts)):
-    c_m = np.concatenate(c_m)
-    results.append({
-        f'avg@{k}':
-            float(c_m.mean()),
-        f'avg@{k}_se':
-            sampling_se(c_m.reshape(-1, k)),
-        'crn':
-            crn_hash([e['prompt'] for e in examples], [key[m] for key in keys_M],
-                     batch_prompts=batch_prompts, sampling=sampling),
-        **format_metrics(task, t_m, c_m)
-    })
-  return results
-
-
-def crn_hash(prompts, keys, *, batch_prompts, sampling):
-  """CRC32 of what fixes an evaluation's random draws: the problems in order, the batch shape, the
-  sampling settings and the sampler's keys (one per batch). Runs evaluated with common random
-  numbers share it (experiments/verdicts.py checks it for every paired comparison)."""
-  parts = [json.dumps([prompts, batch_prompts, sorted(sampling.items())]).encode()]
-  parts += [np.asarray(jax.random.key_data(key)).tobytes() for key in keys]
-  return zlib.crc32(b''.join(parts))
-
-
-def sampling_se(correct_MG):
-  """The standard error of avg@k that comes from sampling alone (the problems fixed): with
-  p_n the chance that a sample of problem n is correct, Var(avg@k) = sum_n p_n (1 - p_n) /
-  (k M^2) over the M problems, estimated without bias by p_hat (1 - p_hat) k / (k - 1) per problem (NaN for k = 1).
-  A run evaluated again with other sampling keys moves by about this much."""
-  n, k = correct_MG.shape
-  if k < 2:
-    return float('nan')
-  p_M = correct_MG.mean(-1)
-  return float(np.sqrt(np.sum(p_M * (1 - p_M) * k / (k - 1)) / (k * n * n)))
 
 
 def check_sampling(section, name):

@@ -31,6 +31,7 @@ from jtc.data import pipeline as data_lib
 from jtc.models import model as model_lib
 from jtc.models import logprobs
 from jtc.rl import distributed
+from jtc.rl import evaluation
 from jtc.rl import rollout as rollout_lib
 from jtc.rl import sharding as sharding_lib
 from jtc.data import tasks as tasks_lib
@@ -126,9 +127,9 @@ def train_sft(c, workdir):
   gen = rollout_lib.Generator(model_config=model_config, tokenizer=tokenizer,
                               reward_fn=task.reward_fn, prompt_width=c.prompt_width,
                               to_device=batched)
-  result, = rollout_lib.evaluate(gen, params, test, jax.random.key(c.seed + 1),
-                                 sampling=eval_sampling(c.eval_k, c.max_new_tokens),
-                                 batch_prompts=32, task=task)
+  result, = evaluation.evaluate(gen, params, test, jax.random.key(c.seed + 1),
+                                sampling=eval_sampling(c.eval_k, c.max_new_tokens),
+                                batch_prompts=32, task=task)
   result['train_seconds'] = time.time() - t0
   log.write(json.dumps(dict(step=c.num_steps, **result)) + '\n')
   log.close()

@@ -45,6 +45,7 @@ from jtc.rl import batch as batch_lib
 from jtc.rl import checkpoints
 from jtc.rl import config_check
 from jtc.rl import distributed
+from jtc.rl import evaluation
 from jtc.rl import ledger_recorder
 from jtc.rl import loop
 from jtc.rl import population as population_lib
@@ -247,9 +248,9 @@ class Trainer:
     c, pop = self.c, self.pop
     t0 = time.perf_counter()
     keys = pop.keys(lambda m: jax.random.fold_in(jax.random.key(m.seed + 1), step))
-    outs = rollout_lib.evaluate(self.eval_gen, self.state.params, self.eval_examples, keys,
-                                sampling=c.eval.sampling.to_dict(),
-                                batch_prompts=c.eval.batch_prompts, task=self.task)
+    outs = evaluation.evaluate(self.eval_gen, self.state.params, self.eval_examples, keys,
+                               sampling=c.eval.sampling.to_dict(),
+                               batch_prompts=c.eval.batch_prompts, task=self.task)
     if self.task is not None and c.eval.probe_problems:  # exact drift between equivalent forms
       replicated = sharding_lib.replicated(self.mesh)
       for m, out in enumerate(outs):

@@ -1,10 +1,9 @@
 """The optimisation half of an RL step: train state, optimiser, batch, mini-batches, updates.
 
 `Batch` is what the update consumes (`jtc.rl.batch.make_batch` builds it from a step's
-rollouts); `run_updates` takes ppo_epochs x mini-batches
-of whole groups, sliced on the device by `minibatch`, through `update_step` (jit it with
-``donate_argnums=0``), which accumulates the gradients of its micro-batches exactly
-(`microbatch_weights`).
+rollouts); `run_updates` takes ppo_epochs x mini-batches of whole groups, sliced on the device by
+`minibatch`, through `update_step` (jit it with ``donate_argnums=0``), which accumulates the
+gradients of its micro-batches exactly (`microbatch_weights`).
 
 Dimension key (docs/dimensions.md): B sequences, G group size, T completion length, L = P + T,
 n micro-batches per mini-batch, E population members.
@@ -125,17 +124,14 @@ def adam_direction_norm(opt_state, params, optim):
   before the learning rate scales it (the update is -lr_t times this direction), from the moments
   in ``opt_state`` after an update and the ``params`` it was applied to. With the learning rate
   factored out, it says how large a step the objective's gradients ask for, whatever the rate."""
-  adam = next(s for s in jax.tree.leaves(opt_state, is_leaf=_is_adam_state) if _is_adam_state(s))
+  is_adam = lambda x: isinstance(x, optax.ScaleByAdamState)
+  adam = next(s for s in jax.tree.leaves(opt_state, is_leaf=is_adam) if is_adam(s))
   count = adam.count.astype(jnp.float32)
   m_fix, v_fix = 1 - optim.adam_b1**count, 1 - optim.adam_b2**count
   direction = jax.tree.map(
       lambda m, v, p: (m / m_fix) / (jnp.sqrt(v / v_fix) + ADAM_EPS) + optim.weight_decay * p,
       adam.mu, adam.nu, params)
   return optax.tree.norm(direction)
-
-
-def _is_adam_state(x):
-  return isinstance(x, optax.ScaleByAdamState)
 
 
 def init_state(params, optimizer, *, param_shardings, replicated, population=population_lib.SINGLE):
@@ -271,20 +267,16 @@ def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_nam
   micro-batch. Metrics: the loss's (`objectives.compute_loss`) plus loss, grad / update / param
   l2 norms and, given the ``optim`` config section, the norm of AdamW's direction before the
   learning rate (`adam_direction_norm`, 'adam_step_norm'). ``row_sharding``: the activations'
-  rows constrained to it (`logprobs.sequence_logprobs`). ``hparams``: a population member's traced values of the varied keys
-  ('loss.hparams.<k>' override ``loss_hparams``; 'optim.learning_rate' is passed to
-  ``optimizer``, then a function learning_rate -> optimiser, e.g. a partial `make_optimizer`).
+  rows constrained to it (`logprobs.sequence_logprobs`). ``hparams``: a population member's
+  traced values of the varied keys ('loss.hparams.<k>' override ``loss_hparams``;
+  'optim.learning_rate' is passed to ``optimizer``, then a function learning_rate ->
+  optimiser, e.g. a partial `make_optimizer`).
   """
   chex.assert_rank([batch.tokens_BL, batch.input_mask_BL, batch.mask_BT], 3)  # [n, B/n, ...]
   chex.assert_rank(batch.advantages_B, 2)
   hparams = hparams or {}
-  prefix = 'loss.hparams.'
-  loss_hparams = {
-      **loss_hparams,
-      **{
-          k[len(prefix):]: v for k, v in hparams.items() if k.startswith(prefix)
-      }
-  }
+  varied = {k: v for k, v in hparams.items() if k.startswith('loss.hparams.')}
+  loss_hparams = dict(loss_hparams, **{k.split('.', 2)[2]: v for k, v in varied.items()})
   if 'optim.learning_rate' in hparams:
     optimizer = optimizer(hparams['optim.learning_rate'])
 
@@ -327,7 +319,7 @@ def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_nam
 
 
 def minibatch_sharding(c, mesh, population=population_lib.SINGLE):
-  """The sharding of a mini-batch's [(N,) n, rows, ...] leaves: rows over the batch axes."""
+  """The sharding of a mini-batch's [(E,) n, rows, ...] leaves: rows over the batch axes."""
   members = (('members',), (population.n,)) if population.batched else ((), ())
   rows = microbatch_prompts(c.optim) * c.rollout.sampling.num_samples
   return jax.sharding.NamedSharding(
@@ -359,8 +351,7 @@ def jit_minibatch_and_update(c, model_config, optimizer, mesh, state_shardings,
 
 def _flat(minibatch_batch, batched):
   """A mini-batch [(E,) n, B/n, ...] as one [(E,) B, ...] batch."""
-  lead = 2 if batched else 1
-  return jax.tree.map(lambda x: x.reshape(x.shape[:lead - 1] + (-1,) + x.shape[lead + 1:]),
+  return jax.tree.map(lambda x: x.reshape(x.shape[:batched] + (-1,) + x.shape[batched + 2:]),
                       minibatch_batch)
 
 

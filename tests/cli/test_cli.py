@@ -32,7 +32,8 @@ def test_each_command_is_its_module_main_under_the_jtc_program_name(name, capsys
   if hasattr(cli.command_module(name), 'make_parser'):  # argparse: the usage names the program
     assert exit_info.value.code == 0 and out.startswith(f'usage: jtc {name}')
   else:  # absl (whose --help exits 1): it lists the command's own flags, and only those
-    assert exit_info.value.code == 1 and '--config' in out and '--workdir' in out
+    assert exit_info.value.code == 1 and '--config' in out
+    assert ('--workdir' in out) == (name != 'plan') and ('--topology' in out) == (name == 'plan')
     assert ('allow_config_change' in out) == (name == 'train')
 
 

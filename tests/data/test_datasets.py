@@ -31,14 +31,14 @@ def test_built_once(data_dir):
 _PREPARE_SCRIPT = r"""
 import contextlib, json, os, sys, time
 barrier, index, count, data_dir, unlocked = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
-from jtc.data import datasets
+from jtc.data import datasets, pipeline
 if unlocked:  # exercise the FileExistsError tolerance that covers file systems without flock
     datasets._file_lock = lambda path: contextlib.nullcontext()
 open(os.path.join(barrier, f"ready_{index}"), "w").close()
 deadline = time.time() + 300
 while len(os.listdir(barrier)) < count and time.time() < deadline:  # all imported: go together
     time.sleep(0.005)
-got = {split: data.load_examples("arithmetic", split=split, data_dir=data_dir, num_examples={"train": 40, "test": 10})
+got = {split: pipeline.load_examples("arithmetic", split=split, data_dir=data_dir, num_examples={"train": 40, "test": 10})
        for split in ("train", "test")}
 print("RESULT " + json.dumps(got, sort_keys=True))
 """

@@ -31,7 +31,8 @@ def test_refresh_curves_rereads_a_curve_the_summaries_did_not_keep(tmp_path, mon
   os.replace(os.path.join(full['base__s0.json.gz']['workdir'], 'metrics.jsonl'), lost)
   refresh = ['fake', '--tables-only', '--refresh-curves']
   assert run_lib.main(refresh, results_root=results) == 1  # base__s0's metrics are gone
-  assert all('asym' not in common.read_summary(str(p))['curves'] for p in runs_dir.glob('*.json.gz'))
+  assert all(
+      'asym' not in common.read_summary(str(p))['curves'] for p in runs_dir.glob('*.json.gz'))
   os.replace(lost, os.path.join(full['base__s0.json.gz']['workdir'], 'metrics.jsonl'))
   assert run_lib.main(refresh, results_root=results) == 0
   assert {p.name: common.read_summary(str(p)) for p in runs_dir.glob('*.json.gz')} == full

@@ -13,7 +13,7 @@ from jtc.plan import estimate
 from jtc.plan import hardware
 from jtc.plan import stages
 from jtc.plan import suggest
-from jtc.rl import cli
+from jtc.cli import absl_program
 from jtc.rl import sharding
 
 needs_libtpu = pytest.mark.skipif(
@@ -21,7 +21,7 @@ needs_libtpu = pytest.mark.skipif(
 
 
 def _config(path='configs/real/qwen3_0_6b_gsm8k_dfpo.py', **overrides):
-  return suggest.apply(cli._load(os.path.join(cli.REPO, path)), overrides)  # pylint: disable=protected-access
+  return suggest.apply(absl_program.load_config(os.path.join(absl_program.REPO, path)), overrides)
 
 
 @needs_libtpu
@@ -62,7 +62,7 @@ def test_kv_cache_term_is_the_samplers_cache():
       lambda p, t: decode.prefill(p, m, t, t, num_samples=4, max_new_tokens=T), params, tokens)
   shards = {'batch': 2, 'kv_heads': 2}
   want = sum(x.size * x.dtype.itemsize / shards['batch'] / shards['kv_heads']
-             for x in (cache.k, cache.v, cache.prompt_k, cache.prompt_v))
+             for x in (cache.k_YRKHT, cache.v_YRKTH, cache.prompt_k_YBKPH, cache.prompt_v_YBKPH))
   x = estimate.context(c, m, sizes, hardware.CHIPS['v5e'])
   assert estimate.kv_cache_bytes(x, B, 4, P, T) == pytest.approx(want, rel=1e-9)
 

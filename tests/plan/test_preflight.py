@@ -74,7 +74,7 @@ def test_preflight_compiles_each_stage_once_and_stops_a_run_that_does_not_fit(
 def test_gpu_target_is_labelled_an_estimate_and_checks_the_host_devices():
   """`--gpu`: JAX cannot compile for CUDA without a GPU, so the plan compiles for host devices
   with the GPU's constants and says so; a device count the host was not given is an error."""
-  from jtc.plan import __main__ as plan_main  # pylint: disable=import-outside-toplevel
+  from jtc.cli import plan as plan_main  # pylint: disable=import-outside-toplevel
   devices, platform, chip, where, compiled_for = plan_main.target('h100', 1, None, 1)
   assert (len(devices), platform, chip) == (1, 'gpu', hardware.CHIPS['h100'])
   assert 'estimate, not compiled for the GPU' in compiled_for and 'h100' in where

@@ -15,6 +15,7 @@ from configs import sft_phrasing
 from jtc.analysis import probes
 from jtc.models import bundles
 from jtc.data import pipeline as data_lib
+from jtc.rl import evaluation
 from jtc.rl import rollout
 from jtc.rl import sft
 from jtc.data import tasks as tasks_lib
@@ -42,7 +43,7 @@ def base_eval(request, tmp_path_factory):
     texts += ro.texts
     correct += list(ro.correct_B)
   correct = np.array(correct)
-  result = {'avg@4': float(correct.mean()), **rollout.format_metrics(task, texts, correct)}
+  result = {'avg@4': float(correct.mean()), **evaluation.format_metrics(task, texts, correct)}
   return bundle, task, result, texts, correct
 
 

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-import procs
+from tests import procs
 from jtc.analysis import metric_writer
 from jtc.rl import distributed
 

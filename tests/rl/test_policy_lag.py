@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import procs
+from tests import procs
 from configs import gspo
 from jtc.analysis import metric_writer
 from jtc.rl import batch as batch_lib

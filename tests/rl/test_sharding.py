@@ -108,8 +108,8 @@ CHILD = textwrap.dedent('''
                             rng=jax.random.key(4), **static_kw)
     s8 = sampler_lib.sample(sharded_params, config, *few, rng=jax.random.key(4), row_sharding=cs,
                             **static_kw)
-    np.testing.assert_array_equal(s8.tokens, s1.tokens)
-    np.testing.assert_allclose(s8.logps, s1.logps, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(s8.tokens_RL, s1.tokens_RL)
+    np.testing.assert_allclose(s8.logps_RT, s1.logps_RT, rtol=1e-5, atol=1e-5)
 
     def per_device_keys(row_sharding, shape):
       fn, static = sampler_lib.program(config, P, members=False, platform='cpu',

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-import procs
+from tests import procs
 from jtc.models import bundles
 
 from jtc.analysis import metric_writer

@@ -19,7 +19,7 @@ def test_every_claim_names_runs_and_a_metric_of_its_sweep():
 def test_confirmatory_claims_are_on_fresh_seeds_with_a_sesoi():
   confirmatory = [c for c in claims.all_claims() if c.kind == 'confirmatory']
   assert {c.family for c in confirmatory
-         } == {'Table 1', 'Mechanism', 'Off-policy', 'Table 4', 'DelTA'}
+         } == {'Table 1', 'Mechanism', 'Off-policy', 'Table 4', 'DelTA', 'Step size'}
   for c in confirmatory:
     assert sweeps_lib.get_sweep(c.sweep).first_seed >= 8, c.name  # seeds 0-7 chose the settings
     assert c.sesoi and c.sesoi_why and c.predicted in ('>', '<', '='), c.name
