@@ -45,7 +45,11 @@ def test_committed_executed_with_outputs(name):
   assert any('image/png' in o.get('data', {}) for c in code for o in c.outputs), name
 
 
-@pytest.mark.parametrize('name', NOTEBOOKS)
+# per_token_gradients.ipynb takes ~2 min: slow set only (its committed outputs are checked above).
+@pytest.mark.parametrize('name', [
+    pytest.param(n, marks=pytest.mark.slow) if n == 'per_token_gradients.ipynb' else n
+    for n in NOTEBOOKS
+])
 def test_notebook_runs(name, kernel_env):
   del kernel_env
   from nbclient import NotebookClient  # pylint: disable=import-outside-toplevel

@@ -13,6 +13,8 @@ shardings its steps pass, so the steps find them compiled: each stage compiles o
 
 import sys
 
+import jax
+
 from jtc.plan import hardware
 from jtc.plan import planner
 from jtc.plan import stages as stages_lib
@@ -24,7 +26,8 @@ def check(c, model_config, mesh, *, behaviour_fn=None, update_fn=None, tokenizer
   """Raises `hardware.DoesNotFit` naming the first stage of config ``c`` (the trainer's model
   and mesh) that exceeds its devices' memory; a no-op where the capacity is unknown. The
   trainer passes its ``behaviour_fn``, ``update_fn`` and ``tokenizer``."""
-  device = mesh.devices.flat[0]
+  # This process's own device: another process's cannot report its memory.
+  device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
   capacity = hardware.device_capacity(device)
   if capacity is None:
     return

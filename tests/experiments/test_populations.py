@@ -40,6 +40,7 @@ def test_programs_group_seeds_and_variable_keys_and_split_the_rest():
     assert dirs == ({'W'} if p.size == 1 else {f'W/members/seed{k}' for k in (0, 1)})
 
 
+@pytest.mark.slow  # ~1 min
 def test_a_sweep_trains_its_seeds_as_a_population_and_reads_members_as_runs(tmp_path):
   root, work = tmp_path / 'results', tmp_path / 'w'
   runs = 'gspo_learning_rate0.0001,dfpo_min_replace_learning_rate0.0001'

@@ -35,10 +35,13 @@ class _Compiles(logging.Handler):
 def compiles():
   handler = _Compiles()
   logger = logging.getLogger('jax')
+  level = logger.level
+  logger.setLevel(logging.DEBUG)  # whatever level an earlier command left on the root logger
   logger.addHandler(handler)
   with jax.log_compiles(True):
     yield handler
   logger.removeHandler(handler)
+  logger.setLevel(level)
 
 
 def test_preflight_compiles_each_stage_once_and_stops_a_run_that_does_not_fit(

@@ -84,6 +84,7 @@ def _assert_same(a, b):
         np.testing.assert_allclose(ra[k], rb[k], rtol=tol, atol=1e-5, err_msg=f'{ra["step"]} {k}')
 
 
+@pytest.mark.slow  # 2-6 min on 2 cores
 def test_two_processes_equal_one_process_and_resume_after_a_kill(tmp_path):
   reference, run = str(tmp_path / 'one'), str(tmp_path / 'two')
   _one(reference, '--config.mesh.data=2', devices=2)

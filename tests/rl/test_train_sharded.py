@@ -93,6 +93,7 @@ def test_eight_devices_match_one_device(tiny_policy, tmp_path):
   _assert_same(one, eight)
 
 
+@pytest.mark.slow  # ~1 min; tests/rl/test_population.py keeps a population's equivalence in CI
 def test_a_population_sharded_over_devices_matches_one_device(tiny_policy, tmp_path):
   """Members on the 'population' mesh axis: 4 members over 2 devices (2 each; the batch of each
   over the other 2 devices' data axis) give every member's metrics of the one-device program."""
