@@ -24,6 +24,10 @@ import time
 
 HELLO = 'jtc-rendezvous'
 RETRY_S = 1.0  # between connection attempts of a process waiting for process 0
+# A process connected to process 0 waits this long past its own deadline for process 0's verdict,
+# which comes at process 0's deadline at the latest: with equal timeouts the two deadlines
+# coincide, and the verdict (what is wrong) is the message worth waiting for.
+VERDICT_GRACE_S = 2.0
 
 
 class RendezvousError(RuntimeError):
@@ -68,7 +72,7 @@ def join(host, port, *, process_id, num_processes, deadline):
     try:
       with socket.create_connection((host, port), timeout=wait_s) as s:
         s.sendall(_hello(process_id, num_processes))
-        answer = _read_line(s, deadline)
+        answer = _read_line(s, deadline + VERDICT_GRACE_S)
     except socket.gaierror as e:
       last = f'the host name {host!r} does not resolve ({e.strerror})'
     except OSError as e:

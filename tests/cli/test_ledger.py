@@ -29,6 +29,7 @@ def test_bad_input_is_named_and_nothing_is_written(run_with_ledger, capsys, args
   assert not os.path.exists(os.path.join(run_with_ledger, 'x.html'))
 
 
+@pytest.mark.slow  # ~35 s; tests/analysis/test_replay.py keeps replay itself in CI
 def test_replay_command_writes_its_table_and_file(run_with_ledger, capsys):
   assert ledger_cli.main(
       ['replay', run_with_ledger, '--step', '1', '--objectives', 'grpo,gspo,dfpo_min_replace']) == 0

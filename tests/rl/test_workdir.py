@@ -117,6 +117,7 @@ def _files(workdir):
   }
 
 
+@pytest.mark.slow  # ~30 s
 def test_checkpoints_of_another_model_are_refused_not_deleted(tmp_path):
   """The policy bundle behind the same path was rebuilt smaller: incompatible != unreadable."""
   bundle = _bundle(str(tmp_path / 'policy'), n_layers=2)
