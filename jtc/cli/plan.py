@@ -97,14 +97,22 @@ def run(argv):
     update_lib.check_config(c.optim, c.rollout.prompts_per_step)
     devices, platform, chip, where, compiled_for = target(FLAGS.gpu, FLAGS.gpus, FLAGS.topology,
                                                           FLAGS.num_slices)
-    check_mesh(c, len(devices))
     plan_fn = lambda cfg, **kw: planner.plan(cfg, devices, platform=platform, chip=chip, target=
                                              where, compiled_for=compiled_for, only=FLAGS.stages,
                                              log=log, **kw)
-    result = plan_fn(c, stop_early=FLAGS.suggest)  # --suggest needs the verdict only
+    try:
+      check_mesh(c, len(devices))
+    except ValueError as e:  # --suggest searches the mesh: a configured one that cannot run here
+      if not FLAGS.suggest:  # is no reason to stop it
+        raise
+      log(f'suggest: the configured setting cannot run on {where} ({e}); searching')
+      result = None
+    else:
+      result = plan_fn(c, stop_early=FLAGS.suggest)  # --suggest needs the verdict only
   except ValueError as e:
     sys.exit(f'error: {e}')
-  print(planner.format_table(result))
+  if result is not None:
+    print(planner.format_table(result))
   if FLAGS.suggest:  # exits 0 with a setting that fits, whether or not the config does
     model_config = stages_lib.model_config_for(c, platform)
     overrides, best = suggest_lib.suggest(c, plan_fn, len(devices), model_config, chip, log=log)

@@ -1,7 +1,10 @@
-"""`jtc plan`: a bad target is an error naming the valid ones, before anything compiles."""
+"""`jtc plan`: a bad target is an error naming the valid ones, before anything compiles; a mesh
+that cannot run on the target stops a plan but not a --suggest search."""
 import pytest
 
 from jtc.cli import plan
+from jtc.plan import stages
+from jtc.plan import suggest
 
 
 def test_an_unknown_topology_is_named_with_the_known_ones():
@@ -14,3 +17,16 @@ def test_a_target_is_required():
   with pytest.raises(SystemExit) as stop:
     plan.main(['--config', 'configs/real/qwen3_0_6b_gsm8k_dfpo.py'])
   assert '--topology (or --gpu) is required' in str(stop.value.code)
+
+
+@pytest.mark.parametrize('flags, searched', [([], False), (['--suggest'], True)])
+def test_a_mesh_that_cannot_run_stops_a_plan_but_not_a_search(monkeypatch, flags, searched):
+  calls = []
+  monkeypatch.setattr(plan, 'target', lambda *a: ([object()] * 64, 'tpu', None, 'v5e-64', 'test'))
+  monkeypatch.setattr(suggest, 'suggest', lambda *a, **k: calls.append(a) or (None, None))
+  monkeypatch.setattr(stages, 'model_config_for', lambda *a: None)
+  with pytest.raises(SystemExit) as stop:  # 32 sequences a micro-batch do not split 64 ways
+    plan.main(['--config', 'configs/real/qwen3_8b_math_dapo.py', '--topology', 'v5e-64', *flags])
+  assert bool(calls) == searched
+  said = str(stop.value.code)
+  assert ('no candidate setting fits' in said) if searched else ('does not split over' in said)
