@@ -6,7 +6,7 @@ setuptools.setup(
     version='0.2.0',
     description='JAX research codebase for RL of language models with sequence-level rewards.',
     packages=setuptools.find_packages(
-        include=['jtc', 'jtc.*', 'configs', 'configs.*', 'experiments']),
+        include=['jtc', 'jtc.*', 'configs', 'configs.*', 'experiments', 'experiments.*']),
     package_data={'jtc': ['assets/**/*']},
     # `jtc train | sft | ledger | plot ...` (the same commands as `python -m jtc.<command>`).
     entry_points={'console_scripts': ['jtc = jtc.cli:main']},

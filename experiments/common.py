@@ -15,6 +15,18 @@ from jtc import files
 from jtc.analysis import curves
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def results_dir(root=ROOT, cwd=None):
+  """Where results files go by default: the repository's experiments/results in a checkout;
+  in an installed package (`pip install .`, no results folder beside the code) the working
+  directory's experiments/results, never the site-packages folder."""
+  committed = os.path.join(root, 'experiments', 'results')
+  if os.path.isdir(committed):
+    return committed
+  return os.path.join(cwd or os.getcwd(), 'experiments', 'results')
+
+
 SMOOTH_STEPS = 5  # trailing mean of the reward before compute_at_threshold
 
 # ---------------------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ from experiments.launch import Launch
 from experiments.summaries import compress, refresh_curves, write_json
 from jtc import files
 
-RESULTS_DIR = os.path.join(common.ROOT, 'experiments', 'results')
+RESULTS_DIR = common.results_dir()
 DEFAULT_WORKROOT = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'jtc_experiments')
 
 

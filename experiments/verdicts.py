@@ -38,7 +38,7 @@ from experiments.sweeps import claims as claims_lib
 from jtc import files
 from jtc.analysis import curve_plots
 
-RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')
+RESULTS_DIR = common.results_dir()
 ALPHA = 0.05
 COLUMNS = ('claim', 'family', 'kind', 'sweep', 'metric', 'arm', 'baseline', 'group', 'comparison',
            'n_seeds', 'first_seed', 'delta', 'ci_low', 'ci_high', 'p_exact', 'p_holm', 'q_bh',

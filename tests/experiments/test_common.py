@@ -1,5 +1,7 @@
 """Tests of experiments.common: a metric of the difference of two curves, logged at the same
 steps."""
+import os
+
 import numpy as np
 import pytest
 
@@ -27,3 +29,13 @@ def test_a_metric_of_the_difference_of_two_curves():
   assert np.isnan(common.metric_value(summary, 'final:a - missing'))  # a missing curve
   with pytest.raises(ValueError, match='same steps'):
     common.metric_value(summary, 'change:a - c')
+
+
+def test_results_go_beside_the_code_in_a_checkout_and_to_the_working_directory_when_installed(
+    tmp_path):
+  checkout, installed, cwd = tmp_path / 'repo', tmp_path / 'site-packages', tmp_path / 'work'
+  (checkout / 'experiments' / 'results').mkdir(parents=True)
+  (installed / 'experiments').mkdir(parents=True)  # a wheel carries no results folder
+  assert common.results_dir(str(checkout), str(cwd)) == str(checkout / 'experiments' / 'results')
+  assert common.results_dir(str(installed), str(cwd)) == str(cwd / 'experiments' / 'results')
+  assert common.results_dir() == os.path.join(common.ROOT, 'experiments', 'results')  # this one
