@@ -7,7 +7,9 @@ the answers one at a time to idle workers and returns ``check(completion, answer
 ``[B]`` float32 array. An answer whose check has not returned ``timeout_s`` after it was sent
 scores 0: its worker is killed (SIGKILL) and a fresh one started in its place; a worker that dies
 mid-check scores that answer 0 the same way. ``pool.close()`` (or leaving a ``with`` block) ends
-every worker and waits for it.
+every worker and waits for it. Workers ignore SIGINT and SIGTERM (a Ctrl-C reaches the whole
+process group; the trainer finishes its step with them) and exit within a second of their
+parent's death.
 
 Why processes started by ``subprocess`` and not ``multiprocessing``: the trainer has jax loaded
 (multi-threaded), so the workers must not be forked from it; ``subprocess`` execs a fresh
@@ -28,6 +30,7 @@ import importlib
 import json
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import threading
@@ -153,9 +156,8 @@ class VerifierPool:
         if not w.ready:
           raise RuntimeError(f'a verifier worker ({self.check}) exited before it was ready '
                              f'(exit status {w.proc.wait()}); its error is above')
-        print(
-            f'verify_pool: a worker died checking answer {w.pending and w.pending[0]} '
-            '(scored 0); started another', file=sys.stderr)
+        what = 'while idle' if w.pending is None else f'checking answer {w.pending[0]} (scored 0)'
+        print(f'verify_pool: a worker died {what}; started another', file=sys.stderr)
         self._replace(w)
         continue
       for value in lines:
@@ -241,6 +243,10 @@ def worker_main(check: str) -> None:
   """A worker's loop: ``[completion, answer]`` lines in, ``check(completion, answer)`` lines
   out (0.0 when the check raises)."""
   threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+  # Ctrl-C or a SIGTERM to the process group is the trainer's to handle (it finishes the step,
+  # checkpoints and closes the pool); a worker ends with its stdin, its parent, or SIGKILL.
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, signal.SIG_IGN)
   fn = _import_check(check)
   out = os.fdopen(os.dup(1), 'w')  # the protocol's channel; what the check prints goes to stderr
   os.dup2(2, 1)

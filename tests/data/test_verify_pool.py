@@ -5,6 +5,7 @@ after its parent dies.
 The checks the workers run are this module's functions (a worker imports this module by name).
 """
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -103,6 +104,16 @@ def test_a_crashing_worker_scores_zero_and_is_replaced():
     np.testing.assert_array_equal(pool.score(['a', 'crash', 'b'], ['a', 'crash', 'b']),
                                   [1.0, 0.0, 1.0])
     assert pool.timeouts == 0 and len(pool.pids) == 1
+
+
+def test_workers_outlive_a_ctrl_c_to_the_process_group():
+  """SIGINT and SIGTERM are the trainer's: a worker keeps working through them."""
+  with verify_pool.VerifierPool(equal_check, workers=1, timeout_s=60) as pool:
+    pids = pool.pids
+    for sig in (signal.SIGINT, signal.SIGTERM):
+      os.kill(pids[0], sig)
+    np.testing.assert_array_equal(pool.score(['a', 'b'], ['a', 'c']), [1.0, 0.0])
+    assert pool.pids == pids and alive(pids[0])
 
 
 def test_a_raising_check_scores_zero():
