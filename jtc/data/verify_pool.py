@@ -22,6 +22,8 @@ has checked ``WARM_UP`` (so lazily imported libraries load outside any answer's 
 then for each ``[completion, answer]`` line on its stdin it prints the score. End of its stdin
 ends it; a worker whose parent has died exits within a second (its parent id changes).
 
+POSIX only (``select`` on pipes, ``os.getppid``), like the rest of jtc's process handling.
+
 Dimension key: B answers.
 """
 from __future__ import annotations
