@@ -41,6 +41,9 @@ setuptools.setup(
         'plan': ['jax[tpu]'],
         # The viewer for the TensorBoard event files the trainer writes (tensorboardX).
         'tensorboard': ['tensorboard>=2.16'],
+        # `--config.data.reward=math_verify`: Hugging Face's Math-Verify answer checker
+        # (jtc.data.math_verifier; docs/verifiers.md).
+        'math': ['math-verify>=0.9'],
         'test': [
             'jax[tpu]',  # tests/plan: the planner's deviceless TPU compiles (the plan extra)
             'pytest>=8',
@@ -57,6 +60,7 @@ setuptools.setup(
             # torch==2.13.0 resolves to the CPU build that lies on this machine's disk.
             'torch==2.13.0',
             'transformers>=4.51',
+            'math-verify>=0.9',  # tests/data/test_math_verifier.py, benchmarks/verifiers.py
         ],
     },
 )

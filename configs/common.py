@@ -110,7 +110,12 @@ def get_config(arg=None):
   c.data.dataset = ''
   c.data.eval_dataset = ''  # held-out JSONL ('' = the dataset's test split)
   c.data.data_dir = ''  # '' = $JTC_DATA_DIR or ~/.cache/jtc/data
-  c.data.reward = ''  # a jtc.data.rewards.REWARD_FNS name ('' = the task's own)
+  # A jtc.data.rewards verifier ('' = the task's own): exact_match | numeric_match | boxed_numeric
+  # | format | expression_match | math_verify (Math-Verify, the optional 'math' extra; a pool of
+  # processes, docs/verifiers.md).
+  c.data.reward = ''
+  c.data.verify_workers = 4  # math_verify's worker processes (started once per run)
+  c.data.verify_timeout_s = 10.0  # math_verify: an answer not checked within this scores 0
   c.data.prompt_width = 20  # P: prompts (with BOS) are left-padded to this width
   c.data.prompt_suffix = ''  # appended to every question before the chat template
   c.data.chat_template = True  # wrap prompts with the tokenizer's chat template

@@ -4,7 +4,9 @@
 __all__ = [
     'datasets',
     'expressions',
+    'math_verifier',
     'pipeline',
     'rewards',
     'tasks',
+    'verify_pool',
 ]

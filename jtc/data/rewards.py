@@ -5,7 +5,10 @@ Every reward function has one interface::
     reward_fn(prompts: Sequence[str], completions: Sequence[str], answers: Sequence[str])
         -> np.ndarray  # [B] float32
 
-so the trainer never needs to know which verifier it runs (``REWARD_FNS[name]``).
+so the trainer never needs to know which verifier it runs (``make_reward_fn(name, ...)``).
+Most are plain functions (``REWARD_FNS``); ``math_verify`` (Hugging Face's Math-Verify, an
+optional package) runs in worker processes with a per-answer timeout
+(``POOLED_REWARD_FNS``, `jtc.data.math_verifier`): a run starts it once and closes it at its end.
 
 Nothing here calls ``eval``/``exec`` on model output: arithmetic expressions go through a small
 tokenizer + recursive-descent parser (``jtc.data.expressions``) with limits on length, nesting
@@ -44,7 +47,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from jtc import checks
 from jtc.data import expressions
+from jtc.data import math_verifier
 
 RewardFn = Callable[[Sequence[str], Sequence[str], Sequence[str]], np.ndarray]
 
@@ -310,12 +315,50 @@ REWARD_FNS: dict[str, RewardFn] = {
     'expression_match': expression_match,
 }
 
+# Verifiers that run in worker processes (jtc.data.verify_pool), started once per run and closed
+# at its end: name -> factory(workers=, timeout_s=) of a reward fn with a close() method and a
+# static require() that raises ValueError when its package is missing.
+POOLED_REWARD_FNS = {'math_verify': math_verifier.MathVerifyReward}
+
+
+def reward_names() -> list[str]:
+  """Every valid ``config.data.reward`` name but '' (the task's own)."""
+  return sorted({**REWARD_FNS, **POOLED_REWARD_FNS})
+
 
 def get_reward_fn(name: str) -> RewardFn:
-  """Looks up a reward function ``(prompts, completions, answers) -> [B] float32`` by name."""
+  """Looks up a reward function ``(prompts, completions, answers) -> [B] float32`` by name
+    (the plain ones; `make_reward_fn` also starts the pooled ones)."""
   if name not in REWARD_FNS:
     raise ValueError(f'unknown reward function {name!r}; valid: {sorted(REWARD_FNS)}')
   return REWARD_FNS[name]
+
+
+def make_reward_fn(name: str, *, workers: int, timeout_s: float) -> RewardFn:
+  """The reward function ``name``; a pooled one (``POOLED_REWARD_FNS``) starts ``workers``
+    processes with ``timeout_s`` per answer now: end it with `close_reward_fn`."""
+  if name in POOLED_REWARD_FNS:
+    return POOLED_REWARD_FNS[name](workers=workers, timeout_s=timeout_s)
+  if name not in REWARD_FNS:
+    raise ValueError(f'unknown reward function {name!r}; valid: {reward_names()}')
+  return REWARD_FNS[name]
+
+
+def close_reward_fn(reward_fn: RewardFn) -> None:
+  """Ends a pooled reward function's processes (nothing for a plain function). Idempotent."""
+  close = getattr(reward_fn, 'close', None)
+  if close is not None:
+    close()
+
+
+def check_config(data) -> None:
+  """A config's verifier pool keys, before any compute (`pipeline.check_config` checks the
+    name): ``data.verify_workers`` and ``data.verify_timeout_s`` in range, and the package of a
+    pooled ``data.reward`` installed."""
+  checks.positive_int('config.data.verify_workers', data.verify_workers)
+  checks.positive('config.data.verify_timeout_s', data.verify_timeout_s)
+  if data.reward in POOLED_REWARD_FNS:
+    POOLED_REWARD_FNS[data.reward].require()
 
 
 def combine(*weighted: tuple[float, RewardFn]) -> RewardFn:

@@ -52,7 +52,8 @@ def validate(c):
 def _validate_run(c):
   """Every section of a single run's config but the mesh (the population's)."""
   checkpoints.check_policy_config(c.policy)
-  data_lib.check_config(c.data, tasks=tasks_lib.TASKS, reward_fns=rewards_lib.REWARD_FNS)
+  data_lib.check_config(c.data, tasks=tasks_lib.TASKS, reward_fns=rewards_lib.reward_names())
+  rewards_lib.check_config(c.data)
   checks.positive_int('config.num_steps', c.num_steps)
   checks.choice('config.advantage.name', c.advantage.name, advantages_lib.ADVANTAGES)
   checks.choice('config.loss.name', c.loss.name, objectives.LOSSES)

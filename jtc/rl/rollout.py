@@ -98,13 +98,20 @@ class Generator:
   def from_config(cls, c, model_config, tokenizer, task, *, to_device=jnp.asarray,
                   population=population_lib.SINGLE, mesh=None):
     """The generator of a run config: its task's verifier (or `data.reward`; a dataset run
-    defaults to boxed_numeric), prompt encoding and chunking."""
+    defaults to boxed_numeric), prompt encoding and chunking. A pooled verifier (math_verify)
+    starts its processes here: `close` ends them."""
     reward = c.data.reward or ('' if task else 'boxed_numeric')
-    return cls(model_config=model_config, tokenizer=tokenizer,
-               reward_fn=rewards_lib.REWARD_FNS[reward] if reward else task.reward_fn,
+    reward_fn = rewards_lib.make_reward_fn(
+        reward, workers=c.data.verify_workers,
+        timeout_s=c.data.verify_timeout_s) if reward else task.reward_fn
+    return cls(model_config=model_config, tokenizer=tokenizer, reward_fn=reward_fn,
                prompt_width=c.data.prompt_width, chat_template=c.data.chat_template,
                prompt_suffix=c.data.prompt_suffix, chunk_prompts=c.rollout.chunk_prompts,
                to_device=to_device, population=population, mesh=mesh)
+
+  def close(self):
+    """Ends the verifier's worker processes, if it has any."""
+    rewards_lib.close_reward_fn(self.reward_fn)
 
   def check_prompt_width(self, prompts):
     """ValueError naming config.data.prompt_width when the longest of ``prompts`` (suffix and

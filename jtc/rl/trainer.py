@@ -71,6 +71,8 @@ class Trainer:
     try:
       self._build(schedule_steps, policy)
     except BaseException:
+      if getattr(self, 'gen', None) is not None:  # the verifier's processes, if it started any
+        self.gen.close()
       if self._lock is not None:  # another trainer (or this one, fixed) may use the workdir
         self._lock.close()
       raise
@@ -344,7 +346,9 @@ class Trainer:
     return bool(budget) and self.run_state.count('generated_tokens') >= budget
 
   def close(self):
-    """Releases the checkpointer and the workdir lock (another trainer may then use it)."""
+    """Releases the verifier's processes, the checkpointer and the workdir lock (another trainer
+    may then use it)."""
+    self.gen.close()
     self.ckpt.close()
     if self._lock is not None:
       self._lock.close()

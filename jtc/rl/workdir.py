@@ -22,10 +22,13 @@ CONFIG_FILE = 'config.json'
 LOCK_FILE = '.lock'
 MEMBER_FILE = 'member.json'  # marks a population member's directory
 # Keys that may change when a run is resumed: they change how long it runs and what it logs,
-# never what a step computes. (num_steps keeps the run's original learning-rate schedule.)
+# never what a step computes. (num_steps keeps the run's original learning-rate schedule.) The
+# verifier pool's size and timeout are the machine's (a slower host may need a longer timeout),
+# and runs written before they existed lack them.
 RESUMABLE_KEYS = ('num_steps', 'token_budget', 'eval.every', 'eval.problems', 'eval.probe_problems',
                   'log.ckpt_every', 'log.keep_checkpoints', 'log.diagnostics_every',
-                  'log.progress_every', 'log.ledger_every', 'distributed.coordinator_timeout_s')
+                  'log.progress_every', 'log.ledger_every', 'distributed.coordinator_timeout_s',
+                  'data.verify_workers', 'data.verify_timeout_s')
 SCHEDULE_KEY = 'schedule_num_steps'  # in config.json: the num_steps the schedule was built for
 # Keys that define which members a population has: never changed on resume, even with
 # --allow_config_change (the checkpoint would be restored into other members).

@@ -109,6 +109,24 @@ def test_identity_allows_only_resumable_keys():
     assert workdir_lib.check_identity(w, d, has_checkpoint=True, allow_changes=True) == 2
 
 
+def test_a_run_recorded_before_the_verifier_pool_keys_resumes(tmp_path):
+  """data.verify_workers / verify_timeout_s are absent from older workdirs' config.json and may
+  change on resume; data.reward may not (known positive)."""
+  c = common.get_config('smoke')
+  old = ml_collections.ConfigDict(c.to_dict())
+  with old.unlocked():
+    del old.data['verify_workers']
+    del old.data['verify_timeout_s']
+  workdir_lib.record_config(str(tmp_path), old, c.num_steps)
+  with c.unlocked():
+    c.data.verify_workers, c.data.verify_timeout_s = 16, 30.0
+  assert workdir_lib.check_identity(str(tmp_path), c, has_checkpoint=True) == c.num_steps
+  with c.unlocked():
+    c.data.reward = 'math_verify'
+  with pytest.raises(workdir_lib.WorkdirError, match=r"data.reward: '' -> 'math_verify'"):
+    workdir_lib.check_identity(str(tmp_path), c, has_checkpoint=True)
+
+
 def _files(workdir):
   return {
       p: open(p, 'rb').read()
