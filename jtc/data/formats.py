@@ -2,13 +2,11 @@
 
 File formats, detected from the path (``detect``):
 
-- ``jsonl``: one JSON object a line (a ``.jsonl`` file, or any file not starting with the parquet
-  magic ``PAR1``);
+- ``jsonl``: one JSON object a line (any file not starting with the parquet magic ``PAR1``);
 - ``parquet``: a parquet file, as verl's and SkyRL's preprocessing scripts write them;
-- ``arrow``: a Hugging Face ``datasets`` directory written by ``save_to_disk`` (``state.json``,
-  ``dataset_info.json`` and ``data-*.arrow`` Arrow stream files; a ``DatasetDict`` adds a
-  ``dataset_dict.json`` and one such folder per split), read with pyarrow (``datasets`` is not
-  needed).
+- ``arrow``: a Hugging Face ``datasets`` directory written by ``save_to_disk`` (``state.json``
+  and ``data-*.arrow`` Arrow stream files; a ``DatasetDict``: ``dataset_dict.json`` and one such
+  folder per split), read with pyarrow (``datasets`` is not needed).
 
 A file is split ``'train'``; a directory of ``<split>.jsonl`` or ``<split>.parquet`` files and a
 ``DatasetDict`` have their splits; a saved ``Dataset`` is split ``'train'``.
@@ -296,8 +294,9 @@ def _qa_record(where, row, *, question_field, answer_field):
     key = named or next((k for k in options if k in row), None)
     if key is None or key not in row:
       looked = [named] if named else list(options)
+      hint = " (a verl row needs 'reward_model')" if isinstance(row.get('prompt'), list) else ''
       raise ValueError(f'{where}: no {role} field {key!r}; looked for {looked}, record has '
-                       f'{sorted(row)}')
+                       f'{sorted(row)}{hint}')
     keys[role] = key
   prompt = _text(where, keys['question'], row[keys['question']])
   raw = _text(where, keys['answer'], row[keys['answer']])
