@@ -215,7 +215,7 @@ def test_jsonl_with_named_fields(tmp_path):
   assert [(r['prompt'], r['answer']) for r in got] == [(r['instruction'], r['target']) for r in rows
                                                       ]
   # Without the names, the default fields are looked for: 'question' is found, no answer field.
-  with pytest.raises(ValueError, match=r"custom\.jsonl:1: no answer field None"):
+  with pytest.raises(ValueError, match=r'custom\.jsonl:1: no answer field None'):
     formats.read_files('jsonl', [path])
   # Naming a field reads a verl file as question/answer rows.
   verl = write_parquet(tmp_path / 'v.parquet', [{**math_rows('train', 1)[0], 'q': 'x', 'a': '1'}])
@@ -296,7 +296,7 @@ def test_the_format_is_detected_or_named(tmp_path):
   }])).format == 'jsonl'
   assert formats.detect(write_parquet(tmp_path / 'noext', gsm8k_rows('t', 1))).format == 'parquet'
   (tmp_path / 'fake.parquet').write_text('{"question": "q"}\n')
-  with pytest.raises(ValueError, match=r"fake\.parquet: not a parquet file"):
+  with pytest.raises(ValueError, match=r'fake\.parquet: not a parquet file'):
     formats.detect(str(tmp_path / 'fake.parquet'))
   mixed = tmp_path / 'mixed'
   mixed.mkdir()

@@ -244,9 +244,9 @@ def test_check_config_detects_the_dataset_before_any_compute(tmp_path):
                                          {'boxed_numeric'})
   check(dataset=path, eval_dataset=path, question_field='', task='')
   (tmp_path / 'empty').mkdir()
-  with pytest.raises(ValueError, match=r"config\.data\.dataset=.*empty.*no data files"):
+  with pytest.raises(ValueError, match=r'config\.data\.dataset=.*empty.*no data files'):
     check(dataset=str(tmp_path / 'empty'))
-  with pytest.raises(ValueError, match=r"config\.data\.eval_dataset=.*not found"):
+  with pytest.raises(ValueError, match=r'config\.data\.eval_dataset=.*not found'):
     check(dataset=path, eval_dataset=str(tmp_path / 'nope.jsonl'))
   with pytest.raises(ValueError, match=r"config\.data\.question_field='q' needs config\.data"):
     check(question_field='q')
