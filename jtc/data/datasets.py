@@ -154,6 +154,18 @@ def _read_spec(spec: dict[str, Any]) -> dict[str, list[dict[str, str]]]:
                              answer_field=spec['answer_field'])
 
 
+# 0.2's names (CHANGELOG's table of moved names): JSONL reading now lives in `jtc.data.formats`.
+JtcJsonl = JtcFiles
+normalize_reference_answer = formats.normalize_reference_answer
+
+
+def read_jsonl(path: str, *, question_key: str | None = None,
+               answer_key: str | None = None) -> list[dict[str, str]]:
+  """The records of one JSONL file: `formats.read_files` under its 0.2 name."""
+  return formats.read_files('jsonl', [path], question_field=question_key or '',
+                            answer_field=answer_key or '')
+
+
 _BUILDERS = {'jtc_synthetic': JtcSynthetic, 'jtc_files': JtcFiles}
 
 _LAYOUT_VERSION = 3  # bump when the stored layout/order changes, so old caches are not reused
