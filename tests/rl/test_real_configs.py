@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from jtc.rl import checkpoints
 from jtc.rl import config_check
+from jtc.data import formats
 from jtc.data import pipeline as data_lib
 from jtc.models import hf_import
 from jtc.analysis import metric_writer
@@ -212,16 +213,24 @@ def test_hf_checkpoint_loads_as_master_f32_with_bf16_compute(tiny_hf):
   assert tok.eos_id is not None
 
 
+SYSTEM = 'You are a careful solver.'
+VERL_PROMPT = '{} Output the final answer after "####".'
+
+
 def _verl_gsm8k(root, splits):
   """Splits of (question, answer) rows as verl's GSM8K preprocessing writes them (a user message
-  with its instruction, the final answer as reward_model.ground_truth)."""
+  with its instruction, the final answer as reward_model.ground_truth), with a system message
+  first, as some verl datasets have."""
   for split, rows in splits.items():
     pq.write_table(
         pa.Table.from_pylist([{
             'data_source': 'openai/gsm8k',
             'prompt': [{
+                'role': 'system',
+                'content': SYSTEM
+            }, {
                 'role': 'user',
-                'content': f'{q} Output the final answer after "####".'
+                'content': VERL_PROMPT.format(q)
             }],
             'ability': 'math',
             'reward_model': {
@@ -254,16 +263,17 @@ def _custom_jsonl(root, splits):
       f.write(''.join(json.dumps({'instruction': q, 'target': a}) + '\n' for q, a in rows))
 
 
-# format -> (writer of {split: rows} under a directory, config overrides); every one reads as TINY_GSM8K's questions.
+# format -> (writer of {split: rows} under a directory, config overrides, the prompt that a
+# question reads as).
 DATASET_FORMATS = {
     'verl_parquet': (_verl_gsm8k, {
         'data.prompt_suffix': ''
-    }),
-    'hf_saved': (_saved_hf, {}),
+    }, lambda q: f'{SYSTEM}\n\n{VERL_PROMPT.format(q)}'),
+    'hf_saved': (_saved_hf, {}, lambda q: q),
     'jsonl_fields': (_custom_jsonl, {
         'data.question_field': 'instruction',
         'data.answer_field': 'target'
-    }),
+    }, lambda q: q),
 }
 
 # verl's parquet in the fast set; the saved Hugging Face dataset and the named JSONL fields are
@@ -275,7 +285,7 @@ FORMAT_RUNS = [
 
 @pytest.mark.parametrize('fmt', FORMAT_RUNS)
 def test_each_dataset_format_trains_a_smoke_config(fmt, tiny_hf, tmp_path, monkeypatch):
-  write, overrides = DATASET_FORMATS[fmt]
+  write, overrides, prompt_of = DATASET_FORMATS[fmt]
   root = tmp_path / fmt
   root.mkdir()
   write(root, {'train': TINY_GSM8K, 'test': TINY_GSM8K[:2]})
@@ -289,9 +299,13 @@ def test_each_dataset_format_trains_a_smoke_config(fmt, tiny_hf, tmp_path, monke
       })
   config_check.validate(c)
   trainer = trainer_lib.Trainer(c, str(tmp_path / 'run'))
-  # The held-out split reads back as written: the questions and their final answers.
-  assert [(e['prompt'].split(' Output')[0], e['answer']) for e in trainer.eval_examples
-         ] == [(q, a.split('#### ')[1]) for q, a in TINY_GSM8K[:2]]
+  # The held-out split reads back as written: the prompts and their final answers (verl's
+  # system + user messages as a Conversation, which the chat template renders).
+  assert [(e['prompt'], e['answer']) for e in trainer.eval_examples
+         ] == [(prompt_of(q), a.split('#### ')[1]) for q, a in TINY_GSM8K[:2]]
+  assert all(
+      isinstance(e['prompt'], formats.Conversation) == (fmt == 'verl_parquet')
+      for e in trainer.eval_examples)
   trainer.run()
   records = metric_writer.read_jsonl(str(tmp_path / 'run' / 'metrics.jsonl'))
   assert [r['step'] for r in records] == [0, 1] and 'eval/avg@2' in records[0]
