@@ -212,8 +212,10 @@ def _fields(data: Any) -> dict[str, str]:
 def held_out_split(path: str) -> str:
   """The split of a dataset that holds out problems: ``'test'``, else its only split."""
   splits = sorted(formats.detect(path).splits)
-  if 'test' in splits or len(splits) == 1:
-    return 'test' if 'test' in splits else splits[0]
+  if 'test' in splits:
+    return 'test'
+  if len(splits) == 1:
+    return splits[0]
   raise ValueError(f'{path}: no test split to evaluate on; its splits are {splits}')
 
 
