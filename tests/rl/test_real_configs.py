@@ -290,13 +290,11 @@ def test_each_dataset_format_trains_a_smoke_config(fmt, tiny_hf, tmp_path, monke
   root.mkdir()
   write(root, {'train': TINY_GSM8K, 'test': TINY_GSM8K[:2]})
   monkeypatch.setitem(rewards.REWARD_FNS, 'test_even_length', even_length_reward)
-  c = _real_config(
-      'qwen3_0_6b_gsm8k_dfpo', tiny_hf, **{
-          'data.dataset': str(root),
-          'data.reward': 'test_even_length',
-          'num_steps': 1,
-          **overrides
-      })
+  c = _real_config('qwen3_0_6b_gsm8k_dfpo', tiny_hf, **{
+      'data.dataset': str(root),
+      'data.reward': 'test_even_length',
+      **overrides
+  })
   config_check.validate(c)
   trainer = trainer_lib.Trainer(c, str(tmp_path / 'run'))
   # The held-out split reads back as written: the prompts and their final answers (verl's
@@ -306,6 +304,9 @@ def test_each_dataset_format_trains_a_smoke_config(fmt, tiny_hf, tmp_path, monke
   assert all(
       isinstance(e['prompt'], formats.Conversation) == (fmt == 'verl_parquet')
       for e in trainer.eval_examples)
+  with c.unlocked():  # one step; the jitted step built for the smoke run's two (compile cache)
+    c.num_steps = 1
+  trainer.c = c
   trainer.run()
   records = metric_writer.read_jsonl(str(tmp_path / 'run' / 'metrics.jsonl'))
   assert [r['step'] for r in records] == [0, 1] and 'eval/avg@2' in records[0]
