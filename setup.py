@@ -26,6 +26,7 @@ setuptools.setup(
         'numpy',
         'safetensors>=0.4',
         'tokenizers>=0.20',
+        'pyarrow>=14',  # jtc.data.formats: parquet files and saved Hugging Face datasets
         'tensorboardX>=2.6',
         'matplotlib>=3.8',
         'tqdm',
@@ -61,6 +62,8 @@ setuptools.setup(
             'torch==2.13.0',
             'transformers>=4.51',
             'math-verify>=0.9',  # tests/data/test_math_verifier.py, benchmarks/verifiers.py
+            # tests/data/test_formats.py: datasets saved with save_to_disk, in their real layout.
+            'datasets>=2.14',
         ],
     },
 )

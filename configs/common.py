@@ -105,10 +105,17 @@ def get_config(arg=None):
 
   c.data = ConfigDict()
   c.data.task = 'arithmetic'  # a name from jtc.data.tasks
-  # Question/answer JSONL file or dir of <split>.jsonl instead of a task (GSM8K '#### x' and
-  # MATH '\boxed{x}' answers are understood).
+  # A dataset instead of a task (jtc.data.formats, docs/data.md; `jtc data PATH` shows how it
+  # is read): a JSONL or verl-style parquet file, a dir of <split>.jsonl / <split>.parquet, or a
+  # Hugging Face dataset saved with save_to_disk. verl rows: chat messages in 'prompt', answer
+  # reward_model.ground_truth; question/answer rows: GSM8K '#### x', MATH '\boxed{x}' understood.
   c.data.dataset = ''
-  c.data.eval_dataset = ''  # held-out JSONL ('' = the dataset's test split)
+  c.data.eval_dataset = ''  # held-out dataset (its test split, or a file) ('' = dataset's test)
+  # Question/answer field names of the dataset's rows ('' = the first present of
+  # question/problem/prompt/query and answer/solution/response); naming one reads even a verl
+  # file as question/answer rows.
+  c.data.question_field = ''
+  c.data.answer_field = ''
   c.data.data_dir = ''  # '' = $JTC_DATA_DIR or ~/.cache/jtc/data
   # A jtc.data.rewards verifier ('' = the task's own): exact_match | numeric_match | boxed_numeric
   # | format | expression_match | math_verify (Math-Verify, the optional 'math' extra; a pool of

@@ -21,7 +21,9 @@ OURS = ('jtc', 'experiments', 'benchmarks')
 FENCE = re.compile(r'^```(\w*)\n(.*?)^```', re.M | re.S)
 SHELL_FENCES = ('', 'bash', 'sh', 'shell')
 SEPARATORS = {';', '&&', '||', '|', '&', 'do', 'done', 'then', 'else', 'fi', '(', ')'}
-COMMAND_MODULES = {f'jtc.{c}': f'jtc.cli.{c}' for c in ('train', 'sft', 'ledger', 'plot', 'plan')}
+COMMAND_MODULES = {
+    f'jtc.{c}': f'jtc.cli.{c}' for c in ('train', 'sft', 'ledger', 'plot', 'plan', 'data')
+}
 
 
 def fenced_commands(text):
@@ -130,6 +132,7 @@ def test_commands_are_read_from_fences_only():
     ('jtc.train', ['--config', 'configs/gspo.py', '--workdir', 'W', '--config.optim.made_up=1']),
     ('jtc.sft', ['--config', 'configs/sft_arith.py', '--workdir', 'W', '--made_up_flag']),
     ('jtc.plot', ['W', '--made-up']),
+    ('jtc.data', ['gsm8k/', '--made-up']),
     ('jtc.ledger', ['replay', 'W', '--step', '2', '--objectives', 'gspo', '--made-up']),
     ('jtc', ['trian', 'W']),
     ('experiments.run', ['table1', '--made-up']),

@@ -25,6 +25,7 @@ from jtc.analysis import ledger as ledger_lib
 from jtc.analysis import metric_writer
 from jtc.analysis import curve_plots
 from jtc.data import datasets
+from jtc.data import formats
 from jtc.models import bundles
 from jtc.models import model as model_lib
 from jtc.models import tokenizer as tokenizer_lib
@@ -144,7 +145,7 @@ def _dataset_jsonl(tmp):
   with open(path, 'w') as f:
     for i in range(20):
       f.write(json.dumps({'question': f'What is {i}+{i}?', 'answer': str(2 * i)}) + '\n')
-  return path, lambda: datasets.read_jsonl(path)
+  return path, lambda: formats.read_files('jsonl', [path])
 
 
 def _prepared_kind(pattern):
@@ -204,7 +205,7 @@ def test_a_damaged_file_fails_naming_it(tmp_path, kind, damage):
     assert path.startswith(error.value.path) and error.value.path in message, message
   else:  # a dataset is the user's JSONL: its own errors name the file and line
     assert kind == 'dataset JSONL' and path in message, message
-    assert 'malformed JSON' in message or 'has no records' in message, message
+    assert any(why in message for why in ('malformed JSON', 'has no records', 'not UTF-8')), message
 
 
 def _ledger_command(tmp):

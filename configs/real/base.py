@@ -9,8 +9,9 @@ gradient accumulation over micro-batches.
 
 Every real config needs `--config.policy.checkpoint=DIR` (a Hugging Face directory with
 config.json, *.safetensors, tokenizer.json and tokenizer_config.json) and
-`--config.data.dataset=FILE.jsonl`
-(question/answer records; GSM8K "#### 42" and MATH "\\boxed{x}" answers are understood).
+`--config.data.dataset=PATH` (question/answer JSONL, GSM8K "#### 42" and MATH "\\boxed{x}"
+answers understood; verl-style parquet; a Hugging Face dataset saved with save_to_disk:
+docs/data.md, `jtc data PATH` shows how it is read).
 
 `smoke` shrinks a config to a seconds-long CPU run against a tiny checkpoint (tests).
 """

@@ -1,9 +1,10 @@
-"""Prompts and verifiers: synthetic tasks, reward functions, the expression evaluator, prepared datasets, the grain pipeline."""
+"""Prompts and verifiers: synthetic tasks, reward functions, the expression evaluator, dataset formats, prepared datasets, the grain pipeline."""
 
 # The submodules (``from jtc.data import *`` imports them).
 __all__ = [
     'datasets',
     'expressions',
+    'formats',
     'math_verifier',
     'pipeline',
     'rewards',

@@ -5,13 +5,15 @@ files with its numpy codecs):
 
 - ``JtcSynthetic``: a synthetic task of ``jtc.data.tasks`` (``'arithmetic'``, ``'countdown'``), with
   features ``prompt``, ``answer`` and ``solutions/<format>``.
-- ``JtcJsonl``: local JSONL files with question/answer fields, features ``prompt``, ``answer``
-  (GSM8K ``"... #### 42"`` -> ``"42"``; MATH ``"... \\boxed{x}"`` -> ``"x"``; else the field
-  stripped) and ``solution`` (the raw answer field).
+- ``JtcFiles``: a local dataset of `jtc.data.formats` (JSONL, verl-style parquet, a Hugging Face
+  ``save_to_disk`` directory), features ``prompt``, ``answer``, ``solution`` and ``messages``
+  (the records of `formats.read_files`).
 
 Prepared data lives in ``data_dir`` (default ``$JTC_DATA_DIR`` or ``~/.cache/jtc/data``) in a
 folder keyed by a hash of everything that defines it (task config, generation seed, sizes; for
-JSONL the file paths, sizes and mtimes), so it is built once and rebuilt when that changes.
+a dataset its format, file paths, sizes and mtimes and the field names), so it is built once and
+rebuilt when that changes. A dataset's rows are all read and checked before TFDS preparation
+starts, so a malformed row fails with its file, row and field and leaves nothing behind.
 
 Preparation is safe under concurrency: processes that start together on a fresh ``data_dir``
 (several trainers of one machine) serialise on an exclusive ``fcntl.flock`` of
@@ -36,12 +38,10 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from jtc import files as files_lib
-from jtc.data import rewards
+from jtc.data import formats
 from jtc.data import tasks as tasks_lib
 
 DEFAULT_NUM_EXAMPLES = {'train': 5000, 'test': 500}
-_QUESTION_KEYS = ('question', 'problem', 'prompt', 'query')
-_ANSWER_KEYS = ('answer', 'solution', 'response')
 PREPARED = 'a dataset prepared by jtc (TFDS files; remove the folder to prepare it again)'
 
 
@@ -49,79 +49,6 @@ def default_data_dir() -> str:
   """``$JTC_DATA_DIR`` if set, else ``~/.cache/jtc/data``."""
   return os.environ.get('JTC_DATA_DIR') or os.path.join(os.path.expanduser('~'), '.cache', 'jtc',
                                                         'data')
-
-
-# ----------------------------------------------------------------------------- JSONL
-
-
-def normalize_reference_answer(text: str) -> str:
-  """Final answer from a GSM8K (``#### 42``) or MATH (``\\boxed{x}``) answer field, else stripped."""
-  m = re.search(r'####\s*(.+?)\s*$', text.strip(), re.DOTALL)
-  if m:
-    answer = m.group(1).strip()
-    return answer.replace(',', '') if rewards.parse_number(answer) is not None else answer
-  boxed = rewards.extract_boxed(text)
-  if boxed is not None:
-    return boxed
-  return text.strip()
-
-
-def read_jsonl(path: str, *, question_key: str | None = None,
-               answer_key: str | None = None) -> list[dict[str, str]]:
-  """Reads a JSONL file of question/answer records into ``{'prompt', 'answer', 'solution'}``.
-
-    Keys default to the first present of ``question/problem/prompt/query`` and
-    ``answer/solution/response``. Blank lines are skipped. Raises ``ValueError`` naming the file
-    and 1-based line number for malformed JSON, a non-object line or a missing/non-string field,
-    and for a file with no records.
-    """
-  if not os.path.isfile(path):
-    raise ValueError(f'JSONL file not found: {path!r}')
-  out = []
-  text = files_lib.read_text(path, 'JSONL text (one JSON object a line)')
-  for lineno, line in enumerate(text.split('\n'), start=1):
-    if not line.strip():
-      continue
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ValueError(f'{path}:{lineno}: malformed JSON ({e.msg})') from e
-    if not isinstance(record, dict):
-      raise ValueError(f'{path}:{lineno}: expected a JSON object, got {type(record).__name__}')
-    q_key = question_key or next((k for k in _QUESTION_KEYS if k in record), None)
-    a_key = answer_key or next((k for k in _ANSWER_KEYS if k in record), None)
-    for role, key, options in (('question', q_key, _QUESTION_KEYS), ('answer', a_key,
-                                                                     _ANSWER_KEYS)):
-      if key is None or key not in record:
-        raise ValueError(f'{path}:{lineno}: no {role} field {key!r}; looked for {list(options)}, '
-                         f'record has {sorted(record)}')
-      if not isinstance(record[key], (str, int, float)):
-        raise ValueError(f'{path}:{lineno}: field {key!r} must be a string or number')
-    raw_answer = str(record[a_key])
-    out.append({
-        'prompt': str(record[q_key]),
-        'answer': normalize_reference_answer(raw_answer),
-        'solution': raw_answer
-    })
-  if not out:
-    raise ValueError(f'empty dataset: {path!r} has no records')
-  return out
-
-
-def _jsonl_files(path: str) -> dict[str, str]:
-  """A directory -> its ``<split>.jsonl`` files; a single file -> ``{'train': path}``."""
-  if os.path.isdir(path):
-    files = {
-        f[:-len('.jsonl')]: os.path.join(path, f)
-        for f in sorted(os.listdir(path))
-        if f.endswith('.jsonl')
-    }
-    if not files:
-      raise ValueError(f'empty dataset: directory {path!r} has no <split>.jsonl files')
-    return files
-  if os.path.isfile(path):
-    return {'train': path}
-  raise ValueError(f'JSONL path not found: {path!r}')
 
 
 # ----------------------------------------------------------------------------- builders
@@ -184,36 +111,33 @@ class JtcSynthetic(_LocalBuilder):
       yield i, example
 
 
-class JtcJsonl(_LocalBuilder):
-  """Local JSONL question/answer files as a TFDS dataset; ``spec`` is ``_jsonl_spec`` JSON."""
+class JtcFiles(_LocalBuilder):
+  """A `jtc.data.formats` dataset as a TFDS dataset; ``spec`` is the JSON of ``_files_spec``.
+
+    ``records`` (``{split: records}``, already read and checked by `formats.read_files`) spares
+    preparation a second reading; without it the files are read here.
+    """
 
   VERSION = tfds.core.Version('1.0.0')
 
-  def __init__(self, *, spec: str, **kwargs):
+  def __init__(self, *, spec: str, records: dict[str, list[dict[str, str]]] | None = None,
+               **kwargs):
     self._spec = json.loads(spec)
+    self._records = records
     super().__init__(**kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
         builder=self,
         disable_shuffling=True,
-        description=f"jtc JSONL dataset {self._spec['files']}",
-        features=tfds.features.FeaturesDict({
-            'prompt': tfds.features.Text(),
-            'answer': tfds.features.Text(),
-            'solution': tfds.features.Text()
-        }),
+        description=f"jtc {self._spec['format']} dataset {self._spec['splits']}",
+        features=tfds.features.FeaturesDict(
+            {k: tfds.features.Text() for k in ('prompt', 'answer', 'solution', 'messages')}),
     )
 
   def _split_generators(self, dl_manager):
     del dl_manager
-    # Read eagerly so a malformed file fails here with its own clear ValueError.
-    records = {
-        split:
-            read_jsonl(path, question_key=self._spec['question_key'],
-                       answer_key=self._spec['answer_key'])
-        for split, path in self._spec['files'].items()
-    }
+    records = self._records or _read_spec(self._spec)
     return {split: self._generate_examples(rs) for split, rs in records.items()}
 
   def _generate_examples(self, records):
@@ -221,9 +145,30 @@ class JtcJsonl(_LocalBuilder):
       yield i, record
 
 
-_BUILDERS = {'jtc_synthetic': JtcSynthetic, 'jtc_jsonl': JtcJsonl}
+def _read_spec(spec: dict[str, Any]) -> dict[str, list[dict[str, str]]]:
+  """Every split of a ``_files_spec``, read and checked."""
+  source = formats.Source(spec['path'], spec['format'], {
+      s: tuple(files) for s, files in spec['splits'].items()
+  })
+  return formats.read_source(source, question_field=spec['question_field'],
+                             answer_field=spec['answer_field'])
 
-_LAYOUT_VERSION = 2  # bump when the stored layout/order changes, so old caches are not reused
+
+# 0.2's names (CHANGELOG's table of moved names): JSONL reading now lives in `jtc.data.formats`.
+JtcJsonl = JtcFiles
+normalize_reference_answer = formats.normalize_reference_answer
+
+
+def read_jsonl(path: str, *, question_key: str | None = None,
+               answer_key: str | None = None) -> list[dict[str, str]]:
+  """The records of one JSONL file: `formats.read_files` under its 0.2 name."""
+  return formats.read_files('jsonl', [path], question_field=question_key or '',
+                            answer_field=answer_key or '')
+
+
+_BUILDERS = {'jtc_synthetic': JtcSynthetic, 'jtc_files': JtcFiles}
+
+_LAYOUT_VERSION = 3  # bump when the stored layout/order changes, so old caches are not reused
 
 
 def _spec_key(spec: dict[str, Any]) -> str:
@@ -237,10 +182,10 @@ def _resolve(
     task_kwargs: dict[str, Any] | None,
     data_seed: int,
     num_examples: dict[str, int] | None,
-    question_key: str | None,
-    answer_key: str | None,
+    question_field: str,
+    answer_field: str,
 ) -> tuple[str, str, str]:
-  """-> (builder name, folder slug, spec JSON) for a task name or a JSONL path."""
+  """-> (builder name, folder slug, spec JSON) for a task name or a dataset path."""
   if source in tasks_lib.TASKS:
     task = tasks_lib.get_task(source, **(task_kwargs or {}))  # validates the knobs now
     sizes = dict(DEFAULT_NUM_EXAMPLES if num_examples is None else num_examples)
@@ -255,20 +200,25 @@ def _resolve(
         'num_examples': sizes,
     }
     return 'jtc_synthetic', source, json.dumps(spec, sort_keys=True)
-  if source.endswith('.jsonl') or os.path.isdir(source) or os.path.isfile(source):
-    files = {split: os.path.abspath(p) for split, p in _jsonl_files(source).items()}
-    stamps = {s: [os.path.getsize(p), os.stat(p).st_mtime_ns] for s, p in files.items()}
+  if os.path.exists(source):
+    found = formats.detect(source)
+    files = [p for paths in found.splits.values() for p in paths]
     spec = {
-        'files': files,
-        'stamps': stamps,
-        'question_key': question_key,
-        'answer_key': answer_key
+        'path': found.path,
+        'format': found.format,
+        'splits': found.splits,
+        'stamps': {
+            p: [os.path.getsize(p), os.stat(p).st_mtime_ns] for p in files
+        },
+        'question_field': question_field,
+        'answer_field': answer_field,
     }
-    slug = re.sub(r'[^A-Za-z0-9_]+', '_', os.path.basename(os.path.normpath(source)))
-    return 'jtc_jsonl', f'jsonl_{slug}', json.dumps(spec, sort_keys=True)
+    slug = re.sub(r'[^A-Za-z0-9_]+', '_', os.path.basename(found.path))
+    return 'jtc_files', f'{found.format}_{slug}', json.dumps(spec, sort_keys=True)
   raise ValueError(
       f'unknown task or dataset {source!r}; valid: tasks {sorted(tasks_lib.TASKS)} or a path to a '
-      f'JSONL file / a directory of <split>.jsonl files')
+      'JSONL or parquet file, a directory of <split>.jsonl / <split>.parquet files or a Hugging '
+      'Face dataset saved with save_to_disk')
 
 
 def prepare(
@@ -278,19 +228,20 @@ def prepare(
     task_kwargs: dict[str, Any] | None = None,
     data_seed: int = 0,
     num_examples: dict[str, int] | None = None,
-    question_key: str | None = None,
-    answer_key: str | None = None,
+    question_field: str = '',
+    answer_field: str = '',
 ) -> dict[str, Any]:
   """Builds the array_record files once (no-op when present) and returns ``tfds.data_source`` kwargs.
 
     Args:
-      source: a task name in ``jtc.data.tasks.TASKS``, a JSONL file (used as split ``'train'``) or a
-        directory of ``<split>.jsonl`` files.
+      source: a task name in ``jtc.data.tasks.TASKS`` or a dataset path of `jtc.data.formats` (a
+        file is split ``'train'``).
       data_dir: cache root (default ``default_data_dir()``).
       task_kwargs: knobs of the synthetic task (e.g. ``{'digits_a': 3}``).
       data_seed: generation seed of a synthetic task (the problems; not the shuffle order).
       num_examples: ``{split: count}`` for a synthetic task (default ``DEFAULT_NUM_EXAMPLES``).
-      question_key, answer_key: JSONL field names (default: auto-detected).
+      question_field, answer_field: a dataset's question/answer field names (`formats`; default
+        '': detected).
 
     Returns:
       ``{'name', 'data_dir', 'builder_kwargs'}`` for ``tfds.data_source(**it, split=...)``.
@@ -300,18 +251,21 @@ def prepare(
       task_kwargs=task_kwargs,
       data_seed=data_seed,
       num_examples=num_examples,
-      question_key=question_key,
-      answer_key=answer_key,
+      question_field=question_field,
+      answer_field=answer_field,
   )
   root = os.path.join(data_dir or default_data_dir(), f'{slug}-{_spec_key(json.loads(spec))}')
   with files_lib.reading(root, PREPARED):
     prepared = _is_prepared(_BUILDERS[name](spec=spec, data_dir=root, file_format='array_record'))
   if not prepared:
+    # A dataset is read and checked now, before TFDS starts (and before taking the lock).
+    records = _read_spec(json.loads(spec)) if name == 'jtc_files' else None
+    kwargs = {'records': records} if records is not None else {}
     parent, folder = os.path.split(root)
     os.makedirs(parent, exist_ok=True)
     with _file_lock(os.path.join(parent, f'.{folder}.lock')):
       # Built anew under the lock: another process may have finished while we waited.
-      builder = _BUILDERS[name](spec=spec, data_dir=root, file_format='array_record')
+      builder = _BUILDERS[name](spec=spec, data_dir=root, file_format='array_record', **kwargs)
       if not _is_prepared(builder):
         _quiet_prepare(builder, rebuild=lambda: _BUILDERS[name](spec=spec, data_dir=root))
   return {'name': name, 'data_dir': root, 'builder_kwargs': {'spec': spec}}

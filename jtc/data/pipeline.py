@@ -22,6 +22,7 @@ import grain
 import numpy as np
 
 from jtc.data import datasets
+from jtc.data import formats
 
 
 def load_examples(
@@ -39,7 +40,12 @@ def load_examples(
     """
   records = datasets.data_source(source, split=split, data_dir=data_dir, **prepare_kwargs)
   n = len(records) if limit is None else min(int(limit), len(records))
-  return [datasets.decode(records[i]) for i in range(n)]
+  return [_example(records[i]) for i in range(n)]
+
+
+def _example(record: dict[str, Any]) -> dict[str, Any]:
+  """A stored record as the trainer reads it (str fields; a chat prompt as `formats.Conversation`)."""
+  return formats.as_example(datasets.decode(record))
 
 
 def _collate(examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -88,7 +94,7 @@ def make_dataset(
     raise ValueError(
         f'empty dataset: split {split!r} of {source!r} has {len(records)} records, fewer than '
         f'{shard_count} shards')
-  ds = grain.MapDataset.source(records)[:n][shard_index::shard_count].map(datasets.decode)
+  ds = grain.MapDataset.source(records)[:n][shard_index::shard_count].map(_example)
   if shuffle:
     ds = ds.shuffle(seed=seed)
   return ds.repeat(num_epochs)
@@ -113,7 +119,8 @@ def make_prompt_iterator(
   """The iterator the trainer calls: batches of prompts and reference answers.
 
     Each batch is ``{'prompt': [str]*B, 'answer': [str]*B, ...}`` (synthetic tasks add
-    ``'solutions': {format: [str]*B}``, JSONL adds ``'solution'``). With ``tokenizer`` and
+    ``'solutions': {format: [str]*B}``, a dataset adds ``'solution'``; a prompt of several chat
+    messages is a `formats.Conversation`). With ``tokenizer`` and
     ``prompt_width`` it also holds ``'prompt_tokens'``/``'prompt_mask'`` int32 ``[B, P]``
     (``encode_prompts``). ``batch_size`` is per process. ``iterator.get_state()`` /
     ``set_state()`` save and restore the position. Other kwargs go to ``prepare``.
@@ -147,8 +154,16 @@ def make_prompt_iterator(
 def prompt_ids(tokenizer: Any, prompt: str, *, add_bos: bool = True,
                chat_template: bool = True) -> list[int]:
   """``[bos] + encode(apply_chat_template(prompt))``: a prompt's tokens as the policy reads them
-  (bos only if the tokenizer has one, ``add_bos`` is set and the template did not add it)."""
-  ids = tokenizer.encode(tokenizer.apply_chat_template(prompt) if chat_template else prompt)
+  (bos only if the tokenizer has one, ``add_bos`` is set and the template did not add it).
+
+  A `formats.Conversation` goes to the template as its messages; without the template
+  (``chat_template=False``) it is its plain text."""
+  if chat_template:
+    text = tokenizer.apply_chat_template(
+        prompt.messages if isinstance(prompt, formats.Conversation) else prompt)
+  else:
+    text = str(prompt)
+  ids = tokenizer.encode(text)
   if add_bos and tokenizer.bos_id is not None and (not ids or ids[0] != tokenizer.bos_id):
     ids = [tokenizer.bos_id] + ids
   return ids
@@ -189,17 +204,33 @@ def encode_prompts(
   return tokens_BP, mask_BP
 
 
+def _fields(data: Any) -> dict[str, str]:
+  """The field names of a config's `data` section, as `datasets.prepare` takes them."""
+  return {'question_field': data.question_field, 'answer_field': data.answer_field}
+
+
+def held_out_split(path: str) -> str:
+  """The split of a dataset that holds out problems: ``'test'``, else its only split."""
+  splits = sorted(formats.detect(path).splits)
+  if 'test' in splits:
+    return 'test'
+  if len(splits) == 1:
+    return splits[0]
+  raise ValueError(f'{path}: no test split to evaluate on; its splits are {splits}')
+
+
 def held_out_examples(data: Any, *, data_dir: str | None, limit: int) -> list[dict[str, Any]]:
   """The held-out problems of a config's `data` section: the task's test split, the
-    `eval_dataset` file or directory, or the dataset directory's test split; [] when there is
-    none (evaluation is then skipped)."""
+    `eval_dataset`'s test split (or its only split: a file), or the dataset's test split; []
+    when there is none (evaluation is then skipped)."""
   if not data.dataset:
     return load_examples(data.task, split='test', data_dir=data_dir, limit=limit)
-  if data.eval_dataset:  # a file is its own 'train' split; a directory should have 'test'
-    split = 'test' if os.path.isdir(data.eval_dataset) else 'train'
-    return load_examples(data.eval_dataset, split=split, data_dir=data_dir, limit=limit)
-  if os.path.isfile(os.path.join(data.dataset, 'test.jsonl')):
-    return load_examples(data.dataset, split='test', data_dir=data_dir, limit=limit)
+  if data.eval_dataset:
+    return load_examples(data.eval_dataset, split=held_out_split(data.eval_dataset),
+                         data_dir=data_dir, limit=limit, **_fields(data))
+  if 'test' in formats.detect(data.dataset).splits:
+    return load_examples(data.dataset, split='test', data_dir=data_dir, limit=limit,
+                         **_fields(data))
   return []
 
 
@@ -215,24 +246,35 @@ def run_data(
   """
   data_dir = data.data_dir or None  # None: jtc's cache ($JTC_DATA_DIR or ~/.cache/jtc/data)
   source = data.dataset or data.task
+  fields = _fields(data) if data.dataset else {}
   train_iters = [
       make_prompt_iterator(source, split='train', batch_size=batch_size, seed=seed,
-                           data_dir=data_dir, shard_index=0, shard_count=1) for seed in seeds
+                           data_dir=data_dir, shard_index=0, shard_count=1, **fields)
+      for seed in seeds
   ]
   eval_examples = held_out_examples(data, data_dir=data_dir, limit=eval_problems)
-  train_examples = load_examples(source, split='train', data_dir=data_dir, limit=2000)
+  train_examples = load_examples(source, split='train', data_dir=data_dir, limit=2000, **fields)
   return train_iters, eval_examples, [e['prompt'] for e in eval_examples + train_examples]
 
 
 def check_config(data: Any, *, tasks: Any, reward_fns: Any) -> None:
   """A config's `data` section, before any compute (``tasks``, ``reward_fns``: the valid
-    task and verifier names)."""
-  if data.dataset and not (os.path.isfile(data.dataset) or os.path.isdir(data.dataset)):
-    raise ValueError(f'config.data.dataset={data.dataset!r} is neither a JSONL file nor a '
-                     'directory of <split>.jsonl files')
+    task and verifier names): a dataset's format is detected here (its rows are checked when it
+    is prepared, also before any compute)."""
+  for key in ('dataset', 'eval_dataset'):
+    if data[key]:
+      try:
+        formats.detect(data[key])
+      except ValueError as e:
+        raise ValueError(
+            f'config.data.{key}={data[key]!r} is not a dataset jtc reads: {e}') from None
   if not data.dataset and data.task not in tasks:
     raise ValueError(f'config.data.task={data.task!r} is not valid; valid: {sorted(tasks)} '
                      '(or set config.data.dataset)')
+  if not data.dataset and (data.eval_dataset or data.question_field or data.answer_field):
+    key = next(k for k in ('eval_dataset', 'question_field', 'answer_field') if data[k])
+    raise ValueError(f'config.data.{key}={data[key]!r} needs config.data.dataset (a task has '
+                     'no dataset file)')
   if data.reward and data.reward not in reward_fns:
     raise ValueError(f'config.data.reward={data.reward!r} is not valid; valid: '
                      f'{sorted(reward_fns)}')

@@ -122,6 +122,10 @@ class CharTokenizer:
     return ''.join(out)
 
   def apply_chat_template(self, prompt: str) -> str:
+    if not isinstance(prompt, str):
+      raise ValueError('CharTokenizer has no chat template for a prompt of several chat messages; '
+                       'use a Hugging Face tokenizer with one, or set data.chat_template=False '
+                       '(the plain text of the messages)')
     return prompt + self.chat_separator
 
   def id_to_token(self, i: int) -> str:

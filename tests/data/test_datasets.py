@@ -1,5 +1,6 @@
 """Tests of jtc.data.datasets: a dataset is prepared once, concurrent preparers on a fresh
-directory agree, and neither generating nor reading prints download chatter."""
+directory agree, neither generating nor reading prints download chatter, a malformed dataset fails
+before preparation, and the field names key the prepared data."""
 import glob
 import json
 import os
@@ -108,3 +109,38 @@ def test_no_download_chatter_when_generating_or_reading(tmp_path):
            ] == [l for l in out.splitlines() if l.startswith('RESULT ')]
   assert glob.glob(
       os.path.join(data_dir, 'arithmetic-*', 'jtc_synthetic', '1.0.0', 'dataset_info.json'))
+
+
+def test_a_malformed_dataset_fails_before_preparation(tmp_path):
+  """Every row is checked before TFDS starts: nothing (not even the lock file) is left behind."""
+  path = tmp_path / 'bad.jsonl'
+  path.write_text(''.join(
+      json.dumps({
+          'question': f'q{i}',
+          'answer': '' if i == 3 else str(i)
+      }) + '\n' for i in range(5)))
+  data_dir = tmp_path / 'cache'
+  data_dir.mkdir()
+  with pytest.raises(ValueError, match=r"bad\.jsonl:4: field 'answer' is empty"):
+    datasets.prepare(str(path), data_dir=str(data_dir))
+  assert os.listdir(data_dir) == []
+
+
+def test_the_field_names_key_the_prepared_data(tmp_path, data_dir):
+  path = tmp_path / 'fields.jsonl'
+  path.write_text(''.join(
+      json.dumps({
+          'question': f'q{i}',
+          'task': f't{i}',
+          'answer': str(i),
+          'label': str(10 * i)
+      }) + '\n' for i in range(3)))
+  kwargs = dict(split='train', data_dir=data_dir)
+  default = [datasets.decode(r) for r in datasets.data_source(str(path), **kwargs)]
+  named = [
+      datasets.decode(r) for r in datasets.data_source(str(path), question_field='task',
+                                                       answer_field='label', **kwargs)
+  ]
+  assert [(r['prompt'], r['answer']) for r in default] == [(f'q{i}', str(i)) for i in range(3)]
+  assert [(r['prompt'], r['answer']) for r in named] == [(f't{i}', str(10 * i)) for i in range(3)]
+  assert len(glob.glob(os.path.join(data_dir, 'jsonl_fields_jsonl-*'))) == 2

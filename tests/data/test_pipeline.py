@@ -1,12 +1,17 @@
 """Tests for jtc.data.pipeline: the grain pipeline over prepared records (epochs, seeded shuffles,
-state restore, shards), prompt encoding, JSONL datasets with their errors."""
+state restore, shards), prompt encoding (chat messages through the template), JSONL datasets with
+their errors, the `data` section's checks and held-out split."""
 import json
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from configs import common
 from jtc.data import pipeline as data
 from jtc.data import datasets
+from jtc.data import formats
 from jtc.models import tokenizer as tok_lib
 from jtc.data.tasks import get_task
 
@@ -141,10 +146,10 @@ def test_jsonl_errors_name_file_and_line(tmp_path, data_dir):
     datasets.prepare(str(bad), data_dir=data_dir)
   missing = _write(tmp_path / 'missing.jsonl', [json.dumps({'q': 'x', 'answer': '1'})])
   with pytest.raises(ValueError, match=r'missing\.jsonl:1: no question field'):
-    datasets.read_jsonl(str(missing))
+    formats.read_files('jsonl', [str(missing)])
   arr = _write(tmp_path / 'arr.jsonl', ['[1, 2]'])
   with pytest.raises(ValueError, match=r'arr\.jsonl:1: expected a JSON object'):
-    datasets.read_jsonl(str(arr))
+    formats.read_files('jsonl', [str(arr)])
   empty = _write(tmp_path / 'empty.jsonl', ['', '  '])
   with pytest.raises(ValueError, match='empty dataset'):
     datasets.prepare(str(empty), data_dir=data_dir)
@@ -164,3 +169,97 @@ def test_load_examples_matches_the_task(data_dir):
   assert got == want[:5]  # stored order is generation order; nested solutions decoded to str
   assert len(data.load_examples('arithmetic', split='test', data_dir=data_dir,
                                 num_examples=SIZES)) == 12
+
+
+def _chat_dataset(tmp_path):
+  """A verl-style parquet split of a one-message prompt and a system + user conversation."""
+  rows = [{
+      'prompt': [{
+          'role': 'user',
+          'content': 'What is 1+1?'
+      }],
+      'reward_model': {
+          'style': 'rule',
+          'ground_truth': '2'
+      }
+  }, {
+      'prompt': [{
+          'role': 'system',
+          'content': 'Be brief.'
+      }, {
+          'role': 'user',
+          'content': 'What is 2+2?'
+      }],
+      'reward_model': {
+          'style': 'rule',
+          'ground_truth': '4'
+      }
+  }]
+  path = str(tmp_path / 'chat.parquet')
+  pq.write_table(pa.Table.from_pylist(rows), path)
+  return path, rows
+
+
+def test_chat_messages_reach_the_chat_template(tmp_path, data_dir):
+  path, rows = _chat_dataset(tmp_path)
+  batch = next(
+      data.make_prompt_iterator(path, split='train', batch_size=2, seed=0, data_dir=data_dir,
+                                shuffle=False, shard_index=0, shard_count=1))
+  assert batch['answer'] == ['2', '4'] and 'messages' not in batch
+  plain, chat = batch['prompt']
+  assert type(plain) is str and plain == 'What is 1+1?'
+  assert isinstance(chat, formats.Conversation) and chat.messages == rows[1]['prompt']
+  tok_lib.write_byte_level_hf(str(tmp_path / 'tok'))
+  tok = tok_lib.HFTokenizer.from_dir(str(tmp_path / 'tok'))
+  suffix = ' Answer in \\boxed{}.'
+
+  def rendered(prompt, **kwargs):
+    return tok.decode(data.prompt_ids(tok, prompt + suffix, **kwargs), skip_special_tokens=False)
+
+  # ChatML written out by hand: each message in its own block, the suffix on the user's.
+  assert rendered(chat) == ('<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is '
+                            f'2+2?{suffix}<|im_end|>\n<|im_start|>assistant\n')
+  assert rendered(plain) == (f'<|im_start|>user\nWhat is 1+1?{suffix}<|im_end|>\n'
+                             '<|im_start|>assistant\n')
+  assert rendered(chat, chat_template=False) == f'Be brief.\n\nWhat is 2+2?{suffix}'
+  # Without a chat template, a conversation is an error, a question stays itself.
+  tok.chat_template = None
+  assert rendered(plain) == f'What is 1+1?{suffix}'
+  with pytest.raises(ValueError, match='no chat_template'):
+    rendered(chat)
+  with pytest.raises(ValueError, match='CharTokenizer has no chat template'):
+    data.prompt_ids(tok_lib.CharTokenizer(), chat)
+
+
+def _data_config(**overrides):
+  c = common.get_config(None).data
+  with c.unlocked():
+    c.update(overrides)
+  return c
+
+
+def test_check_config_detects_the_dataset_before_any_compute(tmp_path):
+  path, _ = _chat_dataset(tmp_path)
+  check = lambda **kw: data.check_config(_data_config(**kw), tasks={'arithmetic'}, reward_fns=
+                                         {'boxed_numeric'})
+  check(dataset=path, eval_dataset=path, question_field='', task='')
+  (tmp_path / 'empty').mkdir()
+  with pytest.raises(ValueError, match=r'config\.data\.dataset=.*empty.*no data files'):
+    check(dataset=str(tmp_path / 'empty'))
+  with pytest.raises(ValueError, match=r'config\.data\.eval_dataset=.*not found'):
+    check(dataset=path, eval_dataset=str(tmp_path / 'nope.jsonl'))
+  with pytest.raises(ValueError, match=r"config\.data\.question_field='q' needs config\.data"):
+    check(question_field='q')
+
+
+def test_held_out_split(tmp_path):
+  path, _ = _chat_dataset(tmp_path)
+  assert data.held_out_split(path) == 'train'  # a file: its only split
+  splits = tmp_path / 'splits'
+  splits.mkdir()
+  for split in ('train', 'test', 'validation'):
+    _write(splits / f'{split}.jsonl', [json.dumps({'question': 'q', 'answer': '1'})])
+  assert data.held_out_split(str(splits)) == 'test'
+  (splits / 'test.jsonl').unlink()
+  with pytest.raises(ValueError, match=r"no test split.*\['train', 'validation'\]"):
+    data.held_out_split(str(splits))

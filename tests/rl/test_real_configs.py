@@ -5,8 +5,9 @@ One tiny checkpoint is written per session in the Hugging Face layout (`config.j
 `tokenizer.json` and a `tokenizer_config.json` with a chat template and eos/pad tokens), plus a
 tiny GSM8K-style JSONL. Each real config then runs end to end in-process (load, sample, score,
 update, checkpoint) and a second Trainer on the same workdir resumes from the checkpoint.
-Also: the boxed reward, the chat template reaching the prompts, and gradient accumulation
-giving the same update as the un-split mini-batch.
+Also: the boxed reward, the chat template reaching the prompts, gradient accumulation
+giving the same update as the un-split mini-batch, and the same tiny GSM8K as a verl-style
+parquet directory, a saved Hugging Face dataset and JSONL with other field names each training.
 """
 
 import dataclasses
@@ -20,8 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from jtc.rl import checkpoints
 from jtc.rl import config_check
+from jtc.data import formats
 from jtc.data import pipeline as data_lib
 from jtc.models import hf_import
 from jtc.analysis import metric_writer
@@ -65,6 +70,11 @@ def write_tiny_hf_checkpoint(path, *, arch='qwen3'):
   return config
 
 
+# (question, GSM8K answer) rows of the tiny dataset: train is all of them, test the first two.
+TINY_GSM8K = [(f'What is {a} plus {b}?', f'{a} + {b} = {a + b}\n#### {a + b}')
+              for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (2, 2), (9, 1)]]
+
+
 @pytest.fixture(scope='session')
 def tiny_hf(tmp_path_factory):
   root = tmp_path_factory.mktemp('real')
@@ -72,9 +82,7 @@ def tiny_hf(tmp_path_factory):
   write_tiny_hf_checkpoint(ckpt)
   data = root / 'gsm'
   data.mkdir()
-  rows = [(f'What is {a} plus {b}?', f'{a} + {b} = {a + b}\n#### {a + b}')
-          for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (2, 2), (9, 1)]]
-  for split, part in (('train', rows), ('test', rows[:2])):
+  for split, part in (('train', TINY_GSM8K), ('test', TINY_GSM8K[:2])):
     with open(data / f'{split}.jsonl', 'w') as f:
       for q, a in part:
         f.write(json.dumps({'question': q, 'answer': a}) + '\n')
@@ -203,3 +211,103 @@ def test_hf_checkpoint_loads_as_master_f32_with_bf16_compute(tiny_hf):
                                    completion_start=2)
   np.testing.assert_allclose(out['logps'], ref['logps'], atol=0.1)
   assert tok.eos_id is not None
+
+
+SYSTEM = 'You are a careful solver.'
+VERL_PROMPT = '{} Output the final answer after "####".'
+
+
+def _verl_gsm8k(root, splits):
+  """Splits of (question, answer) rows as verl's GSM8K preprocessing writes them (a user message
+  with its instruction, the final answer as reward_model.ground_truth), with a system message
+  first, as some verl datasets have."""
+  for split, rows in splits.items():
+    pq.write_table(
+        pa.Table.from_pylist([{
+            'data_source': 'openai/gsm8k',
+            'prompt': [{
+                'role': 'system',
+                'content': SYSTEM
+            }, {
+                'role': 'user',
+                'content': VERL_PROMPT.format(q)
+            }],
+            'ability': 'math',
+            'reward_model': {
+                'style': 'rule',
+                'ground_truth': a.split('#### ')[1]
+            },
+            'extra_info': {
+                'split': split,
+                'index': i,
+                'answer': a,
+                'question': q
+            }
+        } for i, (q, a) in enumerate(rows)]), str(root / f'{split}.parquet'))
+
+
+def _saved_hf(root, splits):
+  datasets = pytest.importorskip('datasets', reason='datasets writes the save_to_disk layout')
+  datasets.DatasetDict({
+      split:
+          datasets.Dataset.from_dict({
+              'question': [q for q, _ in rows],
+              'answer': [a for _, a in rows]
+          }) for split, rows in splits.items()
+  }).save_to_disk(str(root))
+
+
+def _custom_jsonl(root, splits):
+  for split, rows in splits.items():
+    with open(root / f'{split}.jsonl', 'w') as f:
+      f.write(''.join(json.dumps({'instruction': q, 'target': a}) + '\n' for q, a in rows))
+
+
+# format -> (writer of {split: rows} under a directory, config overrides, the prompt that a
+# question reads as).
+DATASET_FORMATS = {
+    'verl_parquet': (_verl_gsm8k, {
+        'data.prompt_suffix': ''
+    }, lambda q: f'{SYSTEM}\n\n{VERL_PROMPT.format(q)}'),
+    'hf_saved': (_saved_hf, {}, lambda q: q),
+    'jsonl_fields': (_custom_jsonl, {
+        'data.question_field': 'instruction',
+        'data.answer_field': 'target'
+    }, lambda q: q),
+}
+
+# verl's parquet in the fast set; the saved Hugging Face dataset and the named JSONL fields are
+# slow-only (CI time: their readers are tested fast in tests/data/test_formats.py).
+FORMAT_RUNS = [
+    f if f == 'verl_parquet' else pytest.param(f, marks=pytest.mark.slow) for f in DATASET_FORMATS
+]
+
+
+@pytest.mark.parametrize('fmt', FORMAT_RUNS)
+def test_each_dataset_format_trains_a_smoke_config(fmt, tiny_hf, tmp_path, monkeypatch):
+  write, overrides, prompt_of = DATASET_FORMATS[fmt]
+  root = tmp_path / fmt
+  root.mkdir()
+  write(root, {'train': TINY_GSM8K, 'test': TINY_GSM8K[:2]})
+  monkeypatch.setitem(rewards.REWARD_FNS, 'test_even_length', even_length_reward)
+  c = _real_config('qwen3_0_6b_gsm8k_dfpo', tiny_hf, **{
+      'data.dataset': str(root),
+      'data.reward': 'test_even_length',
+      **overrides
+  })
+  config_check.validate(c)
+  trainer = trainer_lib.Trainer(c, str(tmp_path / 'run'))
+  # The held-out split reads back as written: the prompts and their final answers (verl's
+  # system + user messages as a Conversation, which the chat template renders).
+  assert [(e['prompt'], e['answer']) for e in trainer.eval_examples
+         ] == [(prompt_of(q), a.split('#### ')[1]) for q, a in TINY_GSM8K[:2]]
+  assert all(
+      isinstance(e['prompt'], formats.Conversation) == (fmt == 'verl_parquet')
+      for e in trainer.eval_examples)
+  with c.unlocked():  # one step; the jitted step built for the smoke run's two (compile cache)
+    c.num_steps = 1
+  trainer.c = c
+  trainer.run()
+  records = metric_writer.read_jsonl(str(tmp_path / 'run' / 'metrics.jsonl'))
+  assert [r['step'] for r in records] == [0, 1] and 'eval/avg@2' in records[0]
+  assert np.isfinite(records[-1]['loss']) and np.isfinite(records[-1]['grad_norm'])
