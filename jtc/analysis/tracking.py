@@ -165,6 +165,11 @@ class Tracker:
                      dir=run_dir, mode=resolve_mode(log.wandb_mode), reinit='create_new',
                      settings=wandb.Settings(console='off'))
     _write_state(path, state)
+    mode = run.settings.mode
+    print(
+        f'W&B: {mode} run {name!r} (id {state["id"]}) in {os.path.dirname(path)}' +
+        (f'; upload it with `wandb sync {run.settings.sync_dir}`' if mode == 'offline' else ''),
+        file=sys.stderr)
     return cls(run, path, state)
 
   def log(self, record):

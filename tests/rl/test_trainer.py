@@ -19,6 +19,8 @@ from jtc.models import bundles
 from jtc.analysis import metric_writer
 from jtc.models import model as model_lib
 from jtc.analysis import curve_plots
+from jtc.analysis import tracking
+from jtc.rl import distributed
 from jtc.models import tokenizer as tokenizer_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -44,9 +46,9 @@ def _cmd(workdir, policy, *extra, method='dfpo_min_replace'):
   ]
 
 
-def _run(workdir, policy, *extra, method='dfpo_min_replace', check=True):
+def _run(workdir, policy, *extra, method='dfpo_min_replace', check=True, env=None):
   cmd = _cmd(workdir, policy, *extra, method=method)
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env = dict(env or os.environ, JAX_PLATFORMS='cpu')
   proc = procs.run(cmd, f'{workdir.rstrip(os.sep)}.stderr.log', cwd=REPO, env=env)
   if check and proc.returncode != 0:
     raise AssertionError(proc)
@@ -59,8 +61,10 @@ def _comparable(records):
 
 @pytest.fixture(scope='module')
 def uninterrupted(tiny_policy, tmp_path_factory):
+  """The smoke run, logged to an offline W&B run too (jtc.analysis.tracking)."""
   workdir = str(tmp_path_factory.mktemp('run_a'))
-  _run(workdir, tiny_policy)
+  env = procs.offline_wandb_env(str(tmp_path_factory.mktemp('wandb_env')))
+  _run(workdir, tiny_policy, '--config.log.wandb_project=jtc-tests', env=env)
   return workdir
 
 
@@ -78,6 +82,22 @@ def test_smoke_run_writes_metrics_checkpoints_and_tensorboard(uninterrupted):
   assert records[-1]['compute/update_steps'] == 3 * 2
   assert glob.glob(os.path.join(uninterrupted, 'tensorboard', 'events.*'))
   assert os.path.isdir(os.path.join(uninterrupted, 'checkpoints', '3'))
+
+
+def test_the_wandb_run_holds_the_records_of_metrics_jsonl(uninterrupted):
+  """Read back with wandb's own reader: the same records at the same steps, the run's config
+  and the code revision."""
+  records = tracking.offline_records(uninterrupted)
+  jsonl = metric_writer.read_jsonl(os.path.join(uninterrupted, 'metrics.jsonl'))
+  logged = tracking.history(records)
+  assert [r['step'] for r in logged] == [r['step'] for r in jsonl] == [0, 1, 2, 3]
+  for got, want in zip(logged, jsonl):
+    assert got == {'step': want['step'], **tracking.for_wandb(want)}
+  run, = [r['run'] for r in records if r['type'] == 'run']
+  config = run['config']['update']
+  assert config['code_revision'] == distributed.code_revision()
+  assert config['loss']['name'] == 'dfpo_min_replace' and config['num_steps'] == 3
+  assert run['display_name'] == os.path.basename(uninterrupted)
 
 
 def test_sigkill_then_resume_equals_uninterrupted(uninterrupted, tiny_policy, tmp_path):
