@@ -88,11 +88,12 @@ def tags(log):
   return [t.strip() for t in log.wandb_tags.split(',') if t.strip()]
 
 
-def check_config(log, environ=None):
-  """The W&B keys of the `log` section, before any compute: the mode (with the credentials
-  'online' needs) and, when W&B is on, the package (naming the extra)."""
+def check_config(log, environ=None, *, primary=True):
+  """The W&B keys of the `log` section, before any compute: the mode and, when W&B is on, in
+  the process that logs (``primary``: process 0), the credentials 'online' needs and the
+  package (naming the extra)."""
   checks.choice('config.log.wandb_mode', log.wandb_mode, MODES)
-  if not enabled(log):
+  if not enabled(log) or not primary:
     return
   resolve_mode(log.wandb_mode, environ)
   if not installed():

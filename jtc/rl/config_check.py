@@ -10,6 +10,7 @@ import sys
 from jtc.analysis import tracking
 from jtc.objectives import advantages as advantages_lib
 from jtc.rl import checkpoints
+from jtc.rl import distributed
 from jtc import checks
 from jtc.data import pipeline as data_lib
 from jtc import objectives
@@ -28,7 +29,8 @@ def validate(c):
   each section is checked by the module that consumes it, and a population's members are each
   checked as the single run they equal (so a varied value is checked like a set one)."""
   population_lib.check_config(c)
-  tracking.check_config(c.log)  # the W&B keys: the run's, not a member's
+  # The W&B keys (the run's, not a member's); only process 0 logs, so only it needs W&B.
+  tracking.check_config(c.log, primary=distributed.is_primary())
   members = population_lib.members(c)
   if len(members) > 1 or members[0].values:
     if c.token_budget:

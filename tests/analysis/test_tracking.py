@@ -202,7 +202,9 @@ def test_a_missing_package_names_the_extra_before_anything_runs(offline, tmp_pat
   with pytest.raises(ValueError, match=r"needs the wandb package.*pip install 'jtc\[wandb\]'"):
     trainer_lib.Trainer(c, str(workdir))
   assert not workdir.exists()
-  c.log.wandb_mode = 'disabled'  # known negative: W&B not asked for, no package needed
+  # Known negatives: another process of a multi-process run never logs, and W&B not asked for.
+  tracking.check_config(c.log, primary=False)
+  c.log.wandb_mode = 'disabled'
   config_check.validate(c)
 
 
