@@ -192,8 +192,8 @@ def start_runs(log, run_dirs, *, revision, workdir):
   each run named '<name>/<member>'), or Nones when W&B is off. Each run's config is its
   directory's config.json (the member's own for a member) with the code revision
   (``revision()``, e.g. `distributed.code_revision`)."""
-  if not enabled(log) or not run_dirs:
-    return [None] * len(run_dirs)
+  if not enabled(log) or not run_dirs or resolve_mode(log.wandb_mode) == 'disabled':
+    return [None] * len(run_dirs)  # off, another process's, or $WANDB_MODE=disabled
   revision = revision()
   name = log.wandb_run_name or os.path.basename(os.path.abspath(workdir))
   trackers = []

@@ -138,6 +138,16 @@ def test_a_resume_continues_the_run_and_logs_each_step_once(offline, tmp_path):
   assert_equal_streams(tracking.offline_history(run_dir, state['id']), _jsonl(run_dir))
 
 
+def test_nothing_starts_when_wandb_is_off(offline, tmp_path, monkeypatch):
+  run_dir = _run_dir(tmp_path / 'run', {'seed': 0})
+  start = lambda log: tracking.start_runs(log, [run_dir], revision=None, workdir=run_dir)
+  assert start(_log(wandb_project='')) == [None]
+  assert start(_log(wandb_mode='disabled')) == [None]
+  monkeypatch.setenv('WANDB_MODE', 'disabled')
+  assert start(_log()) == [None]
+  assert not os.path.exists(os.path.join(run_dir, 'wandb'))
+
+
 def test_population_members_are_grouped_runs_with_their_own_streams(offline, tmp_path):
   workdir = tmp_path / 'pop'
   dirs = [_run_dir(workdir / 'members' / f'seed{k}', {'seed': k}) for k in range(2)]
