@@ -7,10 +7,11 @@ Config (`configs/common.py`, section `log`): `wandb_project` ('' = off), `wandb_
 when set, else online with an API key and offline without one; 'online' without a key is refused).
 
 A run directory (the workdir, or each population member's ``members/<name>/``) holds its W&B
-files in ``<dir>/wandb/`` and `STATE_FILE` there: the W&B run id and the last step logged. A
-resumed run continues that W&B run and logs only the steps after it; records of metrics.jsonl
-not yet logged (W&B switched on for a resumed run) are logged first, so the W&B run holds the
-same records as metrics.jsonl, at the same steps. The members of a population are one W&B run
+files in ``<dir>/wandb/`` and `STATE_FILE` there: the W&B run's id. A resumed run continues
+that W&B run and logs only the steps after the last one it holds (the server's, online; the
+last one written to its offline files, offline); records of metrics.jsonl it lacks (W&B switched
+on for a resumed run, steps a SIGKILL lost) are logged first, so the W&B run holds the same
+records as metrics.jsonl, at the same steps, each once. The members of a population are one W&B run
 each, grouped under the run name. `wandb` is imported only when a run starts (`pip install
 'jtc[wandb]'`); `offline_history` reads an offline run back with wandb's own reader.
 """
@@ -33,7 +34,7 @@ from jtc import files
 
 MODES = ('', 'online', 'offline', 'disabled')  # '' = auto (`resolve_mode`)
 EXTRA = 'wandb'  # setup.py's extra that installs the package
-STATE_FILE = 'jtc_run.json'  # in <dir>/wandb/: {'id', 'project', 'entity', 'logged_through'}
+STATE_FILE = 'jtc_run.json'  # in <dir>/wandb/: {'id', 'project', 'entity'} of its W&B run
 NONFINITE = {'nan': math.nan, 'inf': math.inf, '-inf': -math.inf}  # as metrics.jsonl writes them
 WANDB_NONFINITE = {'NaN': math.nan, 'Infinity': math.inf, '-Infinity': -math.inf}  # its JSON
 DEFAULT_HOST = 'https://api.wandb.ai'
@@ -140,8 +141,11 @@ def for_wandb(record):
 class Tracker:
   """One W&B run mirroring one metric stream; `log` a record, `finish` at the end."""
 
-  def __init__(self, run, state_path, state):
-    self.run, self._state_path, self.state = run, state_path, state
+  def __init__(self, run, held_through=-1):
+    self.run = run
+    # The last step the W&B run holds: the server's (online), else the last one written to
+    # this run's offline files (a SIGKILL loses the steps wandb's service had not yet written).
+    self.held_through = held_through
 
   @classmethod
   def start(cls, run_dir, log, *, config, name, group=None):
@@ -157,31 +161,36 @@ class Tracker:
     state = {
         'id': state.get('id') or new_run_id(),
         'project': log.wandb_project,
-        'entity': log.wandb_entity,
-        'logged_through': state.get('logged_through', -1)
+        'entity': log.wandb_entity
     }
+    mode = resolve_mode(log.wandb_mode)
+    earlier = offline_dirs(run_dir, state['id'])  # before this start adds its own
     _wait_for_a_new_second(os.path.dirname(path), state['id'])
     run = wandb.init(project=log.wandb_project, entity=log.wandb_entity or None, name=name,
                      group=group, tags=tags(log), config=config, id=state['id'], resume='allow',
-                     dir=run_dir, mode=resolve_mode(log.wandb_mode), reinit='create_new',
+                     dir=run_dir, mode=mode, reinit='create_new',
                      settings=wandb.Settings(console='off'))
+    try:
+      held = (run.starting_step -
+              1 if run.resumed else -1) if mode == 'online' else (_last_step(earlier))
+    except BaseException:
+      run.finish(exit_code=1)
+      raise
     _write_state(path, state)
-    mode = run.settings.mode
     print(
         f'W&B: {mode} run {name!r} (id {state["id"]}) in {os.path.dirname(path)}' +
         (f'; upload it with `wandb sync {run.settings.sync_dir}`' if mode == 'offline' else ''),
         file=sys.stderr)
-    return cls(run, path, state)
+    return cls(run, held)
 
   def log(self, record):
     """Logs a metrics.jsonl record at its step, unless the W&B run already holds that step (a
     step recomputed after a resume)."""
     step = record['step']
-    if step <= self.state['logged_through']:
+    if step <= self.held_through:
       return
     self.run.log(for_wandb(record), step=step, commit=True)
-    self.state['logged_through'] = step
-    _write_state(self._state_path, self.state)
+    self.held_through = step
 
   def finish(self, exit_code=0):
     self.run.finish(exit_code=exit_code)
@@ -214,21 +223,41 @@ def start_runs(log, run_dirs, *, revision, workdir):
   return trackers
 
 
-def offline_records(run_dir, run_id=None):
-  """Every record of ``run_dir``'s offline W&B runs of ``run_id`` (default: `STATE_FILE`'s),
-  one offline-run-*-<id> directory per start, in order, as wandb's own reader prints them
-  (`wandb leet inspect --json`: dicts with 'type' 'run', 'history', 'summary', ...)."""
-  run_id = run_id or files.read_json(_state_path(run_dir), keys=('id',))['id']
+def offline_dirs(run_dir, run_id):
+  """The offline-run-<time>-<id> directories of W&B run ``run_id`` in ``run_dir``/wandb, one
+  per start, oldest first."""
   base = os.path.join(run_dir, 'wandb')
-  found = sorted(
-      n for n in os.listdir(base) if n.startswith('offline-run-') and n.endswith(f'-{run_id}'))
-  out = []
-  for name in found:
-    proc = subprocess.run(
-        [sys.executable, '-m', 'wandb', 'leet', 'inspect', '--json',
-         os.path.join(base, name)], capture_output=True, text=True, check=True, timeout=120)
-    out.extend(json.loads(line) for line in proc.stdout.splitlines() if line.strip())
-  return out
+  names = os.listdir(base) if os.path.isdir(base) else []
+  return [
+      os.path.join(base, n)
+      for n in sorted(names)
+      if n.startswith('offline-run-') and n.endswith(f'-{run_id}')
+  ]
+
+
+def read_run_log(path):
+  """The records of one start's .wandb transaction log (a directory of `offline_dirs`), as
+  wandb's own reader prints them (`wandb leet inspect --json`: dicts with 'type' 'run',
+  'history', 'summary', ...); a log cut by a kill is read up to the cut."""
+  proc = subprocess.run([sys.executable, '-m', 'wandb', 'leet', 'inspect', '--json', path],
+                        capture_output=True, text=True, check=True, timeout=120)
+  return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def _last_step(dirs):
+  """The last step logged in the newest of ``dirs`` that holds any step (-1: none)."""
+  for path in reversed(dirs):
+    steps = [r['step'] for r in history(read_run_log(path))]
+    if steps:
+      return max(steps)
+  return -1
+
+
+def offline_records(run_dir, run_id=None):
+  """Every record of ``run_dir``'s offline W&B run ``run_id`` (default: `STATE_FILE`'s), all
+  its starts in order (`read_run_log` of each of `offline_dirs`)."""
+  run_id = run_id or files.read_json(_state_path(run_dir), keys=('id',))['id']
+  return [r for path in offline_dirs(run_dir, run_id) for r in read_run_log(path)]
 
 
 def history(records):

