@@ -10,7 +10,6 @@ tests/rl/test_population.py (a population, resumed).
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 
@@ -66,14 +65,11 @@ def _record(step, scale=1.0):
   }
 
 
-def _write(run_dir, steps, *, tracker, resume_step=0, scale=1.0, kill=False):
-  """Writes ``steps`` as a (resumed) run would; ``kill``: SIGKILLs this process at the end."""
+def _write(run_dir, steps, *, tracker, resume_step=0, scale=1.0):
   writer = metric_writer.MetricWriter(run_dir, resume_step=resume_step, tracker=tracker)
   try:
     for step in steps:
       writer.write(step, _record(step, scale))
-    if kill:
-      os.kill(os.getpid(), signal.SIGKILL)
   finally:
     writer.close()
 
@@ -143,10 +139,16 @@ def test_a_resume_continues_the_run_and_logs_each_step_once(offline, tmp_path):
 
 
 KILLED = """
-import sys
-from tests.analysis import test_tracking as t
-run_dir = sys.argv[1]
-t._write(run_dir, range(3, 6), tracker=t._start(run_dir, t._log()), resume_step=3, kill=True)
+import os, signal, sys
+from configs import common
+from jtc.analysis import metric_writer, tracking
+log, run_dir, records = common.get_config().log, sys.argv[1], eval(sys.argv[2])
+log.wandb_project = 'jtc-tests'
+tracker, = tracking.start_runs(log, [run_dir], revision=lambda: 'rev', workdir=run_dir)
+writer = metric_writer.MetricWriter(run_dir, resume_step=3, tracker=tracker)
+for step, record in records:
+  writer.write(step, record)
+os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
@@ -156,11 +158,10 @@ def test_steps_a_sigkill_lost_are_logged_at_the_resume(offline, tmp_path):
   lacks from metrics.jsonl and never the ones it holds."""
   run_dir = _run_dir(tmp_path / 'run', {'seed': 0})
   _write(run_dir, range(3), tracker=_start(run_dir, _log()))
-  proc = subprocess.run([sys.executable, '-c', KILLED, run_dir], cwd=REPO, capture_output=True,
-                        text=True, timeout=300, env=offline)
+  records = repr([(step, _record(step)) for step in range(3, 6)])
+  proc = subprocess.run([sys.executable, '-c', KILLED, run_dir, records], cwd=REPO,
+                        capture_output=True, text=True, timeout=300, env=offline)
   assert proc.returncode == -9, proc.stderr[-2000:]
-  held = [r['step'] for r in tracking.offline_history(run_dir)]
-  assert held[:3] == [0, 1, 2] and held == list(range(len(held)))  # what reached the files
   _write(run_dir, range(4, 6), tracker=_start(run_dir, _log()), resume_step=4)
   assert [r['step'] for r in _jsonl(run_dir)] == list(range(6))
   assert_equal_streams(tracking.offline_history(run_dir), _jsonl(run_dir))
