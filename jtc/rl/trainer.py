@@ -18,8 +18,9 @@ directory; `--config.data.dataset=FILE.jsonl` reads question/answer records (doc
 
 A workdir holds one run or one population: checkpoints (train state, run state, data-iterator
 states, config); `metrics.jsonl` (one line per step), TensorBoard events and config.json in the
-workdir (a run) or in each member's ``members/<name>/`` (a population); started again, it resumes
-exactly.
+workdir (a run) or in each member's ``members/<name>/`` (a population), and with
+`log.wandb_project` a Weights & Biases run of each (`jtc.analysis.tracking`); started again, it
+resumes exactly.
 
 Dimension key: B rollout sequences (= prompts_per_step * G), G group size, P prompt width,
 T max new tokens, L = P + T, V vocabulary, E population members (docs/dimensions.md).
