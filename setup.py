@@ -45,6 +45,8 @@ setuptools.setup(
         # `--config.data.reward=math_verify`: Hugging Face's Math-Verify answer checker
         # (jtc.data.math_verifier; docs/verifiers.md).
         'math': ['math-verify>=0.9'],
+        # Weights & Biases tracking (config.log.wandb_project; jtc.analysis.tracking).
+        'wandb': ['wandb>=0.31'],
         'test': [
             'jax[tpu]',  # tests/plan: the planner's deviceless TPU compiles (the plan extra)
             'pytest>=8',
@@ -54,6 +56,7 @@ setuptools.setup(
             'nbclient>=0.10',
             'nbformat>=5.10',
             'ipykernel>=6',
+            'wandb>=0.31',  # tests/analysis/test_tracking.py: offline W&B runs read back
             # tests/analysis/test_ledger_view.py drives the system's Chromium (/usr/bin/chromium,
             # Debian's `chromium` package; .ci/run installs it), never playwright's own download.
             'playwright==1.65.2',

@@ -205,6 +205,17 @@ def get_config(arg=None):
   # The per-token ledger (jtc.analysis.ledger) every N steps (0 = never): each token's
   # coefficient, ratio, flags, and the parameters before each update (for replay).
   c.log.ledger_every = 0
+  # Weights & Biases (jtc.analysis.tracking; pip install 'jtc[wandb]'): every metrics.jsonl
+  # record at its step, the config and the code revision, W&B's files in <workdir>/wandb (a
+  # population: one run per member, grouped under the run name). '' = off.
+  c.log.wandb_project = ''
+  c.log.wandb_entity = ''  # W&B user or team ('' = the account's default)
+  c.log.wandb_run_name = ''  # '' = the workdir's name (a member's run: '<name>/<member>')
+  c.log.wandb_tags = ''  # comma separated, e.g. 'gspo,sweep3'
+  # '' (auto: $WANDB_MODE if set, else online with an API key, offline without one) | online |
+  # offline (`wandb sync <workdir>/wandb/offline-run-*` uploads later) | disabled. 'online'
+  # without a key (WANDB_API_KEY or `wandb login`) is refused.
+  c.log.wandb_mode = ''
 
   c.population = ConfigDict()  # jtc.rl.population: N members trained by one program
   c.population.size = 1  # seeds per setting: seed, seed + 1, ..., seed + size - 1

@@ -80,3 +80,24 @@ def kill_after_checkpoint(cmd, workdir, step, *, sig=signal.SIGKILL, log=None, c
     proc.send_signal(signal.SIGSTOP)
   proc.send_signal(sig)
   return wait(proc, timeout)
+
+
+def offline_wandb_env(folder, environ=None):
+  """``environ`` (default: this process's) for W&B runs that never reach the network: offline,
+  silent, without credentials (an empty netrc), W&B's settings and caches under ``folder``, and
+  its own W&B service (not one this process started: a child killed in a test would leave its
+  run marked in use there)."""
+  os.makedirs(folder, exist_ok=True)
+  netrc = os.path.join(folder, 'netrc')
+  open(netrc, 'a').close()
+  env = {
+      k: v
+      for k, v in (os.environ if environ is None else environ).items()
+      if k not in ('WANDB_API_KEY', 'WANDB_IDENTITY_TOKEN_FILE', 'WANDB_BASE_URL', 'WANDB_SERVICE')
+  }
+  env.update(WANDB_MODE='offline', WANDB_SILENT='true', NETRC=netrc,
+             WANDB_CONFIG_DIR=os.path.join(folder,
+                                           'config'), WANDB_CACHE_DIR=os.path.join(folder, 'cache'),
+             WANDB_DATA_DIR=os.path.join(folder, 'data'),
+             WANDB_ARTIFACT_DIR=os.path.join(folder, 'artifacts'))
+  return env

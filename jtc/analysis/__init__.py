@@ -1,4 +1,5 @@
-"""What a run did: step diagnostics, offline probes, curve statistics, metric files, plots."""
+"""What a run did: step diagnostics, offline probes, curve statistics, metric files (and their
+Weights & Biases runs), plots."""
 
 # The submodules (``from jtc.analysis import *`` imports them).
 __all__ = [
@@ -12,4 +13,5 @@ __all__ = [
     'mismatch',
     'probes',
     'replay',
+    'tracking',
 ]

@@ -2,9 +2,12 @@
 
 On resume from step s, lines of the JSONL file with `step >= s` are dropped first (they are
 recomputed identically) and TensorBoard purges its events from step s on, so a killed and resumed
-run leaves exactly one record per step in both, as an uninterrupted run would.
+run leaves exactly one record per step in both, as an uninterrupted run would. A `tracking.Tracker`
+(Weights & Biases, when the config asks for it) is handed every record written, the kept ones
+first.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -54,8 +57,9 @@ def last_record(workdir):
 class MetricWriter:
   """Writes scalar metrics to JSONL (and TensorBoard, when tensorboardX is installed)."""
 
-  def __init__(self, workdir, *, resume_step=0, files=True):
+  def __init__(self, workdir, *, resume_step=0, files=True, tracker=None):
     self.files = files  # False: records are made but nothing is written (not process 0)
+    self.tracker = tracker  # a tracking.Tracker that logs every record too, or None
     if not files:
       return
     os.makedirs(workdir, exist_ok=True)
@@ -66,6 +70,8 @@ class MetricWriter:
       for r in kept:
         f.write(json.dumps(r) + '\n')
     os.replace(tmp, self.path)
+    for r in kept if tracker else ():  # those it holds already are skipped
+      tracker.log(r)
     self._file = open(self.path, 'a')
     try:
       import tensorboardX  # pylint: disable=import-outside-toplevel
@@ -87,11 +93,28 @@ class MetricWriter:
       for k, v in record.items():
         if k != 'step' and isinstance(v, (int, float)):
           self._tb.add_scalar(k, v, int(step))
+    if self.tracker is not None:
+      self.tracker.log(record)
     return record
 
-  def close(self):
+  def close(self, failed=False):
     if not self.files:
       return
     self._file.close()
     if self._tb is not None:
       self._tb.close()
+    if self.tracker is not None:
+      self.tracker.finish(exit_code=1 if failed else 0)
+
+
+@contextlib.contextmanager
+def closing(writers):
+  """Closes every writer on leaving, a failed run's too (its W&B run marked failed)."""
+  try:
+    yield writers
+  except BaseException:
+    for w in writers:
+      w.close(failed=True)
+    raise
+  for w in writers:
+    w.close()

@@ -7,8 +7,10 @@ them in turn and checks what spans sections (a token-weighted loss needs a token
 
 import sys
 
+from jtc.analysis import tracking
 from jtc.objectives import advantages as advantages_lib
 from jtc.rl import checkpoints
+from jtc.rl import distributed
 from jtc import checks
 from jtc.data import pipeline as data_lib
 from jtc import objectives
@@ -27,6 +29,8 @@ def validate(c):
   each section is checked by the module that consumes it, and a population's members are each
   checked as the single run they equal (so a varied value is checked like a set one)."""
   population_lib.check_config(c)
+  # The W&B keys (the run's, not a member's); only process 0 logs, so only it needs W&B.
+  tracking.check_config(c.log, primary=distributed.is_primary())
   members = population_lib.members(c)
   if len(members) > 1 or members[0].values:
     if c.token_budget:

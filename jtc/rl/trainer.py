@@ -18,8 +18,9 @@ directory; `--config.data.dataset=FILE.jsonl` reads question/answer records (doc
 
 A workdir holds one run or one population: checkpoints (train state, run state, data-iterator
 states, config); `metrics.jsonl` (one line per step), TensorBoard events and config.json in the
-workdir (a run) or in each member's ``members/<name>/`` (a population); started again, it resumes
-exactly.
+workdir (a run) or in each member's ``members/<name>/`` (a population), and with
+`log.wandb_project` a Weights & Biases run of each (`jtc.analysis.tracking`); started again, it
+resumes exactly.
 
 Dimension key: B rollout sequences (= prompts_per_step * G), G group size, P prompt width,
 T max new tokens, L = P + T, V vocabulary, E population members (docs/dimensions.md).
@@ -27,6 +28,7 @@ T max new tokens, L = P + T, V vocabulary, E population members (docs/dimensions
 
 import dataclasses
 import functools
+import itertools
 import json
 import os
 import sys
@@ -38,6 +40,7 @@ import numpy as np
 from jtc.analysis import diagnostics
 from jtc.analysis import metric_writer
 from jtc.analysis import probes
+from jtc.analysis import tracking
 from jtc.data import pipeline as data_lib
 from jtc.data import tasks as tasks_lib
 from jtc.objectives import token_weights
@@ -302,16 +305,20 @@ class Trainer:
           f'token budget {c.token_budget or "none"}; raise them to continue it)', file=sys.stderr)
       self.close()
       return [metric_writer.last_record(d) for d in self.member_dirs], None
+    # Weights & Biases (config.log.wandb_project): one run per metric stream, process 0's.
+    trackers = tracking.start_runs(c.log, self.member_dirs if self.primary else [],
+                                   revision=distributed.code_revision, workdir=self.workdir)
     writers = [
-        metric_writer.MetricWriter(d, resume_step=start + 1 if start else 0, files=self.primary)
-        for d in self.member_dirs
+        metric_writer.MetricWriter(d, resume_step=start + 1 if start else 0, files=self.primary,
+                                   tracker=t)
+        for d, t in itertools.zip_longest(self.member_dirs, trackers)
     ]
     progress = loop.Progress(c.num_steps, start, every=c.log.progress_every, show=self.primary)
     eval_every = c.eval.every if self.eval_examples else 0
     if not self.eval_examples and c.eval.every:
       print('no held-out problems (no test split): evaluation is skipped', file=sys.stderr)
     last = [{}] * self.pop.n
-    with loop.StopOnSignal() as stop:
+    with loop.StopOnSignal() as stop, metric_writer.closing(writers):
       if start == 0 and eval_every:
         for writer, metrics in zip(writers, self.evaluate(0)):
           writer.write(0, metrics)
@@ -336,8 +343,6 @@ class Trainer:
               'resume', file=sys.stderr)
           break
     progress.close()
-    for w in writers:
-      w.close()
     self.close()
     return last, stop.signal
 

@@ -15,6 +15,7 @@ import pytest
 
 from tests import procs
 from jtc.analysis import metric_writer
+from jtc.analysis import tracking
 from jtc.rl import distributed
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,21 +31,23 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def _env(devices=1, **extra):
-  env = dict(os.environ, JAX_PLATFORMS='cpu', JTC_HEARTBEAT_S='10', **extra)
+def _env(devices=1, base=None, **extra):
+  env = dict(base or os.environ, JAX_PLATFORMS='cpu', JTC_HEARTBEAT_S='10', **extra)
   flags = [f for f in env.get('XLA_FLAGS', '').split() if 'device_count' not in f]
   env['XLA_FLAGS'] = ' '.join(flags + [f'--xla_force_host_platform_device_count={devices}'])
   return env
 
 
-def _start(workdir, *flags, port, extra=((), ()), attempt=''):
-  """The two processes of a run, started together (``extra``: each one's own flags); process
-  i's stderr goes to ``<workdir>.stderr<attempt>.<i>.log``."""
+def _start(workdir, *flags, port, extra=((), ()), attempt='', base=None):
+  """The two processes of a run, started together (``extra``: each one's own flags; ``base``:
+  their environment, default this process's); process i's stderr goes to
+  ``<workdir>.stderr<attempt>.<i>.log``."""
   return [
       procs.start([sys.executable, '-m', 'jtc.train', *BASE, f'--workdir={workdir}', *flags, *more],
                   f'{workdir}.stderr{attempt}.{i}.log', cwd=REPO,
-                  env=_env(JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', JAX_NUM_PROCESSES='2',
-                           JAX_PROCESS_ID=str(i))) for i, more in enumerate(extra)
+                  env=_env(base=base, JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
+                           JAX_NUM_PROCESSES='2', JAX_PROCESS_ID=str(i)))
+      for i, more in enumerate(extra)
   ]
 
 
@@ -110,11 +113,23 @@ def test_a_population_over_two_processes_is_the_population_of_one_process(tmp_pa
   members = ['--config.population.size=2']
   one, two = str(tmp_path / 'one'), str(tmp_path / 'two')
   _one(one, *members, devices=1)
-  results = _wait(_start(two, *members, '--config.mesh.population=2', port=_free_port()))
+  # With W&B on (offline): process 0 alone logs, one W&B run per member.
+  wandb = procs.offline_wandb_env(str(tmp_path / 'wandb_env'))
+  results = _wait(
+      _start(two, *members, '--config.mesh.population=2', '--config.log.wandb_project=jtc-tests',
+             port=_free_port(), base=wandb))
   for ended in results:
     assert ended.returncode == 0, ended
   assert "'population': 2" in results[0].stderr
   _assert_same(_metrics(one), _metrics(two))
+  assert 'W&B:' in results[0].stderr and 'W&B:' not in results[1].stderr
+  for d in metric_writer.run_dirs(two):
+    assert len([n for n in os.listdir(os.path.join(d, 'wandb')) if n.startswith('offline-run-')
+               ]) == 1
+    assert tracking.offline_history(d) == [{
+        'step': r['step'],
+        **tracking.for_wandb(r)
+    } for r in metric_writer.read_jsonl(os.path.join(d, 'metrics.jsonl'))]
 
 
 def test_processes_that_disagree_fail_fast_naming_the_difference(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 from tests import procs
 from configs import gspo
 from jtc.analysis import metric_writer
+from jtc.analysis import tracking
 from jtc.rl import config_check
 from jtc.rl import population as population_lib
 from jtc.rl import trainer as trainer_lib
@@ -117,6 +118,40 @@ def test_a_population_killed_and_resumed_equals_an_uninterrupted_one(tmp_path):
   for bad, why in ((metric_writer.run_dirs(whole)[0], 'member of the population'),):
     proc = subprocess.run(_cmd(bad), cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0 and why in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.slow  # 3 min: two population runs (a run, then its resume)
+def test_each_member_is_a_wandb_run_of_its_own_stream_in_the_populations_group(tmp_path):
+  """2 members, run for 1 step, then resumed to 2 (num_steps raised): each member's W&B run,
+  read back, holds exactly its metrics.jsonl (one W&B run id continued over the resume), the
+  two runs are grouped under the population's name and their streams differ."""
+  env = dict(procs.offline_wandb_env(str(tmp_path / 'wandb_env')), JAX_PLATFORMS='cpu')
+  workdir = str(tmp_path / 'pop')
+  cmd = [
+      sys.executable, '-m', 'jtc.train', '--config=configs/gspo.py:smoke', f'--workdir={workdir}',
+      '--config.population.size=2', '--config.log.wandb_project=jtc-tests',
+      '--config.log.wandb_run_name=pop-test'
+  ]
+  for steps in (1, 2):
+    proc = procs.run(cmd + [f'--config.num_steps={steps}'], f'{workdir}.{steps}.stderr.log',
+                     cwd=REPO, env=env)
+    assert proc.returncode == 0, proc
+  runs, streams = [], []
+  for d in metric_writer.run_dirs(workdir):
+    records = tracking.offline_records(d)
+    jsonl = metric_writer.read_jsonl(os.path.join(d, 'metrics.jsonl'))
+    logged = tracking.history(records)
+    assert [r['step'] for r in logged] == [r['step'] for r in jsonl] == [0, 1, 2]
+    assert logged == [{'step': r['step'], **tracking.for_wandb(r)} for r in jsonl]
+    starts = [r['run'] for r in records if r['type'] == 'run']
+    assert len(starts) == 2 and starts[0]['run_id'] == starts[1]['run_id']  # resumed
+    runs.append(starts[0])
+    streams.append(jsonl)
+  assert [r['display_name'] for r in runs] == ['pop-test/seed0', 'pop-test/seed1']
+  assert [r['run_group'] for r in runs] == ['pop-test', 'pop-test']
+  assert [r['config']['update']['seed'] for r in runs] == [0, 1]
+  assert runs[0]['run_id'] != runs[1]['run_id']
+  assert streams[0][1]['loss'] != streams[1][1]['loss']  # each member's own stream
 
 
 @pytest.mark.parametrize('overrides, match', [

@@ -19,6 +19,8 @@ from jtc.models import bundles
 from jtc.analysis import metric_writer
 from jtc.models import model as model_lib
 from jtc.analysis import curve_plots
+from jtc.analysis import tracking
+from jtc.rl import distributed
 from jtc.models import tokenizer as tokenizer_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -44,9 +46,9 @@ def _cmd(workdir, policy, *extra, method='dfpo_min_replace'):
   ]
 
 
-def _run(workdir, policy, *extra, method='dfpo_min_replace', check=True):
+def _run(workdir, policy, *extra, method='dfpo_min_replace', check=True, env=None):
   cmd = _cmd(workdir, policy, *extra, method=method)
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env = dict(env or os.environ, JAX_PLATFORMS='cpu')
   proc = procs.run(cmd, f'{workdir.rstrip(os.sep)}.stderr.log', cwd=REPO, env=env)
   if check and proc.returncode != 0:
     raise AssertionError(proc)
@@ -59,8 +61,10 @@ def _comparable(records):
 
 @pytest.fixture(scope='module')
 def uninterrupted(tiny_policy, tmp_path_factory):
+  """The smoke run, logged to an offline W&B run too (jtc.analysis.tracking)."""
   workdir = str(tmp_path_factory.mktemp('run_a'))
-  _run(workdir, tiny_policy)
+  env = procs.offline_wandb_env(str(tmp_path_factory.mktemp('wandb_env')))
+  _run(workdir, tiny_policy, '--config.log.wandb_project=jtc-tests', env=env)
   return workdir
 
 
@@ -80,14 +84,35 @@ def test_smoke_run_writes_metrics_checkpoints_and_tensorboard(uninterrupted):
   assert os.path.isdir(os.path.join(uninterrupted, 'checkpoints', '3'))
 
 
+def test_the_wandb_run_holds_the_records_of_metrics_jsonl(uninterrupted):
+  """Read back with wandb's own reader: the same records at the same steps, the run's config
+  and the code revision."""
+  records = tracking.offline_records(uninterrupted)
+  jsonl = metric_writer.read_jsonl(os.path.join(uninterrupted, 'metrics.jsonl'))
+  logged = tracking.history(records)
+  assert [r['step'] for r in logged] == [r['step'] for r in jsonl] == [0, 1, 2, 3]
+  for got, want in zip(logged, jsonl):
+    assert got == {'step': want['step'], **tracking.for_wandb(want)}
+  run, = [r['run'] for r in records if r['type'] == 'run']
+  config = run['config']['update']
+  assert config['code_revision'] == distributed.code_revision()
+  assert config['loss']['name'] == 'dfpo_min_replace' and config['num_steps'] == 3
+  assert run['display_name'] == os.path.basename(uninterrupted)
+
+
 def test_sigkill_then_resume_equals_uninterrupted(uninterrupted, tiny_policy, tmp_path):
-  workdir = str(tmp_path)
-  ended = procs.kill_after_checkpoint(_cmd(workdir, tiny_policy), workdir, 1, cwd=REPO,
-                                      env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  """The run killed after its step-1 checkpoint and resumed, with W&B on: metrics.jsonl equals
+  the uninterrupted run's, and the W&B run (one id over both starts) holds each of its records
+  once, the ones the kill kept wandb's service from writing included."""
+  workdir = str(tmp_path / 'run')
+  env = dict(procs.offline_wandb_env(str(tmp_path / 'wandb_env')), JAX_PLATFORMS='cpu')
+  wandb = '--config.log.wandb_project=jtc-tests'
+  ended = procs.kill_after_checkpoint(_cmd(workdir, tiny_policy, wandb), workdir, 1, cwd=REPO,
+                                      env=env)
   assert ended.returncode == -9, ended
   killed = [r['step'] for r in metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))]
   assert killed[:2] == [0, 1] and killed[-1] < 3, killed
-  proc = _run(workdir, tiny_policy)
+  proc = _run(workdir, tiny_policy, wandb, env=env)
   resumed_at = int(re.search(r'resumed from step (\d+) \(optimiser step (\d+)\)', proc.stderr)[1])
   assert 1 <= resumed_at < 3
   resumed = metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
@@ -98,6 +123,12 @@ def test_sigkill_then_resume_equals_uninterrupted(uninterrupted, tiny_policy, tm
     assert ra.keys() == rb.keys()
     for k in ra:
       np.testing.assert_allclose(ra[k], rb[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  records = tracking.offline_records(workdir)
+  assert tracking.history(records) == [{
+      'step': r['step'],
+      **tracking.for_wandb(r)
+  } for r in resumed]
+  assert len({r['run']['run_id'] for r in records if r['type'] == 'run'}) == 1
 
 
 def test_plot_draws_several_runs(uninterrupted, tmp_path):
