@@ -29,7 +29,8 @@ RESUMABLE_KEYS = ('num_steps', 'token_budget', 'eval.every', 'eval.problems', 'e
                   'log.ckpt_every', 'log.keep_checkpoints', 'log.diagnostics_every',
                   'log.progress_every', 'log.ledger_every', 'log.wandb_project', 'log.wandb_entity',
                   'log.wandb_run_name', 'log.wandb_tags', 'log.wandb_mode',
-                  'distributed.coordinator_timeout_s', 'data.verify_workers', 'data.verify_timeout_s')
+                  'distributed.coordinator_timeout_s', 'data.verify_workers',
+                  'data.verify_timeout_s')
 SCHEDULE_KEY = 'schedule_num_steps'  # in config.json: the num_steps the schedule was built for
 # Keys that define which members a population has: never changed on resume, even with
 # --allow_config_change (the checkpoint would be restored into other members).
