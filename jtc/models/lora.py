@@ -147,6 +147,10 @@ class Adapted(collections.abc.Mapping):
                                  lora_b=adapter['lora_b'] * self.scale)
     return dict(base, layers=layers)
 
+  def merged(self) -> dict:
+    """`merge` of this policy: plain parameters (the base itself without adapters)."""
+    return self.base if self.adapters is None else merge(self.base, self.adapters, self.scale)
+
   def __getitem__(self, key):
     return self.view()[key]
 

@@ -7,6 +7,7 @@ them in turn and checks what spans sections (a token-weighted loss needs a token
 
 import sys
 
+from jtc.models import lora
 from jtc.objectives import advantages as advantages_lib
 from jtc.rl import checkpoints
 from jtc import checks
@@ -26,6 +27,7 @@ def validate(c):
   """Raises ValueError naming the offending key for any invalid setting, before any compute;
   each section is checked by the module that consumes it, and a population's members are each
   checked as the single run they equal (so a varied value is checked like a set one)."""
+  lora.check_config(c.lora)
   population_lib.check_config(c)
   members = population_lib.members(c)
   if len(members) > 1 or members[0].values:

@@ -76,8 +76,7 @@ def test_sampler_prefill_and_decode_use_the_adapters():
   policy, merged = lora.Adapted(base, adapters, scale=2.0), lora.merge(base, adapters, 2.0)
   prompts_BP = jnp.array([[0, 3, 4, 5], [6, 7, 8, 9]], jnp.int32)
   mask_BP = jnp.array([[0, 1, 1, 1], [1, 1, 1, 1]], jnp.int32)
-  kw = dict(rng=jax.random.key(0), num_samples=2, max_new_tokens=6, eos_id=1, pad_id=0,
-            greedy=True)
+  kw = dict(rng=jax.random.key(0), num_samples=2, max_new_tokens=6, eos_id=1, pad_id=0, greedy=True)
   got = sampler.sample(policy, CONFIG, prompts_BP, mask_BP, **kw)
   want = sampler.sample(merged, CONFIG, prompts_BP, mask_BP, **kw)
   np.testing.assert_array_equal(got.tokens_RL, want.tokens_RL)
@@ -164,8 +163,8 @@ def test_adapter_layout_and_axes():
   assert adapters['layers']['attn']['q']['lora_b'].shape == (Y, 3, N, H)
   assert adapters['layers']['attn']['o']['lora_a'].shape == (Y, N, H, 3)
   assert not np.any(adapters['layers']['attn']['o']['lora_b'])
-  assert lora.is_adapters(adapters) and not lora.is_adapters(model_lib.init_params(
-      CONFIG, jax.random.key(0)))
+  assert lora.is_adapters(adapters) and not lora.is_adapters(
+      model_lib.init_params(CONFIG, jax.random.key(0)))
   axes = lora.logical_axes(adapters)
   assert axes['layers']['attn']['o']['lora_a'] == ('layers', None, None, None)
   # A depends on the fixed key only: every seed starts from the same adapters.
