@@ -69,7 +69,7 @@ def test_rank_4_trains_the_adapters_alone_on_a_frozen_base(tmp_path):
   assert 'diag/energy_b0' in metrics
   # The ledger keeps the merged policy before each update (a plain policy for replay): before
   # the first, the base itself (B = 0).
-  _, before = ledger_lib.read(str(tmp_path / 'run'), 1).params(0)
+  _, before = ledger_lib.load(str(tmp_path / 'run'), 1).params(0)
   for got, want in zip(jax.tree.leaves(before), jax.tree.leaves(base)):
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-6)
 
