@@ -3,6 +3,7 @@ with only the adapters trained and checkpointed while the base stays bit for bit
 exactly what full fine-tuning samples (B = 0); a LoRA population's member i is the single LoRA
 run of seed + i; a workdir never resumes at another rank."""
 import os
+import sys
 
 import jax
 import ml_collections
@@ -11,12 +12,16 @@ import pytest
 
 from configs import dfpo_min_replace
 from jtc.analysis import ledger as ledger_lib
+from jtc.analysis import metric_writer
 from jtc.models import lora
 from jtc.rl import checkpoints
 from jtc.rl import config_check
 from jtc.rl import population as population_lib
 from jtc.rl import trainer as trainer_lib
 from jtc.rl import workdir as workdir_lib
+from tests import procs
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _config(**overrides):
@@ -163,3 +168,40 @@ def test_a_run_recorded_before_lora_existed_resumes_at_rank_0(tmp_path):
   workdir_lib.check_identity(workdir, _config(**{'lora.rank': 0}), has_checkpoint=True)
   with pytest.raises(workdir_lib.WorkdirError, match='other LoRA adapters'):
     workdir_lib.check_identity(workdir, _config(), allow_changes=True, has_checkpoint=True)
+
+
+@pytest.mark.slow  # three processes of a 2-member population, ~5 min on a loaded 2-core CPU
+def test_a_lora_population_killed_and_resumed_equals_an_uninterrupted_one(tmp_path):
+  """SIGKILL after the step-1 checkpoint, then the same command: every member's metrics equal
+  the uninterrupted population's (the adapters, their optimiser state, data and PRNG resume)."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  cmd = lambda workdir: [
+      sys.executable, '-m', 'jtc.train', '--config=configs/dfpo_min_replace.py:smoke',
+      f'--workdir={workdir}', '--config.num_steps=3', '--config.population.size=2',
+      '--config.lora.rank=4', '--config.eval.every=3'
+  ]
+  whole, killed = str(tmp_path / 'whole'), str(tmp_path / 'killed')
+  proc = procs.run(cmd(whole), f'{whole}.stderr.log', cwd=REPO, env=env)
+  assert proc.returncode == 0, proc
+  ended = procs.kill_after_checkpoint(cmd(killed), killed, 1, cwd=REPO, env=env)
+  assert ended.returncode == -9, ended
+  proc = procs.run(cmd(killed), f'{killed}.stderr.log', cwd=REPO, env=env)
+  assert proc.returncode == 0 and 'resumed from step' in proc.stderr, proc
+  a, b = _members(whole), _members(killed)
+  assert sorted(a) == sorted(b) == ['seed0', 'seed1']
+  for name in a:
+    assert [r['step'] for r in a[name]] == [r['step'] for r in b[name]] == [0, 1, 2, 3]
+    for ra, rb in zip(a[name], b[name]):
+      assert ra.keys() == rb.keys()
+      for k in ra:
+        np.testing.assert_allclose(ra[k], rb[k], rtol=1e-5, atol=1e-6, err_msg=f'{name} {k}')
+
+
+def _members(workdir):
+  nondeterministic = ('time_', 'tokens_per_s')
+  return {
+      os.path.basename(d): [{
+          k: v for k, v in r.items() if not k.startswith(nondeterministic)
+      } for r in metric_writer.read_jsonl(os.path.join(d, 'metrics.jsonl'))
+                           ] for d in metric_writer.run_dirs(workdir)
+  }
