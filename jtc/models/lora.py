@@ -217,7 +217,7 @@ def is_adapters(tree) -> bool:
 
 
 def rank_of(adapters) -> int:
-  """r of an adapter tree (or of shapes {path: shape} as `jtc.rl.checkpoints` reads them)."""
+  """r of an adapter tree (the last axis of its lora_a leaves)."""
   a = next(x for p, x in jax.tree_util.tree_flatten_with_path(adapters)[0]
            if getattr(p[-1], 'key', None) == 'lora_a')
   return int(np.shape(a)[-1])
