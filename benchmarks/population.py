@@ -2,6 +2,7 @@ r"""Machine time of a seed population (one program) against the same runs as sin
 
   python -m benchmarks.population                  # 8 seeds x 80 steps, table1's GSPO at lr 1e-4
   python -m benchmarks.population --members 16 --jobs 8 --rounds 2   # a GPU (docs/populations.md)
+  python -m benchmarks.population --lora-rank 4    # LoRA members on one base (docs/lora.md)
 
 The workload is table1's GSPO configuration (experiments/sweeps.py: lr 1e-4, evaluation at step
 0 and at the end, diagnostics every 5 steps), seeds 0 .. N-1, trained two ways, interleaved and
@@ -9,7 +10,12 @@ repeated ``--rounds`` times (the order alternates between rounds):
   population  one `python -m jtc.train` with --config.population.size=N;
   processes   N `python -m jtc.train` processes, ``--jobs`` at a time (experiments.run
               --no-population).
-Each figure is the wall time of the whole workload with the CPU seconds its processes used
+With ``--lora-rank r`` both are LoRA runs of rank r (`jtc.models.lora`: the members share one
+frozen base) and a third workload runs beside them:
+  full        the population of full-parameter members (rank 0), as without the flag.
+Each figure is the wall time of the whole workload with the peak resident memory of its largest
+process (a process at a time: ``--jobs`` of the single runs are resident together), the CPU
+seconds its processes used
 (user + system, from the kernel's accounting of the children) and the 1-minute load average
 before and after; a round during which other processes kept more than 0.25 cores busy is marked
 LOADED and its ratio is not to be reported. The time split sums the trainer's own phase timers
@@ -45,8 +51,8 @@ CONFIG = [
 ]
 
 
-def _flags(steps):
-  return [f.format(n=steps) for f in CONFIG]
+def _flags(steps, lora_rank=0):
+  return [f.format(n=steps) for f in CONFIG] + [f'--config.lora.rank={lora_rank}'] * (lora_rank > 0)
 
 
 def _children_cpu():
@@ -55,29 +61,38 @@ def _children_cpu():
 
 
 def _run(cmd, log):
+  """Runs ``cmd``; the peak resident memory of its process in bytes (the kernel's accounting of
+  that one child, `os.wait4`)."""
   with open(log, 'w') as err:
-    subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, check=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
+    _, status, usage = os.wait4(proc.pid, 0)
+  proc.returncode = os.waitstatus_to_exitcode(status)
+  if proc.returncode:
+    raise subprocess.CalledProcessError(proc.returncode, cmd)
+  return usage.ru_maxrss * 1024  # Linux reports kilobytes
 
 
-def population(root, members, steps):
+def population(root, members, steps, lora_rank=0):
+  """(member dirs, peak RSS) of one population of ``members`` seeds."""
   workdir = os.path.join(root, 'population')
-  cmd = [sys.executable, '-m', 'jtc.train', f'--workdir={workdir}'
-        ] + _flags(steps) + ['--config.seed=0', f'--config.population.size={members}']
-  _run(cmd, os.path.join(root, 'population.log'))
-  return [os.path.join(workdir, 'members', f'seed{s}') for s in range(members)]
+  cmd = [sys.executable, '-m', 'jtc.train', f'--workdir={workdir}'] + _flags(
+      steps, lora_rank) + ['--config.seed=0', f'--config.population.size={members}']
+  rss = _run(cmd, os.path.join(root, 'population.log'))
+  return [os.path.join(workdir, 'members', f'seed{s}') for s in range(members)], rss
 
 
-def processes(root, members, steps, jobs):
+def processes(root, members, steps, jobs, lora_rank=0):
+  """(run dirs, the largest peak RSS of one process) of ``members`` single runs."""
   dirs = [os.path.join(root, f'seed{s}') for s in range(members)]
 
   def one(seed):
-    cmd = [sys.executable, '-m', 'jtc.train', f'--workdir={dirs[seed]}'
-          ] + _flags(steps) + [f'--config.seed={seed}']
-    _run(cmd, dirs[seed] + '.log')
+    cmd = [sys.executable, '-m', 'jtc.train', f'--workdir={dirs[seed]}'] + _flags(
+        steps, lora_rank) + [f'--config.seed={seed}']
+    return _run(cmd, dirs[seed] + '.log')
 
   with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-    list(pool.map(one, range(members)))
-  return dirs
+    rss = max(pool.map(one, range(members)))
+  return dirs, rss
 
 
 def phase_seconds(dirs, shared):
@@ -104,11 +119,13 @@ def measure(name, fn, root):
   os.makedirs(root)
   load0, cpu0 = common.load_average(), _children_cpu()
   with common.OtherLoad() as other:
-    dirs = fn(root)
+    dirs, rss = fn(root)
   cpu = _children_cpu() - cpu0
-  phases = phase_seconds(dirs, shared=name == 'population')
-  rest = other.seconds - sum(phases.values()) if name == 'population' else float('nan')
-  return dirs, dict(wall=other.seconds, cpu=cpu, load0=load0, phases=phases, rest=rest, other=other)
+  shared = name != 'processes'  # one program
+  phases = phase_seconds(dirs, shared=shared)
+  rest = other.seconds - sum(phases.values()) if shared else float('nan')
+  return dirs, dict(wall=other.seconds, cpu=cpu, load0=load0, phases=phases, rest=rest, other=other,
+                    rss=rss)
 
 
 def _line(name, m):
@@ -117,9 +134,10 @@ def _line(name, m):
   # OtherLoad counts this benchmark's children as other processes: subtract their CPU use.
   others = max(0.0, m['other'].cores - m['cpu'] / m['wall'])
   loaded = '  LOADED' if others > common.MAX_OTHER_CORES else ''
-  return (f'{name:10s} wall {m["wall"]:7.1f} s  cpu {m["cpu"]:7.1f} s  (load {m["load0"]:.1f} -> '
-          f'{m["other"].load:.1f}, others {others:.2f} cores)  phases: {split}{rest} '
-          f'(summed over {"one program" if name == "population" else "the processes"}){loaded}')
+  return (f'{name:10s} wall {m["wall"]:7.1f} s  peak RSS {m["rss"] / 2**20:7.0f} MiB  cpu '
+          f'{m["cpu"]:7.1f} s  (load {m["load0"]:.1f} -> {m["other"].load:.1f}, others '
+          f'{others:.2f} cores)  phases: {split}{rest} (summed over '
+          f'{"the processes" if name == "processes" else "one program"}){loaded}')
 
 
 def main():
@@ -129,25 +147,43 @@ def main():
   parser.add_argument('--steps', type=int, default=STEPS)
   parser.add_argument('--jobs', type=int, default=2, help='single processes at once')
   parser.add_argument('--rounds', type=int, default=2)
+  parser.add_argument(
+      '--lora-rank', type=int, default=0,
+      help='LoRA rank of the population and the processes (0: full fine-tuning); '
+      '> 0 adds the full-parameter population beside them')
   parser.add_argument('--workroot', default=os.path.join(tempfile.gettempdir(), 'jtc_bench_pop'))
   args = parser.parse_args()
+  if args.lora_rank < 0:
+    parser.error(f'--lora-rank={args.lora_rank} must be >= 0')
   print(common.device_line())
-  print(f'{args.members} seeds x {args.steps} steps of table1 GSPO (lr 1e-4); processes at '
+  lora = f', LoRA rank {args.lora_rank} (and full-parameter members)' if args.lora_rank else ''
+  print(f'{args.members} seeds x {args.steps} steps of table1 GSPO (lr 1e-4){lora}; processes at '
         f'--jobs {args.jobs}; {args.rounds} interleaved rounds')
+  fns = {
+      'population':
+          lambda root: population(root, args.members, args.steps, args.lora_rank),
+      'processes':
+          lambda root: processes(root, args.members, args.steps, args.jobs, args.lora_rank),
+      'full':
+          lambda root: population(root, args.members, args.steps),
+  }
+  names = ['population', 'processes'] + ['full'] * (args.lora_rank > 0)
   ratios = []
   for r in range(args.rounds):
-    order = ['population', 'processes'] if r % 2 == 0 else ['processes', 'population']
+    order = names if r % 2 == 0 else names[::-1]
     got = {}
     for name in order:
-      fn = ((lambda root: population(root, args.members, args.steps)) if name == 'population' else
-            (lambda root: processes(root, args.members, args.steps, args.jobs)))
-      dirs, got[name] = measure(name, fn, os.path.join(args.workroot, name))
+      dirs, got[name] = measure(name, fns[name], os.path.join(args.workroot, name))
       got[name]['acc'] = [final_accuracy(d) for d in dirs]
       print(f'round {r + 1}: ' + _line(name, got[name]), flush=True)
     ratio = got['processes']['wall'] / got['population']['wall']
     cpu_ratio = got['processes']['cpu'] / got['population']['cpu']
     ratios.append((ratio, cpu_ratio))
     print(f'round {r + 1}: processes / population: wall {ratio:.2f}x, cpu {cpu_ratio:.2f}x')
+    if 'full' in got:
+      print(f'round {r + 1}: full-parameter / LoRA population: wall '
+            f'{got["full"]["wall"] / got["population"]["wall"]:.2f}x, peak RSS '
+            f'{got["full"]["rss"] / got["population"]["rss"]:.2f}x')
   print('final held-out accuracy by seed (population member / single process, last round):')
   a, b = np.array(got['population']['acc']), np.array(got['processes']['acc'])
   for s, (x, y) in enumerate(zip(a, b)):

@@ -9,6 +9,7 @@ with jtc (`jtc/assets/base_policy`). Every field is overridable from the command
 
 Sections and who reads them:
   policy     where the weights come from and how they are held        (jtc.train)
+  lora       low-rank adapters on the frozen policy (rank 0 = off)      (jtc.models.lora)
   data       task or dataset, verifier, prompt encoding                (jtc.train, jtc.rl.rollout)
   rollout    prompts per step, chunking; `sampling` goes straight to jtc.models.sampler.sample
   advantage  group-relative advantages                                  (jtc.objectives.advantages)
@@ -102,6 +103,12 @@ def get_config(arg=None):
   # A ModelConfig preset (e.g. 'qwen3_8b') `python -m jtc.plan` plans with when no checkpoint
   # is given: the architecture without the weights.
   c.policy.preset = ''
+
+  c.lora = ConfigDict()  # jtc.models.lora: low-rank adapters trained on the frozen policy
+  c.lora.rank = 0  # r of every adapter (0 = full fine-tuning, no adapters)
+  c.lora.alpha = 8.0  # the adapters' output is scaled by alpha / rank
+  c.lora.targets = 'q,k,v,o,gate,up,down'  # adapted projections, comma separated
+  c.lora.dropout = 0.0  # adapter dropout: only 0 is implemented
 
   c.data = ConfigDict()
   c.data.task = 'arithmetic'  # a name from jtc.data.tasks

@@ -9,6 +9,7 @@ __all__ = [
     'hf_import',
     'layers',
     'logprobs',
+    'lora',
     'model',
     'model_config',
     'sampler',

@@ -50,6 +50,7 @@ import ml_dtypes
 import numpy as np
 
 from jtc.models import hf_config
+from jtc.models import lora
 from jtc.models.hf_config import CONFIG_FILE, CheckpointError, config_from_hf, hf_config_from
 from jtc.models import model as model_lib
 from jtc.models import tokenizer as tokenizer_lib
@@ -335,7 +336,8 @@ def load_hf_checkpoint(path: PathLike, *, param_dtype: str | None = None, dtype:
 
 def export_hf_checkpoint(config: model_lib.ModelConfig, params: Params, path: PathLike, *,
                          torch_dtype: str | None = None) -> pathlib.Path:
-  """Writes `params` as an HF checkpoint directory (``config.json`` + ``model.safetensors``).
+  """Writes `params` (or a `lora.Adapted` policy, merged) as an HF checkpoint directory
+  (``config.json`` + ``model.safetensors``).
 
   The result loads with ``transformers.AutoModelForCausalLM.from_pretrained(path)``
   and with `load_hf_checkpoint`. Tokenizer files are not written.
@@ -352,6 +354,8 @@ def export_hf_checkpoint(config: model_lib.ModelConfig, params: Params, path: Pa
   np_dtype = _SAFETENSORS_DTYPES[hf_config.HF_DTYPE_NAMES[torch_dtype]]
   path = pathlib.Path(path)
   path.mkdir(parents=True, exist_ok=True)
+  if isinstance(params, lora.Adapted):  # a LoRA policy: its merged weights, W + (alpha/r) A B
+    params = params.merged()
   params = model_lib.stack_layers(params)  # the earlier per-layer layout is accepted too
   tensors, host = {}, {}
   for spec in tensor_specs(config):

@@ -12,6 +12,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jtc.models import lora
 from jtc.models.model_config import ModelConfig
 
 MASKED = -1e30  # finite "minus infinity": a fully masked row softmaxes to uniform, not NaN.
@@ -25,8 +26,11 @@ def rms_norm(x, scale, eps: float, dtype):
 
 
 def dense(eqn, x, p, dtype):
-  """einsum(eqn, x, kernel) (+ bias) in the compute dtype."""
+  """einsum(eqn, x, kernel) (+ bias) in the compute dtype; + the low-rank term (x A) B of the
+  projection's LoRA adapter when it has one (`jtc.models.lora`)."""
   y = jnp.einsum(eqn, x.astype(dtype), p['kernel'].astype(dtype))
+  if 'lora_a' in p:
+    y = y + lora.low_rank(eqn, x, p, dtype)
   if 'bias' in p:
     y = y + p['bias'].astype(dtype)
   return y

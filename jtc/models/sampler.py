@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jtc.models import decode
+from jtc.models import lora
 from jtc.models import model as model_lib
 
 
@@ -156,6 +157,7 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
   G, T = num_samples, max_new_tokens
   R = B * G
   prompt_mask_BP = prompt_mask_BP.astype(jnp.int32)
+  params = dict(params)  # a LoRA policy (`lora.Adapted`) read once, as the parameters
   choose = functools.partial(_choose, temperature=temperature, top_k=top_k, top_p=top_p,
                              min_p=min_p, greedy=greedy)
 
@@ -318,11 +320,13 @@ def _sample_members_impl(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E, temp
   ``row_sharding`` the members' axis goes over the mesh's 'population' axis."""
   vmap = functools.partial(jax.vmap,
                            spmd_axis_name=None if static['row_sharding'] is None else 'population')
+  axes = (lora.member_in_axes(params), 0, 0, 0)  # a LoRA policy's base: shared, not mapped
   if temperature_E is None:
     one = lambda p, t, m, r: _sample_impl(p, t, m, r, **static)
-    return vmap(one)(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E)
+    return vmap(one, in_axes=axes)(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E)
   one = lambda p, t, m, r, temp: _sample_impl(p, t, m, r, **{**static, 'temperature': temp})
-  return vmap(one)(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E, temperature_E)
+  return vmap(one, in_axes=axes + (0,))(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E,
+                                        temperature_E)
 
 
 _sample_members_jit = jax.jit(_sample_members_impl, static_argnames=_STATIC)

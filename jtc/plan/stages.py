@@ -165,6 +165,9 @@ def keeps_reference(c, pop) -> bool:
 def setup(c, devices, platform: str, model_config=None) -> Setup:
   """The abstract train state of config ``c`` on ``devices`` (as `Trainer._build` places it);
   ``model_config`` defaults to `model_config_for` (the trainer passes its own)."""
+  if c.lora.rank:  # a plan of full fine-tuning would pass for one of the adapters
+    raise ValueError(f'config.lora.rank={c.lora.rank}: jtc.plan models full fine-tuning only; '
+                     'LoRA runs are not planned yet (set config.lora.rank=0 to plan one)')
   pop = population_lib.Population.of(c)
   model_config = model_config or model_config_for(c, platform)
   sizes = sharding_lib.mesh_sizes(**c.mesh, n_devices=len(devices))

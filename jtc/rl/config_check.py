@@ -8,6 +8,7 @@ them in turn and checks what spans sections (a token-weighted loss needs a token
 import sys
 
 from jtc.analysis import tracking
+from jtc.models import lora
 from jtc.objectives import advantages as advantages_lib
 from jtc.rl import checkpoints
 from jtc.rl import distributed
@@ -28,6 +29,7 @@ def validate(c):
   """Raises ValueError naming the offending key for any invalid setting, before any compute;
   each section is checked by the module that consumes it, and a population's members are each
   checked as the single run they equal (so a varied value is checked like a set one)."""
+  lora.check_config(c.lora)
   population_lib.check_config(c)
   # The W&B keys (the run's, not a member's); only process 0 logs, so only it needs W&B.
   tracking.check_config(c.log, primary=distributed.is_primary())

@@ -40,10 +40,11 @@ class LedgerRecorder:
     self.columns_fn, self.batch, self.pop = columns_fn, batch, population
     self.params, self.rows, self.points = {}, {}, {}
 
-  def before_update(self, k, params, rows):
-    """Keeps the parameters before update k (on the host) and its rows; at k = 0 and k = 1 the
-    ledger columns of the whole batch (the behaviour policy; the first off-policy point)."""
-    self.params[k] = sharding_lib.to_host(params)
+  def before_update(self, k, params, rows, stored=None):
+    """Keeps the parameters before update k (on the host; ``stored`` instead when given, e.g. a
+    LoRA policy's merged weights) and its rows; at k = 0 and k = 1 the ledger columns of the
+    whole batch (the behaviour policy; the first off-policy point)."""
+    self.params[k] = sharding_lib.to_host(params if stored is None else stored)
     self.rows[k] = np.asarray(rows)
     if k < len(ledger_lib.POINTS):
       self.points[ledger_lib.POINTS[k]] = sharding_lib.to_host(self.columns_fn(params, self.batch))

@@ -32,6 +32,7 @@ import ml_collections
 import numpy as np
 
 from jtc import checks
+from jtc.models import lora
 from jtc.rl import workdir as workdir_lib
 
 # Hyper-parameters that can differ between the members of one program: each is read inside the
@@ -180,12 +181,22 @@ class Population:
     return self.n > 1
 
   def map(self, fn, spmd=False):
-    """``fn`` over the member axis (vmap), or ``fn`` itself for a single run. ``spmd``: ``fn``
+    """``fn`` over the member axis (vmap), or ``fn`` itself for a single run; an argument's
+    `lora.Adapted` policy maps its adapters only (the base is shared). ``spmd``: ``fn``
     constrains shardings (a ``row_sharding``), whose member axis is then the mesh's
     'population' axis."""
     if not self.batched:
       return fn
-    return jax.vmap(fn, spmd_axis_name='population' if spmd else None)
+    name = 'population' if spmd else None
+
+    def mapped(*args, **kwargs):
+      if not lora.has_adapted(args):
+        return jax.vmap(fn, spmd_axis_name=name)(*args, **kwargs)
+      # A LoRA policy's base is shared: one copy, not mapped; its adapters carry the members.
+      in_axes = tuple(lora.member_in_axes(a) for a in args)
+      return jax.vmap(fn, in_axes=in_axes, spmd_axis_name=name)(*args, **kwargs)
+
+    return mapped
 
   def stack(self, per_member):
     """A list of E per-member pytrees -> one pytree with a leading member axis (the single

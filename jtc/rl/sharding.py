@@ -41,6 +41,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jtc.models import decode
+from jtc.models import lora
 from jtc.models import model as model_lib
 
 MESH_AXES = ('population', 'data', 'fsdp', 'tensor')
@@ -119,7 +120,9 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def param_shardings(params, mesh: Mesh, members: int = 0):
   """A pytree like `params` of NamedShardings (works on arrays or ShapeDtypeStructs); with
   ``members`` = E > 0, of the population's [E, ...] copies of those (one member's) params."""
-  axes = model_lib.param_logical_axes(params)
+  # LoRA adapters (`jtc.models.lora`): small, sharded over the layers and members only.
+  axes = (lora.logical_axes(params)
+          if lora.is_adapters(params) else model_lib.param_logical_axes(params))
   lead = (('members',), (members,)) if members else ((), ())
   return jax.tree_util.tree_map(
       lambda a, x: named_sharding(mesh, lead[0] + a, lead[1] + tuple(x.shape)), axes, params,

@@ -43,6 +43,7 @@ from jtc.analysis import probes
 from jtc.analysis import tracking
 from jtc.data import pipeline as data_lib
 from jtc.data import tasks as tasks_lib
+from jtc.models import lora as lora_lib
 from jtc.objectives import token_weights
 from jtc.rl import batch as batch_lib
 from jtc.rl import checkpoints
@@ -83,6 +84,7 @@ class Trainer:
   def _build(self, schedule_steps, policy):
     c, pop = self.c, self.pop
     self.model_config, params, self.tokenizer = policy or checkpoints.load_policy(c.policy)
+    lora_lib.check_config(c.lora, self.model_config)  # the rank against the model's dimensions
     self.G, self.P = c.rollout.sampling.num_samples, c.data.prompt_width
     self.task = None if c.data.dataset else tasks_lib.get_task(c.data.task)
     self.updates_per_step = update_lib.updates_per_step(c.optim, c.rollout.prompts_per_step)
@@ -98,6 +100,15 @@ class Trainer:
     print(
         f'mesh {dict(self.mesh.shape)}: {jax.device_count()} devices, {jax.process_count()} '
         f'processes' + (f', {pop.n} population members' if pop.batched else ''), file=sys.stderr)
+    self.frozen = self.frozen_sh = None  # a LoRA run's base, one copy shared by every member
+    if c.lora.rank:
+      base_sh = sharding_lib.param_shardings(params, self.mesh)
+      frozen = lambda base: lora_lib.Adapted(base, None, scale=lora_lib.scale(c.lora))
+      self.frozen = frozen(jax.tree.map(sharding_lib.to_device, params, base_sh))
+      self.frozen_sh = frozen(base_sh)
+      params = jax.device_get(  # what is trained (and checkpointed): the adapters alone
+          lora_lib.init_adapters(self.model_config, rank=c.lora.rank,
+                                 targets=lora_lib.parse_targets(c.lora.targets)))
     param_sh = sharding_lib.param_shardings(params, self.mesh, members=pop.n if pop.batched else 0)
     self.state, self.state_sh = update_lib.init_state(params, optimizer, param_shardings=param_sh,
                                                       replicated=sharding_lib.replicated(self.mesh),
@@ -107,7 +118,9 @@ class Trainer:
         dict(m.values).get('loss.hparams.kl_coef', c.loss.hparams.get('kl_coef'))
         for m in pop.members
     ]
-    if any(kl):  # a frozen copy, never aliased with the donated state
+    if any(kl) and self.frozen is not None:  # with LoRA the reference is the base alone: free
+      self.ref_params = self.frozen
+    elif any(kl):  # a frozen copy, never aliased with the donated state
       self.ref_params = checkpoints.frozen_copy(
           self.state.params, c.policy.ref_param_dtype or self.model_config.param_dtype, param_sh)
     # Sampling and the behaviour pass never differentiate: no rematerialisation there.
@@ -152,9 +165,17 @@ class Trainer:
         functools.partial(update_lib.make_optimizer, c.optim, total_updates)
         if lr_varies else optimizer)
     from jtc.plan import preflight  # pylint: disable=import-outside-toplevel
+    if self.frozen is not None:
+      print('preflight: skipped (jtc.plan models full fine-tuning, not LoRA adapters yet)',
+            file=sys.stderr)
+      return
     # Every stage fits, before any rollout (compiled by the functions the steps then call).
     preflight.check(c, self.model_config, self.mesh, behaviour_fn=self._behaviour,
                     update_fn=self._update, tokenizer=self.tokenizer)
+
+  def _policy(self, params):
+    """The policy of trained ``params``: themselves, or a LoRA run's adapters on its base."""
+    return params if self.frozen is None else self.frozen.replace(adapters=params)
 
   def _copy_params(self):
     """The current parameters in new buffers (the update donates the state's)."""
@@ -172,7 +193,7 @@ class Trainer:
                                                                   self.weighter.needs_hidden),
         population=pop, mesh=self.mesh)
     self._minibatch, self._update = update_lib.jit_minibatch_and_update(
-        c, self.model_config, optimizer, self.mesh, self.state_sh, pop)
+        c, self.model_config, optimizer, self.mesh, self.state_sh, pop, self.frozen_sh)
 
     def diagnose(params, batch, hparams, token_counts):
       prefix = 'loss.hparams.'
@@ -188,6 +209,7 @@ class Trainer:
                                           mode=c.log.diagnostics_mode)
 
     self._diagnostics = jax.jit(pop.map(diagnose))
+    self._merged = jax.jit(pop.map(lambda policy: policy.merged()))  # LoRA ledger params
     self._ledger_columns = ledger_recorder.make_columns_fn(c, infer_config, pop)
 
   def step(self, step):
@@ -203,16 +225,18 @@ class Trainer:
     behaviour_params = lagged[0] if lagged else self.state.params
     t0 = time.perf_counter()
     rollouts, rounds = rollout_lib.collect(
-        self.gen, behaviour_params, [functools.partial(next, it) for it in self.train_iters],
-        k_rollout, sampling=c.rollout.sampling.to_dict(), dynamic_sampling=c.dapo.dynamic_sampling,
+        self.gen, self._policy(behaviour_params),
+        [functools.partial(next, it) for it in self.train_iters], k_rollout,
+        sampling=c.rollout.sampling.to_dict(), dynamic_sampling=c.dapo.dynamic_sampling,
         max_rounds=c.dapo.dynamic_sampling_rounds,
         temperature=self.hparams.get('rollout.sampling.temperature'))
     self.rollouts = rollouts  # the step's rollouts, one per member (for inspection)
     t1 = time.perf_counter()
     batch, metrics, self.run_state = batch_lib.make_batch(
-        c, rollouts, behaviour_params, self.run_state, task=self.task, behaviour_fn=self._behaviour,
-        ref_params=self.ref_params, to_device=self._to_device, weighter=self.weighter,
-        rng=k_weights, population=pop, proximal_params=self.state.params if lagged else None)
+        c, rollouts, self._policy(behaviour_params), self.run_state, task=self.task,
+        behaviour_fn=self._behaviour, ref_params=self.ref_params, to_device=self._to_device,
+        weighter=self.weighter, rng=k_weights, population=pop,
+        proximal_params=self._policy(self.state.params) if lagged else None)
     if lagged:  # this step's parameters join the lag, the oldest leave it
       self.run_state = self.run_state.replace(lagged_params=lagged[1:] + (self._copy_params(),))
     jax.block_until_ready(batch.old_logps_BT)
@@ -221,13 +245,16 @@ class Trainer:
     recorder = None
     if c.log.ledger_every and step % c.log.ledger_every == 0:
       recorder = ledger_recorder.LedgerRecorder(self._ledger_columns, batch, pop)
+    update_fn = self._update if self.frozen is None else (
+        lambda state, mb, hparams: self._update(state, mb, hparams, self.frozen))
+    counts_V = self.run_state.token_counts_V
     self.state, update_metrics = update_lib.run_updates(
-        self.state, batch, k_order, self.hparams, update_fn=self._update,
-        minibatch_fn=self._minibatch, num_groups=c.rollout.prompts_per_step,
-        minibatch_prompts=c.optim.minibatch_prompts, ppo_epochs=c.optim.ppo_epochs,
-        group_size=self.G, population=pop, diagnose_fn=functools.partial(
-            self._diagnostics, token_counts=self.run_state.token_counts_V) if diagnose else None,
-        before_update=recorder.before_update if recorder else None)
+        self.state, batch, k_order, self.hparams, update_fn=update_fn, minibatch_fn=self._minibatch,
+        num_groups=c.rollout.prompts_per_step, minibatch_prompts=c.optim.minibatch_prompts,
+        ppo_epochs=c.optim.ppo_epochs, group_size=self.G,
+        population=pop, diagnose_fn=(lambda params, mb, hparams: self._diagnostics(
+            self._policy(params), mb, hparams, token_counts=counts_V)) if diagnose else None,
+        before_update=self._ledger_hook(recorder))
     t3 = time.perf_counter()
     n_tokens = [int(r.completion_mask_BT.sum()) for r in rollouts]
     self.run_state = self.run_state.add(
@@ -248,18 +275,26 @@ class Trainer:
                         })
     return metrics
 
+  def _ledger_hook(self, recorder):
+    """`run_updates`'s before_update for ``recorder`` (None: none); a LoRA run's ledger keeps
+    the merged parameters (base + scaled A B), which replay as a plain policy."""
+    if recorder is None or self.frozen is None:
+      return recorder and recorder.before_update
+    return lambda k, params, rows: recorder.before_update(k, self._policy(params), rows, stored=self
+                                                          ._merged(self._policy(params)))
+
   def evaluate(self, step):
     """Each member's avg@k on the held-out problems at the config's evaluation decoding."""
     c, pop = self.c, self.pop
     t0 = time.perf_counter()
     keys = pop.keys(lambda m: jax.random.fold_in(jax.random.key(m.seed + 1), step))
-    outs = evaluation.evaluate(self.eval_gen, self.state.params, self.eval_examples, keys,
-                               sampling=c.eval.sampling.to_dict(),
+    outs = evaluation.evaluate(self.eval_gen, self._policy(self.state.params), self.eval_examples,
+                               keys, sampling=c.eval.sampling.to_dict(),
                                batch_prompts=c.eval.batch_prompts, task=self.task)
     if self.task is not None and c.eval.probe_problems:  # exact drift between equivalent forms
       replicated = sharding_lib.replicated(self.mesh)
       for m, out in enumerate(outs):
-        params = pop.member(self.state.params, m, replicated)
+        params = self._policy(pop.member(self.state.params, m, replicated))
         out.update({
             f'probe/{k}': v for k, v in probes.format_probe(
                 params, self.eval_gen.model_config, self.tokenizer,

@@ -84,9 +84,7 @@ class Batch:
   is_weights_BT: jax.Array | None = None
 
 
-# ---------------------------------------------------------------------------------------------
-# Optimiser.
-# ---------------------------------------------------------------------------------------------
+# --- Optimiser.
 
 
 def updates_per_step(optim, prompts_per_step):
@@ -196,9 +194,7 @@ def check_config(optim, prompts_per_step):
                      f'{optim.minibatch_prompts}')
 
 
-# ---------------------------------------------------------------------------------------------
-# Mini-batches.
-# ---------------------------------------------------------------------------------------------
+# --- Mini-batches.
 
 
 def minibatch_rows(order_M, start, num_prompts, group_size):
@@ -252,13 +248,11 @@ def _combine_metrics(metrics_n, w_n):
   return out
 
 
-# ---------------------------------------------------------------------------------------------
-# The update.
-# ---------------------------------------------------------------------------------------------
+# --- The update.
 
 
-def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_name, loss_hparams,
-                completion_start, group_size, optim=None, row_sharding=None):
+def update_step(state, batch, hparams=None, frozen=None, *, model_config, optimizer, loss_name,
+                loss_hparams, completion_start, group_size, optim=None, row_sharding=None):
   """One optimiser step on a mini-batch of whole groups; returns (state, metrics).
 
   ``batch`` is a `Batch` with leaves [n, B/n, ...]: n micro-batches of whole groups. Their
@@ -270,7 +264,8 @@ def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_nam
   rows constrained to it (`logprobs.sequence_logprobs`). ``hparams``: a population member's
   traced values of the varied keys ('loss.hparams.<k>' override ``loss_hparams``;
   'optim.learning_rate' is passed to ``optimizer``, then a function learning_rate ->
-  optimiser, e.g. a partial `make_optimizer`).
+  optimiser, e.g. a partial `make_optimizer`). ``frozen``: a LoRA run's base
+  (`lora.Adapted` without adapters); the state's params are then its adapters, trained alone.
   """
   chex.assert_rank([batch.tokens_BL, batch.input_mask_BL, batch.mask_BT], 3)  # [n, B/n, ...]
   chex.assert_rank(batch.advantages_B, 2)
@@ -281,7 +276,8 @@ def update_step(state, batch, hparams=None, *, model_config, optimizer, loss_nam
     optimizer = optimizer(hparams['optim.learning_rate'])
 
   def loss_fn(params, mb):
-    out = logprobs.sequence_logprobs(params, model_config, mb.tokens_BL, mb.input_mask_BL,
+    policy = params if frozen is None else frozen.replace(adapters=params)
+    out = logprobs.sequence_logprobs(policy, model_config, mb.tokens_BL, mb.input_mask_BL,
                                      completion_start=completion_start, row_sharding=row_sharding)
     return objectives.compute_loss(loss_name, logps=out['logps'], old_logps=mb.old_logps_BT,
                                    advantages=mb.advantages_B, mask=mb.mask_BT,
@@ -329,10 +325,11 @@ def minibatch_sharding(c, mesh, population=population_lib.SINGLE):
 
 
 def jit_minibatch_and_update(c, model_config, optimizer, mesh, state_shardings,
-                             population=population_lib.SINGLE):
+                             population=population_lib.SINGLE, frozen_shardings=None):
   """The jitted (minibatch_fn, update_fn) of `run_updates` for config ``c``: mini-batches of whole
   groups sliced on device and sharded over the batch axes; `update_step` donating the state; both
-  mapped over the population's members."""
+  mapped over the population's members. ``frozen_shardings``: update_fn takes a LoRA run's
+  frozen base (`update_step`'s ``frozen``) as a fourth argument, placed with them."""
   pop = population
   minibatch_sh = minibatch_sharding(c, mesh, pop)
   minibatch_fn = jax.jit(pop.map(functools.partial(minibatch, num_micro=num_microbatches(c.optim))),
@@ -344,8 +341,9 @@ def jit_minibatch_and_update(c, model_config, optimizer, mesh, state_shardings,
                             completion_start=c.data.prompt_width,
                             group_size=c.rollout.sampling.num_samples, optim=c.optim,
                             row_sharding=sharding_lib.RowSharding(mesh)),
-          spmd=True), in_shardings=(state_shardings, minibatch_sh, state_shardings.step),
-      out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=(0,))
+          spmd=True), in_shardings=(state_shardings, minibatch_sh, state_shardings.step) +
+      ((frozen_shardings,) if frozen_shardings is not None else
+       ()), out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=(0,))
   return minibatch_fn, update_fn
 
 

@@ -35,6 +35,15 @@ SCHEDULE_KEY = 'schedule_num_steps'  # in config.json: the num_steps the schedul
 # Keys that define which members a population has: never changed on resume, even with
 # --allow_config_change (the checkpoint would be restored into other members).
 POPULATION_KEYS = ('population.size', 'population.vary')
+# Keys that define the shapes of what is trained (the LoRA adapters): never changed on resume.
+ADAPTER_KEYS = ('lora.rank', 'lora.targets')
+# Keys added after runs were recorded: a recorded config without them ran at these values.
+ADDED_KEYS = {
+    'lora.rank': 0,
+    'lora.alpha': 8.0,
+    'lora.targets': 'q,k,v,o,gate,up,down',
+    'lora.dropout': 0.0
+}
 
 
 class WorkdirError(RuntimeError):
@@ -89,7 +98,7 @@ def check_identity(workdir, config, *, allow_changes=False, has_checkpoint):
                          'written by another version of jtc; use another --workdir')
     return config.num_steps
   stored = files.read_json(path, keys=('config',), expected='the config of the run in this workdir')
-  old = checks.flatten(stored['config'])
+  old = {**ADDED_KEYS, **checks.flatten(stored['config'])}
   new = checks.flatten(json.loads(config.to_json_best_effort()))
   differing = sorted(
       k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS)
@@ -99,6 +108,12 @@ def check_identity(workdir, config, *, allow_changes=False, has_checkpoint):
         f'{k}: {old.get(k, "(absent)")!r} -> {new.get(k, "(absent)")!r}' for k in members)
     raise WorkdirError(f'--workdir={workdir} holds a run of other population members ({shown}); '
                        'its checkpoint cannot become another population. Use another --workdir.')
+  adapters = [k for k in differing if k in ADAPTER_KEYS]
+  if adapters:
+    shown = '; '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in adapters)
+    raise WorkdirError(f'--workdir={workdir} holds a checkpoint of other LoRA adapters ({shown}): '
+                       'it cannot be resumed at another rank or targets (lora.rank 0 is full '
+                       'fine-tuning). Use another --workdir.')
   if differing and not allow_changes:
     shown = '; '.join(
         f'{k}: {old.get(k, "(absent)")!r} -> {new.get(k, "(absent)")!r}' for k in differing[:8])

@@ -22,3 +22,8 @@ def test_population_resident_bytes_are_member_proportional():
   four = real_configs.setup(real_configs.config(**{'population.size': 4}))
   assert four.params_bytes == pytest.approx(4 * one.params_bytes, rel=1e-6)
   assert four.opt_bytes == pytest.approx(4 * one.opt_bytes, rel=1e-6)
+
+
+def test_a_lora_config_is_refused_not_planned_as_full_fine_tuning():
+  with pytest.raises(ValueError, match='config.lora.rank=4: jtc.plan models full fine-tuning'):
+    real_configs.setup(real_configs.config(**{'lora.rank': 4}))

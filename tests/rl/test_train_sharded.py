@@ -120,3 +120,17 @@ def test_mesh_sizes_resolve_and_reject():
     sharding.mesh_sizes(3, 2, 2, n_devices=8)
   with pytest.raises(ValueError, match='at most one -1'):
     sharding.mesh_sizes(-1, -1, 2, n_devices=8)
+
+
+@pytest.mark.slow  # ~2 min
+def test_a_lora_population_sharded_over_devices_matches_one_device(tiny_policy, tmp_path):
+  """LoRA members (`jtc.models.lora`) on the 'population' axis, the shared base replicated over
+  it and the KL reference the base itself: every member's metrics of the one-device program."""
+  members = ('--config.population.size=2', '--config.lora.rank=4')
+  log, one = _run(str(tmp_path / 'one'), tiny_policy, 1, *members)
+  log, four = _run(str(tmp_path / 'four'), tiny_policy, 4, *members, '--config.mesh.population=2',
+                   '--config.mesh.data=2')
+  assert "'population': 2, 'data': 2" in log and '2 population members' in log
+  assert len(one) == len(four) == 2
+  for a, b in zip(one, four):
+    _assert_same(a, b)
