@@ -3,7 +3,8 @@
 
 Memory per chip of each stage = the resident state (parameters, AdamW's two moments, the KL
 reference, a policy lag's copies: exact, from the parameter shapes and the logical-axis rules
-of `jtc.rl.sharding`) + what the stage adds:
+of `jtc.rl.sharding`; under LoRA the trained parameters are the adapters, the frozen base is one
+copy whatever the population and the reference is the base) + what the stage adds:
   sample     the KV cache: Y layers x (R/r rows x T' completion slots + B/b prompts x P slots)
              x K/t kv heads x H x 2 (keys, values) in the compute dtype, plus the [R/r, V]
              float32 logits and the sampling filters' copies of them (4);
@@ -34,6 +35,7 @@ import types
 import jax
 import numpy as np
 
+from jtc.models import lora as lora_lib
 from jtc.models import model as model_lib
 from jtc.plan import stages
 from jtc.rl import population as population_lib
@@ -60,6 +62,17 @@ def _param_shapes(model_config):
   """[(shape, logical axes)] of one member's parameters."""
   shapes = jax.eval_shape(lambda: model_lib.init_params(model_config, jax.random.key(0)))
   axes = model_lib.param_logical_axes(shapes)
+  return [(tuple(x.shape), a) for x, a in zip(
+      jax.tree.leaves(shapes), jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple)))]
+
+
+@functools.lru_cache(maxsize=8)
+def _adapter_shapes(model_config, rank, targets):
+  """[(shape, logical axes)] of one member's LoRA adapters (`lora.init_adapters`)."""
+  shapes = jax.eval_shape(
+      lambda: lora_lib.init_adapters(model_config, rank=rank, targets=lora_lib.parse_targets(
+          targets)))
+  axes = lora_lib.logical_axes(shapes)
   return [(tuple(x.shape), a) for x, a in zip(
       jax.tree.leaves(shapes), jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple)))]
 
@@ -95,14 +108,23 @@ def _div(n, t):
 
 
 def state_bytes(c, model_config, sizes):
-  """{'params', 'opt_state', 'reference', 'lagged'} bytes per chip of config ``c``'s state."""
+  """{'base', 'params', 'opt_state', 'reference', 'lagged'} bytes per chip of config ``c``'s
+  state: under LoRA (lora.rank > 0) 'params' are the adapters and 'base' the frozen policy, one
+  copy for every member, which is also the reference; without, 'base' is 0."""
   pop = population_lib.Population.of(c)
   members = pop.n // sizes['population'] if pop.batched else 1
-  elems = members * sum(shard_elements(s, a, sizes) for s, a in _param_shapes(model_config))
   p = np.dtype(model_config.jnp_param_dtype).itemsize
-  kl = stages.keeps_reference(c, pop)
+  policy = sum(shard_elements(s, a, sizes) for s, a in _param_shapes(model_config))
+  trained = policy
+  if c.lora.rank:
+    trained = sum(
+        shard_elements(s, a, sizes)
+        for s, a in _adapter_shapes(model_config, c.lora.rank, c.lora.targets))
+  elems = members * trained
+  kl = stages.keeps_reference(c, pop) and not c.lora.rank
   ref = np.dtype(c.policy.ref_param_dtype or model_config.param_dtype).itemsize
   return {
+      'base': policy * p if c.lora.rank else 0,
       'params': elems * p,
       'opt_state': 2 * elems * p,  # AdamW: mu and nu, like the params
       'reference': elems * ref if kl else 0,
@@ -247,7 +269,7 @@ def estimate(c, model_config, sizes, chip) -> Estimate:
   rows = (rollout_lib.score_chunk_prompts(c.rollout) or c.rollout.prompts_per_step) * G
   nbytes, s = _scoring(x, c, rows)
   out['behaviour'] = members * nbytes
-  seconds += s * ((2 if c.rollout.policy_lag else 1) + (state['reference'] > 0))
+  seconds += s * ((2 if c.rollout.policy_lag else 1) + stages.keeps_reference(c, pop))
   grads = state['params'] / x.p * 4  # float32 gradients
   nbytes, s = _update(x, c, grads / members)
   out['update'] = members * nbytes

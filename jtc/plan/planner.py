@@ -48,7 +48,7 @@ class Plan:
   n_devices: int
   mesh: dict
   rows: list
-  resident: dict  # params / opt_state / reference bytes per chip
+  resident: dict  # (frozen base /) params / opt_state / reference bytes per chip
   compiled_for: str  # what compiled the programs
   failure: str = ''  # the compiler's refusal, if any
 
@@ -135,6 +135,7 @@ def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=Non
   compile)."""
   setup, stages = stages_lib.build(c, devices, platform)
   resident = {
+      **({'frozen base': setup.base_bytes} if setup.frozen is not None else {}),
       'params': setup.params_bytes,
       'opt_state': setup.opt_bytes,
       'reference': setup.ref_bytes,

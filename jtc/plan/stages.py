@@ -18,6 +18,10 @@ RL step and which resident state it does not take as an argument):
 Every stage holds the state it does not take as an argument meanwhile (`Setup.resident`): the
 optimiser state, the KL reference, a policy lag's older parameters.
 A population (population.size > 1) adds the member axis to every one of them.
+A LoRA run (lora.rank > 0, `jtc.models.lora`) is planned as the trainer runs it: the trained
+state is the adapters and their AdamW state (with the member axis), the frozen base is one copy
+sharded like full parameters and replicated over the population axis, every pass reads the
+policy `lora.Adapted(base, adapters)`, and the KL reference is the base itself (no copy).
 
 Dimension key (docs/dimensions.md): B rows, P prompt width, T new tokens, L = P + T.
 """
@@ -34,6 +38,7 @@ import numpy as np
 
 from jtc.models import decode
 from jtc.models import hf_config
+from jtc.models import lora as lora_lib
 from jtc.models import model as model_lib
 from jtc.models import sampler as sampler_lib
 from jtc.models.model_config import ModelConfig
@@ -125,6 +130,20 @@ class Setup:
   # end-of-sequence and pad ids (static arguments: the tokenizer's, for the same reason).
   fns: dict = dataclasses.field(default_factory=dict)
   ids: tuple = (1, 0)
+  # A LoRA run's frozen base: abstract `lora.Adapted(base, None)` (None: full fine-tuning).
+  frozen: Any = None
+  frozen_sh: Any = None
+
+  @property
+  def policy(self):
+    """What the passes read: the trained params, or a LoRA run's adapters on its base."""
+    return self.state.params if self.frozen is None else self.frozen.replace(
+        adapters=self.state.params)
+
+  @property
+  def base_bytes(self):
+    """A LoRA run's frozen base (one copy, whatever the population), 0 without LoRA."""
+    return chip_bytes(self.frozen.base) if self.frozen is not None else 0.0
 
   @property
   def params_bytes(self):
@@ -136,7 +155,10 @@ class Setup:
 
   @property
   def ref_bytes(self):
-    return chip_bytes(self.ref_params) if self.ref_params is not None else 0.0
+    """The KL reference's own copy: none under LoRA, whose reference is the base."""
+    if self.ref_params is None or self.ref_params is self.frozen:
+      return 0.0
+    return chip_bytes(self.ref_params)
 
   @property
   def lagged_bytes(self):
@@ -145,8 +167,9 @@ class Setup:
 
   def resident(self, *args_of_stage):
     """Bytes per chip a stage holds besides its arguments: the state (params, opt_state,
-    reference, lagged) minus the parts named in ``args_of_stage``."""
+    reference, lagged, a LoRA run's base) minus the parts named in ``args_of_stage``."""
     parts = {
+        'base': self.base_bytes,
         'params': self.params_bytes,
         'opt_state': self.opt_bytes,
         'reference': self.ref_bytes,
@@ -165,14 +188,15 @@ def keeps_reference(c, pop) -> bool:
 def setup(c, devices, platform: str, model_config=None) -> Setup:
   """The abstract train state of config ``c`` on ``devices`` (as `Trainer._build` places it);
   ``model_config`` defaults to `model_config_for` (the trainer passes its own)."""
-  if c.lora.rank:  # a plan of full fine-tuning would pass for one of the adapters
-    raise ValueError(f'config.lora.rank={c.lora.rank}: jtc.plan models full fine-tuning only; '
-                     'LoRA runs are not planned yet (set config.lora.rank=0 to plan one)')
   pop = population_lib.Population.of(c)
   model_config = model_config or model_config_for(c, platform)
+  lora_lib.check_config(c.lora, model_config)
   sizes = sharding_lib.mesh_sizes(**c.mesh, n_devices=len(devices))
   mesh = sharding_lib.make_mesh(**sizes, devices=devices)
   one = jax.eval_shape(lambda: model_lib.init_params(model_config, jax.random.key(0)))
+  frozen = frozen_sh = None
+  if c.lora.rank:  # as `Trainer._build`: the base frozen, the adapters trained
+    frozen, frozen_sh, one = lora_state(c.lora, model_config, one, mesh)
   param_sh = sharding_lib.param_shardings(one, mesh, members=pop.n if pop.batched else 0)
   params = jax.tree.map(lambda x: jax.ShapeDtypeStruct((pop.n,) * pop.batched + x.shape, x.dtype),
                         one)
@@ -187,12 +211,26 @@ def setup(c, devices, platform: str, model_config=None) -> Setup:
   if 'optim.learning_rate' in pop.varied():
     optimizer = functools.partial(update_lib.make_optimizer, c.optim, total_updates)
   ref_params = None
-  if keeps_reference(c, pop):
+  if keeps_reference(c, pop) and frozen is not None:  # the base alone: no copy
+    ref_params = frozen
+  elif keeps_reference(c, pop):
     dtype = jnp.dtype(c.policy.ref_param_dtype or model_config.param_dtype)
     ref_params = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else
                                        x.dtype, sharding=x.sharding), state.params)
-  return Setup(c, model_config, mesh, pop, state, state_sh, optimizer, ref_params)
+  return Setup(c, model_config, mesh, pop, state, state_sh, optimizer, ref_params, frozen=frozen,
+               frozen_sh=frozen_sh)
+
+
+def lora_state(lora, model_config, base, mesh):
+  """(abstract frozen `lora.Adapted(base, None)`, its shardings, one member's abstract
+  adapters) of a LoRA run: the base sharded as full parameters, without a member axis (so
+  replicated over 'population'), as `Trainer._build` places it."""
+  base_sh = sharding_lib.param_shardings(base, mesh)
+  frozen = lambda tree: lora_lib.Adapted(tree, None, scale=lora_lib.scale(lora))
+  adapters = jax.eval_shape(lambda: lora_lib.init_adapters(
+      model_config, rank=lora.rank, targets=lora_lib.parse_targets(lora.targets)))
+  return frozen(_abstract(base, base_sh)), frozen(base_sh), adapters
 
 
 def sampler_stage(setup_, name, sampling, model_config, *, platform, calls, B):
@@ -203,13 +241,13 @@ def sampler_stage(setup_, name, sampling, model_config, *, platform, calls, B):
   fn, static = sampler_lib.program(model_config, P, members=pop.batched, platform=platform,
                                    eos_id=setup_.ids[0], pad_id=setup_.ids[1],
                                    row_sharding=sharding_lib.RowSharding(mesh), **sampling)
-  args = (setup_.state.params, _batch_sds(mesh, (B, P), jnp.int32,
+  args = (setup_.policy, _batch_sds(mesh, (B, P), jnp.int32,
                                           pop), _batch_sds(mesh, (B, P), jnp.int32,
                                                            pop), _keys(pop))
   if pop.batched:
     args += (None,)
   T, C = sampling['max_new_tokens'], static['block_size']
-  return Stage(name, fn, args, static, calls, resident_other=setup_.resident('params'),
+  return Stage(name, fn, args, static, calls, resident_other=setup_.resident('params', 'base'),
                unknown_trips=(T, (T // C) / 2 + 1), flops_note='hlo, loops at T tokens')
 
 
@@ -223,9 +261,9 @@ def prefill_stage(setup_, model_config, *, platform, calls):
                               num_samples=c.rollout.sampling.num_samples, max_new_tokens=T,
                               block_size=block, row_sharding=sharding_lib.RowSharding(mesh))
   fn = jax.jit(pop.map(lambda p, t, m: prefill(p, prompt_tokens_BP=t, prompt_mask_BP=m), spmd=True))
-  args = (setup_.state.params, _batch_sds(mesh, (B, P), jnp.int32,
+  args = (setup_.policy, _batch_sds(mesh, (B, P), jnp.int32,
                                           pop), _batch_sds(mesh, (B, P), jnp.int32, pop))
-  return Stage('prefill', fn, args, {}, calls, resident_other=setup_.resident('params'))
+  return Stage('prefill', fn, args, {}, calls, resident_other=setup_.resident('params', 'base'))
 
 
 def scoring_stages(setup_, infer_config):
@@ -240,13 +278,13 @@ def scoring_stages(setup_, infer_config):
       infer_config, completion_start=P, return_hidden=delta, population=pop, mesh=mesh)
   tokens = _batch_sds(mesh, (rows, P + T), jnp.int32, pop)
   stages = [
-      Stage('behaviour', fn, (setup_.state.params, tokens, tokens), {},
-            calls * (2 if c.rollout.policy_lag else 1), resident_other=setup_.resident('params'))
+      Stage('behaviour', fn, (setup_.policy, tokens, tokens), {},
+            calls * (2 if c.rollout.policy_lag else 1), resident_other=setup_.resident('params', 'base'))
   ]
   if setup_.ref_params is not None:
     stages.append(
         Stage('reference', fn, (setup_.ref_params, tokens, tokens), {}, calls,
-              resident_other=setup_.resident('reference')))
+              resident_other=setup_.resident('reference', 'base')))
   if delta:
     weighter = token_weights.PLUGINS['delta'].from_config(c.delta, group_size=G,
                                                           model_config=setup_.model_config)
@@ -261,11 +299,11 @@ def scoring_stages(setup_, infer_config):
         'entropy': f32(B, T),
         'hidden': _batch_sds(mesh, (B, T, setup_.model_config.d_model), infer_config.jnp_dtype, pop)
     }
-    args = (state, setup_.state.params, behaviour, _batch_sds(mesh, (B, T), jnp.int32,
+    args = (state, setup_.policy, behaviour, _batch_sds(mesh, (B, T), jnp.int32,
                                                               pop), f32(B), f32(B, T), _keys(pop))
     stages.append(
         Stage('delta', jax.jit(pop.map(weighter.weights)), args, {}, 1,
-              resident_other=setup_.resident('params')))
+              resident_other=setup_.resident('params', 'base')))
   return stages
 
 
@@ -273,7 +311,7 @@ def update_stage(setup_):
   """`update.update_step` of one mini-batch, jitted as the trainer jits it."""
   c, pop, mesh = setup_.c, setup_.pop, setup_.mesh
   update_fn = setup_.fns.get('update') or update_lib.jit_minibatch_and_update(
-      c, setup_.model_config, setup_.optimizer, mesh, setup_.state_sh, pop)[1]
+      c, setup_.model_config, setup_.optimizer, mesh, setup_.state_sh, pop, setup_.frozen_sh)[1]
   n = update_lib.num_microbatches(c.optim)
   rows = update_lib.microbatch_prompts(c.optim) * c.rollout.sampling.num_samples
   P, T = c.data.prompt_width, c.rollout.sampling.max_new_tokens
@@ -292,9 +330,10 @@ def update_stage(setup_):
       k: jax.ShapeDtypeStruct((pop.n,), jnp.float32, sharding=sharding_lib.replicated(mesh))
       for k in pop.varied()
   }
-  return Stage('update', update_fn, (setup_.state, batch, hparams), {},
+  frozen = () if setup_.frozen is None else (setup_.frozen,)  # a LoRA run's base
+  return Stage('update', update_fn, (setup_.state, batch, hparams, *frozen), {},
                update_lib.updates_per_step(c.optim, c.rollout.prompts_per_step),
-               resident_other=setup_.resident('params', 'opt_state'))
+               resident_other=setup_.resident('params', 'opt_state', 'base'))
 
 
 def build(c, devices, platform: str, model_config=None, fns=None, ids=(1, 0)):

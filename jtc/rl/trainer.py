@@ -165,10 +165,6 @@ class Trainer:
         functools.partial(update_lib.make_optimizer, c.optim, total_updates)
         if lr_varies else optimizer)
     from jtc.plan import preflight  # pylint: disable=import-outside-toplevel
-    if self.frozen is not None:
-      print('preflight: skipped (jtc.plan models full fine-tuning, not LoRA adapters yet)',
-            file=sys.stderr)
-      return
     # Every stage fits, before any rollout (compiled by the functions the steps then call).
     preflight.check(c, self.model_config, self.mesh, behaviour_fn=self._behaviour,
                     update_fn=self._update, tokenizer=self.tokenizer)
