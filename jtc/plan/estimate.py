@@ -69,9 +69,8 @@ def _param_shapes(model_config):
 @functools.lru_cache(maxsize=8)
 def _adapter_shapes(model_config, rank, targets):
   """[(shape, logical axes)] of one member's LoRA adapters (`lora.init_adapters`)."""
-  shapes = jax.eval_shape(
-      lambda: lora_lib.init_adapters(model_config, rank=rank, targets=lora_lib.parse_targets(
-          targets)))
+  shapes = jax.eval_shape(lambda: lora_lib.init_adapters(model_config, rank=rank, targets=lora_lib.
+                                                         parse_targets(targets)))
   axes = lora_lib.logical_axes(shapes)
   return [(tuple(x.shape), a) for x, a in zip(
       jax.tree.leaves(shapes), jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple)))]

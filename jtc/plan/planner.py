@@ -135,11 +135,16 @@ def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=Non
   compile)."""
   setup, stages = stages_lib.build(c, devices, platform)
   resident = {
-      **({'frozen base': setup.base_bytes} if setup.frozen is not None else {}),
-      'params': setup.params_bytes,
-      'opt_state': setup.opt_bytes,
-      'reference': setup.ref_bytes,
-      'lagged params': setup.lagged_bytes
+      **({
+          'frozen base': setup.base_bytes
+      } if setup.frozen is not None else {}), 'params':
+          setup.params_bytes,
+      'opt_state':
+          setup.opt_bytes,
+      'reference':
+          setup.ref_bytes,
+      'lagged params':
+          setup.lagged_bytes
   }
   result = Plan(target, chip, len(devices), dict(setup.mesh.shape), [], resident, compiled_for)
   for stage in stages:

@@ -242,8 +242,7 @@ def sampler_stage(setup_, name, sampling, model_config, *, platform, calls, B):
                                    eos_id=setup_.ids[0], pad_id=setup_.ids[1],
                                    row_sharding=sharding_lib.RowSharding(mesh), **sampling)
   args = (setup_.policy, _batch_sds(mesh, (B, P), jnp.int32,
-                                          pop), _batch_sds(mesh, (B, P), jnp.int32,
-                                                           pop), _keys(pop))
+                                    pop), _batch_sds(mesh, (B, P), jnp.int32, pop), _keys(pop))
   if pop.batched:
     args += (None,)
   T, C = sampling['max_new_tokens'], static['block_size']
@@ -262,7 +261,7 @@ def prefill_stage(setup_, model_config, *, platform, calls):
                               block_size=block, row_sharding=sharding_lib.RowSharding(mesh))
   fn = jax.jit(pop.map(lambda p, t, m: prefill(p, prompt_tokens_BP=t, prompt_mask_BP=m), spmd=True))
   args = (setup_.policy, _batch_sds(mesh, (B, P), jnp.int32,
-                                          pop), _batch_sds(mesh, (B, P), jnp.int32, pop))
+                                    pop), _batch_sds(mesh, (B, P), jnp.int32, pop))
   return Stage('prefill', fn, args, {}, calls, resident_other=setup_.resident('params', 'base'))
 
 
@@ -279,7 +278,8 @@ def scoring_stages(setup_, infer_config):
   tokens = _batch_sds(mesh, (rows, P + T), jnp.int32, pop)
   stages = [
       Stage('behaviour', fn, (setup_.policy, tokens, tokens), {},
-            calls * (2 if c.rollout.policy_lag else 1), resident_other=setup_.resident('params', 'base'))
+            calls * (2 if c.rollout.policy_lag else 1),
+            resident_other=setup_.resident('params', 'base'))
   ]
   if setup_.ref_params is not None:
     stages.append(
@@ -300,7 +300,7 @@ def scoring_stages(setup_, infer_config):
         'hidden': _batch_sds(mesh, (B, T, setup_.model_config.d_model), infer_config.jnp_dtype, pop)
     }
     args = (state, setup_.policy, behaviour, _batch_sds(mesh, (B, T), jnp.int32,
-                                                              pop), f32(B), f32(B, T), _keys(pop))
+                                                        pop), f32(B), f32(B, T), _keys(pop))
     stages.append(
         Stage('delta', jax.jit(pop.map(weighter.weights)), args, {}, 1,
               resident_other=setup_.resident('params', 'base')))

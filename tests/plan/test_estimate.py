@@ -80,3 +80,46 @@ def test_the_filter_keeps_what_can_fit_and_drops_what_cannot():
   assert seconds == sorted(seconds)
   sizes = sharding.mesh_sizes(data=1, fsdp=4, tensor=1, n_devices=4)
   assert estimate.estimate(small, stages.model_config_for(small, 'tpu'), sizes, v5e).peak > 0
+
+
+@needs_libtpu
+def test_lora_state_bytes_equal_the_planners_shards():
+  """A 4-member LoRA population (2 per chip over mesh.population = 2, fsdp = 2) with a KL
+  term: the estimate's base, adapters, AdamW and (no) reference are the planner's shards."""
+  c = _config(
+      **{
+          'mesh.population': 2,
+          'mesh.data': 1,
+          'mesh.fsdp': 2,
+          'population.size': 4,
+          'lora.rank': 8,
+          'lora.targets': 'q,v,down',
+          'loss.hparams.kl_coef': 0.01
+      })
+  with c.policy.overrides.ignore_type():
+    c.policy.overrides.n_layers = 2
+  s = stages.setup(c, hardware.topology_devices('v5e:2x2'), 'tpu')
+  got = estimate.state_bytes(c, s.model_config, dict(s.mesh.shape))
+  assert got['base'] == pytest.approx(s.base_bytes, rel=1e-9)
+  assert got['params'] == pytest.approx(s.params_bytes, rel=1e-9)
+  assert got['opt_state'] == pytest.approx(s.opt_bytes, rel=1e-3)  # + AdamW's step counts
+  assert got['reference'] == s.ref_bytes == 0
+
+
+def test_a_lora_population_estimate_grows_by_the_adapters_not_the_base():
+  """The estimate's peak of 4 members over 1: a LoRA population adds far less than a
+  full-parameter one (which adds 3 more copies of the parameters and AdamW state)."""
+  v5e = hardware.CHIPS['v5e']
+  sizes = sharding.mesh_sizes(data=1, fsdp=4, tensor=1, n_devices=4)
+
+  def growth(**overrides):
+    peaks = []
+    for n in (1, 4):
+      c = _config(**{'population.size': n, **overrides})
+      peaks.append(estimate.estimate(c, stages.model_config_for(c, 'tpu'), sizes, v5e).peak)
+    return peaks[1] - peaks[0]
+
+  c = _config()
+  full_state = sum(estimate.state_bytes(c, stages.model_config_for(c, 'tpu'), sizes).values())
+  assert growth() > 3 * full_state
+  assert growth(**{'lora.rank': 4}) < growth() - 3 * full_state * 0.9

@@ -1,5 +1,7 @@
 """The planner's verdict on a deviceless v5e:2x2 (libtpu): a stage that does not fit is named."""
 
+import pytest
+
 from tests.plan import real_configs
 
 pytestmark = real_configs.needs_libtpu
@@ -17,3 +19,22 @@ def test_8b_without_fsdp_does_not_fit_naming_the_update():
                    compiled_for='test', only=('update',))
   assert not p.fits
   assert "does not fit: stage 'update'" in p.verdict()
+
+
+@pytest.mark.slow  # one update compile of the 0.6B shape: ~100 s on a busy 2-core machine
+def test_lora_update_arguments_are_the_base_the_adapters_and_adamw():
+  """The compiler's argument bytes of a LoRA update (the trainer's jitted function, the base as
+  its fourth argument) are the planner's resident accounting: base + adapters + AdamW + the
+  mini-batch, and nothing else resident meanwhile."""
+  from jtc.plan import hardware, planner, stages  # pylint: disable=import-outside-toplevel
+  c = real_configs.config(**{'lora.rank': 4, 'loss.hparams.kl_coef': 0.01})
+  devices = hardware.topology_devices('v5e:2x2')
+  p = planner.plan(c, devices, platform='tpu', chip=hardware.CHIPS['v5e'], target='v5e:2x2',
+                   compiled_for='test', only=('update',))
+  s, built = stages.build(c, devices, 'tpu')
+  update = next(st for st in built if st.name == 'update')
+  want = s.base_bytes + s.params_bytes + s.opt_bytes + stages.chip_bytes(update.args[1:3])
+  (row,) = p.rows
+  assert row.arguments == pytest.approx(want, rel=1e-3)
+  assert row.resident_other == 0 and p.resident['frozen base'] == s.base_bytes
+  assert p.fits

@@ -83,3 +83,32 @@ def test_gpu_target_is_labelled_an_estimate_and_checks_the_host_devices():
   assert 'estimate, not compiled for the GPU' in compiled_for and 'h100' in where
   with pytest.raises(ValueError, match='--gpus=8: 1 host devices'):
     plan_main.target('h100', 8, None, 1)
+
+
+def test_preflight_checks_a_lora_run_through_its_own_functions(tmp_path, monkeypatch, compiles,
+                                                               capsys):
+  """A LoRA run (rank 4, a KL term against the base): the preflight compiles the functions its
+  steps call (each once over a step); 1 MiB stops a 2-member LoRA population before any
+  rollout."""
+  c = gspo.get_config('smoke')
+  c.num_steps, c.eval.every, c.log.diagnostics_every = 1, 0, 0
+  c.lora.rank, c.loss.hparams.kl_coef = 4, 0.01
+  monkeypatch.setenv('JTC_DEVICE_MEMORY_BYTES', str(2**40))
+  trainer = trainer_lib.Trainer(c, str(tmp_path / 'run'))
+  try:
+    assert trainer.frozen is not None and trainer.ref_params is trainer.frozen
+    err = capsys.readouterr().err
+    assert all(f'preflight: {stage} compiled' in err
+               for stage in ('sample', 'behaviour', 'reference', 'update'))
+    trainer.step(1)
+    # The reference policy (the base alone: adapters None) is a second program of the
+    # behaviour pass; each compiled once, by the preflight.
+    assert {
+        f: compiles.count(f) for f in FUNCTIONS
+    } == dict(_sample_impl=1, behaviour_pass=2, update_step=1)
+  finally:
+    trainer.close()
+  c.population.size = 2
+  monkeypatch.setenv('JTC_DEVICE_MEMORY_BYTES', str(2**20))
+  with pytest.raises(hardware.DoesNotFit, match=r"does not fit: stage 'sample' needs"):
+    trainer_lib.Trainer(c, str(tmp_path / 'small'))
