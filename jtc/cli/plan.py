@@ -30,9 +30,21 @@ def host_devices_for_gpus(argv):
   (the planner's host backend is the CPU; targets are explicit)."""
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   if any(a.startswith('--gpu') for a in argv):
-    n = next((a.split('=', 1)[1] for a in argv if a.startswith('--gpus=')), '8')
+    n = gpus_flag(argv)
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                                f' --xla_force_host_platform_device_count={int(n)}')
+
+
+def gpus_flag(argv) -> str:
+  """The value of --gpus in ``argv`` (``--gpus=N`` or ``--gpus N``; the last one wins, as absl
+  parses it), '8' (its default) without one."""
+  n = '8'
+  for i, a in enumerate(argv):
+    if a.startswith('--gpus='):
+      n = a.split('=', 1)[1]
+    elif a == '--gpus' and i + 1 < len(argv):
+      n = argv[i + 1]
+  return n
 
 
 def define_flags(flag_values, argv=None):

@@ -30,3 +30,11 @@ def test_a_mesh_that_cannot_run_stops_a_plan_but_not_a_search(monkeypatch, flags
   assert bool(calls) == searched
   said = str(stop.value.code)
   assert ('no candidate setting fits' in said) if searched else ('does not split over' in said)
+
+
+@pytest.mark.parametrize('argv, want', [(['--gpu', 'h100', '--gpus', '1'], '1'),
+                                        (['--gpu=h100', '--gpus=2'], '2'), (['--gpu', 'h100'], '8'),
+                                        (['--gpus', '4', '--gpus=16'], '16')])
+def test_the_gpu_count_is_read_in_either_flag_form(argv, want):
+  """--gpus N and --gpus=N both set the host device count (absl accepts both; the last wins)."""
+  assert plan.gpus_flag(argv) == want
