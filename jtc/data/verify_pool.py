@@ -24,7 +24,7 @@ ends it; a worker whose parent has died exits within a second (its parent id cha
 
 POSIX only (``select`` on pipes, ``os.getppid``), like the rest of jtc's process handling.
 
-Dimension key: B answers.
+Dimension key (docs/dimensions.md): B answers scored in one call.
 """
 from __future__ import annotations
 
