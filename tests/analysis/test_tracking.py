@@ -152,6 +152,8 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+# CI time: tests/rl/test_trainer.py's SIGKILL-and-resume run checks the same W&B records.
+@pytest.mark.slow
 def test_steps_a_sigkill_lost_are_logged_at_the_resume(offline, tmp_path):
   """Steps 0-2 logged and finished; a resumed start logs 3-5 and is killed (wandb's service has
   written little or none of them); the next resume, from step 4, logs the steps the W&B run

@@ -85,6 +85,8 @@ def test_gpu_target_is_labelled_an_estimate_and_checks_the_host_devices():
     plan_main.target('h100', 8, None, 1)
 
 
+# CI time: the LoRA state the preflight adds up is checked fast in test_stages / test_estimate.
+@pytest.mark.slow
 def test_preflight_checks_a_lora_run_through_its_own_functions(tmp_path, monkeypatch, compiles,
                                                                capsys):
   """A LoRA run (rank 4, a KL term against the base): the preflight compiles the functions its
