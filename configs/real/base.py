@@ -82,3 +82,4 @@ def smoke(c):
   c.optim.learning_rate = 1e-3  # so that two steps visibly move the tiny model
   c.mesh.data = -1
   c.mesh.fsdp = 1
+  c.mesh.tensor = 1  # whatever the real config's tensor parallelism (qwen3_32b: 4)
