@@ -1,16 +1,31 @@
-"""Shared pytest set-up: CPU only, float32 matmuls, deterministic; a smoke run with a ledger for
-the ledger's tests (jtc.analysis.ledger, replay, ledger_view; jtc.cli.ledger)."""
+"""Shared pytest set-up: CPU only, float32 matmuls, deterministic, a compilation cache of the
+session's own; a smoke run with a ledger for the ledger's tests (jtc.analysis.ledger, replay,
+ledger_view; jtc.cli.ledger)."""
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
+# A persistent compilation cache of this session's own (one per xdist worker, removed at the
+# end): a trainer started in a subprocess, or a second Trainer built in-process, loads the
+# executable an earlier test compiled from the same program instead of compiling it again. Only
+# compilations over a second are stored (JAX's default), and an unreadable entry is recompiled.
+_JAX_CACHE_DIR = tempfile.mkdtemp(prefix='jtc_test_jax_cache_')
+os.environ['JAX_COMPILATION_CACHE_DIR'] = _JAX_CACHE_DIR
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update('jax_default_matmul_precision', 'highest')
+
+
+def pytest_unconfigure(config):
+  del config
+  shutil.rmtree(_JAX_CACHE_DIR, ignore_errors=True)
+
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

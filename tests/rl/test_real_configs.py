@@ -43,23 +43,6 @@ REAL = sorted(
     if os.path.basename(p) not in ('__init__.py', 'base.py'))
 
 
-@pytest.fixture(scope='module', autouse=True)
-def compilation_cache(tmp_path_factory):
-  """A persistent compilation cache for this module, so that a resumed Trainer (which builds
-  the same computations again) loads them instead of recompiling; settings restored afterwards.
-  The directory outlives the module (pytest keeps it for the session) because JAX keeps the
-  cache it initialised and later modules may still write to it."""
-  keys = ('jax_compilation_cache_dir', 'jax_persistent_cache_min_compile_time_secs',
-          'jax_persistent_cache_min_entry_size_bytes')
-  old = {k: getattr(jax.config, k) for k in keys}
-  jax.config.update('jax_compilation_cache_dir', str(tmp_path_factory.mktemp('jax_cache')))
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
-  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
-  yield
-  for k, v in old.items():
-    jax.config.update(k, v)
-
-
 def write_tiny_hf_checkpoint(path, *, arch='qwen3'):
   """A random tiny Qwen3 (or Llama) checkpoint + byte-level tokenizer in the HF layout."""
   tokenizer_lib.write_byte_level_hf(path)
