@@ -17,6 +17,7 @@ from jtc.models import lora
 from jtc.rl import checkpoints
 from jtc.rl import config_check
 from jtc.rl import population as population_lib
+from jtc.plan import suggest
 from jtc.rl import trainer as trainer_lib
 from jtc.rl import workdir as workdir_lib
 from tests import procs
@@ -30,12 +31,7 @@ def _config(**overrides):
   c.num_steps, c.seed, c.lora.rank = 1, 5, 4
   c.rollout.prompts_per_step, c.rollout.sampling.num_samples = 2, 8
   c.eval.every = 0
-  for key, value in overrides.items():
-    *path, leaf = key.split('.')
-    section = c
-    for p in path:
-      section = section[p]
-    section[leaf] = value
+  suggest.set_in(c, overrides)
   return c
 
 

@@ -15,6 +15,7 @@ from jtc.analysis import metric_writer
 from jtc.analysis import tracking
 from jtc.rl import config_check
 from jtc.rl import population as population_lib
+from jtc.plan import suggest
 from jtc.rl import trainer as trainer_lib
 from jtc.rl import workdir as workdir_lib
 
@@ -26,12 +27,7 @@ VARY = 'optim.learning_rate=1e-4,3e-4;rollout.sampling.temperature=0.8'
 def _config(**overrides):
   c = gspo.get_config('smoke')
   c.num_steps, c.log.diagnostics_every, c.seed = 1, 1, 3
-  for key, value in overrides.items():
-    *path, leaf = key.split('.')
-    section = c
-    for p in path:
-      section = section[p]
-    section[leaf] = value
+  suggest.set_in(c, overrides)
   return c
 
 

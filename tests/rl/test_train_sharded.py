@@ -93,16 +93,23 @@ def test_eight_devices_match_one_device(tiny_policy, tmp_path):
   _assert_same(one, eight)
 
 
-@pytest.mark.slow  # ~1 min; tests/rl/test_population.py keeps a population's equivalence in CI
-def test_a_population_sharded_over_devices_matches_one_device(tiny_policy, tmp_path):
-  """Members on the 'population' mesh axis: 4 members over 2 devices (2 each; the batch of each
-  over the other 2 devices' data axis) give every member's metrics of the one-device program."""
-  members = ('--config.population.size=2', '--config.population.vary=optim.learning_rate=1e-3,2e-3')
+LR_MEMBERS = ('--config.population.size=2',
+              '--config.population.vary=optim.learning_rate=1e-3,2e-3')
+LORA_MEMBERS = ('--config.population.size=2', '--config.lora.rank=4')
+
+
+@pytest.mark.slow  # 1-2 min each; tests/rl/test_population.py keeps a population's equivalence in CI
+@pytest.mark.parametrize('members, n', [(LR_MEMBERS, 4), (LORA_MEMBERS, 2)], ids=['lr', 'lora'])
+def test_a_population_sharded_over_devices_matches_one_device(members, n, tiny_policy, tmp_path):
+  """Members on the 'population' mesh axis of 4 devices (2 seeds x 2 rates, or 2 LoRA members
+  (`jtc.models.lora`) whose shared base is replicated over the axis and is their KL reference),
+  the batch of each over the other 2 devices' data axis: every member's metrics of the
+  one-device program."""
   log, one = _run(str(tmp_path / 'one'), tiny_policy, 1, *members)
   log, four = _run(str(tmp_path / 'four'), tiny_policy, 4, *members, '--config.mesh.population=2',
                    '--config.mesh.data=2')
-  assert "'population': 2, 'data': 2" in log and '4 population members' in log
-  assert len(one) == len(four) == 4
+  assert "'population': 2, 'data': 2" in log and f'{n} population members' in log
+  assert len(one) == len(four) == n
   for a, b in zip(one, four):
     _assert_same(a, b)
 
@@ -120,17 +127,3 @@ def test_mesh_sizes_resolve_and_reject():
     sharding.mesh_sizes(3, 2, 2, n_devices=8)
   with pytest.raises(ValueError, match='at most one -1'):
     sharding.mesh_sizes(-1, -1, 2, n_devices=8)
-
-
-@pytest.mark.slow  # ~2 min
-def test_a_lora_population_sharded_over_devices_matches_one_device(tiny_policy, tmp_path):
-  """LoRA members (`jtc.models.lora`) on the 'population' axis, the shared base replicated over
-  it and the KL reference the base itself: every member's metrics of the one-device program."""
-  members = ('--config.population.size=2', '--config.lora.rank=4')
-  log, one = _run(str(tmp_path / 'one'), tiny_policy, 1, *members)
-  log, four = _run(str(tmp_path / 'four'), tiny_policy, 4, *members, '--config.mesh.population=2',
-                   '--config.mesh.data=2')
-  assert "'population': 2, 'data': 2" in log and '2 population members' in log
-  assert len(one) == len(four) == 2
-  for a, b in zip(one, four):
-    _assert_same(a, b)
