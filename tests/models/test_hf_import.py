@@ -24,6 +24,7 @@ from jtc.models import hf_import  # noqa: E402
 from jtc.models import model as model_lib  # noqa: E402
 from jtc.models import logprobs
 from jtc.models import sampler  # noqa: E402
+from tests.models import model_reference  # noqa: E402
 
 _COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, rope_theta=1000.0,
@@ -72,13 +73,8 @@ def _rel_err(x, ref):
   return float(np.max(np.abs(np.asarray(x) - ref)) / np.max(np.abs(ref)))
 
 
-def _left_pad(prompts, width, pad_id=0):
-  tokens = np.full((len(prompts), width), pad_id, np.int32)
-  mask = np.zeros((len(prompts), width), np.int32)
-  for b, p in enumerate(prompts):
-    tokens[b, width - len(p):] = p
-    mask[b, width - len(p):] = 1
-  return tokens, mask
+def _left_pad(prompts, width):
+  return tuple(map(np.asarray, model_reference.padded_batch(prompts, width)))
 
 
 # ----------------------------------------------------------------------------------------

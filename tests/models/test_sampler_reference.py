@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.models import model_reference
 from tests.models import reference_sampler
 from jtc.models import decode
 from jtc.models import model as model_lib
@@ -34,15 +35,6 @@ def _params(config, seed):
   # A sharper output distribution than N(0, 1/D) gives (otherwise every token is near 1/V).
   params['embed']['embedding'] = 3.0 * params['embed']['embedding']
   return params
-
-
-def _left_pad(rows, width):
-  tokens = np.full((len(rows), width), PAD, np.int32)
-  mask = np.zeros((len(rows), width), np.int32)
-  for b, row in enumerate(rows):
-    tokens[b, width - len(row):] = row
-    mask[b, width - len(row):] = 1
-  return jnp.asarray(tokens), jnp.asarray(mask)
 
 
 CASES = {  # name -> (config, G, T, block_size, layer loop, sampling kwargs)
@@ -69,7 +61,7 @@ def test_same_samples_as_the_reference_sampler(case):
   name, G, T, block_size, layer_loop, kwargs = CASES[case]
   config = CONFIGS[name]
   params = _params(config, seed=len(case))
-  tokens, mask = _left_pad(PROMPTS, 7)
+  tokens, mask = model_reference.padded_batch(PROMPTS, 7, PAD)
   kw = dict(rng=jax.random.key(5), num_samples=G, max_new_tokens=T, pad_id=PAD, **kwargs)
   probe = reference_sampler.sample(model_lib.unstack_layers(params), config, tokens, mask,
                                    eos_id=PAD, **kw)
@@ -95,7 +87,7 @@ def test_group_cache_holds_each_prompt_once_and_decode_matches_full_forward():
   config = CONFIGS['qwen3_like']
   params = _params(config, seed=0)
   G, P, n_prev = 3, 7, 5
-  tokens_BP, mask_BP = _left_pad(PROMPTS, P)
+  tokens_BP, mask_BP = model_reference.padded_batch(PROMPTS, P, PAD)
   B = tokens_BP.shape[0]
   _, cache = decode.prefill(params, config, tokens_BP, mask_BP, num_samples=G, max_new_tokens=5,
                             block_size=2)

@@ -1,13 +1,12 @@
 """Tests of jtc.objectives.group_transforms against the paper's identities and brute-force references."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jtc.objectives import group_transforms as gt
+from tests.objectives import loss_reference
 
 _QP = jax.jit(gt.pos_orth_proj_qp)
 _TR = jax.jit(gt.pos_orth_proj_truncate_rebalance, static_argnames='trunc_eps')
@@ -25,21 +24,8 @@ def _random_group(rng, g, *, centred=True, spread=0.5):
 
 
 def qp_bruteforce(w, a):
-  """Eq. 51 by enumerating supports S: v_S = w_S - lam a_S, v_notS = 0, a.v = 0."""
-  w = np.asarray(w, np.float64)
-  a = np.asarray(a, np.float64)
-  best, best_v = np.inf, None
-  for bits in itertools.product([0, 1], repeat=len(w)):
-    s = np.array(bits, bool)
-    den = np.sum(a[s]**2)
-    lam = np.sum(a[s] * w[s]) / den if den > 0 else 0.0
-    v = np.where(s, w - lam * a, 0.0)
-    if np.any(v < -1e-12) or abs(np.dot(a, v)) > 1e-9:
-      continue
-    obj = 0.5 * np.sum((v - w)**2)
-    if obj < best - 1e-15:
-      best, best_v = obj, v
-  return best_v
+  """Eq. 51 by enumerating supports (tests/objectives/loss_reference.py), in float64."""
+  return loss_reference.np_qp(np.asarray(w, np.float64), np.asarray(a, np.float64))
 
 
 def truncate_rebalance_loops(w, a, eps):
