@@ -6,12 +6,14 @@ they carry (`CLAIMS`, experiments/sweeps/claims.py).
   confirm.py  the confirmatory sweeps (fresh seeds from 8, settings fixed before they ran)
   stepsize.py the step-size account's test (factors chosen on seeds 0-7, confirmed on 24-39)
   lag.py      the policy-lag axis (asynchronous RL's off-policy data), exploratory
+  lora.py     GSPO vs literal DFPO under LoRA ranks 1, 4, 16 (rates chosen on seeds 0-3)
   claims.py   every claim: comparison, family, the paper's delta and sign, SESOI, kind
 """
 import dataclasses
 
 from experiments.sweeps import confirm
 from experiments.sweeps import lag
+from experiments.sweeps import lora
 from experiments.sweeps import mismatch
 from experiments.sweeps import paper
 from experiments.sweeps import stepsize
@@ -31,6 +33,7 @@ SWEEPS = {
     'mismatch': mismatch.mismatch,
     **stepsize.SWEEPS,
     **lag.SWEEPS,
+    **lora.SWEEPS,
 }
 
 
