@@ -74,7 +74,7 @@ def _rel_err(x, ref):
 
 
 def _left_pad(prompts, width):
-  return tuple(map(np.asarray, model_reference.padded_batch(prompts, width)))
+  return tuple(map(np.array, model_reference.padded_batch(prompts, width)))  # writable, for torch
 
 
 # ----------------------------------------------------------------------------------------
