@@ -69,13 +69,12 @@ PREDICTION = ('paper (Token Gradient Cancellation, full fine-tuning of Qwen3): D
 
 
 def lora_rank(smoke=False):
-  chosen = CHOSEN_LR or ({4: LR_GRID[4][0]} if smoke else {})
-  if not smoke and set(chosen) != set(RANKS):
-    raise ValueError(f'lora_rank needs CHOSEN_LR for ranks {RANKS} (chosen by lora_lr on seeds '
-                     f'0-3); it has {sorted(chosen)}')
   ranks = (4,) if smoke else RANKS
+  if not set(ranks) <= set(CHOSEN_LR):
+    raise ValueError(f'lora_rank needs CHOSEN_LR for ranks {ranks} (chosen by lora_lr on seeds '
+                     f'0-3); it has {sorted(CHOSEN_LR)}')
   runs = tuple(at(r, 'full', ('optim.learning_rate', FULL_LR)) for r in (GSPO, DFPO_MIN))
-  runs += tuple(_lora(r, k, chosen[k]) for k in ranks for r in (GSPO, DFPO_MIN))
+  runs += tuple(_lora(r, k, CHOSEN_LR[k]) for k in ranks for r in (GSPO, DFPO_MIN))
   return make_sweep(
       'lora_rank', smoke, runs=runs, baseline='GSPO', shared=_shared(smoke),
       seeds=1 if smoke else JUDGE_SEEDS, first_seed=0 if smoke else JUDGE_FIRST_SEED,

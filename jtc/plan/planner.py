@@ -51,6 +51,7 @@ class Plan:
   resident: dict  # (frozen base /) params / opt_state / reference bytes per chip
   compiled_for: str  # what compiled the programs
   failure: str = ''  # the compiler's refusal, if any
+  refused_stage: str = ''  # the stage the compiler refused
 
   @property
   def capacity(self):
@@ -75,6 +76,13 @@ class Plan:
   @property
   def mfu(self):
     return self.step_flops / max(self.step_seconds * self.chip.peak_flops, 1e-30)
+
+  @property
+  def failed_stage(self):
+    """The stage that does not fit ('' when every stage fits): the one the compiler refused, else
+    the first over the chip's memory."""
+    over = [r.stage for r in self.rows if r.peak > self.capacity]
+    return self.refused_stage or (over[0] if over else '')
 
   def verdict(self):
     """'' when every stage fits, else the `does not fit` line naming the worst stage."""
@@ -157,6 +165,7 @@ def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=Non
         raise
       result.failure = (f'does not fit: stage {stage.name!r}: the compiler refused it: '
                         f'{str(e).splitlines()[0][:300]}')
+      result.refused_stage = stage.name
       break
     row = _row(stage, lowered, compiled, seconds, chip, len(devices))
     result.rows.append(row)

@@ -1,6 +1,8 @@
 r"""The generated table of docs/scaling.md: every real config planned on the slices it targets.
 
   nice -n 5 python -m jtc.plan.scaling_table      # compiles each row (hours), rewrites the table
+  nice -n 5 python -m jtc.plan.scaling_table 0_6b llama   # only the rows whose config or slice
+                                                          # contains one of these (the rest kept)
 
 Rows: every `configs/real/*` config on v5e-8, v5e-64, v5p-64 and v6e-16; Qwen3-32B on v5p-128
 and v5p-256; the largest seed population of Qwen3-0.6B that fits one v5e-8 (8, 4, 2 members
@@ -12,6 +14,7 @@ kept in docs/scaling_plans.json, so an interrupted run resumes; the table betwee
 in docs/scaling.md is replaced, nothing else.
 """
 
+import argparse
 import glob
 import json
 import os
@@ -163,21 +166,33 @@ def write(results):
     f.write(text)
 
 
-def main():
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument(
+      'match', nargs='*', help='plan only the rows whose config path or slice '
+      'contains one of these (default: every row)')
+  args = parser.parse_args(argv)
   log = lambda m: print(m, file=sys.stderr, flush=True)
   results = {}
   if os.path.exists(CACHE):
     with open(CACHE) as f:
       results = json.load(f)
   todo = rows() + population_rows()
-  for path, slice_name, overrides in todo:
-    key = json.dumps([path, slice_name, overrides])
+  names = [f'{path} {slice_name}' for path, slice_name, _ in todo]
+  unknown = [m for m in args.match if not any(m in n for n in names)]
+  if unknown:
+    parser.error(f'{unknown} match no row; the rows: {sorted(set(names))}')
+  keys = [json.dumps(list(row)) for row in todo]
+  for key, name, (path, slice_name, overrides) in zip(keys, names, todo):
+    if args.match and not any(m in name for m in args.match):
+      continue
     if key not in results:
       if overrides.get('population.size') and any(
           r['fits'] for k, r in results.items() if 'population.size' in json.loads(k)[2]):
         continue  # a larger population already fits
       log(f'== {key}')
       results[key] = plan_row(path, slice_name, overrides, log)
+      results = {k: results[k] for k in keys if k in results}  # the table in the rows' order
       write(results)
   write(results)
 

@@ -5,7 +5,10 @@ Every candidate (mesh data x fsdp x tensor over the chips, `optim.microbatch_pro
 `rollout.chunk_prompts`, `rollout.score_chunk_prompts`, `policy.remat`) that the config's
 divisibility rules allow gets the analytic `estimate.estimate` (no compile); those whose estimated
 peak fits the chip are compiled in order of estimated step time, and the first whose compiled
-stages all fit wins (the compiler's `memory_analysis()` decides, not the estimate).
+stages all fit wins (the compiler's `memory_analysis()` decides, not the estimate). A candidate
+whose stage that did not fit would compile to the same program as in a refused candidate (the
+same mesh and the same value of each key that stage depends on, `STAGE_KEYS`) is skipped
+without a compile.
 """
 
 import dataclasses
@@ -14,6 +17,24 @@ import itertools
 from jtc.plan import estimate as estimate_lib
 from jtc.rl import sharding as sharding_lib
 from jtc.rl import update as update_lib
+
+MESH_KEYS = ('mesh.data', 'mesh.fsdp', 'mesh.tensor')
+# The candidate keys each stage's program depends on besides the mesh (`stages.build`: the
+# sampler does not remat; evaluation batches eval.batch_prompts, which is not searched).
+STAGE_KEYS = {
+    'prefill': ('rollout.chunk_prompts',),
+    'sample': ('rollout.chunk_prompts',),
+    'behaviour': ('rollout.score_chunk_prompts',),
+    'reference': ('rollout.score_chunk_prompts',),
+    'delta': ('rollout.score_chunk_prompts',),
+    'update': ('optim.microbatch_prompts', 'policy.remat'),
+    'eval': (),
+}
+
+
+def _stage_program(stage, overrides):
+  """What decides ``stage``'s program in a candidate: (stage, its keys' values)."""
+  return stage, tuple(overrides[k] for k in MESH_KEYS + STAGE_KEYS[stage])
 
 
 def _divisors(n):
@@ -90,10 +111,18 @@ def suggest(c, plan_fn, n_devices, model_config, chip, *, max_compiles=4, log=pr
   found = candidates(c, n_devices, model_config, chip)
   log(f'suggest: {len(found)} settings can fit by the analytic estimate; compiling the '
       f'cheapest (at most {max_compiles})')
-  for est, overrides in found[:max_compiles]:
+  refused, compiles = set(), 0
+  for est, overrides in found:
+    if compiles == max_compiles:
+      break
+    if any(_stage_program(stage, overrides) in refused for stage in STAGE_KEYS):
+      continue
     p = plan_fn(apply(c, overrides), stop_early=True)
+    compiles += 1
     log(f'suggest: {flags(overrides)}: estimated {est.peak / 2**30:.2f} GiB, {est.seconds:.4g} s; '
         + ('compiled: fits' if p.fits else f'compiled: {p.verdict()}'))
     if p.fits:
       return overrides, p
+    if p.failed_stage in STAGE_KEYS:
+      refused.add(_stage_program(p.failed_stage, overrides))
   return None, None

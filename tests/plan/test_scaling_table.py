@@ -3,6 +3,8 @@
 import json
 import os
 
+import pytest
+
 from jtc.plan import scaling_table
 
 
@@ -23,3 +25,10 @@ def test_every_real_config_is_planned():
       if f.endswith('.py') and f not in ('__init__.py', 'base.py')
   }
   assert planned == real
+
+
+def test_a_match_that_names_no_row_is_refused_before_any_plan(capsys):
+  with pytest.raises(SystemExit):
+    scaling_table.main(['0_6b', 'qwen3_70b'])
+  err = capsys.readouterr().err
+  assert "['qwen3_70b'] match no row" in err and 'configs/real/qwen3_0_6b_gsm8k_dfpo.py v5e-8' in err

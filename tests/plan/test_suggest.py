@@ -1,10 +1,14 @@
-"""`jtc.plan.suggest`: overrides set on a copy and printed as the flags that set them again."""
+"""`jtc.plan.suggest`: overrides set on a copy and printed as the flags that set them again; a
+candidate whose failing stage would compile as in a refused one is skipped."""
 import os
+import types
 
 from absl import flags as absl_flags
 
 from jtc.cli import absl_program
 from jtc.cli import train as train_cli
+from jtc.plan import hardware
+from jtc.plan import planner
 from jtc.plan import suggest
 
 CONFIG = 'configs/real/qwen3_0_6b_gsm8k_dfpo.py'
@@ -23,3 +27,52 @@ def test_apply_sets_a_copy_and_the_flags_set_the_same_values():
   train_cli.define_flags(fv, argv)
   train_cli.parse_flags(argv + ['--workdir=/tmp/unused'], fv)
   assert fv.config.to_dict() == changed.to_dict()
+
+
+def _setting(fsdp, chunk, score, mb=1, remat=True):
+  return {
+      'mesh.data': 8 // fsdp,
+      'mesh.fsdp': fsdp,
+      'mesh.tensor': 1,
+      'optim.microbatch_prompts': mb,
+      'rollout.chunk_prompts': chunk,
+      'rollout.score_chunk_prompts': score,
+      'policy.remat': remat
+  }
+
+
+def test_a_failed_stage_is_not_compiled_again_in_the_same_program(monkeypatch):
+  chip = hardware.chip_of(hardware.topology_name('v5e-8'))
+  order = [
+      _setting(8, chunk=8, score=1),  # refused at 'sample'
+      _setting(8, chunk=8, score=4, mb=2),  # the same sampler program: skipped
+      _setting(4, chunk=8, score=1),  # another mesh: compiled (and over at 'update')
+      _setting(4, chunk=8, score=2, mb=1),  # the same update program as the last: skipped
+      _setting(4, chunk=8, score=2, mb=2),  # another micro-batch: compiled, fits
+  ]
+  est = types.SimpleNamespace(peak=1.0, seconds=1.0)
+  monkeypatch.setattr(suggest, 'candidates', lambda *a, **k: [(est, o) for o in order])
+  compiled = []
+
+  def plan_fn(c, stop_early):
+    o = {k: c[k.split('.')[0]][k.split('.')[1]] for k in order[0]}
+    compiled.append(o)
+    if o['mesh.fsdp'] == 8:
+      return planner.Plan('t', chip, 8, {}, [], {}, 'test', 'does not fit: sample', 'sample')
+    update_peak = chip.hbm_bytes + 1 if o['optim.microbatch_prompts'] == 1 else 1.0
+    rows = [
+        types.SimpleNamespace(stage=s, peak=b)
+        for s, b in [('sample', 1.0), ('update', update_peak)]
+    ]
+    p = planner.Plan('t', chip, 8, {}, rows, {}, 'test')
+    assert p.failed_stage == ('update' if not p.fits else '')
+    return p
+
+  c = absl_program.load_config(os.path.join(absl_program.REPO, CONFIG))
+  best, p = suggest.suggest(c, plan_fn, 8, None, chip, max_compiles=3, log=lambda m: None)
+  assert compiled == [order[0], order[2], order[4]] and best == order[4] and p.fits
+  # max_compiles counts compiles, not skipped candidates: two compiles end the search.
+  compiled.clear()
+  assert suggest.suggest(c, plan_fn, 8, None, chip, max_compiles=2,
+                         log=lambda m: None) == (None, None)
+  assert compiled == [order[0], order[2]]
