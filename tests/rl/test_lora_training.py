@@ -91,16 +91,16 @@ def test_step_1_samples_exactly_what_full_fine_tuning_samples(tmp_path):
   assert lora_metrics['param_norm'] != pytest.approx(full_metrics['param_norm'], rel=1e-2)
 
 
-@pytest.mark.slow  # three trainers, ~3 min on a loaded 2-core CPU
+@pytest.mark.slow  # five trainers, ~5 min on a loaded 2-core CPU
 def test_each_lora_member_is_the_single_lora_run_of_its_seed(tmp_path):
-  """2 members sharing one base: member i's rollouts and rewards equal the single LoRA run of
+  """4 members sharing one base: member i's rollouts and rewards equal the single LoRA run of
   seed + i; loss and grad_norm within 1e-5."""
-  pop_config = _config(**{'population.size': 2, 'optim.minibatch_prompts': 1})
+  pop_config = _config(**{'population.size': 4, 'optim.minibatch_prompts': 1})
   trainer, metrics, rollouts = _step_1(pop_config, str(tmp_path / 'pop'))
   # One base, no member axis; the adapters carry it.
   kernel = trainer.frozen.base['layers']['mlp']['up']['kernel']
   assert kernel.ndim == 3
-  assert trainer.state.params['layers']['mlp']['up']['lora_a'].shape[0] == 2
+  assert trainer.state.params['layers']['mlp']['up']['lora_a'].shape[0] == 4
   for m in population_lib.members(pop_config):
     single = population_lib.member_config(pop_config, m)
     _, (want,), (want_rollout,) = _step_1(single, str(tmp_path / m.name))
@@ -111,7 +111,7 @@ def test_each_lora_member_is_the_single_lora_run_of_its_seed(tmp_path):
     np.testing.assert_allclose(got['update_norm'], want['update_norm'], rtol=1e-5)
     for key in ('loss', 'pg_loss'):
       np.testing.assert_allclose(got[key], want[key], atol=1e-5, err_msg=key)
-  assert not np.array_equal(rollouts[0].tokens_BL, rollouts[1].tokens_BL)
+  assert len({r.tokens_BL.tobytes() for r in rollouts}) == 4  # the members differ
 
 
 @pytest.mark.parametrize('overrides, match', [
