@@ -20,13 +20,14 @@ from jtc.rl import update as update_lib
 
 MESH_KEYS = ('mesh.data', 'mesh.fsdp', 'mesh.tensor')
 # The candidate keys each stage's program depends on besides the mesh (`stages.build`: the
-# sampler does not remat; evaluation batches eval.batch_prompts, which is not searched).
+# sampler does not remat; DelTA's pass takes the whole step's rows and evaluation batches
+# eval.batch_prompts, neither of which is searched).
 STAGE_KEYS = {
     'prefill': ('rollout.chunk_prompts',),
     'sample': ('rollout.chunk_prompts',),
     'behaviour': ('rollout.score_chunk_prompts',),
     'reference': ('rollout.score_chunk_prompts',),
-    'delta': ('rollout.score_chunk_prompts',),
+    'delta': (),
     'update': ('optim.microbatch_prompts', 'policy.remat'),
     'eval': (),
 }
