@@ -192,7 +192,8 @@ def main(argv=None):
         continue  # a larger population already fits
       log(f'== {key}')
       results[key] = plan_row(path, slice_name, overrides, log)
-      results = {k: results[k] for k in keys if k in results}  # the table in the rows' order
+      # The table in the rows' order; a kept row no longer planned (its config removed) last.
+      results = {k: results[k] for k in keys + list(results) if k in results}
       write(results)
   write(results)
 
