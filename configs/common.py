@@ -155,6 +155,13 @@ def get_config(arg=None):
   c.rollout.policy_lag = 0
   c.rollout.policy_lag_mode = 'behaviour'
   c.rollout.sampling = sampling(8, 32)  # G completions per prompt, T new tokens, temperature 1
+  # Which rows a decode step runs (jtc.models.decode_loop; the same samples either way): static
+  # (every row until the last has ended) | continuous (decode_slots slots, each taking the next
+  # (prompt, sample) pair when its row ends: no step waits on the longest answer).
+  c.rollout.scheduler = 'static'
+  # The continuous scheduler's slots (None: as many as half the devices' free memory holds, at
+  # most the rows of a sampler call; fewer slots than rows is where it gains).
+  c.rollout.decode_slots = ml_collections.config_dict.placeholder(int)
 
   c.advantage = ConfigDict()
   c.advantage.name = 'grpo'  # grpo | dr_grpo | rloo

@@ -1,15 +1,20 @@
 """Decoding for the sampler: prefill each prompt once, then decode steps against a `GroupCache`.
 
-`GroupCache` holds the prompt's keys/values ONCE per prompt [Y, B, K, P, H], shared by its G
-samples, plus each sample's own completion keys/values [Y, B*G, K, ...]. `decode_step` attends
-from the G rows of a group to the shared prompt block (one read per prompt) and to the live
-prefix of their own completion cache, in fixed-size blocks up to the current length (a
-`jax.lax.fori_loop`), combining the parts with an online softmax; the layers run as the model's
-scan or, with `split_layers` / `split_cache`, as an unrolled loop (faster on XLA:CPU).
+`GroupCache` holds the prompt's keys/values ONCE per prompt [Y, B, K, P, H] plus each row's own
+completion keys/values [Y, R, K, ...]. Its rows are either the R = B * G samples of the prompts,
+row b*G + g reading prompt b (the `static` scheduler: one shared completion length), or the
+decode slots of the `continuous` scheduler (`jtc.models.decode_loop`), each with its own length
+and prompt (`prompt_R`), restarted on another prompt by `start_rows`. `decode_step` attends from
+each row to its prompt's block (with shared lengths the G rows of a group read it once; slots
+gather their prompt's) and to the live prefix of its own completion cache, in fixed-size blocks
+up to the longest live length (a `jax.lax.fori_loop`), combining the parts with an online
+softmax; the layers run as the model's scan or, with `split_layers` / `split_cache`, as an
+unrolled loop (faster on XLA:CPU).
 
-Dimension key (docs/dimensions.md): B prompts, G samples per prompt, R = B * G rows, P prompt
-length, T completion slots, Y layers, N heads, K kv heads, Q = N / K, J = G * Q queries of a prompt
-per kv head, H head dim, C cache block.
+Dimension key (docs/dimensions.md): B prompts, G samples per prompt, R the cache's rows (B * G
+samples, or decode slots), P prompt length, T completion slots, Y layers, N heads, K kv heads,
+Q = N / K, J = G * Q queries of a prompt per kv head, H head dim, C cache block, D model dim,
+V vocab.
 """
 
 import dataclasses
@@ -28,9 +33,7 @@ from jtc.models.model_config import ModelConfig
 
 @flax.struct.dataclass
 class GroupCache:
-  """The sampler's cache: one prompt block per prompt, one completion block per sample.
-
-  Rows b*G .. b*G + G - 1 are the G samples of prompt b; they all read prompt b's block.
+  """The sampler's cache: one prompt block per prompt, one completion block per row.
 
   Attributes:
     prompt_k_YBKPH, prompt_v_YBKPH: keys/values of the (left-padded) prompts.
@@ -39,7 +42,9 @@ class GroupCache:
       the completion length rounded up to whole blocks.
     v_YRKTH: completion values.
   After `split_cache` the four key / value fields are tuples of Y per-layer arrays.
-    length: [] int32, completion slots written so far (the next one to write).
+    length: completion slots written so far (the next one to write): [] int32 shared by every
+      row (rows b*G .. b*G + G - 1 are the samples of prompt b), or [R] int32 per row.
+    prompt_R: None (shared length), or [R] int32, the prompt each row reads (per-row lengths).
   """
   prompt_k_YBKPH: jax.Array
   prompt_v_YBKPH: jax.Array
@@ -47,14 +52,21 @@ class GroupCache:
   k_YRKHT: jax.Array
   v_YRKTH: jax.Array
   length: jax.Array
+  prompt_R: jax.Array | None = None
 
   @property
   def group_size(self) -> int:
     return self.k_YRKHT.shape[1] // self.prompt_k_YBKPH.shape[1]
 
+  @property
+  def per_row(self) -> bool:
+    """True for the decode slots of the continuous scheduler (own lengths and prompts)."""
+    return self.prompt_R is not None
+
 
 def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, num_samples: int,
-            max_new_tokens: int, block_size: int = 128, row_sharding=None):
+            max_new_tokens: int, block_size: int = 128, row_sharding=None,
+            slots: int | None = None):
   """Runs the left-padded prompts once and builds the sampler's `GroupCache`.
 
   Args:
@@ -65,6 +77,8 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
     block_size: C, completion slots per attention block in `decode_step`.
     row_sharding: None, or the prompts' activations and the cache constrained to it
       (`model_lib.constrain_rows`; the cache's R rows split even when the B prompts cannot).
+    slots: None (R = B * G rows sharing one length), or R = ``slots`` rows with their own
+      lengths and prompts, all empty (length 0, prompt 0) until `start_rows` starts them.
 
   Returns:
     (logits_BV float32 of the token after each prompt, an empty-completion `GroupCache`).
@@ -83,13 +97,27 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
   # Prompts are left-padded, so the last column predicts the first new token; only its
   # logits are computed (never [B, P, V]).
   logits_BV = model_lib.logits(params, c, model_lib.final_norm(params, x_BPD[:, -1:], c))[:, 0]
-  Y, R, K, H = c.n_layers, B * num_samples, c.n_kv_heads, c.head_dim
+  R = B * num_samples if slots is None else slots
+  Y, K, H = c.n_layers, c.n_kv_heads, c.head_dim
+  zeros = lambda *shape: jnp.zeros(shape, c.jnp_dtype)
   cache = GroupCache(prompt_k_YBKPH=k_YBKPH.astype(c.jnp_dtype),
                      prompt_v_YBKPH=v_YBKPH.astype(c.jnp_dtype),
-                     prompt_mask_BP=prompt_mask_BP.astype(bool), k_YRKHT=jnp.zeros(
-                         (Y, R, K, H, T_pad), c.jnp_dtype), v_YRKTH=jnp.zeros(
-                             (Y, R, K, T_pad, H), c.jnp_dtype), length=jnp.zeros((), jnp.int32))
+                     prompt_mask_BP=prompt_mask_BP.astype(bool), k_YRKHT=zeros(Y, R, K, H, T_pad),
+                     v_YRKTH=zeros(Y, R, K, T_pad, H), length=jnp.zeros(
+                         () if slots is None else (R,),
+                         jnp.int32), prompt_R=None if slots is None else jnp.zeros((R,), jnp.int32))
   return logits_BV, model_lib.constrain_rows(cache, row_sharding)
+
+
+def start_rows(cache: GroupCache, start_R, prompt_R) -> GroupCache:
+  """The rows where ``start_R`` ([R] bool) begin a new completion of prompt ``prompt_R``
+  ([R] int): no completion slot of theirs is live any more. Per-row caches only (`prefill` with
+  ``slots``); every per-row field a layer type adds is reset here."""
+  if not cache.per_row:
+    raise ValueError('start_rows: a cache with one shared length (prefill without slots) '
+                     'cannot start single rows')
+  return cache.replace(length=jnp.where(start_R, 0, cache.length),
+                       prompt_R=jnp.where(start_R, prompt_R, cache.prompt_R).astype(jnp.int32))
 
 
 def _online_update(state, scores_RKQC, v_RKCH):
@@ -106,34 +134,17 @@ def _online_update(state, scores_RKQC, v_RKCH):
   return new_m_RKQ, l_RKQ, o_RKQH * decay_RKQ[..., None] + pv_RKQH
 
 
-def _group_attention(q_R1NH, prompt_k_BKPH, prompt_v_BKPH, prompt_mask_BP, read_block, length,
-                     block_size, config: ModelConfig):
-  """One query per row against its prompt's block plus its own live completion prefix.
-
-  `read_block(start) -> (kt_RKHC, v_RKCH)` reads completion slots start .. start + C - 1 of
-  this layer (keys transposed, see `GroupCache`).
-
-  Part 1: the G rows of prompt b read prompt b's keys once ([B, K, J, P] scores, J = G * Q).
-  Part 2: the row's completion slots 0 .. length (inclusive: the new token is written
-  already), in blocks of C slots, block j for j <= length // C only. The two parts are
-  merged with the log-sum-exp identity softmax([a, b]) = [e^a, e^b] / (sum e^a + sum e^b).
-
-  Returns out_R1NH in the compute dtype.
-  """
-  c = config
+def _prompt_part(q_R1NH, prompt_k_BKPH, prompt_v_BKPH, prompt_mask_BP):
+  """Softmax statistics (m, l, o) of each row's query against its prompt's P slots; the G = R / B
+  rows of prompt b are rows b*G .. b*G + G - 1 and read its block once ([B, K, J, P] scores,
+  J = G * Q), as products summed in float32 (one fused pass over the prompt block)."""
   R, _, N, H = q_R1NH.shape
   B, K, P, _ = prompt_k_BKPH.shape
   G, Q = R // B, N // K
-  C = block_size
-  scale = 1.0 / math.sqrt(H)
-  dt = c.jnp_dtype
-
-  # The G*Q queries of prompt b and kv head k against that head's P prompt slots, as products
-  # summed in float32 (one fused pass over the prompt block; see `block` below).
   f32 = lambda x: x.astype(jnp.float32)
   q_BKJH = q_R1NH.reshape(B, G, K, Q, H).transpose(0, 2, 1, 3, 4).reshape(B, K, G * Q, H)
   scores_BKJP = jnp.sum(f32(q_BKJH)[:, :, :, None] * f32(prompt_k_BKPH)[:, :, None],
-                        axis=-1) * scale
+                        axis=-1) / math.sqrt(H)
   scores_BKJP = jnp.where(prompt_mask_BP[:, None, None, :], scores_BKJP, layers.MASKED)
   m1_BKJ = jnp.max(scores_BKJP, axis=-1)
   p_BKJP = jnp.exp(scores_BKJP - m1_BKJ[..., None])
@@ -141,9 +152,29 @@ def _group_attention(q_R1NH, prompt_k_BKPH, prompt_v_BKPH, prompt_mask_BP, read_
   o1_BKJH = jnp.sum(p_BKJP[..., None] * f32(prompt_v_BKPH)[:, :, None], axis=-2)
   to_rows = lambda x_BKJ_: x_BKJ_.reshape(B, K, G, Q, *x_BKJ_.shape[3:]).swapaxes(1, 2).reshape(
       R, K, Q, *x_BKJ_.shape[3:])
-  m1_RKQ, l1_RKQ, o1_RKQH = to_rows(m1_BKJ), to_rows(l1_BKJ), to_rows(o1_BKJH)
+  return to_rows(m1_BKJ), to_rows(l1_BKJ), to_rows(o1_BKJH)
 
-  q_RKQH = q_R1NH.reshape(R, K, Q, H)
+
+def _group_attention(q_R1NH, prompt_k_BKPH, prompt_v_BKPH, prompt_mask_BP, read_block, length,
+                     n_blocks, block_size, config: ModelConfig):
+  """One query per row against its prompt's block plus its own live completion prefix.
+
+  `read_block(start) -> (kt_RKHC, v_RKCH)` reads completion slots start .. start + C - 1 of
+  this layer (keys transposed, see `GroupCache`).
+
+  Part 1 (`_prompt_part`): the rows against their prompts' slots. Part 2: the row's completion
+  slots 0 .. length (inclusive: the new token is written already; ``length`` [] or [R]), in
+  blocks of C slots, block j for j <= max(length) // C only (at most ``n_blocks``). The two parts
+  are merged with the log-sum-exp identity softmax([a, b]) = [e^a, e^b] / (sum e^a + sum e^b).
+
+  Returns out_R1NH in the compute dtype.
+  """
+  R, _, N, H = q_R1NH.shape
+  K = prompt_k_BKPH.shape[1]
+  C = block_size
+  m1_RKQ, l1_RKQ, o1_RKQH = _prompt_part(q_R1NH, prompt_k_BKPH, prompt_v_BKPH, prompt_mask_BP)
+  q_RKQH = q_R1NH.reshape(R, K, N // K, H)
+  length_R111 = jnp.reshape(length, (-1, 1, 1, 1))
 
   def block(j, state):
     start = j * C
@@ -152,20 +183,21 @@ def _group_attention(q_R1NH, prompt_k_BKPH, prompt_v_BKPH, prompt_mask_BP, read_
     # block are contiguous for every (row, head, h) and the sum vectorises over them.
     scores_RKQC = jnp.sum(
         q_RKQH[..., None].astype(jnp.float32) * kt_RKHC[:, :, None].astype(jnp.float32),
-        axis=-2) * scale
-    live_C = start + jnp.arange(C) <= length
-    scores_RKQC = jnp.where(live_C, scores_RKQC, layers.MASKED)
+        axis=-2) / math.sqrt(H)
+    scores_RKQC = jnp.where(start + jnp.arange(C) <= length_R111, scores_RKQC, layers.MASKED)
     return _online_update(state, scores_RKQC, v_RKCH)
 
-  init = (jnp.full((R, K, Q), layers.MASKED, jnp.float32), jnp.zeros(
-      (R, K, Q), jnp.float32), jnp.zeros((R, K, Q, H), jnp.float32))
-  m2_RKQ, l2_RKQ, o2_RKQH = jax.lax.fori_loop(0, length // C + 1, block, init)
+  init = (jnp.full((R, K, N // K), layers.MASKED,
+                   jnp.float32), jnp.zeros((R, K, N // K),
+                                           jnp.float32), jnp.zeros((R, K, N // K, H), jnp.float32))
+  trips = jnp.minimum(jnp.max(length) // C + 1, n_blocks)
+  m2_RKQ, l2_RKQ, o2_RKQH = jax.lax.fori_loop(0, trips, block, init)
 
   m_RKQ = jnp.maximum(m1_RKQ, m2_RKQ)
   w1_RKQ, w2_RKQ = jnp.exp(m1_RKQ - m_RKQ), jnp.exp(m2_RKQ - m_RKQ)
   out_RKQH = ((o1_RKQH * w1_RKQ[..., None] + o2_RKQH * w2_RKQ[..., None]) /
               (l1_RKQ * w1_RKQ + l2_RKQ * w2_RKQ)[..., None])
-  return out_RKQH.reshape(R, 1, N, H).astype(dt)
+  return out_RKQH.reshape(R, 1, N, H).astype(config.jnp_dtype)
 
 
 def split_layers(params) -> dict:
@@ -190,17 +222,70 @@ def split_cache(cache: GroupCache) -> GroupCache:
                        v_YRKTH=split(cache.v_YRKTH))
 
 
+def _write(buf, new_RKH, length, time_axis, lead):
+  """``buf`` (this layer's completion keys [R, K, H, T'] with ``time_axis`` 3, or values
+  [R, K, T', H] with 2; stacked [Y, ...] behind a layer index ``lead`` = (i,)) with ``new_RKH``
+  written at slot ``length``: [] for every row (one slice), or [R] per row (a scatter)."""
+  new_RKH = new_RKH.astype(buf.dtype)
+  if jnp.ndim(length) == 0:
+    start = [0, 0, 0, 0]
+    start[time_axis] = length
+    update = jnp.expand_dims(new_RKH, time_axis)
+    return jax.lax.dynamic_update_slice(buf, update[None] if lead else update,
+                                        tuple(lead) + tuple(start))
+  index = [slice(None), slice(None)]
+  index.insert(time_axis - 1, length)
+  rows_R = jnp.arange(new_RKH.shape[0])
+  return buf.at[tuple(lead) + (rows_R,) + tuple(index)].set(new_RKH, mode='drop')
+
+
+def _read(buf, start, C, time_axis, lead):
+  """Slots start .. start + C - 1 of this layer's completion keys or values (as `_write`)."""
+  sizes = list(buf.shape[len(lead):])
+  sizes[time_axis] = C
+  offsets = [0] * len(sizes)
+  offsets[time_axis] = start
+  out = jax.lax.dynamic_slice(buf, tuple(lead) + tuple(offsets), (1,) * len(lead) + tuple(sizes))
+  return out[0] if lead else out
+
+
+def _layer(layer, x_R1D, sin, cos, prompt_kv, kv, i, cache: GroupCache, block_size, config):
+  """One block of a decode step. ``prompt_kv``: this layer's prompt keys/values [B, K, P, H];
+  ``kv``: this layer's completion (keys [R, K, H, T'], values [R, K, T', H]) or, with a layer
+  index ``i``, the stacked [Y, ...] ones. The new key/value go to slot ``cache.length`` first,
+  then blocks of C slots are read from the updated buffers. Returns (x_R1D, updated kv)."""
+  lead = () if i is None else (i,)
+  prompt_k_BKPH, prompt_v_BKPH = prompt_kv
+  prompt_mask_BP = cache.prompt_mask_BP
+  if cache.per_row:  # each row (slot) reads its own prompt's block
+    take = lambda x: jnp.take(x, cache.prompt_R, axis=0)
+    prompt_k_BKPH, prompt_v_BKPH, prompt_mask_BP = map(
+        take, (prompt_k_BKPH, prompt_v_BKPH, prompt_mask_BP))
+  n_blocks = kv[1].shape[-2] // block_size
+
+  def attend(q_R1NH, k_R1KH, v_R1KH):
+    written = (_write(kv[0], k_R1KH[:, 0], cache.length, 3,
+                      lead), _write(kv[1], v_R1KH[:, 0], cache.length, 2, lead))
+    read = lambda start: (_read(written[0], start, block_size, 3, lead),
+                          _read(written[1], start, block_size, 2, lead))
+    out_R1NH = _group_attention(q_R1NH, prompt_k_BKPH, prompt_v_BKPH, prompt_mask_BP, read,
+                                cache.length, n_blocks, block_size, config)
+    return out_R1NH, written
+
+  return layers.block(layer, x_R1D, sin, cos, attend, config)
+
+
 def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: GroupCache, *,
                 block_size: int = 128, row_sharding=None):
-  """One new token per row: written at completion slot `cache.length`, attending to the
-  row's prompt (shared by its group) and to its completion slots 0 .. length.
+  """One new token per row: written at completion slot `cache.length` (shared or per row),
+  attending to the row's prompt and to its completion slots 0 .. length.
 
   Args:
     params: parameters with stacked 'layers' (one `jax.lax.scan` over the layers: compile time
       flat in depth), or with 'layers' from `split_layers` together with a `split_cache`
       cache (a Python loop over per-layer arrays: no per-step weight copies on XLA:CPU,
       compile time linear in depth).
-    tokens_R: [R] int, the token each row feeds (R = B * G, groups contiguous).
+    tokens_R: [R] int, the token each row feeds.
     positions_R: [R] int RoPE positions of those tokens.
     cache: the `GroupCache` from `prefill` (or a previous step).
     block_size: C, completion slots per attention block (as in `prefill`).
@@ -217,59 +302,27 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
     raise ValueError('decode_step: split_layers(params) goes with split_cache(cache), and '
                      'stacked params with a stacked cache')
   C = min(block_size, cache.v_YRKTH[0].shape[-2])  # v: [(Y,) R, K, T', H]
-  t = cache.length
   sin_BLH, cos_BLH = layers.rope_sin_cos(positions_R[:, None], c)
   x_R1D = model_lib.constrain_rows(model_lib.embed_tokens(params, tokens_R[:, None], c),
                                    row_sharding)
-
-  def layer_step(x_R1D, layer, prompt_k_BKPH, prompt_v_BKPH, k_cache, v_cache, i):
-    """One block; `k_cache`, `v_cache` are this layer's ([R, K, H, T'], [R, K, T', H]) or, with
-    a layer index `i`, the stacked ([Y, ...]) completion caches. The new key/value go to slot
-    t first, then blocks of C slots are read from the updated buffers."""
-    lead = () if i is None else (i,)
-
-    def read(kv, start):
-      kt, v = kv
-      kt = jax.lax.dynamic_slice(kt, lead + (0, 0, 0, start),
-                                 (1,) * len(lead) + kt.shape[len(lead):-1] + (C,))
-      v = jax.lax.dynamic_slice(v, lead + (0, 0, start, 0),
-                                (1,) * len(lead) + v.shape[len(lead):-2] + (C, v.shape[-1]))
-      return (kt[0], v[0]) if lead else (kt, v)
-
-    def attend(q_R1NH, k_R1KH, v_R1KH):
-      kt_RKH1 = k_R1KH.transpose(0, 2, 3, 1)
-      v_RK1H = v_R1KH.transpose(0, 2, 1, 3)
-      expand = (lambda x: x[None]) if lead else (lambda x: x)
-      written = (jax.lax.dynamic_update_slice(k_cache,
-                                              expand(kt_RKH1).astype(k_cache.dtype),
-                                              lead + (0, 0, 0, t)),
-                 jax.lax.dynamic_update_slice(v_cache,
-                                              expand(v_RK1H).astype(v_cache.dtype),
-                                              lead + (0, 0, t, 0)))
-      out_R1NH = _group_attention(q_R1NH, prompt_k_BKPH, prompt_v_BKPH, cache.prompt_mask_BP,
-                                  lambda start: read(written, start), t, C, c)
-      return out_R1NH, written
-
-    return layers.block(layer, x_R1D, sin_BLH, cos_BLH, attend, c)
-
+  layer = lambda lay, x, pkv, kv, i: _layer(lay, x, sin_BLH, cos_BLH, pkv, kv, i, cache, C, c)
   if per_layer:
     ks, vs = [], []
-    for i, layer in enumerate(params['layers']):
-      x_R1D, (k_i, v_i) = layer_step(x_R1D, layer, cache.prompt_k_YBKPH[i], cache.prompt_v_YBKPH[i],
-                                     cache.k_YRKHT[i], cache.v_YRKTH[i], None)
+    for i, lay in enumerate(params['layers']):
+      x_R1D, (k_i, v_i) = layer(lay, x_R1D, (cache.prompt_k_YBKPH[i], cache.prompt_v_YBKPH[i]),
+                                (cache.k_YRKHT[i], cache.v_YRKTH[i]), None)
       ks.append(k_i)
       vs.append(v_i)
     k, v = tuple(ks), tuple(vs)
   else:
 
     def body(carry, xs):
-      x_R1D, k_all, v_all = carry
-      layer, prompt_k_BKPH, prompt_v_BKPH, i = xs
-      x_R1D, (k_all, v_all) = layer_step(x_R1D, layer, prompt_k_BKPH, prompt_v_BKPH, k_all, v_all,
-                                         i)
-      return (x_R1D, k_all, v_all), None
+      x_R1D, kv = carry
+      lay, prompt_k_BKPH, prompt_v_BKPH, i = xs
+      x_R1D, kv = layer(lay, x_R1D, (prompt_k_BKPH, prompt_v_BKPH), kv, i)
+      return (x_R1D, kv), None
 
     xs = (params['layers'], cache.prompt_k_YBKPH, cache.prompt_v_YBKPH, jnp.arange(c.n_layers))
-    (x_R1D, k, v), _ = jax.lax.scan(body, (x_R1D, cache.k_YRKHT, cache.v_YRKTH), xs)
+    (x_R1D, (k, v)), _ = jax.lax.scan(body, (x_R1D, (cache.k_YRKHT, cache.v_YRKTH)), xs)
   logits_RV = model_lib.logits(params, c, model_lib.final_norm(params, x_R1D, c))[:, 0]
-  return logits_RV, cache.replace(k_YRKHT=k, v_YRKTH=v, length=t + 1)
+  return logits_RV, cache.replace(k_YRKHT=k, v_YRKTH=v, length=cache.length + 1)

@@ -8,8 +8,10 @@ Every decode step (`jtc.models.decode.decode_step`) attends from the G rows of a
 prompt's block (read once per prompt, not once per row) and to the live prefix of their own
 completion cache, in fixed-size blocks up to the current length, so a step reads the
 parameters, B prompt blocks and R * (t + 1) completion slots instead of R * (P + T) slots.
-Decoding stops when every row has produced an EOS id or T = max_new_tokens tokens exist.
-Tokens after a row's EOS are `pad_id` with mask 0.
+A row ends at an EOS id or at T = max_new_tokens tokens; tokens after a row's EOS are `pad_id`
+with mask 0. Which rows a decode step runs is the scheduler's (`jtc.models.decode_loop`):
+'static' runs all R rows until the last has ended, 'continuous' runs O decode slots that each
+take the next (prompt, sample) pair when their row ends (the same samples either way).
 
 Sampling distribution at each step (float32): logits / temperature, then top-k (keep the k
 largest), then top-p (keep the smallest prefix of the sorted distribution whose mass reaches
@@ -19,12 +21,12 @@ behaviour log-probs). With `greedy=True` the token is the argmax and `logps` are
 log-probs under the unfiltered temperature-1 model distribution (a point mass would give 0).
 
 Everything inside `sample` is one jitted function, compiled once per
-(B, P, T, G, sampling-hyper-parameter) bucket; randomness comes only from `rng` (token t of
-every row is drawn with `fold_in(rng, t)`).
+(B, P, T, G, sampling-hyper-parameter, scheduler, slots) bucket; randomness comes only from
+`rng`: token t of row r is drawn with `fold_in(fold_in(rng, t), r)`, whatever the scheduler.
 
 Dimension key (docs/dimensions.md):
   B prompts, G samples per prompt, R = B * G rows, P prompt width, T max new tokens,
-  V vocab, D model dim, E population members (`sample_members`).
+  V vocab, D model dim, E population members (`sample_members`), O decode slots.
 """
 
 import functools
@@ -37,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jtc.models import decode
+from jtc.models import decode_loop
 from jtc.models import lora
 from jtc.models import model as model_lib
 
@@ -60,18 +63,6 @@ class SampleOutput:
   completion_mask_RT: jax.Array
   logps_RT: jax.Array
   truncated_R: jax.Array
-
-
-@flax.struct.dataclass
-class _DecodeState:
-  step: jax.Array  # [] int32, index of the next token to sample
-  logits_RV: jax.Array  # [R, V] float32, next-token logits
-  positions_R: jax.Array  # [R] int32, RoPE position of the next token
-  completion_RT: jax.Array
-  mask_RT: jax.Array
-  logps_RT: jax.Array
-  done_R: jax.Array  # [R] bool, EOS already produced
-  cache: decode.GroupCache
 
 
 # ----------------------------------------------------------------------------------------
@@ -122,10 +113,11 @@ def first_argmax(x_RV):
   return jnp.min(jnp.where(hit_RV, iota_V, x_RV.shape[-1]), axis=-1)
 
 
-def _choose(logits_RV, key, *, temperature, top_k, top_p, min_p, greedy):
-  """Returns (token_R int32, logp_R float32): the argmax (greedy) or a draw from
-  softmax(`sampling_logits`) by `jax.random.categorical`'s Gumbel-max rule (the same token for
-  the same key), and its log-softmax under the logits it was chosen from. Against jnp.argmax /
+def _choose(logits_RV, keys_R, *, temperature, top_k, top_p, min_p, greedy):
+  """Returns (token_R int32, logp_R float32): the argmax (greedy) or, row r with key
+  ``keys_R[r]``, a draw from softmax(`sampling_logits`) by `jax.random.categorical`'s Gumbel-max
+  rule (the same token for the same key), and its log-softmax under the logits it was chosen
+  from. Against jnp.argmax /
   jax.random.categorical and a [R, V] log-softmax, on a quiet 2-core CPU at 32 x 8192: greedy
   0.69 -> 0.17 ms, a temperature-1 draw 2.3 -> 0.9 ms (`benchmarks/sampler.py`)."""
   logits_RV = logits_RV.astype(jnp.float32)
@@ -134,7 +126,8 @@ def _choose(logits_RV, key, *, temperature, top_k, top_p, min_p, greedy):
   else:
     logits_RV = sampling_logits(logits_RV, temperature=temperature, top_k=top_k, top_p=top_p,
                                 min_p=min_p)
-    token_R = first_argmax(jax.random.gumbel(key, logits_RV.shape, logits_RV.dtype) + logits_RV)
+    gumbel = lambda key: jax.random.gumbel(key, logits_RV.shape[-1:], logits_RV.dtype)
+    token_R = first_argmax(jax.vmap(gumbel)(keys_R) + logits_RV)
   # log_softmax(logits)[token], without the [R, V] log-softmax.
   max_R1 = jnp.max(logits_RV, axis=-1, keepdims=True)
   chosen_R = jnp.take_along_axis(logits_RV, token_R[:, None], axis=-1)[:, 0]
@@ -146,25 +139,25 @@ def _choose(logits_RV, key, *, temperature, top_k, top_p, min_p, greedy):
 # The jitted sampler.
 
 _STATIC = ('config', 'num_samples', 'max_new_tokens', 'eos_ids', 'pad_id', 'temperature', 'top_k',
-           'top_p', 'min_p', 'greedy', 'block_size', 'layer_loop', 'row_sharding')
+           'top_p', 'min_p', 'greedy', 'block_size', 'layer_loop', 'row_sharding', 'scheduler',
+           'slots')
 LAYER_LOOPS = ('auto', 'scan', 'unroll')
 
 
 def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_samples,
                  max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, min_p, greedy,
-                 block_size, layer_loop, row_sharding=None):
-  B, P = prompt_tokens_BP.shape
+                 block_size, layer_loop, row_sharding=None, scheduler='static', slots=None):
   G, T = num_samples, max_new_tokens
-  R = B * G
   prompt_mask_BP = prompt_mask_BP.astype(jnp.int32)
   params = dict(params)  # a LoRA policy (`lora.Adapted`) read once, as the parameters
   choose = functools.partial(_choose, temperature=temperature, top_k=top_k, top_p=top_p,
                              min_p=min_p, greedy=greedy)
 
-  # Prefill once per prompt; the prompt cache stays [B, ...], shared by each group of G rows.
+  # Prefill once per prompt; the prompt cache stays [B, ...], shared by each prompt's G rows.
   logits_BV, cache = decode.prefill(params, config, prompt_tokens_BP, prompt_mask_BP, num_samples=G,
                                     max_new_tokens=T, block_size=block_size,
-                                    row_sharding=row_sharding)
+                                    row_sharding=row_sharding,
+                                    slots=slots if scheduler == 'continuous' else None)
   # Per-layer weights and caches sliced once, outside the loop, for an unrolled layer loop.
   decode_params = params
   if layer_loop == 'unroll':
@@ -172,48 +165,22 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
     # then slices (and re-lays-out) the stacked weights and prompt caches at every step.
     decode_params, cache = jax.lax.optimization_barrier(
         (decode.split_layers(params), decode.split_cache(cache)))
+  step = functools.partial(decode.decode_step, decode_params, config, block_size=block_size,
+                           row_sharding=row_sharding)
+
+  def draw(logits_OV, t_O, row_O):
+    keys_O = None if greedy else decode_loop.token_keys(rng, t_O, row_O)
+    return choose(logits_OV, keys_O)
+
+  out = decode_loop.run(step, draw, logits_BV, cache, jnp.sum(prompt_mask_BP, axis=-1),
+                        num_samples=G, max_new_tokens=T, eos_ids=eos_ids, pad_id=pad_id)
   repeat = lambda x: jnp.repeat(x, G, axis=0)
-  state = _DecodeState(step=jnp.zeros((), jnp.int32), logits_RV=repeat(logits_BV),
-                       positions_R=repeat(jnp.sum(prompt_mask_BP, axis=-1)), completion_RT=jnp.full(
-                           (R, T), pad_id, jnp.int32), mask_RT=jnp.zeros(
-                               (R, T), jnp.int32), logps_RT=jnp.zeros(
-                                   (R, T), jnp.float32), done_R=jnp.zeros((R,), bool), cache=cache)
-
-  def sample_token(state):
-    """Draw token `step` from `logits_RV` and write it (pad after EOS)."""
-    token_R, logp_R = choose(state.logits_RV, jax.random.fold_in(rng, state.step))
-    live_R = ~state.done_R
-    token_R = jnp.where(live_R, token_R, pad_id)
-    logp_R = jnp.where(live_R, logp_R, 0.0)
-    write = lambda buf_RT, col_R: jax.lax.dynamic_update_slice(buf_RT, col_R[:, None].astype(
-        buf_RT.dtype), (0, state.step))
-    is_eos_R = functools.reduce(jnp.logical_or, [token_R == e for e in eos_ids])
-    return state.replace(step=state.step + 1, completion_RT=write(state.completion_RT, token_R),
-                         mask_RT=write(state.mask_RT, live_R.astype(jnp.int32)),
-                         logps_RT=write(state.logps_RT,
-                                        logp_R), done_R=state.done_R | (live_R & is_eos_R))
-
-  def decode_step(state):
-    """Feed token `step - 1` (completion slot step - 1), then sample token `step`."""
-    prev = lambda buf_RT: jax.lax.dynamic_index_in_dim(buf_RT, state.step - 1, axis=1, keepdims=
-                                                       False)
-    mask_R = prev(state.mask_RT)
-    logits_RV, cache = decode.decode_step(decode_params, config, prev(state.completion_RT),
-                                          state.positions_R, state.cache, block_size=block_size,
-                                          row_sharding=row_sharding)
-    state = state.replace(logits_RV=logits_RV, positions_R=state.positions_R + mask_R, cache=cache)
-    return sample_token(state)
-
-  def not_finished(state):
-    return (state.step < T) & ~jnp.all(state.done_R)
-
-  state = jax.lax.while_loop(not_finished, decode_step, sample_token(state))
-  prompt_RP = repeat(prompt_tokens_BP).astype(jnp.int32)
   return SampleOutput(
-      tokens_RL=jnp.concatenate([prompt_RP, state.completion_RT], axis=1),
-      input_mask_RL=jnp.concatenate([repeat(prompt_mask_BP), state.mask_RT],
-                                    axis=1), completion_RT=state.completion_RT,
-      completion_mask_RT=state.mask_RT, logps_RT=state.logps_RT, truncated_R=~state.done_R)
+      tokens_RL=jnp.concatenate([repeat(prompt_tokens_BP).astype(jnp.int32), out.tokens_RT],
+                                axis=1),
+      input_mask_RL=jnp.concatenate([repeat(prompt_mask_BP), out.mask_RT],
+                                    axis=1), completion_RT=out.tokens_RT,
+      completion_mask_RT=out.mask_RT, logps_RT=out.logps_RT, truncated_R=~out.eos_R)
 
 
 _sample_jit = jax.jit(_sample_impl, static_argnames=_STATIC)
@@ -223,7 +190,8 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
            rng: jax.Array, num_samples: int, max_new_tokens: int, eos_id: int | Sequence[int],
            pad_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            min_p: float = 0.0, greedy: bool = False, block_size: int | None = None,
-           layer_loop: str = 'auto', row_sharding=None) -> SampleOutput:
+           layer_loop: str = 'auto', row_sharding=None, scheduler: str = 'static',
+           slots: int | None = None) -> SampleOutput:
   """Sample `num_samples` completions for each of B left-padded prompts.
 
   Args:
@@ -249,6 +217,11 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
       (`jtc.rl.sharding.RowSharding`) that the activations' rows and the cache are constrained
       to: the completion cache's R rows then split over the mesh's batch axes even when the
       B prompts cannot (B smaller than the devices). Same samples either way.
+    scheduler: which rows a decode step runs (`jtc.models.decode_loop`; same samples):
+      'static' (all R rows until the last has ended) or 'continuous' (``slots`` decode slots,
+      each taking the next (prompt, sample) pair when its row ends).
+    slots: O, the continuous scheduler's decode slots, 1 <= O <= R; None = `default_slots`
+      (as many as the devices' free memory holds, at most R). Only with 'continuous'.
 
   Returns:
     `SampleOutput` with R = B * num_samples rows.
@@ -258,7 +231,8 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
                         max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
                         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                         greedy=greedy, block_size=block_size, layer_loop=layer_loop,
-                        row_sharding=row_sharding)
+                        row_sharding=row_sharding, scheduler=scheduler, slots=slots,
+                        num_prompts=prompt_tokens_BP.shape[0])
   chex.assert_equal_shape([prompt_tokens_BP, prompt_mask_BP])
   return _sample_jit(params, prompt_tokens_BP, prompt_mask_BP, rng, **static)
 
@@ -276,7 +250,8 @@ def sample_members(params, config: model_lib.ModelConfig, prompt_tokens_EBP, pro
   if per_member and not np.all(np.asarray(temperature) > 0):
     raise ValueError(f'sample_members: temperature={temperature!r} must be > 0 for every member')
   static = _static_args(config, prompt_tokens_EBP.shape[-1],
-                        temperature=1.0 if per_member else temperature, **kwargs)
+                        temperature=1.0 if per_member else temperature,
+                        num_prompts=prompt_tokens_EBP.shape[1], **kwargs)
   return _sample_members_jit(params, prompt_tokens_EBP, prompt_mask_EBP, rng,
                              jnp.asarray(temperature, jnp.float32) if per_member else None,
                              **static)
@@ -284,9 +259,12 @@ def sample_members(params, config: model_lib.ModelConfig, prompt_tokens_EBP, pro
 
 def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temperature=1.0,
                  top_k=0, top_p=1.0, min_p=0.0, greedy=False, block_size=None, layer_loop='auto',
-                 row_sharding=None, platform=None):
-  """The sampler's static arguments, checked (a ValueError naming the bad one) and resolved."""
+                 row_sharding=None, scheduler='static', slots=None, num_prompts=None,
+                 platform=None):
+  """The sampler's static arguments, checked (a ValueError naming the bad one) and resolved.
+  ``num_prompts`` (B) resolves the continuous scheduler's default ``slots``."""
   V = config.vocab_size
+  R = None if num_prompts is None else num_prompts * num_samples
   eos_ids = tuple(int(e) for e in (eos_id if isinstance(eos_id, (tuple, list)) else [eos_id]))
   checks = {
       'num_samples': (num_samples, isinstance(num_samples, int) and num_samples >= 1, '>= 1'),
@@ -303,15 +281,23 @@ def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temp
       'block_size': (block_size, block_size is None or
                      isinstance(block_size, int) and block_size >= 1, 'a positive int or None'),
       'layer_loop': (layer_loop, layer_loop in LAYER_LOOPS, f'one of {list(LAYER_LOOPS)}'),
+      'scheduler': (scheduler, scheduler
+                    in decode_loop.SCHEDULERS, f'one of {list(decode_loop.SCHEDULERS)}'),
+      'slots': (slots, slots is None or
+                scheduler == 'continuous' and isinstance(slots, int) and 1 <= slots <=
+                (R or slots), f"None, or with scheduler='continuous' an int in [1, "
+                f"{R or 'the rows B x num_samples'}]"),
   }
   for name, (value, ok, valid) in checks.items():
     if not ok:
       raise ValueError(f'sample: {name}={value!r} is invalid; must be {valid}')
+  block = resolve_block_size(block_size, max_new_tokens, platform)
   return dict(config=config, num_samples=num_samples, max_new_tokens=max_new_tokens,
               eos_ids=eos_ids, pad_id=int(pad_id), temperature=float(temperature), top_k=int(top_k),
-              top_p=float(top_p), min_p=float(min_p), greedy=bool(greedy),
-              block_size=resolve_block_size(block_size, max_new_tokens, platform),
-              layer_loop=resolve_layer_loop(layer_loop, platform), row_sharding=row_sharding)
+              top_p=float(top_p), min_p=float(min_p), greedy=bool(greedy), block_size=block,
+              layer_loop=resolve_layer_loop(layer_loop, platform), row_sharding=row_sharding,
+              scheduler=scheduler, slots=_resolve_slots(scheduler, slots, R, config, max_new_tokens,
+                                                        block))
 
 
 def _sample_members_impl(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E, temperature_E,
@@ -330,6 +316,57 @@ def _sample_members_impl(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E, temp
 
 
 _sample_members_jit = jax.jit(_sample_members_impl, static_argnames=_STATIC)
+
+SLOT_MEMORY_FRACTION = 0.5  # of the devices' free memory the continuous scheduler's slots take
+
+
+def row_bytes(config: model_lib.ModelConfig, max_new_tokens: int, block_size: int) -> int:
+  """Bytes a decode row (a slot) holds: its completion keys and values in every layer (T rounded
+  up to whole blocks) and three float32 [V] rows (its logits, the noise and filtered logits)."""
+  c = config
+  T_pad = -(-max_new_tokens // block_size) * block_size
+  kv = c.n_layers * 2 * c.n_kv_heads * c.head_dim * T_pad * jnp.dtype(c.jnp_dtype).itemsize
+  return int(kv + 3 * 4 * c.vocab_size)
+
+
+def free_device_bytes() -> int | None:
+  """The local devices' free memory (limit minus in use, summed), or None where a device does
+  not report it (XLA:CPU)."""
+  free = 0
+  for device in jax.local_devices():
+    stats = device.memory_stats()
+    if not stats or 'bytes_limit' not in stats:
+      return None
+    free += stats['bytes_limit'] - stats.get('bytes_in_use', 0)
+  return free
+
+
+def default_slots(config: model_lib.ModelConfig, rows: int, max_new_tokens: int, block_size: int,
+                  free_bytes: int | None) -> int:
+  """The continuous scheduler's slot count when none is given: the rows whose `row_bytes` fit
+  in `SLOT_MEMORY_FRACTION` of ``free_bytes`` (all ``rows`` where it is None), at least 1."""
+  if free_bytes is None:
+    return rows
+  fit = int(SLOT_MEMORY_FRACTION * free_bytes) // row_bytes(config, max_new_tokens, block_size)
+  return max(1, min(rows, fit))
+
+
+@functools.lru_cache(maxsize=None)
+def _memory_slots(config, rows, max_new_tokens, block_size):
+  """`default_slots` from the free memory at the first call of this shape, then kept (a slot
+  count that followed every change of free memory would recompile the sampler)."""
+  return default_slots(config, rows, max_new_tokens, block_size, free_device_bytes())
+
+
+def _resolve_slots(scheduler, slots, rows, config, max_new_tokens, block_size):
+  """None under 'static'; the given or the memory-derived slot count under 'continuous'."""
+  if scheduler != 'continuous':
+    return None
+  if slots is not None:
+    return int(slots)
+  if rows is None:
+    raise ValueError("sample: scheduler='continuous' needs slots (or the prompt count)")
+  return _memory_slots(config, rows, max_new_tokens, block_size)
 
 
 def resolve_block_size(block_size: int | None, max_new_tokens: int,

@@ -25,6 +25,7 @@ from jtc.data import pipeline as data_lib
 from jtc.models import model as model_lib
 from jtc.models import logprobs
 from jtc.data import rewards as rewards_lib
+from jtc.models import decode_loop
 from jtc.models import sampler as sampler_lib
 from jtc.objectives import corrections
 from jtc.rl import population as population_lib
@@ -81,7 +82,9 @@ class Generator:
   call (0 = all at once); ``population``: the members whose policies sample together (the
   functions below take and return one value per member, `population_lib.Population`);
   ``mesh``: the devices' mesh, over whose batch axes the sampler splits its KV cache's rows
-  (`sharding_lib.RowSharding`; None: the cache follows the prompts' sharding).
+  (`sharding_lib.RowSharding`; None: the cache follows the prompts' sharding); ``scheduler``,
+  ``slots``: the sampler's (`jtc.models.decode_loop`; slots None: derived from memory, and at
+  most a call's rows).
   """
   model_config: model_lib.ModelConfig
   tokenizer: Any
@@ -93,6 +96,8 @@ class Generator:
   to_device: Callable = jnp.asarray
   population: population_lib.Population = population_lib.SINGLE
   mesh: Any = None
+  scheduler: str = 'static'
+  slots: int | None = None
 
   @classmethod
   def from_config(cls, c, model_config, tokenizer, task, *, to_device=jnp.asarray,
@@ -107,7 +112,9 @@ class Generator:
     return cls(model_config=model_config, tokenizer=tokenizer, reward_fn=reward_fn,
                prompt_width=c.data.prompt_width, chat_template=c.data.chat_template,
                prompt_suffix=c.data.prompt_suffix, chunk_prompts=c.rollout.chunk_prompts,
-               to_device=to_device, population=population, mesh=mesh)
+               to_device=to_device, population=population, mesh=mesh,
+               scheduler=c.rollout.get('scheduler',
+                                       'static'), slots=c.rollout.get('decode_slots', None))
 
   def close(self):
     """Ends the verifier's worker processes, if it has any."""
@@ -138,8 +145,11 @@ class Generator:
     ]
     tokens_BP = self.to_device(pop.stack([t for t, _ in encoded]))
     mask_BP = self.to_device(pop.stack([m for _, m in encoded]))
+    rows = len(prompts_M[0]) * sampling['num_samples']
     kwargs = dict(sampling, eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id,
-                  row_sharding=None if self.mesh is None else sharding_lib.RowSharding(self.mesh))
+                  row_sharding=None if self.mesh is None else sharding_lib.RowSharding(self.mesh),
+                  scheduler=self.scheduler,
+                  slots=None if self.slots is None else min(self.slots, rows))
     if temperature is not None:
       kwargs['temperature'] = temperature if pop.batched else float(temperature)
     sample = sampler_lib.sample_members if pop.batched else sampler_lib.sample
@@ -336,6 +346,7 @@ def check_config(c):
                     behaviour_logps=c.rollout.behaviour_logps)
   checks.choice('config.rollout.sampler_dtype', c.rollout.sampler_dtype,
                 ('', 'float32', 'bfloat16'))
+  check_scheduler(c)
   checks.in_range('config.rollout.policy_lag', c.rollout.policy_lag, low=0, integer=True)
   checks.choice('config.rollout.policy_lag_mode', c.rollout.policy_lag_mode,
                 ('behaviour', 'decoupled'))
@@ -356,3 +367,19 @@ def check_config(c):
   checks.in_range('config.dapo.overlong_buffer', c.dapo.overlong_buffer, low=0,
                   high=c.rollout.sampling.max_new_tokens, high_open=True, integer=True)
   checks.in_range('config.dapo.overlong_penalty', c.dapo.overlong_penalty, low=0.0)
+
+
+def check_scheduler(c):
+  """config.rollout.scheduler and decode_slots: 1 <= slots <= the rows of one sampler call, and
+  only with the continuous scheduler."""
+  checks.choice('config.rollout.scheduler', c.rollout.scheduler, decode_loop.SCHEDULERS)
+  slots = c.rollout.decode_slots
+  if slots is None:
+    return
+  rows = (c.rollout.chunk_prompts or c.rollout.prompts_per_step) * c.rollout.sampling.num_samples
+  if c.rollout.scheduler != 'continuous':
+    raise ValueError(f'config.rollout.decode_slots={slots} needs '
+                     "config.rollout.scheduler='continuous' (the static scheduler runs every row)")
+  if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= rows:
+    raise ValueError(f'config.rollout.decode_slots={slots!r} must be an int in [1, {rows}] (the '
+                     'rows of one sampler call: chunk_prompts or prompts_per_step x num_samples)')

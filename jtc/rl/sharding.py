@@ -152,16 +152,19 @@ def shard_batch(tree, mesh: Mesh):
 def cache_shardings(cache, mesh: Mesh):
   """Shardings for a `model.KVCache` or `decode.GroupCache`: keys/values [Y, B, K, S, H] over
   (-, batch, kv_heads, -, -) (the group cache's transposed completion keys [Y, R, K, H, S]
-  likewise), masks [B, S] over (batch, -), counters replicated."""
+  likewise), masks [B, S] over (batch, -), per-row lengths and prompts [R] over (batch,),
+  shared counters replicated."""
   kv = lambda x, axes=model_lib.CACHE_AXES: named_sharding(mesh, axes, x.shape)
   mask = lambda x: named_sharding(mesh, model_lib.CACHE_MASK_AXES, x.shape)
   if isinstance(cache, decode.GroupCache):
     k_axes = model_lib.CACHE_AXES[:3] + model_lib.CACHE_AXES[:2:-1]  # [Y, R, K, H, S]
+    rows = lambda x: None if x is None else (replicated(mesh) if x.ndim == 0 else named_sharding(
+        mesh, ('batch',), x.shape))
     return decode.GroupCache(prompt_k_YBKPH=kv(cache.prompt_k_YBKPH),
                              prompt_v_YBKPH=kv(cache.prompt_v_YBKPH),
                              prompt_mask_BP=mask(cache.prompt_mask_BP),
-                             k_YRKHT=kv(cache.k_YRKHT,
-                                        k_axes), v_YRKTH=kv(cache.v_YRKTH), length=replicated(mesh))
+                             k_YRKHT=kv(cache.k_YRKHT, k_axes), v_YRKTH=kv(cache.v_YRKTH),
+                             length=rows(cache.length), prompt_R=rows(cache.prompt_R))
   return model_lib.KVCache(k=kv(cache.k), v=kv(cache.v), mask_BS=mask(cache.mask_BS),
                            index=replicated(mesh))
 

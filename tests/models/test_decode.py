@@ -77,3 +77,49 @@ def test_layouts_must_match(setup):
   with pytest.raises(ValueError, match='split_layers'):
     decode.decode_step(decode.split_layers(params), config, jnp.zeros(4, jnp.int32),
                        jnp.zeros(4, jnp.int32), cache)
+
+
+@pytest.mark.parametrize('split', [False, True])
+def test_per_row_slots_started_at_different_steps_equal_full_forwards(setup, split):
+  """A cache of 3 slots with their own lengths and prompts (`prefill(slots=3)`): slot 1 is
+  restarted on another prompt after two steps (`start_rows`), so the slots hold 2, 5 and 5
+  tokens of different prompts; each slot's logits equal one forward pass of its own sequence."""
+  config, params, prompt_BP, mask_BP, completion_RT = setup
+  _, cache = decode.prefill(params, config, prompt_BP, mask_BP, num_samples=G, max_new_tokens=T,
+                            block_size=BLOCK, slots=3)
+  assert cache.per_row and cache.length.shape == (3,) and cache.k_YRKHT.shape[1] == 3
+  decode_params = params
+  if split:
+    decode_params, cache = decode.split_layers(params), decode.split_cache(cache)
+  step = jax.jit(
+      lambda p, tok, pos, cache: decode.decode_step(p, config, tok, pos, cache, block_size=BLOCK))
+  lengths_B = jnp.sum(mask_BP, axis=1)
+  prompt_O = jnp.array([1, 0, 1])
+  cache = decode.start_rows(cache, jnp.ones(3, bool), prompt_O)
+  fed = [[], [], []]  # the tokens each slot has fed since its start
+  tokens_OT = completion_RT[:3]
+  for t in range(5):
+    if t == 2:
+      prompt_O = prompt_O.at[1].set(1)
+      cache = decode.start_rows(cache, jnp.array([False, True, False]), prompt_O)
+      fed[1] = []
+    token_O = jnp.array([tokens_OT[o, len(fed[o])] for o in range(3)])
+    positions_O = lengths_B[prompt_O] + jnp.array([len(f) for f in fed])
+    logits_OV, cache = step(decode_params, token_O, positions_O, cache)
+    for o in range(3):
+      fed[o].append(int(token_O[o]))
+  np.testing.assert_array_equal(cache.length, [5, 3, 5])
+  for o in range(3):
+    b, n = int(prompt_O[o]), len(fed[o])
+    tokens = jnp.concatenate([prompt_BP[b], jnp.asarray(fed[o], jnp.int32)])[None]
+    mask = jnp.concatenate([mask_BP[b], jnp.ones(n, jnp.int32)])[None]
+    want = model_lib.forward(params, config, tokens, model_lib.positions_from_mask(mask),
+                             mask).logits_BLV[0, -1]
+    np.testing.assert_allclose(logits_OV[o], want, rtol=1e-4, atol=1e-4)
+
+
+def test_start_rows_needs_a_per_row_cache(setup):
+  config, params, prompt_BP, mask_BP, _ = setup
+  _, cache = decode.prefill(params, config, prompt_BP, mask_BP, num_samples=G, max_new_tokens=T)
+  with pytest.raises(ValueError, match='start_rows'):
+    decode.start_rows(cache, jnp.ones(4, bool), jnp.zeros(4, jnp.int32))

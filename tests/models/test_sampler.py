@@ -130,8 +130,9 @@ def test_filters_keep_exactly_the_specified_sets():
 
 
 def test_first_argmax_and_choose_match_jax_argmax_categorical_and_log_softmax():
-  """The sampler's token choice is jnp.argmax / jax.random.categorical exactly (ties, -inf from
-  the filters, a NaN), and its log-prob is log_softmax of the logits the token was drawn from."""
+  """The sampler's token choice is jnp.argmax / jax.random.categorical of each row with its own
+  key exactly (ties, -inf from the filters, a NaN), and its log-prob is log_softmax of the logits
+  the token was drawn from."""
   rng = np.random.default_rng(0)
   x = rng.integers(-3, 3, (64, 37)).astype(np.float32)  # many ties
   x[0, :] = -np.inf
@@ -142,14 +143,14 @@ def test_first_argmax_and_choose_match_jax_argmax_categorical_and_log_softmax():
   for kw in (dict(greedy=True), dict(top_k=5), dict(top_p=0.7, temperature=0.8)):
     kw = dict(dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, greedy=False), **kw)
     for seed in range(3):
-      key = jax.random.key(seed)
-      token, logp = sampler_lib._choose(logits, key, **kw)  # pylint: disable=protected-access
+      keys = jax.random.split(jax.random.key(seed), 64)
+      token, logp = sampler_lib._choose(logits, keys, **kw)  # pylint: disable=protected-access
       if kw['greedy']:
         want, ref = jnp.argmax(logits, axis=-1), logits
       else:
         ref = sampler_lib.sampling_logits(logits, temperature=kw['temperature'], top_k=kw['top_k'],
                                           top_p=kw['top_p'], min_p=kw['min_p'])
-        want = jax.random.categorical(key, ref, axis=-1)
+        want = jax.vmap(jax.random.categorical)(keys, ref)
       np.testing.assert_array_equal(token, want)
       np.testing.assert_allclose(logp,
                                  jax.nn.log_softmax(ref)[np.arange(64), want], rtol=1e-6, atol=1e-6)

@@ -6,6 +6,12 @@ must give the same tokens, masks and truncation flags and log-probs equal within
 rounding: greedy and sampled, with EOS inside the window and rows that run out of it, left
 padding (prompts of different lengths), G = 1 and G > 1, several completion-block sizes, the
 scanned and the unrolled layer loop.
+
+The reference draws token t of every row from one key, fold_in(rng, t), with
+`jax.random.categorical` over all rows at once; today's sampler draws row r's token t with
+fold_in(fold_in(rng, t), r), so that a row's draws do not depend on which rows decode beside it
+(`jtc.models.decode_loop`). The reference runs here with that one line of today's convention:
+`jax.random.categorical` folds each row's index into the step key it is given.
 """
 import jax
 import jax.numpy as jnp
@@ -28,6 +34,19 @@ CONFIGS = {
         model_lib.ModelConfig.tiny(vocab_size=23, n_layers=2, d_model=32, n_heads=2, n_kv_heads=2,
                                    head_dim=16, d_ff=48, tie_embeddings=False, attn_bias=True),
 }
+
+
+@pytest.fixture(autouse=True)
+def row_keyed_draws(monkeypatch):
+  """`jax.random.categorical(key, logits_RV)` -> row r drawn with fold_in(key, r) (see above)."""
+  categorical = jax.random.categorical
+
+  def per_row(key, logits_RV, axis=-1):
+    assert axis == -1 and logits_RV.ndim == 2
+    rows_R = jnp.arange(logits_RV.shape[0])
+    return jax.vmap(lambda r, x: categorical(jax.random.fold_in(key, r), x))(rows_R, logits_RV)
+
+  monkeypatch.setattr(jax.random, 'categorical', per_row)
 
 
 def _params(config, seed):

@@ -110,6 +110,11 @@ CHILD = textwrap.dedent('''
                             **static_kw)
     np.testing.assert_array_equal(s8.tokens_RL, s1.tokens_RL)
     np.testing.assert_allclose(s8.logps_RT, s1.logps_RT, rtol=1e-5, atol=1e-5)
+    # The continuous scheduler's 4 slots (per-row lengths and prompts) split 4 ways likewise.
+    s8 = sampler_lib.sample(sharded_params, config, *few, rng=jax.random.key(4), row_sharding=cs,
+                            scheduler='continuous', slots=4, **static_kw)
+    np.testing.assert_array_equal(s8.tokens_RL, s1.tokens_RL)
+    np.testing.assert_allclose(s8.logps_RT, s1.logps_RT, rtol=1e-5, atol=1e-5)
 
     def per_device_keys(row_sharding, shape):
       fn, static = sampler_lib.program(config, P, members=False, platform='cpu',
