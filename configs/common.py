@@ -162,6 +162,11 @@ def get_config(arg=None):
   # The continuous scheduler's slots (None: as many as half the devices' free memory holds, at
   # most the rows of a sampler call; fewer slots than rows is where it gains).
   c.rollout.decode_slots = ml_collections.config_dict.placeholder(int)
+  # The weights' layout while decoding (jtc.rl.sharding.decode_layout): tensor (resharded once per
+  # sampler call, whole over the data/fsdp axes: no per-step gathers) | fsdp (the training layout,
+  # gathered at every decode step) | auto (tensor where a chip's share fits a quarter of its
+  # free memory).
+  c.rollout.decode_layout = 'auto'
 
   c.advantage = ConfigDict()
   c.advantage.name = 'grpo'  # grpo | dr_grpo | rloo

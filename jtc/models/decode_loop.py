@@ -24,8 +24,60 @@ import jax
 import jax.numpy as jnp
 
 from jtc.models import decode
+from jtc.models.model_config import ModelConfig
 
 SCHEDULERS = ('static', 'continuous')
+
+SLOT_MEMORY_FRACTION = 0.5  # of the devices' free memory the continuous scheduler's slots take
+
+
+def row_bytes(config: ModelConfig, max_new_tokens: int, block_size: int) -> int:
+  """Bytes a decode row (a slot) holds: its completion keys and values in every layer (T rounded
+  up to whole blocks) and three float32 [V] rows (its logits, the noise and filtered logits)."""
+  c = config
+  T_pad = -(-max_new_tokens // block_size) * block_size
+  kv = c.n_layers * 2 * c.n_kv_heads * c.head_dim * T_pad * jnp.dtype(c.jnp_dtype).itemsize
+  return int(kv + 3 * 4 * c.vocab_size)
+
+
+def free_device_bytes() -> int | None:
+  """The local devices' free memory (limit minus in use, summed), or None where a device does
+  not report it (XLA:CPU)."""
+  free = 0
+  for device in jax.local_devices():
+    stats = device.memory_stats()
+    if not stats or 'bytes_limit' not in stats:
+      return None
+    free += stats['bytes_limit'] - stats.get('bytes_in_use', 0)
+  return free
+
+
+def default_slots(config: ModelConfig, rows: int, max_new_tokens: int, block_size: int,
+                  free_bytes: int | None) -> int:
+  """The continuous scheduler's slot count when none is given: the rows whose `row_bytes` fit
+  in `SLOT_MEMORY_FRACTION` of ``free_bytes`` (all ``rows`` where it is None), at least 1."""
+  if free_bytes is None:
+    return rows
+  fit = int(SLOT_MEMORY_FRACTION * free_bytes) // row_bytes(config, max_new_tokens, block_size)
+  return max(1, min(rows, fit))
+
+
+@functools.lru_cache(maxsize=None)
+def _memory_slots(config, rows, max_new_tokens, block_size):
+  """`default_slots` from the free memory at the first call of this shape, then kept (a slot
+  count that followed every change of free memory would recompile the sampler)."""
+  return default_slots(config, rows, max_new_tokens, block_size, free_device_bytes())
+
+
+def resolve_slots(scheduler, slots, rows, config, max_new_tokens, block_size):
+  """None under 'static'; the given or the memory-derived slot count under 'continuous'."""
+  if scheduler != 'continuous':
+    return None
+  if slots is not None:
+    return int(slots)
+  if rows is None:
+    raise ValueError("sample: scheduler='continuous' needs slots (or the prompt count)")
+  return _memory_slots(config, rows, max_new_tokens, block_size)
 
 
 def token_keys(rng, t_O, row_O):

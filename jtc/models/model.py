@@ -380,21 +380,21 @@ CACHE_AXES = ('layers', 'batch', 'kv_heads', 'cache_length', 'head_dim')
 CACHE_MASK_AXES = ('batch', 'cache_length')
 
 
+def leaf_logical_axes(path):
+  """Logical axis names of the parameter at tree ``path`` (None: not a model parameter, e.g. a
+  LoRA factor); parameters under 'layers' get the stacked 'layers' axis first."""
+  names = _PARAM_AXES.get(tuple(p.key for p in path[-2:]))
+  return names and (('layers',) + names if path[0].key == 'layers' else names)
+
+
 def param_logical_axes(params) -> Any:
-  """A pytree like `params` whose leaves are tuples of logical axis names; parameters under
-  'layers' get the stacked 'layers' axis first."""
+  """A pytree like `params` whose leaves are tuples of logical axis names (`leaf_logical_axes`)."""
 
   def axes(path, leaf):
-    key = tuple(p.key for p in path[-2:])
-    if key not in _PARAM_AXES:
-      raise ValueError(f'no logical axes for parameter {jax.tree_util.keystr(path)}; '
-                       f'known: {sorted(_PARAM_AXES)}')
-    names = _PARAM_AXES[key]
-    if path[0].key == 'layers':
-      names = ('layers',) + names
-    if len(names) != leaf.ndim:
-      raise ValueError(f'parameter {jax.tree_util.keystr(path)} has shape {leaf.shape}, '
-                       f'expected rank {len(names)} for axes {names}')
+    names = leaf_logical_axes(path)
+    if names is None or len(names) != leaf.ndim:
+      raise ValueError(f'no logical axes for parameter {jax.tree_util.keystr(path)} of shape '
+                       f'{leaf.shape}: expected one of {sorted(_PARAM_AXES)} with axes {names}')
     return names
 
   return jax.tree_util.tree_map_with_path(axes, params)

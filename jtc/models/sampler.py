@@ -140,16 +140,19 @@ def _choose(logits_RV, keys_R, *, temperature, top_k, top_p, min_p, greedy):
 
 _STATIC = ('config', 'num_samples', 'max_new_tokens', 'eos_ids', 'pad_id', 'temperature', 'top_k',
            'top_p', 'min_p', 'greedy', 'block_size', 'layer_loop', 'row_sharding', 'scheduler',
-           'slots')
+           'slots', 'decode_layout')
 LAYER_LOOPS = ('auto', 'scan', 'unroll')
 
 
 def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_samples,
                  max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, min_p, greedy,
-                 block_size, layer_loop, row_sharding=None, scheduler='static', slots=None):
+                 block_size, layer_loop, row_sharding=None, scheduler='static', slots=None,
+                 decode_layout=None):
   G, T = num_samples, max_new_tokens
   prompt_mask_BP = prompt_mask_BP.astype(jnp.int32)
   params = dict(params)  # a LoRA policy (`lora.Adapted`) read once, as the parameters
+  if decode_layout is not None:  # resharded once, outside the loop: no per-step weight gathers
+    params = decode_layout(params)
   choose = functools.partial(_choose, temperature=temperature, top_k=top_k, top_p=top_p,
                              min_p=min_p, greedy=greedy)
 
@@ -191,7 +194,7 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
            pad_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            min_p: float = 0.0, greedy: bool = False, block_size: int | None = None,
            layer_loop: str = 'auto', row_sharding=None, scheduler: str = 'static',
-           slots: int | None = None) -> SampleOutput:
+           slots: int | None = None, decode_layout=None) -> SampleOutput:
   """Sample `num_samples` completions for each of B left-padded prompts.
 
   Args:
@@ -220,8 +223,11 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
     scheduler: which rows a decode step runs (`jtc.models.decode_loop`; same samples):
       'static' (all R rows until the last has ended) or 'continuous' (``slots`` decode slots,
       each taking the next (prompt, sample) pair when its row ends).
-    slots: O, the continuous scheduler's decode slots, 1 <= O <= R; None = `default_slots`
-      (as many as the devices' free memory holds, at most R). Only with 'continuous'.
+    slots: O, the continuous scheduler's decode slots, 1 <= O <= R; None =
+      `decode_loop.default_slots` (what the devices' free memory holds, at most R).
+    decode_layout: None, or a hashable function constraining the parameters to the layout the
+      decode steps read them in (`jtc.rl.sharding.DecodeLayout`: whole over the batch axes), applied
+      once before the decode loop, so that no step gathers weights. Same samples either way.
 
   Returns:
     `SampleOutput` with R = B * num_samples rows.
@@ -232,7 +238,7 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
                         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                         greedy=greedy, block_size=block_size, layer_loop=layer_loop,
                         row_sharding=row_sharding, scheduler=scheduler, slots=slots,
-                        num_prompts=prompt_tokens_BP.shape[0])
+                        decode_layout=decode_layout, num_prompts=prompt_tokens_BP.shape[0])
   chex.assert_equal_shape([prompt_tokens_BP, prompt_mask_BP])
   return _sample_jit(params, prompt_tokens_BP, prompt_mask_BP, rng, **static)
 
@@ -259,8 +265,8 @@ def sample_members(params, config: model_lib.ModelConfig, prompt_tokens_EBP, pro
 
 def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temperature=1.0,
                  top_k=0, top_p=1.0, min_p=0.0, greedy=False, block_size=None, layer_loop='auto',
-                 row_sharding=None, scheduler='static', slots=None, num_prompts=None,
-                 platform=None):
+                 row_sharding=None, scheduler='static', slots=None, decode_layout=None,
+                 num_prompts=None, platform=None):
   """The sampler's static arguments, checked (a ValueError naming the bad one) and resolved.
   ``num_prompts`` (B) resolves the continuous scheduler's default ``slots``."""
   V = config.vocab_size
@@ -296,8 +302,8 @@ def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temp
               eos_ids=eos_ids, pad_id=int(pad_id), temperature=float(temperature), top_k=int(top_k),
               top_p=float(top_p), min_p=float(min_p), greedy=bool(greedy), block_size=block,
               layer_loop=resolve_layer_loop(layer_loop, platform), row_sharding=row_sharding,
-              scheduler=scheduler, slots=_resolve_slots(scheduler, slots, R, config, max_new_tokens,
-                                                        block))
+              scheduler=scheduler, decode_layout=decode_layout,
+              slots=decode_loop.resolve_slots(scheduler, slots, R, config, max_new_tokens, block))
 
 
 def _sample_members_impl(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E, temperature_E,
@@ -316,57 +322,6 @@ def _sample_members_impl(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E, temp
 
 
 _sample_members_jit = jax.jit(_sample_members_impl, static_argnames=_STATIC)
-
-SLOT_MEMORY_FRACTION = 0.5  # of the devices' free memory the continuous scheduler's slots take
-
-
-def row_bytes(config: model_lib.ModelConfig, max_new_tokens: int, block_size: int) -> int:
-  """Bytes a decode row (a slot) holds: its completion keys and values in every layer (T rounded
-  up to whole blocks) and three float32 [V] rows (its logits, the noise and filtered logits)."""
-  c = config
-  T_pad = -(-max_new_tokens // block_size) * block_size
-  kv = c.n_layers * 2 * c.n_kv_heads * c.head_dim * T_pad * jnp.dtype(c.jnp_dtype).itemsize
-  return int(kv + 3 * 4 * c.vocab_size)
-
-
-def free_device_bytes() -> int | None:
-  """The local devices' free memory (limit minus in use, summed), or None where a device does
-  not report it (XLA:CPU)."""
-  free = 0
-  for device in jax.local_devices():
-    stats = device.memory_stats()
-    if not stats or 'bytes_limit' not in stats:
-      return None
-    free += stats['bytes_limit'] - stats.get('bytes_in_use', 0)
-  return free
-
-
-def default_slots(config: model_lib.ModelConfig, rows: int, max_new_tokens: int, block_size: int,
-                  free_bytes: int | None) -> int:
-  """The continuous scheduler's slot count when none is given: the rows whose `row_bytes` fit
-  in `SLOT_MEMORY_FRACTION` of ``free_bytes`` (all ``rows`` where it is None), at least 1."""
-  if free_bytes is None:
-    return rows
-  fit = int(SLOT_MEMORY_FRACTION * free_bytes) // row_bytes(config, max_new_tokens, block_size)
-  return max(1, min(rows, fit))
-
-
-@functools.lru_cache(maxsize=None)
-def _memory_slots(config, rows, max_new_tokens, block_size):
-  """`default_slots` from the free memory at the first call of this shape, then kept (a slot
-  count that followed every change of free memory would recompile the sampler)."""
-  return default_slots(config, rows, max_new_tokens, block_size, free_device_bytes())
-
-
-def _resolve_slots(scheduler, slots, rows, config, max_new_tokens, block_size):
-  """None under 'static'; the given or the memory-derived slot count under 'continuous'."""
-  if scheduler != 'continuous':
-    return None
-  if slots is not None:
-    return int(slots)
-  if rows is None:
-    raise ValueError("sample: scheduler='continuous' needs slots (or the prompt count)")
-  return _memory_slots(config, rows, max_new_tokens, block_size)
 
 
 def resolve_block_size(block_size: int | None, max_new_tokens: int,

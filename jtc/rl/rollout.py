@@ -84,7 +84,8 @@ class Generator:
   ``mesh``: the devices' mesh, over whose batch axes the sampler splits its KV cache's rows
   (`sharding_lib.RowSharding`; None: the cache follows the prompts' sharding); ``scheduler``,
   ``slots``: the sampler's (`jtc.models.decode_loop`; slots None: derived from memory, and at
-  most a call's rows).
+  most a call's rows); ``decode_layout``: None or the `sharding_lib.DecodeLayout` the sampler
+  reshards the weights to once per call (`sharding_lib.decode_layout`).
   """
   model_config: model_lib.ModelConfig
   tokenizer: Any
@@ -98,6 +99,7 @@ class Generator:
   mesh: Any = None
   scheduler: str = 'static'
   slots: int | None = None
+  decode_layout: Any = None
 
   @classmethod
   def from_config(cls, c, model_config, tokenizer, task, *, to_device=jnp.asarray,
@@ -109,12 +111,15 @@ class Generator:
     reward_fn = rewards_lib.make_reward_fn(
         reward, workers=c.data.verify_workers,
         timeout_s=c.data.verify_timeout_s) if reward else task.reward_fn
-    return cls(model_config=model_config, tokenizer=tokenizer, reward_fn=reward_fn,
-               prompt_width=c.data.prompt_width, chat_template=c.data.chat_template,
-               prompt_suffix=c.data.prompt_suffix, chunk_prompts=c.rollout.chunk_prompts,
-               to_device=to_device, population=population, mesh=mesh,
-               scheduler=c.rollout.get('scheduler',
-                                       'static'), slots=c.rollout.get('decode_slots', None))
+    return cls(
+        model_config=model_config, tokenizer=tokenizer, reward_fn=reward_fn,
+        prompt_width=c.data.prompt_width, chat_template=c.data.chat_template,
+        prompt_suffix=c.data.prompt_suffix, chunk_prompts=c.rollout.chunk_prompts,
+        to_device=to_device, population=population, mesh=mesh,
+        scheduler=c.rollout.get('scheduler', 'static'), slots=c.rollout.get('decode_slots', None),
+        decode_layout=sharding_lib.decode_layout(c.rollout.get('decode_layout', 'auto'), mesh,
+                                                 _param_bytes(model_config),
+                                                 decode_loop.free_device_bytes()))
 
   def close(self):
     """Ends the verifier's worker processes, if it has any."""
@@ -148,7 +153,7 @@ class Generator:
     rows = len(prompts_M[0]) * sampling['num_samples']
     kwargs = dict(sampling, eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id,
                   row_sharding=None if self.mesh is None else sharding_lib.RowSharding(self.mesh),
-                  scheduler=self.scheduler,
+                  scheduler=self.scheduler, decode_layout=self.decode_layout,
                   slots=None if self.slots is None else min(self.slots, rows))
     if temperature is not None:
       kwargs['temperature'] = temperature if pop.batched else float(temperature)
@@ -160,6 +165,11 @@ class Generator:
     return tuple(
         self.tokenizer.decode(row[m > 0].tolist())
         for row, m in zip(completion_BT, completion_mask_BT))
+
+
+def _param_bytes(model_config):
+  shapes = jax.eval_shape(model_lib.init_params, model_config, jax.random.key(0))
+  return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
 
 
 def generate(gen, params, prompts_M, answers_M, rng, sampling, temperature=None):
@@ -373,6 +383,8 @@ def check_scheduler(c):
   """config.rollout.scheduler and decode_slots: 1 <= slots <= the rows of one sampler call, and
   only with the continuous scheduler."""
   checks.choice('config.rollout.scheduler', c.rollout.scheduler, decode_loop.SCHEDULERS)
+  checks.choice('config.rollout.decode_layout', c.rollout.decode_layout,
+                sharding_lib.DECODE_LAYOUTS)
   slots = c.rollout.decode_slots
   if slots is None:
     return

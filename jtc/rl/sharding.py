@@ -186,6 +186,48 @@ class RowSharding:
     return jax.tree_util.tree_map(lambda x: batch_sharding(self.mesh, x.shape), tree)
 
 
+# The sampler's decode layout (`DecodeLayout`): a decode step multiplies every weight by one token
+# per row, so a weight split over the batch axes ('embed' over 'fsdp') would be gathered again at
+# every step; the sampler reshards the weights once per call instead, whole over the batch axes
+# and still split over 'tensor', and frees that copy when the call returns.
+DECODE_AXIS_RULES = {**LOGICAL_AXIS_RULES, 'embed': None}
+DECODE_LAYOUTS = ('auto', 'fsdp', 'tensor')
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeLayout:
+  """params -> the same parameters constrained to the decode layout (`DECODE_AXIS_RULES`;
+  leaves that are not model parameters, a LoRA policy's factors, as they are). Hashable, a
+  static argument of the sampler, which calls it once, before its decode loop."""
+  mesh: Mesh
+
+  def __call__(self, params):
+
+    def constrain(path, x):
+      names = model_lib.leaf_logical_axes(path)
+      if names is None or len(names) != x.ndim:
+        return x
+      spec = logical_to_spec(names, x.shape, self.mesh, DECODE_AXIS_RULES)
+      return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+    return jax.tree_util.tree_map_with_path(constrain, params)
+
+
+def decode_layout(name: str, mesh: Mesh | None, param_bytes: int, free_bytes: int | None):
+  """The sampler's ``decode_layout`` argument for config.rollout.decode_layout ``name``: None
+  (the training layout: 'fsdp', no mesh, or nothing split over the batch axes) or a
+  `DecodeLayout`. 'auto' takes 'tensor' when a chip's share of the ``param_bytes`` (1 / the
+  tensor axis) is at most a quarter of its ``free_bytes`` (always when a device reports none)."""
+  if name not in DECODE_LAYOUTS:
+    raise ValueError(f'config.rollout.decode_layout={name!r} is not one of {list(DECODE_LAYOUTS)}')
+  if name == 'fsdp' or mesh is None or mesh.shape['fsdp'] == 1:
+    return None
+  per_chip = param_bytes / mesh.shape['tensor']
+  if name == 'auto' and free_bytes is not None and per_chip > free_bytes / mesh.devices.size / 4:
+    return None
+  return DecodeLayout(mesh)
+
+
 def host_local_to_global(tree, mesh: Mesh):
   """Assemble per-process [B_local, ...] batches into global [B, ...] arrays on `mesh`."""
 

@@ -14,7 +14,10 @@ from jtc.rl import sharding
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CHILD = textwrap.dedent('''
+    import dataclasses
+    import math
     import os
+    import re
     os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
     os.environ['JAX_PLATFORMS'] = 'cpu'
     import jax
@@ -26,6 +29,7 @@ CHILD = textwrap.dedent('''
     from jtc.models import logprobs
     from jtc.models import model as model_lib
     from jtc.models import sampler as sampler_lib
+    from jtc.plan import hlo
     from jtc.rl import sharding
 
     assert len(jax.devices()) == 8, jax.devices()
@@ -123,6 +127,57 @@ CHILD = textwrap.dedent('''
       return f'f32[{shape}]' in text
 
     assert per_device_keys(cs, f'1,2,1,8,{T}') and not per_device_keys(None, f'1,2,1,8,{T}')
+
+    # The decode layout: the weights resharded once per sampler call, whole over the batch axes
+    # (still split over 'tensor'): the same samples, and no all-gather of a weight inside the
+    # decode loop, where the training layout (fsdp 4, tensor 2, two rows per device) gathers
+    # them at every step (the control).
+    # Two layers: a one-layer model's weights are loop invariants XLA hoists out of the loop.
+    config2 = dataclasses.replace(config, n_layers=2)
+    params2 = model_lib.init_params(config2, jax.random.key(1))
+    mesh4 = sharding.make_mesh(data=1, fsdp=4, tensor=2)
+    sharded2 = sharding.shard_params(params2, mesh4)
+    four = sharding.shard_batch((jnp.asarray(prompt[:4]), jnp.asarray(prompt_mask[:4])), mesh4)
+
+    def compiled(decode_layout):
+      """(the sampler's compiled program, its shapes all-gathered inside the decode loop: the
+      entry's largest while loop)."""
+      fn, static = sampler_lib.program(config2, P, members=False, platform='cpu',
+                                       row_sharding=sharding.RowSharding(mesh4),
+                                       decode_layout=decode_layout, **dict(static_kw, num_samples=2))
+      program = fn.lower(sharded2, *four, jax.random.key(4), **static).compile()
+      comps, entry = hlo.parse(program.as_text())
+      loop = max((reachable(comps, re.search(r'body=%?([\\w.\\-]+)', i.rest).group(1))
+                  for i in comps[entry].instrs if i.op == 'while'),
+                 key=lambda names: sum(len(comps[n].instrs) for n in names))
+      return program, {dims for n in loop for i in comps[n].instrs
+                       if i.op.startswith('all-gather') for _, dims in hlo._arrays(i.shape)}
+
+    def reachable(comps, name):
+      seen, todo = set(), [name]
+      while todo:
+        name = todo.pop()
+        if name not in seen and name in comps:
+          seen.add(name)
+          for i in comps[name].instrs:
+            todo += re.findall(r'(?:calls|body|condition|to_apply)=%?([\\w.\\-]+)', i.rest)
+      return seen
+
+    def decode_shard(path, x):  # a weight's per-device shape in the decode layout (no layer axis)
+      spec = sharding.logical_to_spec(model_lib.leaf_logical_axes(path), x.shape, mesh4,
+                                      sharding.DECODE_AXIS_RULES)
+      split = lambda a: math.prod(mesh4.shape[n] for n in ((a,) if isinstance(a, str) else a or ()))
+      return tuple(n // split(a) for n, a in zip(x.shape, spec))[int(path[0].key == 'layers'):]
+
+    weights = {decode_shard(p, x) for p, x in jax.tree_util.tree_flatten_with_path(params2)[0]}
+    weights = {w for w in weights if len(w) > 1}  # norm scales are never split
+    train, train_gathers = compiled(None)
+    resharded, resharded_gathers = compiled(sharding.DecodeLayout(mesh4))
+    assert weights & train_gathers, (weights, train_gathers)
+    assert not weights & resharded_gathers, weights & resharded_gathers
+    want, got = (p(sharded2, *four, jax.random.key(4)) for p in (train, resharded))
+    np.testing.assert_array_equal(got.tokens_RL, want.tokens_RL)
+    np.testing.assert_allclose(got.logps_RT, want.logps_RT, rtol=1e-5, atol=1e-5)
 
     cache = model_lib.init_cache(config, B, P + T)
     c_sh = sharding.cache_shardings(cache, mesh)
