@@ -65,8 +65,8 @@ class GroupCache:
 
 
 def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, num_samples: int,
-            max_new_tokens: int, block_size: int = 128, row_sharding=None,
-            slots: int | None = None):
+            max_new_tokens: int, block_size: int = 128, row_sharding=None, slots: int | None = None,
+            return_routing: bool = False):
   """Runs the left-padded prompts once and builds the sampler's `GroupCache`.
 
   Args:
@@ -79,9 +79,12 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
       (`model_lib.constrain_rows`; the cache's R rows split even when the B prompts cannot).
     slots: None (R = B * G rows sharing one length), or R = ``slots`` rows with their own
       lengths and prompts, all empty (length 0, prompt 0) until `start_rows` starts them.
+    return_routing: also return the experts each prompt token was routed to in each layer,
+      int [B, P, Y, W] (a mixture-of-experts model; None for a dense one).
 
   Returns:
-    (logits_BV float32 of the token after each prompt, an empty-completion `GroupCache`).
+    (logits_BV float32 of the token after each prompt, an empty-completion `GroupCache`
+    (, experts_BPYW)).
   """
   chex.assert_rank([prompt_tokens_BP, prompt_mask_BP], 2)
   chex.assert_equal_shape([prompt_tokens_BP, prompt_mask_BP])
@@ -92,21 +95,25 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
   sin_BLH, cos_BLH = layers.rope_sin_cos(model_lib.positions_from_mask(prompt_mask_BP), c)
   x_BPD = model_lib.constrain_rows(model_lib.embed_tokens(params, prompt_tokens_BP, c),
                                    row_sharding)
-  x_BPD, (k_YBKPH, v_YBKPH) = model_lib.trunk(params, dataclasses.replace(c, remat=False), x_BPD,
-                                              sin_BLH, cos_BLH, prompt_mask_BP, return_kv=True)
+  x_BPD, (k_YBKPH, v_YBKPH), routed = model_lib.trunk(params, dataclasses.replace(c, remat=False),
+                                                      x_BPD, sin_BLH, cos_BLH, prompt_mask_BP,
+                                                      return_kv=True)
   # Prompts are left-padded, so the last column predicts the first new token; only its
   # logits are computed (never [B, P, V]).
   logits_BV = model_lib.logits(params, c, model_lib.final_norm(params, x_BPD[:, -1:], c))[:, 0]
   R = B * num_samples if slots is None else slots
   Y, K, H = c.n_layers, c.n_kv_heads, c.head_dim
   zeros = lambda *shape: jnp.zeros(shape, c.jnp_dtype)
+  per_row = lambda: None if slots is None else jnp.zeros((R,), jnp.int32)
   cache = GroupCache(prompt_k_YBKPH=k_YBKPH.astype(c.jnp_dtype),
                      prompt_v_YBKPH=v_YBKPH.astype(c.jnp_dtype),
                      prompt_mask_BP=prompt_mask_BP.astype(bool), k_YRKHT=zeros(Y, R, K, H, T_pad),
                      v_YRKTH=zeros(Y, R, K, T_pad, H), length=jnp.zeros(
-                         () if slots is None else (R,),
-                         jnp.int32), prompt_R=None if slots is None else jnp.zeros((R,), jnp.int32))
-  return logits_BV, model_lib.constrain_rows(cache, row_sharding)
+                         (), jnp.int32) if slots is None else per_row(), prompt_R=per_row())
+  cache = model_lib.constrain_rows(cache, row_sharding)
+  if return_routing:
+    return logits_BV, cache, None if routed is None else routed.experts_BLW.transpose(1, 2, 0, 3)
+  return logits_BV, cache
 
 
 def start_rows(cache: GroupCache, start_R, prompt_R) -> GroupCache:
@@ -253,7 +260,8 @@ def _layer(layer, x_R1D, sin, cos, prompt_kv, kv, i, cache: GroupCache, block_si
   """One block of a decode step. ``prompt_kv``: this layer's prompt keys/values [B, K, P, H];
   ``kv``: this layer's completion (keys [R, K, H, T'], values [R, K, T', H]) or, with a layer
   index ``i``, the stacked [Y, ...] ones. The new key/value go to slot ``cache.length`` first,
-  then blocks of C slots are read from the updated buffers. Returns (x_R1D, updated kv)."""
+  then blocks of C slots are read from the updated buffers. Returns (x_R1D, updated kv, the
+  layer's `moe.Routed` or None)."""
   lead = () if i is None else (i,)
   prompt_k_BKPH, prompt_v_BKPH = prompt_kv
   prompt_mask_BP = cache.prompt_mask_BP
@@ -276,7 +284,7 @@ def _layer(layer, x_R1D, sin, cos, prompt_kv, kv, i, cache: GroupCache, block_si
 
 
 def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: GroupCache, *,
-                block_size: int = 128, row_sharding=None):
+                block_size: int = 128, row_sharding=None, return_routing: bool = False):
   """One new token per row: written at completion slot `cache.length` (shared or per row),
   attending to the row's prompt and to its completion slots 0 .. length.
 
@@ -290,9 +298,11 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
     cache: the `GroupCache` from `prefill` (or a previous step).
     block_size: C, completion slots per attention block (as in `prefill`).
     row_sharding: as in `prefill` (the rows' activations).
+    return_routing: also return the experts the fed tokens were routed to in each layer, int
+      [R, Y, W] (a mixture-of-experts model; None for a dense one).
 
   Returns:
-    (logits_RV float32 of the next token, the cache with length + 1).
+    (logits_RV float32 of the next token, the cache with length + 1(, experts_RYW)).
   """
   chex.assert_rank([tokens_R, positions_R], 1)
   chex.assert_equal_shape([tokens_R, positions_R])
@@ -307,22 +317,28 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
                                    row_sharding)
   layer = lambda lay, x, pkv, kv, i: _layer(lay, x, sin_BLH, cos_BLH, pkv, kv, i, cache, C, c)
   if per_layer:
-    ks, vs = [], []
+    ks, vs, routed = [], [], []
     for i, lay in enumerate(params['layers']):
-      x_R1D, (k_i, v_i) = layer(lay, x_R1D, (cache.prompt_k_YBKPH[i], cache.prompt_v_YBKPH[i]),
-                                (cache.k_YRKHT[i], cache.v_YRKTH[i]), None)
+      x_R1D, (k_i, v_i), routed_i = layer(lay, x_R1D,
+                                          (cache.prompt_k_YBKPH[i], cache.prompt_v_YBKPH[i]),
+                                          (cache.k_YRKHT[i], cache.v_YRKTH[i]), None)
       ks.append(k_i)
       vs.append(v_i)
+      routed.append(routed_i)
     k, v = tuple(ks), tuple(vs)
+    routed = None if routed[0] is None else jax.tree.map(lambda *xs: jnp.stack(xs), *routed)
   else:
 
     def body(carry, xs):
       x_R1D, kv = carry
       lay, prompt_k_BKPH, prompt_v_BKPH, i = xs
-      x_R1D, kv = layer(lay, x_R1D, (prompt_k_BKPH, prompt_v_BKPH), kv, i)
-      return (x_R1D, kv), None
+      x_R1D, kv, routed = layer(lay, x_R1D, (prompt_k_BKPH, prompt_v_BKPH), kv, i)
+      return (x_R1D, kv), routed
 
     xs = (params['layers'], cache.prompt_k_YBKPH, cache.prompt_v_YBKPH, jnp.arange(c.n_layers))
-    (x_R1D, (k, v)), _ = jax.lax.scan(body, (x_R1D, (cache.k_YRKHT, cache.v_YRKTH)), xs)
+    (x_R1D, (k, v)), routed = jax.lax.scan(body, (x_R1D, (cache.k_YRKHT, cache.v_YRKTH)), xs)
   logits_RV = model_lib.logits(params, c, model_lib.final_norm(params, x_R1D, c))[:, 0]
-  return logits_RV, cache.replace(k_YRKHT=k, v_YRKTH=v, length=cache.length + 1)
+  cache = cache.replace(k_YRKHT=k, v_YRKTH=v, length=cache.length + 1)
+  if return_routing:  # routed.experts_BLW: [Y, R, 1, W]
+    return logits_RV, cache, None if routed is None else routed.experts_BLW[:, :, 0].swapaxes(0, 1)
+  return logits_RV, cache

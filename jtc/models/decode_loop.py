@@ -1,20 +1,21 @@
 """The sampler's decode loop and its two schedulers (`jtc.models.sampler.sample(scheduler=...)`).
 
-  static      the R = B * G rows of a call decode side by side from the first token until the
+  static      the B * G rows of a call decode side by side from the first token until the
               last of them has ended (EOS or T tokens): every step runs all R rows, the ended
               ones too, so a call takes as many steps as its longest completion.
-  continuous  O <= R decode slots: when a slot's row ends, the slot takes the next (prompt,
-              sample) pair of the call; a call takes about sum(lengths) / O steps of O rows
-              (and at least as many as its longest completion).
+  continuous  a number of decode slots (at most B * G): when a slot's row ends, the slot takes
+              the next (prompt, sample) pair of the call; with R slots a call takes about
+              sum(lengths) / R steps of R rows (and at least as many as its longest completion).
 
 Both keep each prompt's keys/values once (`decode.GroupCache`: its rows are the R samples, or
-the O slots with their own lengths and prompts) and run inside one `jax.lax.while_loop`, with
+the decode slots with their own lengths and prompts) and run inside one `jax.lax.while_loop`, with
 no host round-trip per token. Token t of row r = b * G + g (sample g of prompt b) is drawn with
 the key ``fold_in(fold_in(rng, t), r)`` (`token_keys`), so both schedulers draw the same tokens
 and log-probs for the same key, whatever the slot count.
 
-Dimension key (docs/dimensions.md): B prompts, G samples per prompt, R = B * G rows, O decode
-slots (O = R under `static`), T max new tokens, V vocab.
+Dimension key (docs/dimensions.md): B prompts, G samples per prompt, R the rows one decode step
+runs (the B * G samples under `static`, the decode slots under `continuous`), T max new tokens,
+V vocab.
 """
 
 import functools
@@ -80,88 +81,91 @@ def resolve_slots(scheduler, slots, rows, config, max_new_tokens, block_size):
   return _memory_slots(config, rows, max_new_tokens, block_size)
 
 
-def token_keys(rng, t_O, row_O):
-  """[O] keys: token ``t_O`` of row ``row_O`` is drawn with fold_in(fold_in(rng, t), row)."""
-  return jax.vmap(lambda t, r: jax.random.fold_in(jax.random.fold_in(rng, t), r))(t_O, row_O)
+def token_keys(rng, t_R, row_R):
+  """[R] keys: token ``t_R`` of sampler row ``row_R`` is drawn with fold_in(fold_in(rng, t), row)."""
+  return jax.vmap(lambda t, r: jax.random.fold_in(jax.random.fold_in(rng, t), r))(t_R, row_R)
 
 
 @flax.struct.dataclass
 class Completions:
-  """What a call samples, row b * G + g = sample g of prompt b.
+  """What a call samples: sample g of prompt b (the sampler's row b * G + g).
 
   Attributes:
-    tokens_RT: int32 completion tokens, ``pad_id`` after a row's end.
-    mask_RT: int32, 1 on sampled tokens (up to and including EOS).
-    logps_RT: float32 log-probs of the sampled tokens under the sampling distribution.
-    eos_R: bool, the row ended with an EOS id (not at T tokens).
+    tokens_BGT: int32 completion tokens, ``pad_id`` after a row's end.
+    mask_BGT: int32, 1 on sampled tokens (up to and including EOS).
+    logps_BGT: float32 log-probs of the sampled tokens under the sampling distribution.
+    eos_BG: bool, the row ended with an EOS id (not at T tokens).
   """
-  tokens_RT: jax.Array
-  mask_RT: jax.Array
-  logps_RT: jax.Array
-  eos_R: jax.Array
+  tokens_BGT: jax.Array
+  mask_BGT: jax.Array
+  logps_BGT: jax.Array
+  eos_BG: jax.Array
 
   @classmethod
-  def empty(cls, R, T, pad_id):
-    return cls(tokens_RT=jnp.full((R, T), pad_id, jnp.int32), mask_RT=jnp.zeros((R, T), jnp.int32),
-               logps_RT=jnp.zeros((R, T), jnp.float32), eos_R=jnp.zeros((R,), bool))
+  def empty(cls, B, G, T, pad_id):
+    return cls(tokens_BGT=jnp.full((B, G, T), pad_id, jnp.int32), mask_BGT=jnp.zeros(
+        (B, G, T), jnp.int32), logps_BGT=jnp.zeros((B, G, T), jnp.float32), eos_BG=jnp.zeros((B, G),
+                                                                                             bool))
 
-  def write(self, row_O, t_O, token_O, logp_O, eos_O):
-    """Token ``t_O`` of row ``row_O`` (a row >= R, an idle slot's, writes nothing)."""
-    R = self.eos_R.shape[0]
-    at = lambda buf_RT, x_O: buf_RT.at[row_O, t_O].set(x_O.astype(buf_RT.dtype), mode='drop')
-    return self.replace(tokens_RT=at(self.tokens_RT,
-                                     token_O), mask_RT=at(self.mask_RT, jnp.ones_like(token_O)),
-                        logps_RT=at(self.logps_RT, logp_O),
-                        eos_R=self.eos_R.at[jnp.where(eos_O, row_O, R)].set(True, mode='drop'))
+  def write(self, row_R, t_R, token_R, logp_R, eos_R):
+    """Token ``t_R`` of sampler row ``row_R`` = b * G + g (a row >= B * G writes nothing)."""
+    B, G = self.eos_BG.shape
+    b_R, g_R = row_R // G, row_R % G
+    at = lambda buf, x_R: buf.at[b_R, g_R, t_R].set(x_R.astype(buf.dtype), mode='drop')
+    return self.replace(tokens_BGT=at(self.tokens_BGT,
+                                      token_R), mask_BGT=at(self.mask_BGT, jnp.ones_like(token_R)),
+                        logps_BGT=at(self.logps_BGT, logp_R),
+                        eos_BG=self.eos_BG.at[jnp.where(eos_R, b_R, B), g_R].set(True, mode='drop'))
 
 
 @flax.struct.dataclass
 class _Slots:
-  """The loop's state: what each of the O decode slots runs, the cache, the outputs."""
-  row_O: jax.Array  # int32, the row the slot runs (R: none yet)
-  t_O: jax.Array  # int32, index of that row's next token
-  token_O: jax.Array  # int32, the last token drawn (the next decode step feeds it)
-  positions_O: jax.Array  # int32, RoPE position of token_O
-  live_O: jax.Array  # bool, the slot's row has not ended
-  logits_OV: jax.Array  # float32, logits of token t_O
+  """The loop's state: what each of the R rows of a decode step (the decode slots) runs, the
+  cache, the outputs."""
+  row_R: jax.Array  # int32, the sampler row b * G + g the slot runs (B * G: none yet)
+  t_R: jax.Array  # int32, index of that row's next token
+  token_R: jax.Array  # int32, the last token drawn (the next decode step feeds it)
+  positions_R: jax.Array  # int32, RoPE position of token_R
+  live_R: jax.Array  # bool, the slot's row has not ended
+  logits_RV: jax.Array  # float32, logits of token t_R
   cache: decode.GroupCache
-  next_row: jax.Array  # [] int32, the next row to start
+  next_row: jax.Array  # [] int32, the next sampler row to start
   out: Completions
 
 
 def _start(s: _Slots, logits_BV, prompt_lengths_B, G):
-  """Every idle slot takes the next row not started yet, in slot order (rank among the idle
-  ones): its first token's logits come from the prompt's prefill."""
+  """Every idle slot takes the next sampler row not started yet, in slot order (rank among the
+  idle ones): its first token's logits come from the prompt's prefill."""
   B = logits_BV.shape[0]
-  idle_O = ~s.live_O
-  row_O = s.next_row + jnp.cumsum(idle_O) - 1
-  start_O = idle_O & (row_O < B * G)
-  row_O = jnp.where(start_O, row_O, s.row_O)
-  b_O = jnp.minimum(row_O // G, B - 1)
+  idle_R = ~s.live_R
+  row_R = s.next_row + jnp.cumsum(idle_R) - 1
+  start_R = idle_R & (row_R < B * G)
+  row_R = jnp.where(start_R, row_R, s.row_R)
+  b_R = jnp.minimum(row_R // G, B - 1)
   cache = s.cache
   if cache.per_row:
-    cache = decode.start_rows(cache, start_O, b_O)
-  return s.replace(row_O=row_O, t_O=jnp.where(start_O, 0, s.t_O),
-                   positions_O=jnp.where(start_O, prompt_lengths_B[b_O], s.positions_O),
-                   live_O=s.live_O | start_O, logits_OV=jnp.where(start_O[:, None], logits_BV[b_O],
-                                                                  s.logits_OV), cache=cache,
-                   next_row=s.next_row + jnp.sum(start_O, dtype=jnp.int32))
+    cache = decode.start_rows(cache, start_R, b_R)
+  return s.replace(row_R=row_R, t_R=jnp.where(start_R, 0, s.t_R),
+                   positions_R=jnp.where(start_R, prompt_lengths_B[b_R], s.positions_R),
+                   live_R=s.live_R | start_R, logits_RV=jnp.where(start_R[:, None], logits_BV[b_R],
+                                                                  s.logits_RV), cache=cache,
+                   next_row=s.next_row + jnp.sum(start_R, dtype=jnp.int32))
 
 
 def _draw(s: _Slots, draw, T, eos_ids, pad_id):
   """Each live slot draws its row's token t, written to the outputs; a slot whose row ended
   (EOS, or T tokens) goes idle (a per-row cache then reads none of its completion slots)."""
-  R = s.out.eos_R.shape[0]
-  token_O, logp_O = draw(s.logits_OV, s.t_O, s.row_O)
-  live_O = s.live_O
-  token_O = jnp.where(live_O, token_O, pad_id)
-  eos_O = live_O & functools.reduce(jnp.logical_or, [token_O == e for e in eos_ids])
-  out = s.out.write(jnp.where(live_O, s.row_O, R), s.t_O, token_O, logp_O, eos_O)
-  ended_O = live_O & (eos_O | (s.t_O + 1 >= T))
+  B, G = s.out.eos_BG.shape
+  token_R, logp_R = draw(s.logits_RV, s.t_R, s.row_R)
+  live_R = s.live_R
+  token_R = jnp.where(live_R, token_R, pad_id)
+  eos_R = live_R & functools.reduce(jnp.logical_or, [token_R == e for e in eos_ids])
+  out = s.out.write(jnp.where(live_R, s.row_R, B * G), s.t_R, token_R, logp_R, eos_R)
+  ended_R = live_R & (eos_R | (s.t_R + 1 >= T))
   cache = s.cache
   if cache.per_row:
-    cache = decode.start_rows(cache, ended_O, cache.prompt_R)
-  return s.replace(token_O=token_O, t_O=s.t_O + 1, live_O=live_O & ~ended_O, out=out, cache=cache)
+    cache = decode.start_rows(cache, ended_R, cache.prompt_R)
+  return s.replace(token_R=token_R, t_R=s.t_R + 1, live_R=live_R & ~ended_R, out=out, cache=cache)
 
 
 def run(step, draw, logits_BV, cache: decode.GroupCache, prompt_lengths_B, *, num_samples,
@@ -169,36 +173,38 @@ def run(step, draw, logits_BV, cache: decode.GroupCache, prompt_lengths_B, *, nu
   """Decodes G = ``num_samples`` completions of each of B prompts.
 
   Args:
-    step: fn(tokens_O, positions_O, cache) -> (logits_OV, cache), one `decode.decode_step`.
-    draw: fn(logits_OV, t_O, row_O) -> (token_O, logp_O): token t of row r (`token_keys`).
+    step: fn(tokens_R, positions_R, cache) -> (logits_RV, cache), one `decode.decode_step` of the
+      cache's R rows.
+    draw: fn(logits_RV, t_R, row_R) -> (token_R, logp_R): token t of sampler row b * G + g
+      (`token_keys`).
     logits_BV: float32 logits of each prompt's first new token (`decode.prefill`).
-    cache: the prefilled `GroupCache`: a shared length (R rows: the `static` scheduler) or per
-      row (its rows are the O slots of the `continuous` scheduler).
+    cache: the prefilled `GroupCache`: a shared length (its R = B * G rows are the samples: the
+      `static` scheduler) or per row (its R rows are the decode slots of `continuous`).
     prompt_lengths_B: [B] int, real tokens of each prompt (the first new token's position).
     num_samples, max_new_tokens: G and T.
     eos_ids: tuple of ids that end a row (kept, mask 1); pad_id: written after a row's end.
 
   Returns:
-    `Completions` of the R = B * G rows.
+    `Completions` of the B * G samples.
   """
   B, V = logits_BV.shape
-  R, T = B * num_samples, max_new_tokens
-  O = cache.prompt_R.shape[0] if cache.per_row else R
-  start = functools.partial(_start, logits_BV=logits_BV, prompt_lengths_B=prompt_lengths_B,
-                            G=num_samples)
+  G, T = num_samples, max_new_tokens
+  R = cache.prompt_R.shape[0] if cache.per_row else B * G
+  start = functools.partial(_start, logits_BV=logits_BV, prompt_lengths_B=prompt_lengths_B, G=G)
   draw_write = functools.partial(_draw, draw=draw, T=T, eos_ids=eos_ids, pad_id=pad_id)
-  idle = _Slots(row_O=jnp.full((O,), R, jnp.int32), t_O=jnp.zeros(
-      (O,), jnp.int32), token_O=jnp.full((O,), pad_id, jnp.int32), positions_O=jnp.zeros(
-          (O,), jnp.int32), live_O=jnp.zeros((O,), bool), logits_OV=jnp.zeros((O, V), jnp.float32),
-                cache=cache, next_row=jnp.zeros((), jnp.int32), out=Completions.empty(R, T, pad_id))
+  zeros = lambda dtype: jnp.zeros((R,), dtype)
+  idle = _Slots(row_R=jnp.full((R,), B * G, jnp.int32), t_R=zeros(jnp.int32), token_R=jnp.full(
+      (R,), pad_id, jnp.int32), positions_R=zeros(jnp.int32), live_R=zeros(bool),
+                logits_RV=jnp.zeros((R, V), jnp.float32), cache=cache, next_row=jnp.zeros(
+                    (), jnp.int32), out=Completions.empty(B, G, T, pad_id))
 
   def body(s):
     """Feed each slot's last token, then (continuous) start rows in idle slots, then draw."""
-    logits_OV, cache = step(s.token_O, s.positions_O, s.cache)
-    s = s.replace(logits_OV=logits_OV, cache=cache, positions_O=s.positions_O + 1)
+    logits_RV, cache = step(s.token_R, s.positions_R, s.cache)
+    s = s.replace(logits_RV=logits_RV, cache=cache, positions_R=s.positions_R + 1)
     return draw_write(start(s) if cache.per_row else s)
 
   def going(s):
-    return jnp.any(s.live_O) | (s.next_row < R)
+    return jnp.any(s.live_R) | (s.next_row < B * G)
 
   return jax.lax.while_loop(going, body, draw_write(start(idle))).out

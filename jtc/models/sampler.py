@@ -10,7 +10,7 @@ completion cache, in fixed-size blocks up to the current length, so a step reads
 parameters, B prompt blocks and R * (t + 1) completion slots instead of R * (P + T) slots.
 A row ends at an EOS id or at T = max_new_tokens tokens; tokens after a row's EOS are `pad_id`
 with mask 0. Which rows a decode step runs is the scheduler's (`jtc.models.decode_loop`):
-'static' runs all R rows until the last has ended, 'continuous' runs O decode slots that each
+'static' runs all R rows until the last has ended, 'continuous' runs decode slots that each
 take the next (prompt, sample) pair when their row ends (the same samples either way).
 
 Sampling distribution at each step (float32): logits / temperature, then top-k (keep the k
@@ -26,7 +26,7 @@ Everything inside `sample` is one jitted function, compiled once per
 
 Dimension key (docs/dimensions.md):
   B prompts, G samples per prompt, R = B * G rows, P prompt width, T max new tokens,
-  V vocab, D model dim, E population members (`sample_members`), O decode slots.
+  V vocab, D model dim, E population members (`sample_members`).
 """
 
 import functools
@@ -171,19 +171,20 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
   step = functools.partial(decode.decode_step, decode_params, config, block_size=block_size,
                            row_sharding=row_sharding)
 
-  def draw(logits_OV, t_O, row_O):
-    keys_O = None if greedy else decode_loop.token_keys(rng, t_O, row_O)
-    return choose(logits_OV, keys_O)
+  def draw(logits, t, rows):  # of the decode step's rows (`decode_loop.run`)
+    return choose(logits, None if greedy else decode_loop.token_keys(rng, t, rows))
 
   out = decode_loop.run(step, draw, logits_BV, cache, jnp.sum(prompt_mask_BP, axis=-1),
                         num_samples=G, max_new_tokens=T, eos_ids=eos_ids, pad_id=pad_id)
   repeat = lambda x: jnp.repeat(x, G, axis=0)
+  rows = lambda x_BGT: x_BGT.reshape(-1, *x_BGT.shape[2:])  # sample g of prompt b: row b * G + g
+  completion_RT, mask_RT = rows(out.tokens_BGT), rows(out.mask_BGT)
   return SampleOutput(
-      tokens_RL=jnp.concatenate([repeat(prompt_tokens_BP).astype(jnp.int32), out.tokens_RT],
+      tokens_RL=jnp.concatenate([repeat(prompt_tokens_BP).astype(jnp.int32), completion_RT],
                                 axis=1),
-      input_mask_RL=jnp.concatenate([repeat(prompt_mask_BP), out.mask_RT],
-                                    axis=1), completion_RT=out.tokens_RT,
-      completion_mask_RT=out.mask_RT, logps_RT=out.logps_RT, truncated_R=~out.eos_R)
+      input_mask_RL=jnp.concatenate([repeat(prompt_mask_BP), mask_RT],
+                                    axis=1), completion_RT=completion_RT,
+      completion_mask_RT=mask_RT, logps_RT=rows(out.logps_BGT), truncated_R=~rows(out.eos_BG))
 
 
 _sample_jit = jax.jit(_sample_impl, static_argnames=_STATIC)
@@ -223,7 +224,7 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
     scheduler: which rows a decode step runs (`jtc.models.decode_loop`; same samples):
       'static' (all R rows until the last has ended) or 'continuous' (``slots`` decode slots,
       each taking the next (prompt, sample) pair when its row ends).
-    slots: O, the continuous scheduler's decode slots, 1 <= O <= R; None =
+    slots: the continuous scheduler's decode slots, in [1, R]; None =
       `decode_loop.default_slots` (what the devices' free memory holds, at most R).
     decode_layout: None, or a hashable function constraining the parameters to the layout the
       decode steps read them in (`jtc.rl.sharding.DecodeLayout`: whole over the batch axes), applied

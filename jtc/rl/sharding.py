@@ -40,6 +40,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jtc.models import axes as axes_lib
 from jtc.models import decode
 from jtc.models import lora
 from jtc.models import model as model_lib
@@ -66,6 +67,8 @@ LOGICAL_AXIS_RULES = {
     'head_dim': None,
     'mlp': 'tensor',
     'norm': None,
+    # The experts of a mixture-of-experts layer ([X, ...] expert weights).
+    'experts': None,
 }
 
 
@@ -204,7 +207,7 @@ class DecodeLayout:
   def __call__(self, params):
 
     def constrain(path, x):
-      names = model_lib.leaf_logical_axes(path)
+      names = axes_lib.leaf_logical_axes(path)
       if names is None or len(names) != x.ndim:
         return x
       spec = logical_to_spec(names, x.shape, self.mesh, DECODE_AXIS_RULES)

@@ -94,28 +94,28 @@ def test_per_row_slots_started_at_different_steps_equal_full_forwards(setup, spl
   step = jax.jit(
       lambda p, tok, pos, cache: decode.decode_step(p, config, tok, pos, cache, block_size=BLOCK))
   lengths_B = jnp.sum(mask_BP, axis=1)
-  prompt_O = jnp.array([1, 0, 1])
-  cache = decode.start_rows(cache, jnp.ones(3, bool), prompt_O)
+  prompt_R = jnp.array([1, 0, 1])
+  cache = decode.start_rows(cache, jnp.ones(3, bool), prompt_R)
   fed = [[], [], []]  # the tokens each slot has fed since its start
-  tokens_OT = completion_RT[:3]
+  tokens_RT = completion_RT[:3]
   for t in range(5):
     if t == 2:
-      prompt_O = prompt_O.at[1].set(1)
-      cache = decode.start_rows(cache, jnp.array([False, True, False]), prompt_O)
+      prompt_R = prompt_R.at[1].set(1)
+      cache = decode.start_rows(cache, jnp.array([False, True, False]), prompt_R)
       fed[1] = []
-    token_O = jnp.array([tokens_OT[o, len(fed[o])] for o in range(3)])
-    positions_O = lengths_B[prompt_O] + jnp.array([len(f) for f in fed])
-    logits_OV, cache = step(decode_params, token_O, positions_O, cache)
+    token_R = jnp.array([tokens_RT[o, len(fed[o])] for o in range(3)])
+    positions_R = lengths_B[prompt_R] + jnp.array([len(f) for f in fed])
+    logits_RV, cache = step(decode_params, token_R, positions_R, cache)
     for o in range(3):
-      fed[o].append(int(token_O[o]))
+      fed[o].append(int(token_R[o]))
   np.testing.assert_array_equal(cache.length, [5, 3, 5])
   for o in range(3):
-    b, n = int(prompt_O[o]), len(fed[o])
+    b, n = int(prompt_R[o]), len(fed[o])
     tokens = jnp.concatenate([prompt_BP[b], jnp.asarray(fed[o], jnp.int32)])[None]
     mask = jnp.concatenate([mask_BP[b], jnp.ones(n, jnp.int32)])[None]
     want = model_lib.forward(params, config, tokens, model_lib.positions_from_mask(mask),
                              mask).logits_BLV[0, -1]
-    np.testing.assert_allclose(logits_OV[o], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(logits_RV[o], want, rtol=1e-4, atol=1e-4)
 
 
 def test_start_rows_needs_a_per_row_cache(setup):

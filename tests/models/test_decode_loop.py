@@ -52,10 +52,10 @@ def test_token_keys_depend_on_row_and_token_index_only():
 
 
 def test_completions_write_drops_idle_slots():
-  out = decode_loop.Completions.empty(3, 4, PAD)
+  out = decode_loop.Completions.empty(3, 1, 4, PAD)  # 3 prompts x 1 sample
   out = out.write(jnp.array([2, 3, 0]), jnp.array([1, 0, 3]), jnp.array([9, 8, 2]),
                   jnp.array([-0.5, -1.0, -2.0]), jnp.array([False, True, True]))
-  np.testing.assert_array_equal(out.tokens_RT, [[0, 0, 0, 2], [0, 0, 0, 0], [0, 9, 0, 0]])
-  np.testing.assert_array_equal(out.mask_RT, [[0, 0, 0, 1], [0, 0, 0, 0], [0, 1, 0, 0]])
-  np.testing.assert_array_equal(out.logps_RT[0, 3], -2.0)
-  np.testing.assert_array_equal(out.eos_R, [True, False, False])  # slot 1 (row 3) is idle
+  np.testing.assert_array_equal(out.tokens_BGT[:, 0], [[0, 0, 0, 2], [0, 0, 0, 0], [0, 9, 0, 0]])
+  np.testing.assert_array_equal(out.mask_BGT[:, 0], [[0, 0, 0, 1], [0, 0, 0, 0], [0, 1, 0, 0]])
+  np.testing.assert_array_equal(out.logps_BGT[0, 0, 3], -2.0)
+  np.testing.assert_array_equal(out.eos_BG[:, 0], [True, False, False])  # slot 1 (row 3) is idle

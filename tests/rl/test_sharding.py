@@ -25,6 +25,7 @@ CHILD = textwrap.dedent('''
     import numpy as np
     jax.config.update('jax_default_matmul_precision', 'highest')
     from jax.sharding import PartitionSpec as PS
+    from jtc.models import axes
     from jtc.models import decode
     from jtc.models import logprobs
     from jtc.models import model as model_lib
@@ -164,7 +165,7 @@ CHILD = textwrap.dedent('''
       return seen
 
     def decode_shard(path, x):  # a weight's per-device shape in the decode layout (no layer axis)
-      spec = sharding.logical_to_spec(model_lib.leaf_logical_axes(path), x.shape, mesh4,
+      spec = sharding.logical_to_spec(axes.leaf_logical_axes(path), x.shape, mesh4,
                                       sharding.DECODE_AXIS_RULES)
       split = lambda a: math.prod(mesh4.shape[n] for n in ((a,) if isinstance(a, str) else a or ()))
       return tuple(n // split(a) for n, a in zip(x.shape, spec))[int(path[0].key == 'layers'):]
