@@ -72,8 +72,9 @@ def long_tail_setup(config, prompts, G, mean, prompt_width):
   rng = np.random.default_rng(0)
   lengths_B = rng.integers(prompt_width // 2, prompt_width + 1, size=prompts)
   mask_BP = (np.arange(prompt_width)[None] >= prompt_width - lengths_B[:, None]).astype(np.int32)
-  tokens_BP = np.where(mask_BP, rng.integers(len(eos_ids) + 1, config.vocab_size,
-                                             size=mask_BP.shape), PAD).astype(np.int32)
+  tokens_BP = np.where(mask_BP,
+                       rng.integers(len(eos_ids) + 1, config.vocab_size,
+                                    size=mask_BP.shape), PAD).astype(np.int32)
   kw = dict(num_samples=G, max_new_tokens=4 * mean, eos_id=eos_ids, pad_id=PAD, temperature=1.0)
   return (f'long-tailed test policy ({config.vocab_size} ids, {len(eos_ids)} EOS: geometric '
           f'mean {mean}, T={4 * mean}), {prompts} prompts x G={G}', params, config,
@@ -93,11 +94,10 @@ def measure(params, config, tokens_BP, mask_BP, kw, named, rounds):
   """{name: (tokens/s of each round, OtherLoad of the timed calls)}, interleaved, plus
   {name: lengths_R} of the first call and whether every system drew the static tokens."""
   key = jax.random.key(1)
-  call = lambda extra: sampler_lib.sample(params, config, tokens_BP, mask_BP, rng=key, **kw,
-                                          **extra)
+  call = lambda extra: sampler_lib.sample(params, config, tokens_BP, mask_BP, rng=key, **kw, **extra
+                                         )
   first = {n: jax.block_until_ready(call(extra)) for n, extra in named.items()}  # compile
-  same = all(
-      np.array_equal(o.completion_RT, first['static'].completion_RT) for o in first.values())
+  same = all(np.array_equal(o.completion_RT, first['static'].completion_RT) for o in first.values())
   rates = {n: [] for n in named}
   with common.OtherLoad() as other:
     for _ in range(rounds):
@@ -147,8 +147,8 @@ def main(argv=None):
     if name == 'shipped':
       setup = shipped_setup(B, G, 8 if args.small else 32, 20)
     elif name == 'long_tail':
-      config = (model_lib.ModelConfig.tiny(vocab_size=64, tie_embeddings=False) if args.small else
-                model_lib.ModelConfig.small_25m(tie_embeddings=False))
+      config = (model_lib.ModelConfig.tiny(vocab_size=64, tie_embeddings=False)
+                if args.small else model_lib.ModelConfig.small_25m(tie_embeddings=False))
       setup = long_tail_setup(config, B, G, 4 if args.small else args.mean, 16)
     else:
       raise ValueError(f'--setups: unknown setup {name!r}; valid: shipped, long_tail')

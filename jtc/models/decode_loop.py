@@ -94,28 +94,34 @@ class Completions:
     tokens_BGT: int32 completion tokens, ``pad_id`` after a row's end.
     mask_BGT: int32, 1 on sampled tokens (up to and including EOS).
     logps_BGT: float32 log-probs of the sampled tokens under the sampling distribution.
-    eos_BG: bool, the row ended with an EOS id (not at T tokens).
+    eos_BG: bool, the row ended with an EOS id.
+    ended_BG: bool, the row ended (EOS, or its token budget); False: the loop stopped first
+      (``max_decode_steps``), the row is unfinished.
   """
   tokens_BGT: jax.Array
   mask_BGT: jax.Array
   logps_BGT: jax.Array
   eos_BG: jax.Array
+  ended_BG: jax.Array
 
   @classmethod
   def empty(cls, B, G, T, pad_id):
-    return cls(tokens_BGT=jnp.full((B, G, T), pad_id, jnp.int32), mask_BGT=jnp.zeros(
-        (B, G, T), jnp.int32), logps_BGT=jnp.zeros((B, G, T), jnp.float32), eos_BG=jnp.zeros((B, G),
-                                                                                             bool))
+    zeros = lambda *shape, dtype: jnp.zeros(shape, dtype)
+    return cls(tokens_BGT=jnp.full((B, G, T), pad_id,
+                                   jnp.int32), mask_BGT=zeros(B, G, T, dtype=jnp.int32),
+               logps_BGT=zeros(B, G, T, dtype=jnp.float32), eos_BG=zeros(B, G, dtype=bool),
+               ended_BG=zeros(B, G, dtype=bool))
 
-  def write(self, row_R, t_R, token_R, logp_R, eos_R):
+  def write(self, row_R, t_R, token_R, logp_R, eos_R, ended_R):
     """Token ``t_R`` of sampler row ``row_R`` = b * G + g (a row >= B * G writes nothing)."""
     B, G = self.eos_BG.shape
     b_R, g_R = row_R // G, row_R % G
     at = lambda buf, x_R: buf.at[b_R, g_R, t_R].set(x_R.astype(buf.dtype), mode='drop')
+    flag = lambda buf, x_R: buf.at[jnp.where(x_R, b_R, B), g_R].set(True, mode='drop')
     return self.replace(tokens_BGT=at(self.tokens_BGT,
                                       token_R), mask_BGT=at(self.mask_BGT, jnp.ones_like(token_R)),
-                        logps_BGT=at(self.logps_BGT, logp_R),
-                        eos_BG=self.eos_BG.at[jnp.where(eos_R, b_R, B), g_R].set(True, mode='drop'))
+                        logps_BGT=at(self.logps_BGT, logp_R), eos_BG=flag(self.eos_BG, eos_R),
+                        ended_BG=flag(self.ended_BG, ended_R))
 
 
 @flax.struct.dataclass
@@ -129,18 +135,20 @@ class _Slots:
   live_R: jax.Array  # bool, the slot's row has not ended
   logits_RV: jax.Array  # float32, logits of token t_R
   cache: decode.GroupCache
-  next_row: jax.Array  # [] int32, the next sampler row to start
+  next_row: jax.Array  # [] int32, how many rows have started (`_start`'s order)
+  steps: jax.Array  # [] int32, decode steps run
   out: Completions
 
 
-def _start(s: _Slots, logits_BV, prompt_lengths_B, G):
-  """Every idle slot takes the next sampler row not started yet, in slot order (rank among the
-  idle ones): its first token's logits come from the prompt's prefill."""
+def _start(s: _Slots, logits_BV, prompt_lengths_B, G, order_N, n_run):
+  """Every idle slot takes the next row not started yet, in slot order (rank among the idle
+  ones): sampler row ``order_N[i]`` is the i-th to start, the first ``n_run`` rows run (the
+  others have no tokens to draw). Its first token's logits come from the prompt's prefill."""
   B = logits_BV.shape[0]
   idle_R = ~s.live_R
-  row_R = s.next_row + jnp.cumsum(idle_R) - 1
-  start_R = idle_R & (row_R < B * G)
-  row_R = jnp.where(start_R, row_R, s.row_R)
+  index_R = s.next_row + jnp.cumsum(idle_R) - 1
+  start_R = idle_R & (index_R < n_run)
+  row_R = jnp.where(start_R, order_N[jnp.minimum(index_R, order_N.shape[0] - 1)], s.row_R)
   b_R = jnp.minimum(row_R // G, B - 1)
   cache = s.cache
   if cache.per_row:
@@ -152,16 +160,17 @@ def _start(s: _Slots, logits_BV, prompt_lengths_B, G):
                    next_row=s.next_row + jnp.sum(start_R, dtype=jnp.int32))
 
 
-def _draw(s: _Slots, draw, T, eos_ids, pad_id):
+def _draw(s: _Slots, draw, budget_B, G, eos_ids, pad_id):
   """Each live slot draws its row's token t, written to the outputs; a slot whose row ended
-  (EOS, or T tokens) goes idle (a per-row cache then reads none of its completion slots)."""
-  B, G = s.out.eos_BG.shape
+  (EOS, or its prompt's token budget) goes idle (a per-row cache then reads none of its
+  completion slots)."""
+  B = budget_B.shape[0]
   token_R, logp_R = draw(s.logits_RV, s.t_R, s.row_R)
   live_R = s.live_R
   token_R = jnp.where(live_R, token_R, pad_id)
   eos_R = live_R & functools.reduce(jnp.logical_or, [token_R == e for e in eos_ids])
-  out = s.out.write(jnp.where(live_R, s.row_R, B * G), s.t_R, token_R, logp_R, eos_R)
-  ended_R = live_R & (eos_R | (s.t_R + 1 >= T))
+  ended_R = live_R & (eos_R | (s.t_R + 1 >= budget_B[jnp.minimum(s.row_R // G, B - 1)]))
+  out = s.out.write(jnp.where(live_R, s.row_R, B * G), s.t_R, token_R, logp_R, eos_R, ended_R)
   cache = s.cache
   if cache.per_row:
     cache = decode.start_rows(cache, ended_R, cache.prompt_R)
@@ -169,7 +178,7 @@ def _draw(s: _Slots, draw, T, eos_ids, pad_id):
 
 
 def run(step, draw, logits_BV, cache: decode.GroupCache, prompt_lengths_B, *, num_samples,
-        max_new_tokens, eos_ids, pad_id) -> Completions:
+        max_new_tokens, eos_ids, pad_id, budget_B=None, max_decode_steps=None) -> Completions:
   """Decodes G = ``num_samples`` completions of each of B prompts.
 
   Args:
@@ -183,6 +192,10 @@ def run(step, draw, logits_BV, cache: decode.GroupCache, prompt_lengths_B, *, nu
     prompt_lengths_B: [B] int, real tokens of each prompt (the first new token's position).
     num_samples, max_new_tokens: G and T.
     eos_ids: tuple of ids that end a row (kept, mask 1); pad_id: written after a row's end.
+    budget_B: None (T), or [B] int, the tokens each of prompt b's rows may draw (<= T; 0: the
+      rows are not run, and count as ended). Per-row caches only.
+    max_decode_steps: None, or stop after this many decode steps (static int): the rows not
+      ended then are unfinished (`Completions.ended_BG` False), their tokens so far kept.
 
   Returns:
     `Completions` of the B * G samples.
@@ -190,21 +203,35 @@ def run(step, draw, logits_BV, cache: decode.GroupCache, prompt_lengths_B, *, nu
   B, V = logits_BV.shape
   G, T = num_samples, max_new_tokens
   R = cache.prompt_R.shape[0] if cache.per_row else B * G
-  start = functools.partial(_start, logits_BV=logits_BV, prompt_lengths_B=prompt_lengths_B, G=G)
-  draw_write = functools.partial(_draw, draw=draw, T=T, eos_ids=eos_ids, pad_id=pad_id)
+  if budget_B is None:
+    budget_B, order_N, n_run = jnp.full((B,), T, jnp.int32), jnp.arange(B * G), B * G
+  elif not cache.per_row:
+    raise ValueError('decode_loop.run: per-prompt budgets need a per-row cache (continuous)')
+  else:  # rows with a budget first (a stable order): the others never start
+    budget_B = jnp.minimum(jnp.asarray(budget_B, jnp.int32), T)
+    runs_N = jnp.repeat(budget_B > 0, G)
+    order_N, n_run = jnp.argsort(~runs_N, stable=True), jnp.sum(runs_N, dtype=jnp.int32)
+  start = functools.partial(_start, logits_BV=logits_BV, prompt_lengths_B=prompt_lengths_B, G=G,
+                            order_N=order_N, n_run=n_run)
+  draw_write = functools.partial(_draw, draw=draw, budget_B=budget_B, G=G, eos_ids=eos_ids,
+                                 pad_id=pad_id)
   zeros = lambda dtype: jnp.zeros((R,), dtype)
+  out = Completions.empty(B, G, T, pad_id)
+  out = out.replace(ended_BG=jnp.broadcast_to((budget_B <= 0)[:, None], (B, G)))
   idle = _Slots(row_R=jnp.full((R,), B * G, jnp.int32), t_R=zeros(jnp.int32), token_R=jnp.full(
       (R,), pad_id, jnp.int32), positions_R=zeros(jnp.int32), live_R=zeros(bool),
                 logits_RV=jnp.zeros((R, V), jnp.float32), cache=cache, next_row=jnp.zeros(
-                    (), jnp.int32), out=Completions.empty(B, G, T, pad_id))
+                    (), jnp.int32), steps=jnp.zeros((), jnp.int32), out=out)
 
   def body(s):
     """Feed each slot's last token, then (continuous) start rows in idle slots, then draw."""
     logits_RV, cache = step(s.token_R, s.positions_R, s.cache)
-    s = s.replace(logits_RV=logits_RV, cache=cache, positions_R=s.positions_R + 1)
+    s = s.replace(logits_RV=logits_RV, cache=cache, positions_R=s.positions_R + 1,
+                  steps=s.steps + 1)
     return draw_write(start(s) if cache.per_row else s)
 
   def going(s):
-    return jnp.any(s.live_R) | (s.next_row < B * G)
+    more = jnp.any(s.live_R) | (s.next_row < n_run)
+    return more if max_decode_steps is None else more & (s.steps < max_decode_steps)
 
   return jax.lax.while_loop(going, body, draw_write(start(idle))).out

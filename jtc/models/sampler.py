@@ -55,7 +55,9 @@ class SampleOutput:
     completion_mask_RT: int32, 1 up to and including EOS.
     logps_RT: float32, log-prob of each chosen token under the sampling distribution
       (0 where completion_mask_RT is 0).
-    truncated_R: bool, True when no EOS was produced within T tokens.
+    truncated_R: bool, True when the row ended without an EOS, at its T tokens.
+    finished_R: bool, the row ended (EOS or T tokens); False only when the call stopped first
+      (``max_decode_steps``): an unfinished row, its tokens so far kept.
   """
   tokens_RL: jax.Array
   input_mask_RL: jax.Array
@@ -63,6 +65,7 @@ class SampleOutput:
   completion_mask_RT: jax.Array
   logps_RT: jax.Array
   truncated_R: jax.Array
+  finished_R: jax.Array
 
 
 # ----------------------------------------------------------------------------------------
@@ -140,14 +143,14 @@ def _choose(logits_RV, keys_R, *, temperature, top_k, top_p, min_p, greedy):
 
 _STATIC = ('config', 'num_samples', 'max_new_tokens', 'eos_ids', 'pad_id', 'temperature', 'top_k',
            'top_p', 'min_p', 'greedy', 'block_size', 'layer_loop', 'row_sharding', 'scheduler',
-           'slots', 'decode_layout')
+           'slots', 'decode_layout', 'max_decode_steps')
 LAYER_LOOPS = ('auto', 'scan', 'unroll')
 
 
-def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_samples,
-                 max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, min_p, greedy,
-                 block_size, layer_loop, row_sharding=None, scheduler='static', slots=None,
-                 decode_layout=None):
+def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, budget_B=None, *, config,
+                 num_samples, max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, min_p,
+                 greedy, block_size, layer_loop, row_sharding=None, scheduler='static', slots=None,
+                 decode_layout=None, max_decode_steps=None):
   G, T = num_samples, max_new_tokens
   prompt_mask_BP = prompt_mask_BP.astype(jnp.int32)
   params = dict(params)  # a LoRA policy (`lora.Adapted`) read once, as the parameters
@@ -175,16 +178,17 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
     return choose(logits, None if greedy else decode_loop.token_keys(rng, t, rows))
 
   out = decode_loop.run(step, draw, logits_BV, cache, jnp.sum(prompt_mask_BP, axis=-1),
-                        num_samples=G, max_new_tokens=T, eos_ids=eos_ids, pad_id=pad_id)
+                        num_samples=G, max_new_tokens=T, eos_ids=eos_ids, pad_id=pad_id,
+                        budget_B=budget_B, max_decode_steps=max_decode_steps)
   repeat = lambda x: jnp.repeat(x, G, axis=0)
   rows = lambda x_BGT: x_BGT.reshape(-1, *x_BGT.shape[2:])  # sample g of prompt b: row b * G + g
   completion_RT, mask_RT = rows(out.tokens_BGT), rows(out.mask_BGT)
   return SampleOutput(
       tokens_RL=jnp.concatenate([repeat(prompt_tokens_BP).astype(jnp.int32), completion_RT],
                                 axis=1),
-      input_mask_RL=jnp.concatenate([repeat(prompt_mask_BP), mask_RT],
-                                    axis=1), completion_RT=completion_RT,
-      completion_mask_RT=mask_RT, logps_RT=rows(out.logps_BGT), truncated_R=~rows(out.eos_BG))
+      input_mask_RL=jnp.concatenate([repeat(prompt_mask_BP), mask_RT], axis=1),
+      completion_RT=completion_RT, completion_mask_RT=mask_RT, logps_RT=rows(out.logps_BGT),
+      truncated_R=rows(out.ended_BG & ~out.eos_BG), finished_R=rows(out.ended_BG))
 
 
 _sample_jit = jax.jit(_sample_impl, static_argnames=_STATIC)
@@ -195,7 +199,8 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
            pad_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            min_p: float = 0.0, greedy: bool = False, block_size: int | None = None,
            layer_loop: str = 'auto', row_sharding=None, scheduler: str = 'static',
-           slots: int | None = None, decode_layout=None) -> SampleOutput:
+           slots: int | None = None, decode_layout=None, max_new_tokens_B=None,
+           max_decode_steps: int | None = None) -> SampleOutput:
   """Sample `num_samples` completions for each of B left-padded prompts.
 
   Args:
@@ -229,6 +234,10 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
     decode_layout: None, or a hashable function constraining the parameters to the layout the
       decode steps read them in (`jtc.rl.sharding.DecodeLayout`: whole over the batch axes), applied
       once before the decode loop, so that no step gathers weights. Same samples either way.
+    max_new_tokens_B: None, or [B] int: the tokens prompt b's rows may draw (<= T; 0: not run;
+      a continued row's remaining budget, `jtc.rl.partial`). Continuous only.
+    max_decode_steps: None, or the call stops after this many decode steps; rows not ended then
+      come back unfinished (`SampleOutput.finished_R`). Continuous only.
 
   Returns:
     `SampleOutput` with R = B * num_samples rows.
@@ -239,9 +248,10 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
                         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                         greedy=greedy, block_size=block_size, layer_loop=layer_loop,
                         row_sharding=row_sharding, scheduler=scheduler, slots=slots,
-                        decode_layout=decode_layout, num_prompts=prompt_tokens_BP.shape[0])
+                        decode_layout=decode_layout, num_prompts=prompt_tokens_BP.shape[0],
+                        max_decode_steps=max_decode_steps, budgets=max_new_tokens_B is not None)
   chex.assert_equal_shape([prompt_tokens_BP, prompt_mask_BP])
-  return _sample_jit(params, prompt_tokens_BP, prompt_mask_BP, rng, **static)
+  return _sample_jit(params, prompt_tokens_BP, prompt_mask_BP, rng, max_new_tokens_B, **static)
 
 
 def sample_members(params, config: model_lib.ModelConfig, prompt_tokens_EBP, prompt_mask_EBP, *,
@@ -256,18 +266,20 @@ def sample_members(params, config: model_lib.ModelConfig, prompt_tokens_EBP, pro
   per_member = not isinstance(temperature, (int, float))
   if per_member and not np.all(np.asarray(temperature) > 0):
     raise ValueError(f'sample_members: temperature={temperature!r} must be > 0 for every member')
+  budget_EB = kwargs.pop('max_new_tokens_B', None)
   static = _static_args(config, prompt_tokens_EBP.shape[-1],
                         temperature=1.0 if per_member else temperature,
-                        num_prompts=prompt_tokens_EBP.shape[1], **kwargs)
+                        num_prompts=prompt_tokens_EBP.shape[1], budgets=budget_EB is not None,
+                        **kwargs)
   return _sample_members_jit(params, prompt_tokens_EBP, prompt_mask_EBP, rng,
                              jnp.asarray(temperature, jnp.float32) if per_member else None,
-                             **static)
+                             budget_EB, **static)
 
 
 def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temperature=1.0,
                  top_k=0, top_p=1.0, min_p=0.0, greedy=False, block_size=None, layer_loop='auto',
                  row_sharding=None, scheduler='static', slots=None, decode_layout=None,
-                 num_prompts=None, platform=None):
+                 max_decode_steps=None, budgets=False, num_prompts=None, platform=None):
   """The sampler's static arguments, checked (a ValueError naming the bad one) and resolved.
   ``num_prompts`` (B) resolves the continuous scheduler's default ``slots``."""
   V = config.vocab_size
@@ -294,6 +306,12 @@ def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temp
                 scheduler == 'continuous' and isinstance(slots, int) and 1 <= slots <=
                 (R or slots), f"None, or with scheduler='continuous' an int in [1, "
                 f"{R or 'the rows B x num_samples'}]"),
+      'max_decode_steps': (
+          max_decode_steps, max_decode_steps is None or
+          scheduler == 'continuous' and isinstance(max_decode_steps, int) and max_decode_steps >= 1,
+          "None, or >= 1 with scheduler='continuous'"),
+      'max_new_tokens_B': ('given' if budgets else None, not budgets or
+                           scheduler == 'continuous', "None with scheduler='static'"),
   }
   for name, (value, ok, valid) in checks.items():
     if not ok:
@@ -303,23 +321,28 @@ def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temp
               eos_ids=eos_ids, pad_id=int(pad_id), temperature=float(temperature), top_k=int(top_k),
               top_p=float(top_p), min_p=float(min_p), greedy=bool(greedy), block_size=block,
               layer_loop=resolve_layer_loop(layer_loop, platform), row_sharding=row_sharding,
-              scheduler=scheduler, decode_layout=decode_layout,
+              scheduler=scheduler, decode_layout=decode_layout, max_decode_steps=max_decode_steps,
               slots=decode_loop.resolve_slots(scheduler, slots, R, config, max_new_tokens, block))
 
 
 def _sample_members_impl(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E, temperature_E,
-                         **static):
-  """`_sample_impl` vmapped over members; a traced per-member temperature when given. With a
-  ``row_sharding`` the members' axis goes over the mesh's 'population' axis."""
+                         budget_EB=None, **static):
+  """`_sample_impl` vmapped over members; a traced per-member temperature (and per-member
+  prompt budgets) when given. With a ``row_sharding`` the members' axis goes over the mesh's
+  'population' axis."""
   vmap = functools.partial(jax.vmap,
                            spmd_axis_name=None if static['row_sharding'] is None else 'population')
-  axes = (lora.member_in_axes(params), 0, 0, 0)  # a LoRA policy's base: shared, not mapped
-  if temperature_E is None:
-    one = lambda p, t, m, r: _sample_impl(p, t, m, r, **static)
-    return vmap(one, in_axes=axes)(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E)
-  one = lambda p, t, m, r, temp: _sample_impl(p, t, m, r, **{**static, 'temperature': temp})
-  return vmap(one, in_axes=axes + (0,))(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E,
-                                        temperature_E)
+  axes = (lora.member_in_axes(params), 0, 0, 0, None if temperature_E is None else 0,
+          None if budget_EB is None else 0)
+
+  def one(p, t, m, r, temp, budget):
+    return _sample_impl(p, t, m, r, budget,
+                        **(static if temp is None else {
+                            **static, 'temperature': temp
+                        }))
+
+  return vmap(one, in_axes=axes)(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E, temperature_E,
+                                 budget_EB)
 
 
 _sample_members_jit = jax.jit(_sample_members_impl, static_argnames=_STATIC)

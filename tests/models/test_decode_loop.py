@@ -19,16 +19,21 @@ G, T = 3, 12
 
 
 @pytest.fixture(scope='module')
-def static_run():
+def setup():
   params = model_lib.init_params(CONFIG, jax.random.key(0))
   tokens_BP = np.zeros((3, 6), np.int32)
   mask_BP = np.zeros((3, 6), np.int32)
   for b, row in enumerate(PROMPTS):
     tokens_BP[b, 6 - len(row):], mask_BP[b, 6 - len(row):] = row, 1
-  kw = dict(rng=jax.random.key(3), num_samples=G, max_new_tokens=T, eos_id=EOS_IDS, pad_id=PAD,
-            temperature=1.0, block_size=4)
-  run = lambda **more: sampler_lib.sample(params, CONFIG, jnp.asarray(tokens_BP),
-                                          jnp.asarray(mask_BP), **kw, **more)
+  kw = dict(num_samples=G, max_new_tokens=T, eos_id=EOS_IDS, pad_id=PAD, block_size=4)
+  return params, tokens_BP, mask_BP, kw
+
+
+@pytest.fixture(scope='module')
+def static_run(setup):
+  params, tokens_BP, mask_BP, kw = setup
+  run = lambda **more: sampler_lib.sample(params, CONFIG, jnp.asarray(
+      tokens_BP), jnp.asarray(mask_BP), rng=jax.random.key(3), temperature=1.0, **kw, **more)
   return run, run(scheduler='static')
 
 
@@ -54,8 +59,44 @@ def test_token_keys_depend_on_row_and_token_index_only():
 def test_completions_write_drops_idle_slots():
   out = decode_loop.Completions.empty(3, 1, 4, PAD)  # 3 prompts x 1 sample
   out = out.write(jnp.array([2, 3, 0]), jnp.array([1, 0, 3]), jnp.array([9, 8, 2]),
-                  jnp.array([-0.5, -1.0, -2.0]), jnp.array([False, True, True]))
+                  jnp.array([-0.5, -1.0, -2.0]), jnp.array([False, True, True]),
+                  jnp.array([False, True, True]))
   np.testing.assert_array_equal(out.tokens_BGT[:, 0], [[0, 0, 0, 2], [0, 0, 0, 0], [0, 9, 0, 0]])
   np.testing.assert_array_equal(out.mask_BGT[:, 0], [[0, 0, 0, 1], [0, 0, 0, 0], [0, 1, 0, 0]])
   np.testing.assert_array_equal(out.logps_BGT[0, 0, 3], -2.0)
   np.testing.assert_array_equal(out.eos_BG[:, 0], [True, False, False])  # slot 1 (row 3) is idle
+
+
+def test_a_call_stopped_after_k_steps_then_resumed_from_its_prefixes_draws_the_whole_run(setup):
+  """max_decode_steps=3 with 8 slots for 9 rows: every row's tokens so far are those of the run
+  without the stop (keys are per row and token index); rows not ended come back unfinished
+  (prompt 2's three rows end at their second token, one of them started late). Greedy, each
+  unfinished row continued as its own prompt (the prompt, then its tokens so far: re-prefilled)
+  with the budget it has left draws the rest of the run's row, with its log-probs."""
+  params, tokens_BP, mask_BP, kw = setup
+  kw = dict(kw, rng=jax.random.key(3), greedy=True, scheduler='continuous', slots=8, eos_id=2)
+
+  def run(tokens, mask, **more):
+    return sampler_lib.sample(params, CONFIG, jnp.asarray(tokens), jnp.asarray(mask),
+                              **dict(kw, **more))
+
+  whole = run(tokens_BP, mask_BP)
+  part = run(tokens_BP, mask_BP, max_decode_steps=3)
+  got_mask = np.asarray(part.completion_mask_RT)
+  np.testing.assert_array_equal(np.where(got_mask, part.completion_RT, PAD),
+                                np.where(got_mask, whole.completion_RT, PAD))
+  np.testing.assert_allclose(part.logps_RT, np.where(got_mask, whole.logps_RT, 0.0), atol=1e-5)
+  unfinished = np.flatnonzero(~np.asarray(part.finished_R))
+  np.testing.assert_array_equal(unfinished, np.arange(6))
+  assert (got_mask[:6].sum(1) == 4).all() and not np.asarray(part.truncated_R).any()
+  # Each unfinished row as its own prompt, left-padded to P + T.
+  W = 6 + T
+  prompts, masks = np.zeros((6, W), np.int32), np.zeros((6, W), np.int32)
+  for r in unfinished:
+    seq = np.asarray(part.tokens_RL[r])[np.asarray(part.input_mask_RL[r]) > 0]
+    prompts[r, W - len(seq):], masks[r, W - len(seq):] = seq, 1
+  rest = run(prompts, masks, num_samples=1, slots=6, max_new_tokens_B=jnp.full(6, T - 4))
+  np.testing.assert_array_equal(rest.completion_RT[:, :T - 4], whole.completion_RT[:6, 4:])
+  np.testing.assert_allclose(rest.logps_RT[:, :T - 4], whole.logps_RT[:6, 4:], atol=1e-4)
+  np.testing.assert_array_equal(rest.completion_mask_RT.sum(1), T - 4)
+  assert np.asarray(rest.finished_R).all()
