@@ -167,6 +167,11 @@ def get_config(arg=None):
   # gathered at every decode step) | auto (tensor where a chip's share fits a quarter of its
   # free memory).
   c.rollout.decode_layout = 'auto'
+  # Partial rollouts (jtc.rl.partial; 0 = off): sampler calls stop after this many decode steps;
+  # a step trains on the first prompts_per_step complete groups and carries the unfinished rows
+  # to later steps (continued, re-prefilled, under newer parameters). Needs scheduler=continuous
+  # and behaviour_logps=sampler.
+  c.rollout.max_decode_steps = 0
 
   c.advantage = ConfigDict()
   c.advantage.name = 'grpo'  # grpo | dr_grpo | rloo

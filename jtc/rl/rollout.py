@@ -28,6 +28,7 @@ from jtc.data import rewards as rewards_lib
 from jtc.models import decode_loop
 from jtc.models import sampler as sampler_lib
 from jtc.objectives import corrections
+from jtc.rl import partial as partial_lib
 from jtc.rl import population as population_lib
 from jtc.rl import sharding as sharding_lib
 
@@ -54,6 +55,8 @@ class Rollout:
   truncated_B: no EOS within T tokens.
   rewards_B: verifier rewards (before any shaping).
   texts: the decoded completions.
+  versions_BT: None, or (partial rollouts, `jtc.rl.partial`) the version of the policy that drew
+    each token (-1 where none): the RL step whose parameters sampled it.
   """
   tokens_BL: np.ndarray
   input_mask_BL: np.ndarray
@@ -63,6 +66,7 @@ class Rollout:
   truncated_B: np.ndarray
   rewards_B: np.ndarray
   texts: tuple = flax.struct.field(pytree_node=False)
+  versions_BT: np.ndarray | None = None
 
   @property
   def lengths_B(self):
@@ -118,8 +122,7 @@ class Generator:
         to_device=to_device, population=population, mesh=mesh,
         scheduler=c.rollout.get('scheduler', 'static'), slots=c.rollout.get('decode_slots', None),
         decode_layout=sharding_lib.decode_layout(c.rollout.get('decode_layout', 'auto'), mesh,
-                                                 _param_bytes(model_config),
-                                                 decode_loop.free_device_bytes()))
+                                                 model_config, decode_loop.free_device_bytes()))
 
   def close(self):
     """Ends the verifier's worker processes, if it has any."""
@@ -136,25 +139,33 @@ class Generator:
       raise ValueError(f'config.data.prompt_width={self.prompt_width} is too small: the prompt '
                        f'{longest!r} takes {need} tokens with the template; set it to >= {need}')
 
-  def sample(self, params, prompts_M, rng, sampling, temperature=None):
+  def encode(self, prompts):
+    """(tokens_BP, mask_BP) of ``prompts``, left-padded to the prompt width (numpy)."""
+    return data_lib.encode_prompts(self.tokenizer, [p + self.prompt_suffix for p in prompts],
+                                   width=self.prompt_width, chat_template=self.chat_template)
+
+  def sample(self, params, prompts_M, rng, sampling, temperature=None, **more):
     """Every member's samples of its own prompts (``prompts_M``: a list of prompt lists, one per
     member; ``params`` and ``rng`` stacked as `Population.stack`): per-member `SampleOutput`s
     on the host. ``temperature`` (per member, stacked) replaces sampling['temperature'] in a
-    population that varies it."""
+    population that varies it; ``more``: further `sampler.sample` arguments."""
+    encoded = [self.encode(prompts) for prompts in prompts_M]
+    return self.sample_encoded(params, [t for t, _ in encoded], [m for _, m in encoded], rng,
+                               sampling, temperature, **more)
+
+  def sample_encoded(self, params, tokens_MBP, mask_MBP, rng, sampling, temperature=None,
+                     max_new_tokens_B=None, **more):
+    """`sample` of prompts already encoded (one [B, P'] array of each per member; any width
+    P'); ``max_new_tokens_B``: None or one [B] budget array per member."""
     pop = self.population
-    encoded = [
-        data_lib.encode_prompts(self.tokenizer, [p + self.prompt_suffix
-                                                 for p in prompts], width=self.prompt_width,
-                                chat_template=self.chat_template)
-        for prompts in prompts_M
-    ]
-    tokens_BP = self.to_device(pop.stack([t for t, _ in encoded]))
-    mask_BP = self.to_device(pop.stack([m for _, m in encoded]))
-    rows = len(prompts_M[0]) * sampling['num_samples']
+    tokens_BP, mask_BP = (self.to_device(pop.stack(x)) for x in (tokens_MBP, mask_MBP))
+    rows = np.shape(tokens_MBP[0])[0] * sampling['num_samples']
     kwargs = dict(sampling, eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id,
                   row_sharding=None if self.mesh is None else sharding_lib.RowSharding(self.mesh),
                   scheduler=self.scheduler, decode_layout=self.decode_layout,
-                  slots=None if self.slots is None else min(self.slots, rows))
+                  slots=None if self.slots is None else min(self.slots, rows), **more)
+    if max_new_tokens_B is not None:
+      kwargs['max_new_tokens_B'] = self.to_device(pop.stack(max_new_tokens_B))
     if temperature is not None:
       kwargs['temperature'] = temperature if pop.batched else float(temperature)
     sample = sampler_lib.sample_members if pop.batched else sampler_lib.sample
@@ -165,11 +176,6 @@ class Generator:
     return tuple(
         self.tokenizer.decode(row[m > 0].tolist())
         for row, m in zip(completion_BT, completion_mask_BT))
-
-
-def _param_bytes(model_config):
-  shapes = jax.eval_shape(model_lib.init_params, model_config, jax.random.key(0))
-  return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
 
 
 def generate(gen, params, prompts_M, answers_M, rng, sampling, temperature=None):
@@ -220,7 +226,7 @@ def refill(rollout, donor, keep_M, group_size):
   arrays = {
       f.name: np.array(getattr(rollout, f.name))
       for f in dataclasses.fields(rollout)
-      if f.name != 'texts'
+      if f.name != 'texts' and getattr(rollout, f.name) is not None
   }
   texts = list(rollout.texts)
   for g in np.flatnonzero(~keep_M):
@@ -356,7 +362,7 @@ def check_config(c):
                     behaviour_logps=c.rollout.behaviour_logps)
   checks.choice('config.rollout.sampler_dtype', c.rollout.sampler_dtype,
                 ('', 'float32', 'bfloat16'))
-  check_scheduler(c)
+  partial_lib.check_config(c)
   checks.in_range('config.rollout.policy_lag', c.rollout.policy_lag, low=0, integer=True)
   checks.choice('config.rollout.policy_lag_mode', c.rollout.policy_lag_mode,
                 ('behaviour', 'decoupled'))
@@ -377,21 +383,3 @@ def check_config(c):
   checks.in_range('config.dapo.overlong_buffer', c.dapo.overlong_buffer, low=0,
                   high=c.rollout.sampling.max_new_tokens, high_open=True, integer=True)
   checks.in_range('config.dapo.overlong_penalty', c.dapo.overlong_penalty, low=0.0)
-
-
-def check_scheduler(c):
-  """config.rollout.scheduler and decode_slots: 1 <= slots <= the rows of one sampler call, and
-  only with the continuous scheduler."""
-  checks.choice('config.rollout.scheduler', c.rollout.scheduler, decode_loop.SCHEDULERS)
-  checks.choice('config.rollout.decode_layout', c.rollout.decode_layout,
-                sharding_lib.DECODE_LAYOUTS)
-  slots = c.rollout.decode_slots
-  if slots is None:
-    return
-  rows = (c.rollout.chunk_prompts or c.rollout.prompts_per_step) * c.rollout.sampling.num_samples
-  if c.rollout.scheduler != 'continuous':
-    raise ValueError(f'config.rollout.decode_slots={slots} needs '
-                     "config.rollout.scheduler='continuous' (the static scheduler runs every row)")
-  if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= rows:
-    raise ValueError(f'config.rollout.decode_slots={slots!r} must be an int in [1, {rows}] (the '
-                     'rows of one sampler call: chunk_prompts or prompts_per_step x num_samples)')

@@ -216,15 +216,18 @@ class DecodeLayout:
     return jax.tree_util.tree_map_with_path(constrain, params)
 
 
-def decode_layout(name: str, mesh: Mesh | None, param_bytes: int, free_bytes: int | None):
+def decode_layout(name: str, mesh: Mesh | None, model_config, free_bytes: int | None):
   """The sampler's ``decode_layout`` argument for config.rollout.decode_layout ``name``: None
   (the training layout: 'fsdp', no mesh, or nothing split over the batch axes) or a
-  `DecodeLayout`. 'auto' takes 'tensor' when a chip's share of the ``param_bytes`` (1 / the
-  tensor axis) is at most a quarter of its ``free_bytes`` (always when a device reports none)."""
+  `DecodeLayout`. 'auto' takes 'tensor' when a chip's share of the parameters of
+  ``model_config`` (1 / the tensor axis) is at most a quarter of its share of ``free_bytes``
+  (always when a device reports none)."""
   if name not in DECODE_LAYOUTS:
     raise ValueError(f'config.rollout.decode_layout={name!r} is not one of {list(DECODE_LAYOUTS)}')
   if name == 'fsdp' or mesh is None or mesh.shape['fsdp'] == 1:
     return None
+  shapes = jax.eval_shape(model_lib.init_params, model_config, jax.random.key(0))
+  param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
   per_chip = param_bytes / mesh.shape['tensor']
   if name == 'auto' and free_bytes is not None and per_chip > free_bytes / mesh.devices.size / 4:
     return None

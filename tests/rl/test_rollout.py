@@ -100,19 +100,3 @@ def test_bad_sampling_settings_name_the_key(key, value):
   section = ml_collections.ConfigDict(_sampling(4, **{key: value}))
   with pytest.raises(ValueError, match=f'config.rollout.sampling.{key}'):
     rollout.check_sampling(section, 'config.rollout.sampling')
-
-
-@pytest.mark.parametrize('scheduler,slots,needle', [
-    ('dynamic', None, 'config.rollout.scheduler'),
-    ('continuous', 0, r'config.rollout.decode_slots=0 must be an int in \[1, 128\]'),
-    ('continuous', 129, 'config.rollout.decode_slots=129'),
-    ('static', 8, "decode_slots=8 needs config.rollout.scheduler='continuous'"),
-])
-def test_bad_scheduler_settings_name_the_keys(scheduler, slots, needle):
-  from configs import common  # pylint: disable=import-outside-toplevel
-  c = common.get_config()  # 16 prompts x 8 samples: 128 rows per sampler call
-  c.rollout.scheduler, c.rollout.decode_slots = scheduler, slots
-  with pytest.raises(ValueError, match=needle):
-    rollout.check_scheduler(c)
-  c.rollout.scheduler, c.rollout.decode_slots = 'continuous', 128
-  rollout.check_scheduler(c)
