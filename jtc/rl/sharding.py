@@ -226,7 +226,7 @@ def decode_layout(name: str, mesh: Mesh | None, model_config, free_bytes: int | 
     raise ValueError(f'config.rollout.decode_layout={name!r} is not one of {list(DECODE_LAYOUTS)}')
   if name == 'fsdp' or mesh is None or mesh.shape['fsdp'] == 1:
     return None
-  shapes = jax.eval_shape(model_lib.init_params, model_config, jax.random.key(0))
+  shapes = jax.eval_shape(lambda: model_lib.init_params(model_config, jax.random.key(0)))
   param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
   per_chip = param_bytes / mesh.shape['tensor']
   if name == 'auto' and free_bytes is not None and per_chip > free_bytes / mesh.devices.size / 4:
