@@ -140,7 +140,9 @@ class Ledger:
           'masked': not c['mask_BT'][b, t],
           'truncated': bool(c['truncated_B'][b]),
           'shared': bool(c['shared_BT'][b, t]),
-          'token_weight': float(c['token_weights_BT'][b, t]) if 'token_weights_BT' in c else 1.0
+          'token_weight': float(c['token_weights_BT'][b, t]) if 'token_weights_BT' in c else 1.0,
+          # Partial rollouts: the version of the policy that drew the token (else None).
+          'policy_version': int(c['policy_version_BT'][b, t]) if 'policy_version_BT' in c else None
       })
     return out
 

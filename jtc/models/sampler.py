@@ -251,7 +251,8 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
                         decode_layout=decode_layout, num_prompts=prompt_tokens_BP.shape[0],
                         max_decode_steps=max_decode_steps, budgets=max_new_tokens_B is not None)
   chex.assert_equal_shape([prompt_tokens_BP, prompt_mask_BP])
-  return _sample_jit(params, prompt_tokens_BP, prompt_mask_BP, rng, max_new_tokens_B, **static)
+  budget = () if max_new_tokens_B is None else (max_new_tokens_B,)  # no trailing None: `program`'s
+  return _sample_jit(params, prompt_tokens_BP, prompt_mask_BP, rng, *budget, **static)
 
 
 def sample_members(params, config: model_lib.ModelConfig, prompt_tokens_EBP, prompt_mask_EBP, *,
@@ -271,9 +272,10 @@ def sample_members(params, config: model_lib.ModelConfig, prompt_tokens_EBP, pro
                         temperature=1.0 if per_member else temperature,
                         num_prompts=prompt_tokens_EBP.shape[1], budgets=budget_EB is not None,
                         **kwargs)
+  budget = () if budget_EB is None else (budget_EB,)  # no trailing None: `program`'s
   return _sample_members_jit(params, prompt_tokens_EBP, prompt_mask_EBP, rng,
-                             jnp.asarray(temperature, jnp.float32) if per_member else None,
-                             budget_EB, **static)
+                             jnp.asarray(temperature, jnp.float32) if per_member else None, *budget,
+                             **static)
 
 
 def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temperature=1.0,

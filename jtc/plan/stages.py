@@ -238,9 +238,13 @@ def sampler_stage(setup_, name, sampling, model_config, *, platform, calls, B):
   the trainer's `rollout.Generator` samples)."""
   pop, mesh = setup_.pop, setup_.mesh
   P = setup_.c.data.prompt_width
-  fn, static = sampler_lib.program(model_config, P, members=pop.batched, platform=platform,
-                                   eos_id=setup_.ids[0], pad_id=setup_.ids[1],
-                                   row_sharding=sharding_lib.RowSharding(mesh), **sampling)
+  r = setup_.c.rollout  # the rollout's scheduler and decode layout ('auto' taken as 'tensor')
+  fn, static = sampler_lib.program(
+      model_config, P, members=pop.batched, platform=platform, eos_id=setup_.ids[0],
+      pad_id=setup_.ids[1], row_sharding=sharding_lib.RowSharding(mesh), num_prompts=B,
+      scheduler=r.get('scheduler', 'static'), slots=r.get('decode_slots', None),
+      decode_layout=sharding_lib.decode_layout(r.get('decode_layout', 'auto'), mesh, model_config,
+                                               None), **sampling)
   args = (setup_.policy, _batch_sds(mesh, (B, P), jnp.int32,
                                     pop), _batch_sds(mesh, (B, P), jnp.int32, pop), _keys(pop))
   if pop.batched:

@@ -70,6 +70,8 @@ class LedgerRecorder:
           'advantages_B': member(batch.advantages_B),
           'old_logps_BT': member(batch.old_logps_BT)
       }
+      if rollout.versions_BT is not None:  # partial rollouts: the policy that drew each token
+        columns['policy_version_BT'] = rollout.versions_BT
       if batch.token_weights_BT is not None:
         columns['token_weights_BT'] = member(batch.token_weights_BT)
       if batch.ref_logps_BT is not None:

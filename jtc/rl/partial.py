@@ -2,13 +2,14 @@
 answers; and the checks of the rollout's decoding settings (scheduler, slots, layout).
 
 With K = max_decode_steps, a sampler call of the continuous scheduler stops after K decode steps
-(`sampler.sample(max_decode_steps=K)`): its rows not ended then are unfinished. Each RL step adds
-its prompts_per_step new groups (G samples of a prompt) to a pool of groups in flight and runs
-rounds, each continuing every unfinished row for at most K decode steps under that step's
-parameters, until prompts_per_step groups are complete (all G rows ended: EOS or T tokens). The
-step trains on those groups, the earliest started first; the others stay in the pool and are
-continued by the next steps, under newer parameters. So a step waits for enough answers, not
-for the longest one; the in-flight pool (and a checkpoint) holds the rest.
+(`sampler.sample(max_decode_steps=K)`): its rows not ended then are unfinished. Each member keeps
+a pool of IN_FLIGHT x prompts_per_step groups (G samples of a prompt) in flight: an RL step tops
+it up with new batches of the prompt stream and runs rounds, each continuing every unfinished
+row for at most K decode steps under that step's parameters, until prompts_per_step groups are
+complete (all G rows ended: EOS or T tokens). The step trains on those groups, the earliest
+started first; the others stay in the pool and are continued by the next steps, under newer
+parameters. So a step waits for enough answers, not for the longest ones; the pool (and a
+checkpoint) holds the rest.
 
 A continued row is re-prefilled: its prompt and its tokens so far, as one prompt, run once
 through the newer policy, whose decode steps then draw its next tokens (`continue_rows`). Not
@@ -37,6 +38,9 @@ import numpy as np
 from jtc import checks
 
 NO_VERSION = -1  # versions_BT where there is no token
+# Groups in flight per prompts_per_step: a step trains on the first half to complete and carries
+# the rest (with exactly prompts_per_step in flight a step would wait for all of them).
+IN_FLIGHT = 2
 
 
 def check_config(c):
@@ -123,6 +127,7 @@ class Pool:
   started_N: np.ndarray
   serial_N: np.ndarray
   next_serial: int = 0
+  rounds: int = 0  # rounds the last step ran (a metric)
 
   ARRAYS = ('tokens_NGT', 'mask_NGT', 'logps_NGT', 'versions_NGT', 'ended_NG', 'eos_NG',
             'started_N', 'serial_N')
@@ -264,19 +269,56 @@ def to_rollout(gen, taken, G):
                              versions_BT=rows(taken['versions_NGT']))
 
 
-def collect(gen, params, pools, next_examples_M, rng, *, sampling, version, max_decode_steps,
-            prompts_per_step, temperature=None):
-  """An RL step's rollouts under partial rollouts: each member's next prompts_per_step groups
-  join its pool, rounds (`run_round`) run until every member has prompts_per_step complete
-  groups, which leave the pool as that member's `Rollout`. Returns (rollouts, rounds run)."""
-  pop = gen.population
+def collect(gen, params, next_examples_M, rng, *, pools, version, c, sampling, temperature=None,
+            **unused):
+  """An RL step's rollouts under partial rollouts (the arguments of `rollout.collect`, plus the
+  members' ``pools``, the drawing policy's ``version`` and the run config ``c``): new groups (whole
+  batches of the prompt stream) join each member's pool until it holds IN_FLIGHT x
+  prompts_per_step groups, rounds (`run_round`) run until every member has prompts_per_step
+  complete groups, and those, the earliest started first, leave the pool as that member's
+  `Rollout`. Returns (rollouts, [0] * members: no dynamic-sampling rounds); the rounds run are
+  kept on the pools."""
+  pop, n = gen.population, c.rollout.prompts_per_step
   for pool, next_examples in zip(pools, next_examples_M):
-    examples = next_examples()
-    pool.add(examples['prompt'], examples['answer'], gen.tokenizer.pad_id)
+    while len(pool.prompts) < IN_FLIGHT * n:  # the first step draws IN_FLIGHT batches
+      examples = next_examples()
+      pool.add(examples['prompt'], examples['answer'], gen.tokenizer.pad_id)
   rounds = 0
-  while min(int(p.complete_N.sum()) for p in pools) < prompts_per_step:
+  while min(int(p.complete_N.sum()) for p in pools) < n:
     run_round(gen, params, pools, pop.fold_in(rng, rounds), sampling, version=version,
-              max_decode_steps=max_decode_steps, temperature=temperature)
+              max_decode_steps=c.rollout.max_decode_steps, temperature=temperature)
     rounds += 1
-  G = sampling['num_samples']
-  return [to_rollout(gen, p.take(prompts_per_step), G) for p in pools], rounds
+  for pool in pools:
+    pool.rounds = rounds
+  return [to_rollout(gen, p.take(n), sampling['num_samples']) for p in pools], [0] * len(pools)
+
+
+def init_pools(c, model_config, members, pad_id):
+  """None (partial rollouts off), or each member's empty `Pool` (the model checked first)."""
+  if not c.rollout.get('max_decode_steps', 0):
+    return None
+  check_model(c, model_config)
+  G, T = c.rollout.sampling.num_samples, c.rollout.sampling.max_new_tokens
+  return [Pool.empty(G, T, pad_id) for _ in range(members)]
+
+
+def pools_state(pools):
+  """A checkpoint's extra entries for ``pools`` ({} when off)."""
+  return {} if pools is None else {'partial_pools': [p.state() for p in pools]}
+
+
+def restore_pools(pools, extra):
+  """The pools of a checkpoint's ``extra`` (``pools`` as they are when off)."""
+  return pools if pools is None else [Pool.from_state(s) for s in extra['partial_pools']]
+
+
+def metrics(pools, m, rollout, step):
+  """Member m's partial-rollout metrics at RL step ``step`` ({} when off): rounds run, groups left
+  in flight, and the share of the trained tokens drawn k = 0, 1, 2, ... versions ago."""
+  if pools is None:
+    return {}
+  mask = rollout.completion_mask_BT > 0
+  lag = (step - 1) - rollout.versions_BT[mask]
+  out = {'partial/rounds': pools[m].rounds, 'partial/groups_in_flight': len(pools[m].prompts)}
+  out.update({f'partial/tokens_lag_{k}': float(np.mean(lag == k)) for k in np.unique(lag)})
+  return out

@@ -52,6 +52,7 @@ from jtc.rl import distributed
 from jtc.rl import evaluation
 from jtc.rl import ledger_recorder
 from jtc.rl import loop
+from jtc.rl import partial as partial_lib
 from jtc.rl import population as population_lib
 from jtc.rl import rollout as rollout_lib
 from jtc.rl import sharding as sharding_lib
@@ -131,6 +132,7 @@ class Trainer:
     self.gen = rollout_lib.Generator.from_config(c, sampler_config, self.tokenizer, self.task,
                                                  to_device=self._to_device, population=pop,
                                                  mesh=self.mesh)
+    self.pools = partial_lib.init_pools(c, sampler_config, pop.n, self.tokenizer.pad_id)
     # Held-out evaluation samples from the policy as trained, whatever the rollouts' sampler.
     self.eval_gen = dataclasses.replace(self.gen, model_config=infer_config)
     self.weighter = (token_weights.PLUGINS[c.token_weights].from_config(
@@ -220,12 +222,14 @@ class Trainer:
     lagged = self.run_state.lagged_params
     behaviour_params = lagged[0] if lagged else self.state.params
     t0 = time.perf_counter()
-    rollouts, rounds = rollout_lib.collect(
-        self.gen, self._policy(behaviour_params),
-        [functools.partial(next, it) for it in self.train_iters], k_rollout,
-        sampling=c.rollout.sampling.to_dict(), dynamic_sampling=c.dapo.dynamic_sampling,
-        max_rounds=c.dapo.dynamic_sampling_rounds,
-        temperature=self.hparams.get('rollout.sampling.temperature'))
+    collect = rollout_lib.collect if self.pools is None else functools.partial(  # partial rollouts
+        partial_lib.collect, pools=self.pools, version=max(step - 1 - len(lagged), 0), c=c)
+    rollouts, rounds = collect(self.gen, self._policy(behaviour_params),
+                               [functools.partial(next, it) for it in self.train_iters], k_rollout,
+                               sampling=c.rollout.sampling.to_dict(),
+                               dynamic_sampling=c.dapo.dynamic_sampling,
+                               max_rounds=c.dapo.dynamic_sampling_rounds,
+                               temperature=self.hparams.get('rollout.sampling.temperature'))
     self.rollouts = rollouts  # the step's rollouts, one per member (for inspection)
     t1 = time.perf_counter()
     batch, metrics, self.run_state = batch_lib.make_batch(
@@ -263,7 +267,7 @@ class Trainer:
       recorder.write(step, run_dirs=self.member_dirs, rollouts=rollouts, tokenizer=self.tokenizer,
                      c=c, model_config=self.model_config, learning_rates=rates, files=self.primary)
     for m in range(pop.n):
-      metrics[m].update(update_metrics[m])
+      metrics[m].update(update_metrics[m], **partial_lib.metrics(self.pools, m, rollouts[m], step))
       metrics[m].update(dynamic_sampling_rounds=rounds[m], time_sample=t1 - t0, time_score=t2 - t1,
                         time_update=t3 - t2, tokens_per_s=n_tokens[m] / max(t3 - t0, 1e-9),
                         learning_rate=rates[m], **{
@@ -308,6 +312,7 @@ class Trainer:
       states = extra['data_states'] if self.pop.batched else [extra['data_state']]
       for it, state in zip(self.train_iters, states):
         it.set_state(state)
+      self.pools = partial_lib.restore_pools(self.pools, extra)  # the rows in flight, exactly
       print(
           f'resumed from step {self._steps_done()} (optimiser step '
           f'{int(np.max(self.state.step))}) in {self.workdir}', file=sys.stderr)
@@ -315,6 +320,7 @@ class Trainer:
   def _save(self, step):
     states = [it.get_state() for it in self.train_iters]
     data = {'data_states': states} if self.pop.batched else {'data_state': states[0]}
+    data.update(partial_lib.pools_state(self.pools))
     self.ckpt.save(step, state=self.state, run_state=self.run_state,
                    extra=dict(data, config=json.loads(self.c.to_json_best_effort())))
     if self.weighter:  # the gather is every process's; the files process 0's

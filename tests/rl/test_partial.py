@@ -3,11 +3,17 @@ exactly), partial rollouts under an unchanged greedy policy equal whole rollouts
 policy version; the decoding settings that cannot work (a scheduler, slots, partial rollouts with
 what they cannot do) name their keys."""
 
+import os
+import sys
+
 import jax
 import numpy as np
 import pytest
+from tests import procs
 
 from configs import common
+from jtc.analysis import ledger as ledger_lib
+from jtc.analysis import metric_writer
 from jtc.data import tasks as tasks_lib
 from jtc.models import bundles
 from jtc.models import sampler as sampler_lib
@@ -15,6 +21,7 @@ from jtc.rl import partial
 from jtc.rl import rollout
 
 G, T = 2, 12
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_pool_continues_rows_takes_the_earliest_complete_groups_and_restores_exactly():
@@ -58,31 +65,45 @@ def generator():
 
 @pytest.mark.slow
 def test_partial_rollouts_of_an_unchanged_greedy_policy_are_its_whole_rollouts(generator):
-  """K = 2 decode steps per round and 3 slots for 4 rows: rows stop, are re-prefilled and
-  continued (the same parameters as two policy versions); greedy, each completion and its
-  log-probs are those of one uninterrupted call, and each token names the round's version."""
+  """One prompt per step, two groups in flight, K = 2 decode steps per round and 3 slots for the
+  rows: rows stop, are re-prefilled and continued, some in the next step (the same parameters
+  as two policy versions). Greedy, each trained group's completions and log-probs are those of
+  one uninterrupted call of its prompt, and each token names the version that drew it."""
   gen, params, examples = generator
   sampling = dict(num_samples=G, max_new_tokens=T, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                   greedy=True)
   prompts, answers = [e['prompt'] for e in examples], [e['answer'] for e in examples]
-  whole, = rollout.generate(gen, params, [prompts[:2]], [answers[:2]], jax.random.key(0), sampling)
+  whole, = rollout.generate(gen, params, [prompts[:3]], [answers[:3]], jax.random.key(0), sampling)
   pools = [partial.Pool.empty(G, T, gen.tokenizer.pad_id)]
-  batches = iter([dict(prompt=prompts[:2], answer=answers[:2])])
-  kw = dict(sampling=sampling, max_decode_steps=2, prompts_per_step=1)
-  (first,), rounds = partial.collect(gen, params, pools, [lambda: next(batches)], jax.random.key(1),
-                                     version=0, **kw)
-  assert rounds >= 2 and len(pools[0].prompts) == 1  # one group left in flight
-  np.testing.assert_array_equal(first.completion_BT, whole.completion_BT[:G])
-  np.testing.assert_allclose(first.sampler_logps_BT, whole.sampler_logps_BT[:G], atol=1e-4)
-  # The second group finishes in the next step, at version 1, under the "newer" policy.
-  batches = iter([dict(prompt=prompts[2:3], answer=answers[2:3])])
-  (second,), _ = partial.collect(gen, params, pools, [lambda: next(batches)], jax.random.key(2),
-                                 version=1, **kw)
-  np.testing.assert_array_equal(second.completion_BT, whole.completion_BT[G:])
-  np.testing.assert_array_equal(second.rewards_B, whole.rewards_B[G:])
-  versions, mask = second.versions_BT, second.completion_mask_BT > 0
-  assert set(np.unique(versions[mask])) == {0, 1} and (versions[~mask] == partial.NO_VERSION).all()
-  assert (np.diff(np.where(mask, versions, 9), axis=1) >= 0).all()  # older tokens first
+  batches = iter([dict(prompt=[p], answer=[a]) for p, a in zip(prompts, answers)])
+  c = common.get_config()
+  c.rollout.prompts_per_step, c.rollout.max_decode_steps = 1, 2
+  kw = dict(sampling=sampling, pools=pools, c=c)
+  versions = []
+  for step in range(2):
+    (got,), _ = partial.collect(gen, params, [lambda: next(batches)], jax.random.key(step),
+                                version=step, **kw)
+    assert pools[0].rounds >= 1 and len(pools[0].prompts) == 1  # the other group in flight
+    i = prompts.index(got_prompt(got, gen, prompts))
+    rows = slice(i * G, (i + 1) * G)
+    np.testing.assert_array_equal(got.completion_BT, whole.completion_BT[rows])
+    np.testing.assert_allclose(got.sampler_logps_BT, whole.sampler_logps_BT[rows], atol=1e-4)
+    np.testing.assert_array_equal(got.rewards_B, whole.rewards_B[rows])
+    mask = got.completion_mask_BT > 0
+    assert (got.versions_BT[~mask] == partial.NO_VERSION).all()
+    assert (np.diff(np.where(mask, got.versions_BT, 9), axis=1) >= 0).all()  # older tokens first
+    versions += list(np.unique(got.versions_BT[mask]))
+  assert set(versions) == {0, 1}  # a group continued in the next step
+
+
+def got_prompt(rollout_, gen, prompts):
+  """The prompt (of ``prompts``) whose encoding starts ``rollout_``'s first row."""
+  P = gen.prompt_width
+  for p in prompts:
+    tokens, _ = gen.encode([p])
+    if (tokens[0] == rollout_.tokens_BL[0, :P]).all():
+      return p
+  raise AssertionError('no prompt matches')
 
 
 @pytest.mark.parametrize('key,value,needle', [
@@ -113,3 +134,42 @@ def test_bad_scheduler_settings_name_the_keys(scheduler, slots, needle):
     partial.check_config(c)
   c.rollout.scheduler, c.rollout.decode_slots = 'continuous', 128
   partial.check_config(c)
+
+
+PARTIAL = ('--config.rollout.scheduler=continuous', '--config.rollout.decode_slots=4',
+           '--config.rollout.behaviour_logps=sampler', '--config.rollout.max_decode_steps=4',
+           '--config.log.ledger_every=1', '--config.num_steps=3')
+
+
+@pytest.mark.slow
+def test_partial_rollouts_sigkill_then_resume_equals_uninterrupted(tmp_path):
+  """The smoke run with partial rollouts and the ledger on, killed after its step-1 checkpoint
+  (groups in flight) and resumed, logs what the uninterrupted run logs: the rows in flight
+  come back from the checkpoint exactly. The ledger names each token's policy version: tokens
+  of the current version match the sampler's log-probs to float rounding, older ones do not."""
+  cmd = lambda w: [
+      sys.executable, '-m', 'jtc.train', '--config=configs/grpo.py:smoke', f'--workdir={w}',
+      *PARTIAL
+  ]
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  whole, killed = str(tmp_path / 'whole'), str(tmp_path / 'killed')
+  proc = procs.run(cmd(whole), whole + '.stderr.log', cwd=REPO, env=env)
+  assert proc.returncode == 0, proc
+  ended = procs.kill_after_checkpoint(cmd(killed), killed, 1, cwd=REPO, env=env)
+  assert ended.returncode == -9, ended
+  proc = procs.run(cmd(killed), killed + '.stderr.log', cwd=REPO, env=env)
+  assert proc.returncode == 0 and 'resumed from step' in proc.stderr, proc
+  read = lambda w: [{
+      k: v for k, v in r.items() if not k.startswith(('time_', 'tokens_per_s'))
+  } for r in metric_writer.read_jsonl(os.path.join(w, 'metrics.jsonl'))]
+  a, b = read(killed), read(whole)
+  assert [r['step'] for r in a] == [r['step'] for r in b] == [0, 1, 2, 3]
+  for ra, rb in zip(a, b):
+    assert ra.keys() == rb.keys()
+    for k in ra:
+      np.testing.assert_allclose(ra[k], rb[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  assert b[1]['partial/groups_in_flight'] > 0 and b[3]['partial/tokens_lag_1'] > 0
+  step = ledger_lib.load(whole, 3)
+  version, mask = step['policy_version_BT'], step['completion_mask_BT'] > 0
+  mismatch = np.abs(step['mismatch_BT'])
+  assert mismatch[mask & (version == 2)].max() < 1e-4 < mismatch[mask & (version == 1)].mean()
