@@ -2,7 +2,8 @@
 
 Run (CPU; each setup's systems timed `--rounds` times INTERLEAVED after one compile call each):
   python -m benchmarks.rollout [--cpu] [--rounds 3] [--setups shipped,long_tail]
-  python -m benchmarks.rollout --small          # tiny sizes, a quick check (what the test runs)
+  python -m benchmarks.rollout --small          # tiny sizes, a quick check
+  python -m benchmarks.rollout --setups qwen3_0_6b --slots 2 --json r.json   # an accelerator
 
 Setups (rows R = prompts x G, sampled at temperature 1):
   shipped    the shipped policy (jtc/assets/base_policy) on held-out arithmetic prompts, the
@@ -14,8 +15,11 @@ Setups (rows R = prompts x G, sampled at temperature 1):
              ends a row at each token with probability 1 / mean: lengths are geometric with mean
              `--mean` (64), truncated at T = 4 x mean, so p99 = T ~ 4.1 x the mean (16 prompts
              x G=8, prompt width 16). The decode's compute is that of any 26M model.
-Systems: `static` (every row decodes until the last has ended) and `continuous` at several slot
-counts O (the CPU's default, every row; R/2; R/4). Useful tokens are the sampled tokens up to
+  qwen3_0_6b the same test policy at the Qwen3-0.6B shape (bf16, untied head zeroed; 32
+             prompts x G=8, prompt width 128, mean 128, T=512): for an accelerator
+             (benchmarks/device_check.sh).
+Systems: `static` (every row decodes until the last has ended) and `continuous` at slot counts
+R / d for d in `--slots` (default 1,2,4: the CPU's default of every row, R/2, R/4). Useful tokens are the sampled tokens up to
 and including EOS (the completion mask); tokens/s is their count over the call's wall time
 (prefill included), the median of the rounds. Beside every figure: the 1-minute load average
 and the cores other processes kept busy during the timed calls (`common.OtherLoad`; a ratio
@@ -25,6 +29,8 @@ checks that both schedulers drew the same tokens.
 from benchmarks import common  # first: --cpu must act before jax is imported
 
 import argparse
+import dataclasses
+import json
 import statistics
 import time
 
@@ -84,9 +90,9 @@ def long_tail_setup(config, prompts, G, mean, prompt_width):
 def systems(R, slot_counts):
   """{name: extra sampler kwargs}: static, then continuous at each slot count."""
   out = {'static': dict(scheduler='static')}
-  for O in slot_counts:
-    if 1 <= O <= R:
-      out[f'continuous O={O}'] = dict(scheduler='continuous', slots=O)
+  for n in slot_counts:
+    if 1 <= n <= R:
+      out[f'continuous slots={n}'] = dict(scheduler='continuous', slots=n)
   return out
 
 
@@ -133,29 +139,48 @@ def _parser():
   parser.add_argument('--mean', type=int, default=64, help='long_tail: mean completion length')
   parser.add_argument('--prompts', type=int, default=16)
   parser.add_argument('--num_samples', type=int, default=8)
+  parser.add_argument('--slots', default='1,2,4', help='continuous at R / d slots for each d')
+  parser.add_argument('--json', default='', help='also write the medians and lengths here')
   return parser
 
 
 def main(argv=None):
   args = _parser().parse_args(argv)
   print(f'benchmarks.rollout: {common.device_line()}, load {common.load_average():.1f} at start')
-  B, G = (2, 4) if args.small else (args.prompts, args.num_samples)
-  R = B * G
-  named = systems(R, [R, R // 2, R // 4])
   results = {}
   for name in args.setups.split(','):
-    if name == 'shipped':
-      setup = shipped_setup(B, G, 8 if args.small else 32, 20)
-    elif name == 'long_tail':
-      config = (model_lib.ModelConfig.tiny(vocab_size=64, tie_embeddings=False)
-                if args.small else model_lib.ModelConfig.small_25m(tie_embeddings=False))
-      setup = long_tail_setup(config, B, G, 4 if args.small else args.mean, 16)
-    else:
-      raise ValueError(f'--setups: unknown setup {name!r}; valid: shipped, long_tail')
-    label, *run = setup
-    results[name] = report(label, *measure(*run, named, args.rounds))
+    label, *run = setup(name, args)
+    R = run[2].shape[0] * run[4]['num_samples']
+    named = systems(R, [R // int(d) for d in args.slots.split(',')])
+    rates, other, lengths_R, same = measure(*run, named, args.rounds)
+    results[name] = dict(label=label, tokens_per_s=report(label, rates, other, lengths_R, same),
+                         load=other.load, other_cores=other.cores, same_tokens=same,
+                         mean_length=float(lengths_R.mean()),
+                         p99_length=float(np.percentile(lengths_R, 99)))
   print(f'\nload {common.load_average():.1f} at the end')
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(dict(device=common.device_line(), setups=results), f, indent=1)
   return results
+
+
+def setup(name, args):
+  """(label, params, config, tokens_BP, mask_BP, sampler kwargs) of setup ``name``."""
+  B, G = (2, 4) if args.small else (args.prompts, args.num_samples)
+  if name == 'shipped':
+    return shipped_setup(B, G, 8 if args.small else 32, 20)
+  if name == 'long_tail':
+    config = (model_lib.ModelConfig.tiny(vocab_size=64, tie_embeddings=False)
+              if args.small else model_lib.ModelConfig.small_25m(tie_embeddings=False))
+    return long_tail_setup(config, B, G, 4 if args.small else args.mean, 16)
+  if name == 'qwen3_0_6b':
+    config = model_lib.ModelConfig.qwen3_0_6b(tie_embeddings=False, max_seq_len=4096)
+    if args.small:
+      config = dataclasses.replace(config, n_layers=2, vocab_size=512, dtype='float32',
+                                   param_dtype='float32')
+    return long_tail_setup(config, B if args.small else 32, G, 4 if args.small else 128,
+                           16 if args.small else 128)
+  raise ValueError(f'--setups: unknown setup {name!r}; valid: shipped, long_tail, qwen3_0_6b')
 
 
 if __name__ == '__main__':

@@ -168,7 +168,7 @@ def _draw(s: _Slots, draw, budget_B, G, eos_ids, pad_id):
   token_R, logp_R = draw(s.logits_RV, s.t_R, s.row_R)
   live_R = s.live_R
   token_R = jnp.where(live_R, token_R, pad_id)
-  eos_R = live_R & functools.reduce(jnp.logical_or, [token_R == e for e in eos_ids])
+  eos_R = live_R & jnp.any(token_R[:, None] == jnp.asarray(eos_ids)[None], axis=-1)
   ended_R = live_R & (eos_R | (s.t_R + 1 >= budget_B[jnp.minimum(s.row_R // G, B - 1)]))
   out = s.out.write(jnp.where(live_R, s.row_R, B * G), s.t_R, token_R, logp_R, eos_R, ended_R)
   cache = s.cache
