@@ -18,6 +18,12 @@ Setups (rows R = prompts x G, sampled at temperature 1):
   qwen3_0_6b the same test policy at the Qwen3-0.6B shape (bf16, untied head zeroed; 32
              prompts x G=8, prompt width 128, mean 128, T=512): for an accelerator
              (benchmarks/device_check.sh).
+  rl_step    whole RL steps (python -m jtc.train, configs/grpo.py, the shipped policy, 64 new
+             tokens, continuous with 32 slots, sampler log-probs, no evaluation) with partial
+             rollouts off and on (`--max_decode_steps`, 8), each to the same token budget
+             (`--token_budget`, 30000 trained tokens), interleaved: trained tokens per second of
+             the steps' own time (their sample + score + update timers, step 1's compilation
+             left out) and the final reward.
 Systems: `static` (every row decodes until the last has ended) and `continuous` at slot counts
 R / d for d in `--slots` (default 1,2,4: the CPU's default of every row, R/2, R/4). Useful tokens are the sampled tokens up to
 and including EOS (the completion mask); tokens/s is their count over the call's wall time
@@ -31,13 +37,18 @@ from benchmarks import common  # first: --cpu must act before jax is imported
 import argparse
 import dataclasses
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jtc.analysis import metric_writer
 from jtc.data import pipeline as data_lib
 from jtc.data import tasks as tasks_lib
 from jtc.models import bundles
@@ -141,6 +152,8 @@ def _parser():
   parser.add_argument('--num_samples', type=int, default=8)
   parser.add_argument('--slots', default='1,2,4', help='continuous at R / d slots for each d')
   parser.add_argument('--json', default='', help='also write the medians and lengths here')
+  parser.add_argument('--token_budget', type=int, default=30000, help='rl_step: per run')
+  parser.add_argument('--max_decode_steps', type=int, default=8, help='rl_step: partial runs')
   return parser
 
 
@@ -149,6 +162,9 @@ def main(argv=None):
   print(f'benchmarks.rollout: {common.device_line()}, load {common.load_average():.1f} at start')
   results = {}
   for name in args.setups.split(','):
+    if name == 'rl_step':
+      results[name] = rl_steps(args)
+      continue
     label, *run = setup(name, args)
     R = run[2].shape[0] * run[4]['num_samples']
     named = systems(R, [R // int(d) for d in args.slots.split(',')])
@@ -162,6 +178,56 @@ def main(argv=None):
     with open(args.json, 'w') as f:
       json.dump(dict(device=common.device_line(), setups=results), f, indent=1)
   return results
+
+
+def rl_steps(args):
+  """The rl_step setup (module docstring): {partial off / on: [trained tokens/s of each round]}."""
+  flags = [
+      '--config=configs/grpo.py', '--config.rollout.scheduler=continuous',
+      '--config.rollout.decode_slots=32', '--config.rollout.behaviour_logps=sampler',
+      '--config.rollout.sampling.max_new_tokens=64', '--config.eval.every=0',
+      '--config.num_steps=100000', f'--config.token_budget={args.token_budget}'
+  ]
+  if args.small:
+    flags[0] = '--config=configs/grpo.py:smoke'
+    flags[-1] = '--config.token_budget=300'
+  runs = {
+      'partial off': [],
+      f'partial on (max_decode_steps={args.max_decode_steps})': [
+          f'--config.rollout.max_decode_steps={args.max_decode_steps}'
+      ]
+  }
+  rates, rewards = {n: [] for n in runs}, {n: [] for n in runs}
+  loads = []
+  with tempfile.TemporaryDirectory() as root:
+    for r in range(args.rounds):
+      for i, (name, extra) in enumerate(runs.items()):
+        workdir = os.path.join(root, f'{r}_{i}')
+        with common.OtherLoad() as other:
+          subprocess.run(
+              [sys.executable, '-m', 'jtc.train', f'--workdir={workdir}', *flags, *extra],
+              check=True, capture_output=True, text=True)
+        loads.append(other)
+        records = [
+            s for s in metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+            if s['step'] >= 1
+        ]
+        first, steps = records[0], records[1:]  # step 1 compiles: left out
+        seconds = sum(s['time_sample'] + s['time_score'] + s['time_update'] for s in steps)
+        tokens = records[-1]['compute/generated_tokens'] - first['compute/generated_tokens']
+        rates[name].append(tokens / max(seconds, 1e-9))
+        rewards[name].append(records[-1]['reward_mean'])
+  print(f'\nRL steps to a budget of {args.token_budget} trained tokens, partial rollouts off / on')
+  worst = max(loads, key=lambda o: o.cores)
+  print(f'  runs: {common.load_str(worst)} (the most loaded run)'
+        f'{"  LOADED: not a valid ratio" if common.is_loaded(worst) else ""}')
+  base = statistics.median(rates['partial off'])
+  for name in runs:
+    med = statistics.median(rates[name])
+    print(f'  {name:38s} {med:8.0f} trained tok/s (rounds: '
+          f'{", ".join(f"{x:.0f}" for x in rates[name])}), final reward '
+          f'{statistics.median(rewards[name]):.3f}  {med / base:.2f} x off')
+  return dict(tokens_per_s=rates, rewards=rewards)
 
 
 def setup(name, args):

@@ -236,11 +236,14 @@ def run_round(gen, params, pools, rng, sampling, *, version, max_decode_steps, t
     return
   size = 1 << (n - 1).bit_length()  # a few program shapes: the counts vary from round to round
   built = []
-  for p, r in zip(pools, rows):
+  for p, r in zip(pools, rows):  # padded with rows of budget 0 (not run), one pad token each
     tokens, mask, budget = continuation_prompts(gen, p, r[:, 0], r[:, 1])
-    pad = lambda x: np.concatenate([x, np.repeat(x[:1] if len(x) else x, size - len(x), 0)])
-    built.append(
-        (pad(tokens), pad(mask), np.concatenate([budget, np.zeros(size - len(r), np.int32)])))
+    extra = size - len(r)
+    pad_mask = np.zeros((extra, mask.shape[1]), np.int32)
+    pad_mask[:, -1] = 1
+    pad_tokens = np.full_like(pad_mask, gen.tokenizer.pad_id)
+    built.append((np.concatenate([tokens, pad_tokens]), np.concatenate([mask, pad_mask]),
+                  np.concatenate([budget, np.zeros(extra, np.int32)])))
   outs = gen.sample_encoded(params, [b[0] for b in built], [b[1] for b in built],
                             pop.fold_in(rng, 1), dict(sampling, num_samples=1), temperature,
                             max_new_tokens_B=[b[2] for b in built],
