@@ -90,8 +90,9 @@ def test_the_implementations_agree_in_value_and_gradient():
       impl: jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(p, x_BLD, impl)
       for impl in moe.MOE_IMPLS
   }
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads['ragged'],
-               grads['dense'])
+  for impl in ('ragged', 'blocks'):
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads[impl],
+                 grads['dense'])
   # Every parameter gets a gradient (the router through the weights and the auxiliary loss).
   assert all(float(jnp.max(jnp.abs(g))) > 0 for g in jax.tree.leaves(grads['ragged'][0]))
 
@@ -147,3 +148,16 @@ def test_load_balancing_loss_is_hugging_faces():
   even = moe.Routed(experts_BLW=top_YBLW, load_X=jnp.full((Y, X), W * 10.0 / X), prob_X=jnp.full(
       (Y, X), 10.0 / X))
   np.testing.assert_allclose(moe.load_balancing_loss(even, jnp.ones((2, 5))), W, rtol=1e-6)
+
+
+@pytest.mark.parametrize('block', [1, 2, 64])
+def test_blocks_of_any_size_hold_every_pair(block):
+  """Experts with no pair, with one and with several blocks' worth: the block layout drops and
+  duplicates nothing, whatever C."""
+  p, x_UD = _params(CONFIG), _x().reshape(B * L, -1)
+  experts_UW = jnp.stack([jnp.arange(B * L) % 3, jnp.full(B * L, 5)], axis=1)  # 3, 4 unused
+  weights_UW = jax.random.uniform(jax.random.key(2), (B * L, 2))
+  dense = moe._experts_dense(p, x_UD, experts_UW, weights_UW, jnp.float32)
+  blocks = jax.jit(moe._experts_blocks, static_argnums=(4, 5))(p, x_UD, experts_UW, weights_UW,
+                                                               jnp.float32, block)
+  np.testing.assert_allclose(blocks, dense, rtol=1e-5, atol=1e-6)
