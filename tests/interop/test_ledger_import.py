@@ -10,7 +10,12 @@ import pytest
 from jtc import cli
 from jtc.analysis import ledger as ledger_lib
 from jtc.analysis import replay as replay_lib
+from tests import test_docs_commands
 from tests.interop import test_neutral
+from tests.interop import test_prime_rl
+from tests.interop import test_verl
+from tests.interop import writers
+from tests.interop.test_verl import checkpoint  # noqa: F401  (a fixture)
 
 
 @pytest.fixture(scope='module')
@@ -84,3 +89,31 @@ def test_an_existing_step_is_not_overwritten(imported, capsys):
     cli.main(['ledger', 'import', '--from', 'jsonl', path, '--out', imported])
   assert 'exists; pass --overwrite' in capsys.readouterr().err
   assert os.path.getmtime(os.path.join(imported, 'ledger', '4', 'ledger.npz')) == before
+
+
+@pytest.mark.slow  # ~30 s: every format, a checkpoint's log-probs, the viewer
+def test_the_docs_commands_run(tmp_path, checkpoint, capsys):
+  """docs/ledger.md, "Bring another framework's rollouts": every command, on dumps written as the
+  frameworks write them (RUN, DUMP, ROLLOUTS, POLICY, ROWS stand for their places)."""
+  places = {
+      'RUN': str(tmp_path / 'prime'),
+      'DUMP': str(tmp_path / 'slime'),
+      'ROLLOUTS': str(tmp_path / 'verl' / 'rollouts'),
+      'POLICY': checkpoint[0],
+      'ROWS.jsonl': str(tmp_path / 'rows.jsonl'),
+      '/tmp/jtc/imported': str(tmp_path / 'imported')
+  }
+  test_prime_rl._step(tmp_path / 'prime')  # pylint: disable=protected-access
+  writers.write_slime(places['DUMP'], 12, writers.slime_samples(writers.rng_for(4), groups=2, G=3))
+  test_verl._dump(tmp_path / 'verl')  # pylint: disable=protected-access
+  test_neutral.write(places['ROWS.jsonl'], test_neutral.neutral_rows(np.random.default_rng(7)))
+  commands = test_docs_commands.section_commands('docs/ledger.md',
+                                                 'Bring another framework\'s rollouts')
+  assert len(commands) == 5
+  for _, args in commands:
+    for k, v in places.items():
+      args = [a.replace(k, v) for a in args]
+    assert cli.main(args) == 0, args
+  assert ledger_lib.steps(places['/tmp/jtc/imported']) == [4, 5, 7, 12]
+  assert os.path.exists(os.path.join(places['/tmp/jtc/imported'], 'view.html'))
+  assert ledger_lib.load(places['/tmp/jtc/imported'], 5).has_policy

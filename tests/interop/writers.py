@@ -289,3 +289,17 @@ def verl_grpo(scores, index, eps=1e-6):
 
 def rng_for(seed):
   return np.random.default_rng(seed)
+
+
+def prime_default_loss(inputs, *, dppo_mask_low=0.2, dppo_mask_high=0.2, adv_tau=1.0, kl_tau=1e-3,
+                       **_):
+  """prime-rl's per-sample default_loss_fn (DPPO + KL), re-expressed: the sum over the sample's
+  tokens of -(kept) adv_tau A r + kl_tau (log r)^2 on the loss mask."""
+  log_r = inputs.trainer_logprobs - inputs.inference_logprobs
+  r = torch.exp(log_r)
+  diff = torch.exp(inputs.trainer_logprobs) - torch.exp(inputs.inference_logprobs)
+  adv = inputs.advantages
+  invalid = torch.where(adv > 0, diff > dppo_mask_high, diff < -dppo_mask_low)
+  keep = inputs.loss_mask & ~invalid
+  per_token = -(keep * adv_tau * adv * r) + kl_tau * (inputs.loss_mask * log_r**2)
+  return per_token.sum()
