@@ -153,16 +153,17 @@ def _experts_ragged(p, x_UD, experts_UW, weights_UW, dtype):
 
 
 def _experts_dense(p, x_UD, experts_UW, weights_UW, dtype):
-  """sum_j w_j expert_j(x) with every expert on every token and w = 0 off the chosen ones."""
+  """sum_j w_j expert_j(x) with every expert on every token: each pair's output picked out of the
+  X outputs by a one-hot sum (exact: one non-zero term), then mixed over W. Split over a mesh's
+  expert axis, the pick becomes a sum across devices that is still exact, so the result does not
+  depend on the split."""
   X = p['expert_gate']['kernel'].shape[0]
-  combine_UX = jnp.sum(
-      jax.nn.one_hot(experts_UW, X, dtype=jnp.float32) * weights_UW[..., None],
-      axis=1).astype(dtype)
   kernel = lambda name: p[name]['kernel'].astype(dtype)
   h_XUF = jax.nn.silu(jnp.einsum('UD,XDF->XUF', x_UD, kernel('expert_gate'))) * jnp.einsum(
       'UD,XDF->XUF', x_UD, kernel('expert_up'))
   y_XUD = jnp.einsum('XUF,XFD->XUD', h_XUF, kernel('expert_down'))
-  return jnp.einsum('XUD,UX->UD', y_XUD, combine_UX)
+  y_UWD = jnp.einsum('XUD,UWX->UWD', y_XUD, jax.nn.one_hot(experts_UW, X, dtype=dtype))
+  return jnp.einsum('UWD,UW->UD', y_UWD, weights_UW.astype(dtype))
 
 
 def _experts_blocks(p, x_UD, experts_UW, weights_UW, dtype, block: int = 64):
