@@ -14,6 +14,7 @@ from jtc.models.model_config import ModelConfig
 CONFIG = ModelConfig.tiny_moe(d_model=16, n_experts=6, experts_per_token=2, d_expert=8,
                               d_shared_expert=12)
 B, L = 3, 5
+ffn = jax.jit(moe.feed_forward, static_argnums=2)
 
 
 def _params(config, seed=0):
@@ -54,7 +55,7 @@ def test_feed_forward_matches_the_formula_token_by_token(impl, norm_topk_prob, s
   config = dataclasses.replace(CONFIG, moe_impl=impl, norm_topk_prob=norm_topk_prob,
                                d_shared_expert=shared)
   p, x_BLD = _params(config), _x()
-  y_BLD, routed = jax.jit(moe.feed_forward, static_argnums=2)(p, x_BLD, config)
+  y_BLD, routed = ffn(p, x_BLD, config)
   np.testing.assert_allclose(y_BLD, _reference(p, x_BLD, config), rtol=1e-5, atol=1e-5)
   assert routed.experts_BLW.shape == (B, L, 2) and routed.experts_BLW.dtype == jnp.int32
   # The counts: each token chooses W experts; the probabilities of a token sum to 1.
@@ -71,7 +72,7 @@ def test_dropless_when_every_token_picks_the_same_experts():
   p['router']['kernel'] = p['router']['kernel'].at[:, 4].set(1.0).at[:, 1].set(0.5)
   for impl in moe.MOE_IMPLS:
     config = dataclasses.replace(CONFIG, moe_impl=impl)
-    y_BLD, routed = moe.feed_forward(p, x_BLD, config)
+    y_BLD, routed = ffn(p, x_BLD, config)
     assert np.all(np.asarray(routed.experts_BLW) == [4, 1])
     np.testing.assert_allclose(y_BLD, _reference(p, x_BLD, config), rtol=1e-5, atol=1e-5)
 
@@ -99,9 +100,9 @@ def test_the_implementations_agree_in_value_and_gradient():
 
 def test_replay_of_the_own_choice_or_of_none_changes_nothing():
   p, x_BLD = _params(CONFIG), _x()
-  y_BLD, routed = moe.feed_forward(p, x_BLD, CONFIG)
-  same, _ = moe.feed_forward(p, x_BLD, CONFIG, replay_BLW=routed.experts_BLW)
-  off, _ = moe.feed_forward(p, x_BLD, CONFIG, replay_BLW=jnp.full((B, L, 2), -1))
+  y_BLD, routed = ffn(p, x_BLD, CONFIG)
+  same, _ = ffn(p, x_BLD, CONFIG, replay_BLW=routed.experts_BLW)
+  off, _ = ffn(p, x_BLD, CONFIG, replay_BLW=jnp.full((B, L, 2), -1))
   np.testing.assert_array_equal(same, y_BLD)
   np.testing.assert_array_equal(off, y_BLD)
 
@@ -111,19 +112,20 @@ def test_replay_uses_the_given_experts_weighted_by_the_router():
   experts and the router's renormalised probabilities of them; the router still sees the
   gradient of the replayed experts' weights; `Routed` keeps the router's own choice."""
   p, x_BLD = _params(CONFIG), _x()
-  _, own = moe.feed_forward(p, x_BLD, CONFIG)
+  _, own = ffn(p, x_BLD, CONFIG)
   replay_BLW = jnp.full((B, L, 2), -1).at[1, 2].set(jnp.array([5, 0])).at[2,
                                                                           0].set(jnp.array([3, 2]))
-  y_BLD, routed = moe.feed_forward(p, x_BLD, CONFIG, replay_BLW=replay_BLW)
+  y_BLD, routed = ffn(p, x_BLD, CONFIG, replay_BLW=replay_BLW)
   used_BLW = jnp.where(replay_BLW >= 0, replay_BLW, own.experts_BLW)
   np.testing.assert_allclose(y_BLD, _reference(p, x_BLD, CONFIG, used_BLW), rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(routed.experts_BLW, own.experts_BLW)
-  grad = jax.grad(lambda r: jnp.sum(
-      moe.feed_forward({
-          **p, 'router': {
-              'kernel': r
-          }
-      }, x_BLD[1:2, 2:3], CONFIG, replay_BLW=replay_BLW[1:2, 2:3])[0]))(p['router']['kernel'])
+  grad = jax.jit(
+      jax.grad(lambda r: jnp.sum(
+          moe.feed_forward({
+              **p, 'router': {
+                  'kernel': r
+              }
+          }, x_BLD[1:2, 2:3], CONFIG, replay_BLW=replay_BLW[1:2, 2:3])[0])))(p['router']['kernel'])
   assert float(jnp.max(jnp.abs(grad))) > 0
 
 
