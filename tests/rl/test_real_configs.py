@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from jtc.rl import checkpoints
 from jtc.rl import config_check
+from jtc.data import examples
 from jtc.data import formats
 from jtc.data import pipeline as data_lib
 from jtc.models import hf_import
@@ -285,7 +286,7 @@ def test_each_dataset_format_trains_a_smoke_config(fmt, tiny_hf, tmp_path, monke
   assert [(e['prompt'], e['answer']) for e in trainer.eval_examples
          ] == [(prompt_of(q), a.split('#### ')[1]) for q, a in TINY_GSM8K[:2]]
   assert all(
-      isinstance(e['prompt'], formats.Conversation) == (fmt == 'verl_parquet')
+      isinstance(e['prompt'], examples.Conversation) == (fmt == 'verl_parquet')
       for e in trainer.eval_examples)
   with c.unlocked():  # one step; the jitted step built for the smoke run's two (compile cache)
     c.num_steps = 1
