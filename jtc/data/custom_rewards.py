@@ -21,6 +21,8 @@ failure accounting apply to each answer. The function runs in the verifier pool
 answer). A call that raises, returns no finite number or times out scores 0, never stops the run:
 `CustomReward` counts them (``reward/failed`` in metrics.jsonl, per step) and prints one line per
 kind of failure when first seen and a total when the run ends.
+
+Dimension key (docs/dimensions.md): B answers scored in one call.
 """
 from __future__ import annotations
 

@@ -13,6 +13,8 @@ Every verifier has the interface of `jtc.data.rewards` (``(prompts, completions,
 [B] float32``); `rewards.close_reward_fn` ends the processes of pooled ones (`BySource` too);
 `take_metrics` gives the failures a user's function had since the last call (``reward/failed``;
 ``{}`` for jtc's own verifiers).
+
+Dimension key (docs/dimensions.md): B answers scored in one call.
 """
 from __future__ import annotations
 
