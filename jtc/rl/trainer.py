@@ -353,13 +353,17 @@ class Trainer:
     last = [{}] * self.pop.n
     with loop.StopOnSignal() as stop, metric_writer.closing(writers):
       if start == 0 and eval_every:
-        for writer, metrics in zip(writers, self.evaluate(0)):
+        evals = self.evaluate(0)
+        progress.evaluation(0, evals)
+        for writer, metrics in zip(writers, evals):
           writer.write(0, metrics)
       for step in range(start + 1, c.num_steps + 1):
         metrics = self.step(step)
         final = step == c.num_steps or self._budget_spent()
         if eval_every and (step % eval_every == 0 or final):
-          for m, e in zip(metrics, self.evaluate(step)):
+          evals = self.evaluate(step)
+          progress.evaluation(step, evals)
+          for m, e in zip(metrics, evals):
             m.update(e)
         last = [w.write(step, m) for w, m in zip(writers, metrics)]
         if jax.process_count() > 1 and distributed.any_process(stop.signal is not None):
