@@ -56,6 +56,7 @@ from jtc.rl import ledger_recorder
 from jtc.rl import loop
 from jtc.rl import population as population_lib
 from jtc.rl import rollout as rollout_lib
+from jtc.rl import routing as routing_lib
 from jtc.rl import sharding as sharding_lib
 from jtc.rl import update as update_lib
 from jtc.rl import workdir as workdir_lib
@@ -87,6 +88,7 @@ class Trainer:
     c, pop = self.c, self.pop
     self.model_config, params, self.tokenizer = policy or checkpoints.load_policy(c.policy)
     lora_lib.check_config(c.lora, self.model_config)  # the rank against the model's dimensions
+    routing_lib.check_config(c, self.model_config, pop.n)  # MoE keys (jtc.rl.routing)
     self.G, self.P = c.rollout.sampling.num_samples, c.data.prompt_width
     self.task = None if c.data.dataset else tasks_lib.get_task(c.data.task)
     self.updates_per_step = update_lib.updates_per_step(c.optim, c.rollout.prompts_per_step)
