@@ -6,7 +6,8 @@ correct loss has.
 
 The function (`jtc.interop.conform_grad` says how it is called) is put through the batches of
 `jtc.interop.conform_batches` and these checks; a token differs when
-|g - c| > tol (|c| + 0.1 max|c|), g the function's d loss / d logp (float64), c the reference:
+|g - c| > tol (|c| + 0.1 s), g the function's d loss / d logp (float64), c the reference, s the
+larger of max|c| and max|A| / N (N real tokens: `scale_of`):
   gradient      g equals jtc's closed form c = d loss / d log pi for --objective, --aggregation
                 and the hyper-parameters (`jtc.analysis.diagnostics.loss_coefficients`, computed
                 on the log-ratios), token by token, on every batch;
@@ -115,9 +116,16 @@ def closed_form(objective, hp, batch):
   return np.asarray(coef, np.float64)
 
 
-def differ(g, c, tol, scale=None):
-  """[B, T] bool: the tokens where g and c differ (module docstring)."""
-  scale = np.max(np.abs(c)) if scale is None else scale
+def scale_of(batch, c):
+  """s = max(max|c|, max|A| / N), N the batch's real tokens: the largest coefficient, floored at a
+  natural size of one (a batch whose coefficients are all zero up to float32 rounding, e.g. DFPO's
+  orthogonal projection on rows of equal length, is then not judged by its rounding noise)."""
+  floor = np.max(np.abs(batch.adv_B)) / max(float((batch.mask_BT > 0).sum()), 1.0)
+  return max(float(np.max(np.abs(c))), floor)
+
+
+def differ(g, c, tol, scale):
+  """[B, T] bool: the tokens where g and c differ: |g - c| > tol (|c| + 0.1 s), s = `scale_of`."""
   return ~np.isfinite(g) | (np.abs(g - c) > tol * (np.abs(c) + 0.1 * scale))
 
 
@@ -136,15 +144,16 @@ def describe(g, c, bad, batch):
 
 
 def check_gradient(batch, g, c, tol):
-  bad = differ(g, c, tol)
-  detail = describe(g, c, bad, batch) if bad.any() else (
-      f'max |g - c| / max|c| = {np.max(np.abs(g - c)) / max(np.max(np.abs(c)), 1e-300):.2g}')
+  scale = scale_of(batch, c)
+  bad = differ(g, c, tol, scale)
+  detail = describe(
+      g, c, bad, batch) if bad.any() else (f'max |g - c| / s = {np.max(np.abs(g - c)) / scale:.2g}')
   return Finding('gradient', batch.name, not bad.any(), detail)
 
 
 def check_weights(batch, g, c):
-  """Effective importance weights g / c on the tokens jtc weighs (|c| > 1e-3 max|c|)."""
-  weighed = np.abs(c) > 1e-3 * np.max(np.abs(c)) if np.any(c) else np.zeros(c.shape, bool)
+  """Effective importance weights g / c on the tokens jtc weighs (|c| > 1e-3 s, `scale_of`)."""
+  weighed = np.abs(c) > 1e-3 * scale_of(batch, c)
   w = np.where(weighed, np.divide(g, np.where(weighed, c, 1.0)), 1.0)
   flags = {
       'non-finite': weighed & ~np.isfinite(w),
@@ -192,7 +201,7 @@ def check_split(kind, call, batch, g_full, objective, accumulation, tol):
       scale = 1.0 / n if accumulation == 'mean' else 1.0
       grads = [call(batch.rows(p), **context)[1] * scale for p in parts]
     g = _scatter(batch, parts, grads)
-    bad = differ(g, g_full, tol)
+    bad = differ(g, g_full, tol, scale_of(batch, g_full))
     if bad.any():
       what = f'{n} {"ranks" if kind == "data-parallel" else "micro-batches"} of {B // n} rows'
       return Finding(kind, batch.name, False, f'{what}: ' + describe(g, g_full, bad, batch))
@@ -211,7 +220,7 @@ def check_padding(call, batch, g_full, tol, pad=5, seed=0):
                                  widen(batch.mask_BT, np.zeros((B, pad))), batch.group_size,
                                  None if tw is None else widen(tw, rng.uniform(0, 2, (B, pad))))
   _, g = call(padded, num_tokens=float((batch.mask_BT > 0).sum()), num_sequences=B, norm_length=T)
-  bad = differ(g, widen(g_full, np.zeros((B, pad))), tol, scale=np.max(np.abs(g_full)))
+  bad = differ(g, widen(g_full, np.zeros((B, pad))), tol, scale_of(batch, g_full))
   detail = (f'{pad} padding columns: ' + describe(g, widen(g_full, np.zeros(
       (B, pad))), bad, padded) if bad.any() else f'{pad} padding columns')
   return Finding('padding', batch.name, not bad.any(), detail)
@@ -225,7 +234,7 @@ def check_permutation(call, batch, g_full, tol, seed=0):
   perm = np.concatenate([g * G + rng.permutation(G) for g in groups])
   _, g = call(batch.rows(perm, T=T), num_tokens=float((batch.mask_BT > 0).sum()), num_sequences=B,
               norm_length=T)
-  bad = differ(g, g_full[perm], tol)
+  bad = differ(g, g_full[perm], tol, scale_of(batch, g_full))
   detail = 'groups and rows within groups permuted' + (
       ': ' + describe(g, g_full[perm], bad, batch.rows(perm, T=T)) if bad.any() else '')
   return Finding('permutation', batch.name, not bad.any(), detail)
@@ -291,7 +300,7 @@ def report(result, *, name, objective, aggregation, hparams, framework, accumula
   hp = ', '.join(f'{k}={v}' for k, v in sorted(hparams.items())) or 'defaults'
   lines = [
       f'{name} against jtc\'s {objective} ({aggregation}; {hp}); {framework}, float64; '
-      f'micro-batches accumulated: {accumulation}; tolerance |g - c| <= {tol:g} (|c| + 0.1 max|c|)'
+      f'micro-batches accumulated: {accumulation}; tolerance |g - c| <= {tol:g} (|c| + 0.1 s)'
   ]
   for check in CHECKS:
     mine = [f for f in result.findings if f.check == check]

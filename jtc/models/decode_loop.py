@@ -97,20 +97,24 @@ class Completions:
     eos_BG: bool, the row ended with an EOS id.
     ended_BG: bool, the row ended (EOS, or its token budget); False: the loop stopped first
       (``max_decode_steps``), the row is unfinished.
+    experts_BGTYW: None, or int16 [B, G, T, Y, W]: the experts token t was routed to in each
+      layer by the decode step that fed it (-1: not fed; a row's last token never is).
   """
   tokens_BGT: jax.Array
   mask_BGT: jax.Array
   logps_BGT: jax.Array
   eos_BG: jax.Array
   ended_BG: jax.Array
+  experts_BGTYW: jax.Array | None = None
 
   @classmethod
-  def empty(cls, B, G, T, pad_id):
+  def empty(cls, B, G, T, pad_id, experts_YW=None):
     zeros = lambda *shape, dtype: jnp.zeros(shape, dtype)
+    experts = None if experts_YW is None else jnp.full((B, G, T, *experts_YW), -1, jnp.int16)
     return cls(tokens_BGT=jnp.full((B, G, T), pad_id,
                                    jnp.int32), mask_BGT=zeros(B, G, T, dtype=jnp.int32),
                logps_BGT=zeros(B, G, T, dtype=jnp.float32), eos_BG=zeros(B, G, dtype=bool),
-               ended_BG=zeros(B, G, dtype=bool))
+               ended_BG=zeros(B, G, dtype=bool), experts_BGTYW=experts)
 
   def write(self, row_R, t_R, token_R, logp_R, eos_R, ended_R):
     """Token ``t_R`` of sampler row ``row_R`` = b * G + g (a row >= B * G writes nothing)."""
@@ -122,6 +126,14 @@ class Completions:
                                       token_R), mask_BGT=at(self.mask_BGT, jnp.ones_like(token_R)),
                         logps_BGT=at(self.logps_BGT, logp_R), eos_BG=flag(self.eos_BG, eos_R),
                         ended_BG=flag(self.ended_BG, ended_R))
+
+  def write_experts(self, row_R, t_R, experts_RYW):
+    """The experts token ``t_R`` of sampler row ``row_R`` was routed to (a row >= B * G writes
+    nothing)."""
+    G = self.eos_BG.shape[1]
+    experts = self.experts_BGTYW.at[row_R // G, row_R % G, t_R].set(experts_RYW.astype(jnp.int16),
+                                                                    mode='drop')
+    return self.replace(experts_BGTYW=experts)
 
 
 @flax.struct.dataclass
@@ -178,12 +190,13 @@ def _draw(s: _Slots, draw, budget_B, G, eos_ids, pad_id):
 
 
 def run(step, draw, logits_BV, cache: decode.GroupCache, prompt_lengths_B, *, num_samples,
-        max_new_tokens, eos_ids, pad_id, budget_B=None, max_decode_steps=None) -> Completions:
+        max_new_tokens, eos_ids, pad_id, budget_B=None, max_decode_steps=None,
+        experts_YW=None) -> Completions:
   """Decodes G = ``num_samples`` completions of each of B prompts.
 
   Args:
-    step: fn(tokens_R, positions_R, cache) -> (logits_RV, cache), one `decode.decode_step` of the
-      cache's R rows.
+    step: fn(tokens_R, positions_R, cache) -> (logits_RV, cache(, experts_RYW)), one
+      `decode.decode_step` of the cache's R rows (the experts with ``experts_YW``).
     draw: fn(logits_RV, t_R, row_R) -> (token_R, logp_R): token t of sampler row b * G + g
       (`token_keys`).
     logits_BV: float32 logits of each prompt's first new token (`decode.prefill`).
@@ -196,6 +209,8 @@ def run(step, draw, logits_BV, cache: decode.GroupCache, prompt_lengths_B, *, nu
       rows are not run, and count as ended). Per-row caches only.
     max_decode_steps: None, or stop after this many decode steps (static int): the rows not
       ended then are unfinished (`Completions.ended_BG` False), their tokens so far kept.
+    experts_YW: None, or (Y, W): ``step`` also returns the fed tokens' experts, kept in
+      `Completions.experts_BGTYW` (a mixture-of-experts model's `return_routing`).
 
   Returns:
     `Completions` of the B * G samples.
@@ -216,7 +231,7 @@ def run(step, draw, logits_BV, cache: decode.GroupCache, prompt_lengths_B, *, nu
   draw_write = functools.partial(_draw, draw=draw, budget_B=budget_B, G=G, eos_ids=eos_ids,
                                  pad_id=pad_id)
   zeros = lambda dtype: jnp.zeros((R,), dtype)
-  out = Completions.empty(B, G, T, pad_id)
+  out = Completions.empty(B, G, T, pad_id, experts_YW)
   out = out.replace(ended_BG=jnp.broadcast_to((budget_B <= 0)[:, None], (B, G)))
   idle = _Slots(row_R=jnp.full((R,), B * G, jnp.int32), t_R=zeros(jnp.int32), token_R=jnp.full(
       (R,), pad_id, jnp.int32), positions_R=zeros(jnp.int32), live_R=zeros(bool),
@@ -225,9 +240,12 @@ def run(step, draw, logits_BV, cache: decode.GroupCache, prompt_lengths_B, *, nu
 
   def body(s):
     """Feed each slot's last token, then (continuous) start rows in idle slots, then draw."""
-    logits_RV, cache = step(s.token_R, s.positions_R, s.cache)
+    logits_RV, cache, *experts = step(s.token_R, s.positions_R, s.cache)
+    out = s.out
+    if experts_YW is not None:  # a live slot fed its row's token t - 1
+      out = out.write_experts(jnp.where(s.live_R, s.row_R, B * G), s.t_R - 1, experts[0])
     s = s.replace(logits_RV=logits_RV, cache=cache, positions_R=s.positions_R + 1,
-                  steps=s.steps + 1)
+                  steps=s.steps + 1, out=out)
     return draw_write(start(s) if cache.per_row else s)
 
   def going(s):

@@ -6,10 +6,8 @@ prompt's keys/values are stored ONCE per prompt and shared by its G = num_sample
 (row b*G + g is sample g of prompt b); each row has its own completion cache of T slots.
 Every decode step (`jtc.models.decode.decode_step`) attends from the G rows of a group to their
 prompt's block (read once per prompt, not once per row) and to the live prefix of their own
-completion cache, in fixed-size blocks up to the current length, so a step reads the
-parameters, B prompt blocks and R * (t + 1) completion slots instead of R * (P + T) slots.
-A row ends at an EOS id or at T = max_new_tokens tokens; tokens after a row's EOS are `pad_id`
-with mask 0. Which rows a decode step runs is the scheduler's (`jtc.models.decode_loop`):
+completion cache, in fixed-size blocks up to the current length. A row ends at an EOS id or
+at T = max_new_tokens tokens; tokens after a row's EOS are `pad_id` with mask 0. Which rows a decode step runs is the scheduler's (`jtc.models.decode_loop`):
 'static' runs all R rows until the last has ended, 'continuous' runs decode slots that each
 take the next (prompt, sample) pair when their row ends (the same samples either way).
 
@@ -26,7 +24,7 @@ Everything inside `sample` is one jitted function, compiled once per
 
 Dimension key (docs/dimensions.md):
   B prompts, G samples per prompt, R = B * G rows, P prompt width, T max new tokens,
-  V vocab, D model dim, E population members (`sample_members`).
+  V vocab, D model dim, E population members (`sample_members`), Y layers, W experts per token.
 """
 
 import functools
@@ -58,6 +56,11 @@ class SampleOutput:
     truncated_R: bool, True when the row ended without an EOS, at its T tokens.
     finished_R: bool, the row ended (EOS or T tokens); False only when the call stopped first
       (``max_decode_steps``): an unfinished row, its tokens so far kept.
+    experts_RLYW: int16, with `return_routing` (a mixture-of-experts model), the experts each
+      token of tokens_RL was routed to in each layer as the sampler ran it: the prompt's in the
+      prefill, completion token t's in the decode step that fed it ([:, P:] is [R, T, Y, W]);
+      -1 where no real token was fed: padding, and each row's last token (decoding does not
+      feed a row's last token: its routing changes no log-prob).
   """
   tokens_RL: jax.Array
   input_mask_RL: jax.Array
@@ -66,6 +69,7 @@ class SampleOutput:
   logps_RT: jax.Array
   truncated_R: jax.Array
   finished_R: jax.Array
+  experts_RLYW: jax.Array | None = None
 
 
 # ----------------------------------------------------------------------------------------
@@ -143,14 +147,14 @@ def _choose(logits_RV, keys_R, *, temperature, top_k, top_p, min_p, greedy):
 
 _STATIC = ('config', 'num_samples', 'max_new_tokens', 'eos_ids', 'pad_id', 'temperature', 'top_k',
            'top_p', 'min_p', 'greedy', 'block_size', 'layer_loop', 'row_sharding', 'scheduler',
-           'slots', 'decode_layout', 'max_decode_steps')
+           'slots', 'decode_layout', 'max_decode_steps', 'return_routing')
 LAYER_LOOPS = ('auto', 'scan', 'unroll')
 
 
 def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, budget_B=None, *, config,
                  num_samples, max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, min_p,
                  greedy, block_size, layer_loop, row_sharding=None, scheduler='static', slots=None,
-                 decode_layout=None, max_decode_steps=None):
+                 decode_layout=None, max_decode_steps=None, return_routing=False):
   G, T = num_samples, max_new_tokens
   prompt_mask_BP = prompt_mask_BP.astype(jnp.int32)
   params = dict(params)  # a LoRA policy (`lora.Adapted`) read once, as the parameters
@@ -160,10 +164,10 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, budget_B=None, *
                              min_p=min_p, greedy=greedy)
 
   # Prefill once per prompt; the prompt cache stays [B, ...], shared by each prompt's G rows.
-  logits_BV, cache = decode.prefill(params, config, prompt_tokens_BP, prompt_mask_BP, num_samples=G,
-                                    max_new_tokens=T, block_size=block_size,
-                                    row_sharding=row_sharding,
-                                    slots=slots if scheduler == 'continuous' else None)
+  logits_BV, cache, *prompt_experts = decode.prefill(
+      params, config, prompt_tokens_BP, prompt_mask_BP, num_samples=G, max_new_tokens=T,
+      block_size=block_size, row_sharding=row_sharding,
+      slots=slots if scheduler == 'continuous' else None, return_routing=return_routing)
   # Per-layer weights and caches sliced once, outside the loop, for an unrolled layer loop.
   decode_params = params
   if layer_loop == 'unroll':
@@ -172,23 +176,30 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, budget_B=None, *
     decode_params, cache = jax.lax.optimization_barrier(
         (decode.split_layers(params), decode.split_cache(cache)))
   step = functools.partial(decode.decode_step, decode_params, config, block_size=block_size,
-                           row_sharding=row_sharding)
+                           row_sharding=row_sharding, return_routing=return_routing)
 
   def draw(logits, t, rows):  # of the decode step's rows (`decode_loop.run`)
     return choose(logits, None if greedy else decode_loop.token_keys(rng, t, rows))
 
+  routing_YW = (config.n_layers, config.experts_per_token) if return_routing else None
   out = decode_loop.run(step, draw, logits_BV, cache, jnp.sum(prompt_mask_BP, axis=-1),
                         num_samples=G, max_new_tokens=T, eos_ids=eos_ids, pad_id=pad_id,
-                        budget_B=budget_B, max_decode_steps=max_decode_steps)
+                        budget_B=budget_B, max_decode_steps=max_decode_steps, experts_YW=routing_YW)
   repeat = lambda x: jnp.repeat(x, G, axis=0)
   rows = lambda x_BGT: x_BGT.reshape(-1, *x_BGT.shape[2:])  # sample g of prompt b: row b * G + g
   completion_RT, mask_RT = rows(out.tokens_BGT), rows(out.mask_BGT)
+  experts_RLYW = None
+  if return_routing:
+    prompt_BPYW = jnp.where(prompt_mask_BP[..., None, None] > 0, prompt_experts[0], -1)
+    experts_RLYW = jnp.concatenate([repeat(prompt_BPYW.astype(jnp.int16)),
+                                    rows(out.experts_BGTYW)], axis=1)
   return SampleOutput(
       tokens_RL=jnp.concatenate([repeat(prompt_tokens_BP).astype(jnp.int32), completion_RT],
                                 axis=1),
       input_mask_RL=jnp.concatenate([repeat(prompt_mask_BP), mask_RT], axis=1),
       completion_RT=completion_RT, completion_mask_RT=mask_RT, logps_RT=rows(out.logps_BGT),
-      truncated_R=rows(out.ended_BG & ~out.eos_BG), finished_R=rows(out.ended_BG))
+      truncated_R=rows(out.ended_BG & ~out.eos_BG), finished_R=rows(out.ended_BG),
+      experts_RLYW=experts_RLYW)
 
 
 _sample_jit = jax.jit(_sample_impl, static_argnames=_STATIC)
@@ -200,7 +211,7 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
            min_p: float = 0.0, greedy: bool = False, block_size: int | None = None,
            layer_loop: str = 'auto', row_sharding=None, scheduler: str = 'static',
            slots: int | None = None, decode_layout=None, max_new_tokens_B=None,
-           max_decode_steps: int | None = None) -> SampleOutput:
+           max_decode_steps: int | None = None, return_routing: bool = False) -> SampleOutput:
   """Sample `num_samples` completions for each of B left-padded prompts.
 
   Args:
@@ -238,6 +249,8 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
       a continued row's remaining budget, `jtc.rl.partial`). Continuous only.
     max_decode_steps: None, or the call stops after this many decode steps; rows not ended then
       come back unfinished (`SampleOutput.finished_R`). Continuous only.
+    return_routing: also return the experts every token was routed to in every layer
+      (`SampleOutput.experts_RLYW`; a mixture-of-experts model only). Same samples either way.
 
   Returns:
     `SampleOutput` with R = B * num_samples rows.
@@ -249,7 +262,8 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
                         greedy=greedy, block_size=block_size, layer_loop=layer_loop,
                         row_sharding=row_sharding, scheduler=scheduler, slots=slots,
                         decode_layout=decode_layout, num_prompts=prompt_tokens_BP.shape[0],
-                        max_decode_steps=max_decode_steps, budgets=max_new_tokens_B is not None)
+                        max_decode_steps=max_decode_steps, budgets=max_new_tokens_B is not None,
+                        return_routing=return_routing)
   chex.assert_equal_shape([prompt_tokens_BP, prompt_mask_BP])
   budget = () if max_new_tokens_B is None else (max_new_tokens_B,)  # no trailing None: `program`'s
   return _sample_jit(params, prompt_tokens_BP, prompt_mask_BP, rng, *budget, **static)
@@ -281,7 +295,8 @@ def sample_members(params, config: model_lib.ModelConfig, prompt_tokens_EBP, pro
 def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temperature=1.0,
                  top_k=0, top_p=1.0, min_p=0.0, greedy=False, block_size=None, layer_loop='auto',
                  row_sharding=None, scheduler='static', slots=None, decode_layout=None,
-                 max_decode_steps=None, budgets=False, num_prompts=None, platform=None):
+                 max_decode_steps=None, budgets=False, num_prompts=None, platform=None,
+                 return_routing=False):
   """The sampler's static arguments, checked (a ValueError naming the bad one) and resolved.
   ``num_prompts`` (B) resolves the continuous scheduler's default ``slots``."""
   V = config.vocab_size
@@ -314,6 +329,8 @@ def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temp
           "None, or >= 1 with scheduler='continuous'"),
       'max_new_tokens_B': ('given' if budgets else None, not budgets or
                            scheduler == 'continuous', "None with scheduler='static'"),
+      'return_routing': (return_routing, not return_routing or
+                         config.is_moe, 'False for a dense model (it routes nothing; n_experts=0)'),
   }
   for name, (value, ok, valid) in checks.items():
     if not ok:
@@ -324,7 +341,8 @@ def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temp
               top_p=float(top_p), min_p=float(min_p), greedy=bool(greedy), block_size=block,
               layer_loop=resolve_layer_loop(layer_loop, platform), row_sharding=row_sharding,
               scheduler=scheduler, decode_layout=decode_layout, max_decode_steps=max_decode_steps,
-              slots=decode_loop.resolve_slots(scheduler, slots, R, config, max_new_tokens, block))
+              slots=decode_loop.resolve_slots(scheduler, slots, R, config, max_new_tokens,
+                                              block), return_routing=bool(return_routing))
 
 
 def _sample_members_impl(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E, temperature_E,

@@ -80,6 +80,10 @@ def _check_partial(c, continuous):
     raise ValueError(f'{key} cannot go with config.rollout.correction={r.correction!r}: the '
                      'correction weighs a whole sequence recomputed under its behaviour policy, '
                      'which a row continued under a newer policy does not have')
+  if r.get('routing_replay', 'none') != 'none':
+    raise ValueError(f'{key} cannot go with config.rollout.routing_replay='
+                     f'{r.routing_replay!r}: a continued row is re-prefilled, so the experts '
+                     'of its earlier tokens are not those the sampler drew them with')
   if c.dapo.dynamic_sampling or r.chunk_prompts:
     raise ValueError(f'{key} does not compose with config.dapo.dynamic_sampling or '
                      'config.rollout.chunk_prompts (the pool of groups in flight replaces both)')

@@ -110,6 +110,7 @@ def got_prompt(rollout_, gen, prompts):
     ('scheduler', 'static', "max_decode_steps=4 .* needs config.rollout.scheduler='continuous'"),
     ('behaviour_logps', 'recompute', "behaviour_logps='sampler'"),
     ('correction', 'tis', "correction='tis'"),
+    ('routing_replay', 'behaviour', "routing_replay='behaviour'"),
 ])
 def test_partial_rollouts_refuse_what_they_cannot_do_naming_the_keys(key, value, needle):
   c = common.get_config()
