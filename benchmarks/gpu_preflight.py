@@ -110,9 +110,9 @@ def _peak(device):
 def run_train(overrides, steps, workdir, log):
   """The trainer for ``steps`` steps, the device's running peak after each phase."""
   import jax  # pylint: disable=import-outside-toplevel
+  from jtc.cli import absl_program  # pylint: disable=import-outside-toplevel
   from jtc.plan import suggest  # pylint: disable=import-outside-toplevel
   from jtc.rl import batch as batch_lib  # pylint: disable=import-outside-toplevel
-  from jtc.rl import cli  # pylint: disable=import-outside-toplevel
   from jtc.rl import rollout as rollout_lib  # pylint: disable=import-outside-toplevel
   from jtc.rl import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
   from jtc.rl import update as update_lib  # pylint: disable=import-outside-toplevel
@@ -133,7 +133,7 @@ def run_train(overrides, steps, workdir, log):
   after(rollout_lib, 'collect', 'sample')
   after(batch_lib, 'make_batch', 'score')
   after(update_lib, 'run_updates', 'update')
-  c = suggest.apply(cli._load(os.path.join(cli.REPO, CONFIG)), overrides)  # pylint: disable=protected-access
+  c = suggest.apply(absl_program.load_config(os.path.join(absl_program.REPO, CONFIG)), overrides)
   t0 = time.perf_counter()
   with contextlib.redirect_stderr(_Tee(sys.stderr, log, 'preflight:')):
     trainer = trainer_lib.Trainer(c, workdir)

@@ -92,7 +92,6 @@ def run(argv):
   """Plans ``FLAGS.config`` for the command line's target; prints the table and exits 1 (with the
   reason) when a stage does not fit."""
   from jtc.plan import planner  # pylint: disable=import-outside-toplevel
-  from jtc.plan import stages as stages_lib  # pylint: disable=import-outside-toplevel
   from jtc.plan import suggest as suggest_lib  # pylint: disable=import-outside-toplevel
   from jtc.rl import population as population_lib  # pylint: disable=import-outside-toplevel
   from jtc.rl import rollout as rollout_lib  # pylint: disable=import-outside-toplevel
@@ -126,7 +125,7 @@ def run(argv):
   if result is not None:
     print(planner.format_table(result))
   if FLAGS.suggest:  # exits 0 with a setting that fits, whether or not the config does
-    model_config = stages_lib.model_config_for(c, platform)
+    model_config = planner.model_config_for(c, platform)
     overrides, best = suggest_lib.suggest(c, plan_fn, len(devices), model_config, chip, log=log)
     if overrides is None:
       sys.exit('suggest: no candidate setting fits; try a larger slice')

@@ -7,13 +7,18 @@ collective bytes / interconnect bandwidth), with the chip's published constants
 """
 
 import dataclasses
-import time
+import json
+import os
 
 import jax
 
+from jtc.models.model_config import ModelConfig
 from jtc.plan import hardware
 from jtc.plan import hlo
-from jtc.plan import stages as stages_lib
+from jtc.rl import checkpoints
+from jtc.rl import preflight
+from jtc.rl import sharding as sharding_lib
+from jtc.rl import step as step_lib
 
 GIB = hardware.GIB
 
@@ -90,23 +95,47 @@ class Plan:
       return self.failure
     worst = self.worst
     if worst.peak > self.capacity:
-      return hardware.does_not_fit(worst.stage, worst.peak, self.capacity,
-                                   f'{self.chip.name}, {self.target}')
+      return preflight.does_not_fit(worst.stage, worst.peak, self.capacity,
+                                    f'{self.chip.name}, {self.target}')
     return ''
+
+
+def model_config_for(c, platform: str) -> ModelConfig:
+  """The policy's architecture without its weights: a Hugging Face directory's config.json,
+  else `policy.preset`, else the jtc bundle's model.json; then the policy section's dtypes,
+  remat and attention for ``platform`` (`checkpoints.policy_model_config`)."""
+  from jtc.models import hf_config  # pylint: disable=import-outside-toplevel
+  if c.policy.checkpoint:
+    with open(os.path.join(c.policy.checkpoint, 'config.json')) as f:
+      base = hf_config.config_from_hf(json.load(f))
+  elif c.policy.preset:
+    if not hasattr(ModelConfig, c.policy.preset):
+      presets = [k for k, v in vars(ModelConfig).items() if isinstance(v, classmethod)]
+      raise ValueError(f'config.policy.preset={c.policy.preset!r} is not a ModelConfig preset; '
+                       f'valid: {presets}')
+    base = getattr(ModelConfig, c.policy.preset)()
+  elif c.policy.init:
+    from jtc.models import bundles  # pylint: disable=import-outside-toplevel
+    with open(os.path.join(bundles.resolve_policy_path(c.policy.init), 'model.json')) as f:
+      base = ModelConfig(**json.load(f))
+  else:
+    raise ValueError('planning needs the architecture: config.policy.preset (e.g. qwen3_8b), '
+                     'config.policy.checkpoint or config.policy.init')
+  return checkpoints.policy_model_config(c.policy, base, platform)
+
+
+def build_step(c, devices, platform: str, model_config=None):
+  """The trainer's `jtc.rl.step.Step` of config ``c`` on ``devices``, abstract (nothing is
+  loaded or allocated); ``model_config`` defaults to `model_config_for`."""
+  sizes = sharding_lib.mesh_sizes(**c.mesh, n_devices=len(devices))
+  mesh = sharding_lib.make_mesh(**sizes, devices=devices)
+  return step_lib.build(c, mesh, model_config or model_config_for(c, platform))
 
 
 def roofline_seconds(costs: hlo.Costs, chip: hardware.Chip) -> float:
   """Estimated seconds of one call: the slowest of compute, HBM traffic and collectives."""
   return max(costs.flops / chip.peak_flops, costs.hbm_bytes / chip.hbm_bandwidth,
              costs.total_collective_bytes / chip.link_bandwidth)
-
-
-def compile_stage(stage):
-  """(lowered, compiled, seconds) of a `stages.Stage`; the compiler's errors pass through."""
-  t0 = time.perf_counter()
-  lowered = stage.fn.trace(*stage.args, **stage.kwargs).lower()
-  compiled = lowered.compile()
-  return lowered, compiled, time.perf_counter() - t0
 
 
 def stage_costs(lowered, compiled, n_devices, unknown_trips=(), decode_steps=0):
@@ -132,7 +161,7 @@ def _row(stage, lowered, compiled, seconds, chip, n_devices):
   return Row(stage.name, stage.calls, mem.argument_size_in_bytes, mem.output_size_in_bytes,
              mem.temp_size_in_bytes, mem.generated_code_size_in_bytes,
              mem.alias_size_in_bytes, stage.resident_other, costs, stage.flops_note, seconds,
-             roofline_seconds(costs, chip), in_total=stage.name != 'prefill')
+             roofline_seconds(costs, chip), in_total=stage.in_total)
 
 
 def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=None,
@@ -141,25 +170,27 @@ def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=Non
   compiler refuses for memory ends the plan with that refusal as its verdict; with
   ``stop_early`` so does the first stage that does not fit (`--suggest`: the rest need not
   compile)."""
-  setup, stages = stages_lib.build(c, devices, platform)
+  step = build_step(c, devices, platform)
+  parts = step.resident_parts()
   resident = {
       **({
-          'frozen base': setup.base_bytes
-      } if setup.frozen is not None else {}), 'params':
-          setup.params_bytes,
+          'frozen base': parts['base']
+      } if step.frozen is not None else {}), 'params':
+          parts['params'],
       'opt_state':
-          setup.opt_bytes,
+          parts['opt_state'],
       'reference':
-          setup.ref_bytes,
+          parts['reference'],
       'lagged params':
-          setup.lagged_bytes
+          parts['lagged']
   }
-  result = Plan(target, chip, len(devices), dict(setup.mesh.shape), [], resident, compiled_for)
+  result = Plan(target, chip, len(devices), dict(step.mesh.shape), [], resident, compiled_for)
+  stages = step.stages(platform)
   for stage in stages:
     if only and stage.name not in only:
       continue
     try:
-      lowered, compiled, seconds = compile_stage(stage)
+      lowered, compiled, seconds = stage.compile()
     except jax.errors.JaxRuntimeError as e:
       if 'RESOURCE_EXHAUSTED' not in str(e):
         raise

@@ -25,7 +25,6 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 from jtc.plan import estimate as estimate_lib  # noqa: E402
 from jtc.plan import hardware  # noqa: E402
 from jtc.plan import planner  # noqa: E402
-from jtc.plan import stages as stages_lib  # noqa: E402
 from jtc.plan import suggest as suggest_lib  # noqa: E402
 from jtc.cli import absl_program  # noqa: E402
 from jtc.rl import sharding as sharding_lib  # noqa: E402
@@ -91,7 +90,7 @@ def plan_row(path, slice_name, overrides, log):
   name = hardware.topology_name(slice_name)
   devices = hardware.topology_devices(name)
   chip = hardware.chip_of(name)
-  model_config = stages_lib.model_config_for(c, 'tpu')
+  model_config = planner.model_config_for(c, 'tpu')
   plan_fn = lambda cfg, **kw: planner.plan(cfg, devices, platform='tpu', chip=chip, target=
                                            slice_name, compiled_for='libtpu', log=log, only=STAGES,
                                            **kw)

@@ -44,38 +44,42 @@ def _divisors(n):
 
 def candidates(c, n_devices, model_config, chip, fit_only=True):
   """[(estimate, {override: value})] of the settings that can fit ``chip`` (all of them without
-  ``fit_only``), cheapest (estimated step time) first."""
+  ``fit_only``), cheapest (estimated step time) first. The estimate reads the trainer's step
+  built once per mesh (`estimate.abstract_step`); a stage's estimate is computed once per value
+  of the keys its program depends on (`STAGE_KEYS`)."""
   G = c.rollout.sampling.num_samples
   tensors = [t for t in (1, 2, 4, 8) if n_devices % t == 0 and model_config.n_kv_heads % t == 0]
   prompts = _divisors(c.rollout.prompts_per_step)
   work = apply(c, {})  # a copy each candidate is written into (cheaper than a copy each)
-  out = []
-  for tensor, fsdp, mb, remat in itertools.product(tensors, _divisors(n_devices),
-                                                   _divisors(c.optim.minibatch_prompts),
-                                                   (False, True)):
+  out, memo = [], {}
+  for tensor, fsdp in itertools.product(tensors, _divisors(n_devices)):
     data = n_devices // (tensor * fsdp * c.mesh.population)
     sizes = {'population': c.mesh.population, 'data': data, 'fsdp': fsdp, 'tensor': tensor}
     if data * fsdp * tensor * c.mesh.population != n_devices:
       continue
-    try:
-      sharding_lib.check_batch_rows(mb * G, sizes)
-    except ValueError:
-      continue
-    m = dataclasses.replace(model_config, remat=remat)
-    for chunk, score in itertools.product(prompts, prompts):
-      overrides = {
-          'mesh.data': data,
-          'mesh.fsdp': fsdp,
-          'mesh.tensor': tensor,
-          'optim.microbatch_prompts': mb,
-          'rollout.chunk_prompts': chunk,
-          'rollout.score_chunk_prompts': score,
-          'policy.remat': remat
-      }
-      set_in(work, overrides)
-      est = estimate_lib.estimate(work, m, sizes, chip)
-      if est.peak <= chip.hbm_bytes or not fit_only:
-        out.append((est, overrides))
+    step = None
+    for mb, remat in itertools.product(_divisors(c.optim.minibatch_prompts), (False, True)):
+      try:
+        sharding_lib.check_batch_rows(mb * G, sizes)
+      except ValueError:
+        continue
+      m = dataclasses.replace(model_config, remat=remat)
+      for chunk, score in itertools.product(prompts, prompts):
+        overrides = {
+            'mesh.data': data,
+            'mesh.fsdp': fsdp,
+            'mesh.tensor': tensor,
+            'optim.microbatch_prompts': mb,
+            'rollout.chunk_prompts': chunk,
+            'rollout.score_chunk_prompts': score,
+            'policy.remat': remat
+        }
+        set_in(work, overrides)
+        step = step or estimate_lib.abstract_step(work, m, sizes)
+        est = estimate_lib.estimate(work, m, sizes, chip, step=step, memo=memo,
+                                    key=lambda stage, o=overrides: _stage_program(stage, o))
+        if est.peak <= chip.hbm_bytes or not fit_only:
+          out.append((est, overrides))
   # Ties (the same estimated time) go to the smaller estimated peak: the likelier to fit.
   return sorted(out, key=lambda x: (x[0].seconds, x[0].peak))
 

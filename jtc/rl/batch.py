@@ -21,7 +21,7 @@ from jtc.rl.update import Batch
 
 
 def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params, to_device,
-               weighter=None, rng=None, population=population_lib.SINGLE, proximal_params=None):
+               weights_fn=None, rng=None, population=population_lib.SINGLE, proximal_params=None):
   """Rollouts (one per member) -> `Batch` on the device; returns (batch, each member's rollout
   metrics, run_state).
 
@@ -35,11 +35,12 @@ def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params
   truncated completions with ``c.dapo.mask_truncated``) -> behaviour log-probs of ``params``
   (``behaviour_fn``, a jitted `rollout.behaviour_pass`, `rollout.score_chunk_prompts` groups at a
   time; or the sampler's, by ``c.rollout.behaviour_logps``) -> the KL reference's (when
-  ``ref_params``) -> token weights of the ``weighter`` plug-in (DelTA), from the behaviour pass
-  -> the rollout-training mismatch against the sampler's log-probs (`mismatch/*` metrics) and
-  its correction's weights (``c.rollout.correction``, `jtc.objectives.corrections`).
-  ``run_state`` comes back with the plug-in's state and the token counts updated. Every device
-  value carries the population's member axis (`population.Population.stack`).
+  ``ref_params``) -> the rollout-training mismatch against the sampler's log-probs (`mismatch/*`
+  metrics) and its correction's weights (``c.rollout.correction``, `jtc.objectives.corrections`)
+  -> token weights of ``weights_fn`` (a token-weight plug-in's, e.g. DelTA's `Step.delta`) from
+  the behaviour pass. ``run_state`` comes back with the plug-in's state and the token counts
+  updated. Every device value carries the population's member axis
+  (`population.Population.stack`).
   """
   pop = population
   host = [_host_batch(c, r) for r in rollouts]
@@ -63,48 +64,60 @@ def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params
                 ref_logps_BT=None if ref_params is None else score(ref_params)['logps'])
   metrics = [h['metrics'] for h in host]
   real_BT = to_device(pop.stack([r.completion_mask_BT for r in rollouts]))
-  step_metrics = {
-      f'mismatch/{k}': v for k, v in pop.map(
-          functools.partial(corrections.mismatch_metrics, cap=c.rollout.correction_cap))(
-              behaviour['logps'], sampler_logps, real_BT).items()
-  }
-  if c.rollout.correction != 'none':
-    is_weights, correction_metrics = pop.map(
-        functools.partial(corrections.weights, c.rollout.correction, cap=c.rollout.correction_cap,
-                          icepop_low=c.rollout.icepop_low,
-                          icepop_high=c.rollout.icepop_high))(behaviour['logps'], sampler_logps,
-                                                              batch.mask_BT)
-    batch = batch.replace(is_weights_BT=is_weights)
-    step_metrics.update({f'correction/{k}': v for k, v in correction_metrics.items()})
-  if proximal_params is not None:
-    proximal_logps = score(proximal_params)['logps']
-    step_metrics.update({
-        f'lag/{k}': v
-        for k, v in pop.map(lag_metrics)(proximal_logps, behaviour['logps'], real_BT).items()
-    })
-    if c.rollout.policy_lag_mode == 'decoupled':
-      weights_BT = pop.map(decoupled_weights)(proximal_logps, behaviour['logps'], batch.mask_BT)
-      if batch.is_weights_BT is not None:
-        weights_BT = weights_BT * batch.is_weights_BT
-      batch = batch.replace(old_logps_BT=proximal_logps, is_weights_BT=weights_BT)
+  batch, step_metrics = _off_policy(
+      c, batch, behaviour['logps'], sampler_logps, real_BT,
+      proximal_logps=None if proximal_params is None else score(proximal_params)['logps'],
+      population=pop)
   for m, values in zip(metrics, pop.unstack(sharding_lib.to_host(step_metrics))):
     m.update({k: float(v) for k, v in values.items()})
-  completion_BT = jnp.asarray(pop.stack([r.completion_BT for r in rollouts]))
-  if weighter is not None:
-    weights_BT, weight_metrics, weighter_state = pop.map(weighter.weights)(
-        run_state.weighter, params, behaviour, completion_BT, jnp.asarray(stack('adv_B')),
-        jnp.asarray(stack('mask_BT')), rng)
+  completion_BT = pop.stack([r.completion_BT for r in rollouts])
+  if weights_fn is not None:
+    weights_BT, weight_metrics, weighter_state = weights_fn(run_state.weighter, params, behaviour,
+                                                            to_device(completion_BT),
+                                                            to_device(stack('adv_B')),
+                                                            to_device(stack('mask_BT')), rng)
     batch = batch.replace(token_weights_BT=weights_BT)
     for m, wm in zip(metrics, pop.unstack(sharding_lib.to_host(weight_metrics))):
       m.update({f'{c.token_weights}/{k}': float(v) for k, v in wm.items()})
     run_state = run_state.replace(weighter=weighter_state)
   run_state = run_state.replace(token_counts_V=pop.map(diagnostics.update_token_counts)(
-      run_state.token_counts_V, completion_BT, batch.mask_BT))
+      run_state.token_counts_V, jnp.asarray(completion_BT), batch.mask_BT))
   for m, r in zip(metrics, rollouts):
     m.update(accuracy=float(r.correct_B.mean()), response_length=float(r.lengths_B.mean()),
              frac_truncated=float(r.truncated_B.mean()),
              **evaluation.format_metrics(task, r.texts, r.correct_B))
   return batch, metrics, run_state
+
+
+def _off_policy(c, batch, behaviour_logps, sampler_logps, real_BT, *, proximal_logps, population):
+  """The rollout-training mismatch (`mismatch/*`), its correction's weights
+  (``c.rollout.correction``) and, under a policy lag, the lag's metrics and the decoupled
+  weights; returns (batch, metrics on the device)."""
+  pop = population
+  step_metrics = {
+      f'mismatch/{k}': v for k, v in pop.map(
+          functools.partial(corrections.mismatch_metrics, cap=c.rollout.correction_cap))(
+              behaviour_logps, sampler_logps, real_BT).items()
+  }
+  if c.rollout.correction != 'none':
+    is_weights, correction_metrics = pop.map(
+        functools.partial(corrections.weights, c.rollout.correction, cap=c.rollout.correction_cap,
+                          icepop_low=c.rollout.icepop_low,
+                          icepop_high=c.rollout.icepop_high))(behaviour_logps, sampler_logps,
+                                                              batch.mask_BT)
+    batch = batch.replace(is_weights_BT=is_weights)
+    step_metrics.update({f'correction/{k}': v for k, v in correction_metrics.items()})
+  if proximal_logps is not None:
+    step_metrics.update({
+        f'lag/{k}': v
+        for k, v in pop.map(lag_metrics)(proximal_logps, behaviour_logps, real_BT).items()
+    })
+    if c.rollout.policy_lag_mode == 'decoupled':
+      weights_BT = pop.map(decoupled_weights)(proximal_logps, behaviour_logps, batch.mask_BT)
+      if batch.is_weights_BT is not None:
+        weights_BT = weights_BT * batch.is_weights_BT
+      batch = batch.replace(old_logps_BT=proximal_logps, is_weights_BT=weights_BT)
+  return batch, step_metrics
 
 
 def _host_batch(c, rollout):

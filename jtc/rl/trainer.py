@@ -43,8 +43,6 @@ from jtc.analysis import probes
 from jtc.analysis import tracking
 from jtc.data import pipeline as data_lib
 from jtc.data import tasks as tasks_lib
-from jtc.models import lora as lora_lib
-from jtc.objectives import token_weights
 from jtc.rl import batch as batch_lib
 from jtc.rl import checkpoints
 from jtc.rl import config_check
@@ -53,8 +51,10 @@ from jtc.rl import evaluation
 from jtc.rl import ledger_recorder
 from jtc.rl import loop
 from jtc.rl import population as population_lib
+from jtc.rl import preflight
 from jtc.rl import rollout as rollout_lib
 from jtc.rl import sharding as sharding_lib
+from jtc.rl import step as step_lib
 from jtc.rl import update as update_lib
 from jtc.rl import workdir as workdir_lib
 
@@ -84,72 +84,31 @@ class Trainer:
   def _build(self, schedule_steps, policy):
     c, pop = self.c, self.pop
     self.model_config, params, self.tokenizer = policy or checkpoints.load_policy(c.policy)
-    lora_lib.check_config(c.lora, self.model_config)  # the rank against the model's dimensions
     self.G, self.P = c.rollout.sampling.num_samples, c.data.prompt_width
     self.task = None if c.data.dataset else tasks_lib.get_task(c.data.task)
     self.updates_per_step = update_lib.updates_per_step(c.optim, c.rollout.prompts_per_step)
-    total_updates = schedule_steps * self.updates_per_step
     self.schedules = [  # each member's learning rate, logged
-        update_lib.learning_rate_schedule(c.optim, total_updates,
-                                          dict(m.values).get('optim.learning_rate'))
+        update_lib.learning_rate_schedule(c.optim, schedule_steps * self.updates_per_step,
+                                          pop.value(m, 'optim.learning_rate', None))
         for m in pop.members
     ]
-    optimizer = update_lib.make_optimizer(c.optim, total_updates)
     self.hparams = pop.varied()  # the varied keys' per-member values, traced in the step
     self.mesh = sharding_lib.make_mesh(**sharding_lib.mesh_sizes(**c.mesh))
     print(
         f'mesh {dict(self.mesh.shape)}: {jax.device_count()} devices, {jax.process_count()} '
         f'processes' + (f', {pop.n} population members' if pop.batched else ''), file=sys.stderr)
-    self.frozen = self.frozen_sh = None  # a LoRA run's base, one copy shared by every member
-    if c.lora.rank:
-      base_sh = sharding_lib.param_shardings(params, self.mesh)
-      frozen = lambda base: lora_lib.Adapted(base, None, scale=lora_lib.scale(c.lora))
-      self.frozen = frozen(jax.tree.map(sharding_lib.to_device, params, base_sh))
-      self.frozen_sh = frozen(base_sh)
-      params = jax.device_get(  # what is trained (and checkpointed): the adapters alone
-          lora_lib.init_adapters(self.model_config, rank=c.lora.rank,
-                                 targets=lora_lib.parse_targets(c.lora.targets)))
-    param_sh = sharding_lib.param_shardings(params, self.mesh, members=pop.n if pop.batched else 0)
-    self.state, self.state_sh = update_lib.init_state(params, optimizer, param_shardings=param_sh,
-                                                      replicated=sharding_lib.replicated(self.mesh),
-                                                      population=pop)
-    self.ref_params = None
-    kl = [
-        dict(m.values).get('loss.hparams.kl_coef', c.loss.hparams.get('kl_coef'))
-        for m in pop.members
-    ]
-    if any(kl) and self.frozen is not None:  # with LoRA the reference is the base alone: free
-      self.ref_params = self.frozen
-    elif any(kl):  # a frozen copy, never aliased with the donated state
-      self.ref_params = checkpoints.frozen_copy(
-          self.state.params, c.policy.ref_param_dtype or self.model_config.param_dtype, param_sh)
-    # Sampling and the behaviour pass never differentiate: no rematerialisation there.
-    infer_config = dataclasses.replace(self.model_config, remat=False)
-    sampler_config = infer_config  # the sampler's compute dtype may differ (a planted mismatch)
-    if c.rollout.sampler_dtype:
-      sampler_config = dataclasses.replace(infer_config, dtype=c.rollout.sampler_dtype)
-    self.gen = rollout_lib.Generator.from_config(c, sampler_config, self.tokenizer, self.task,
-                                                 to_device=self._to_device, population=pop,
-                                                 mesh=self.mesh)
+    # The state's structure and shardings, the LoRA base, the KL reference, the lag and the
+    # jitted stages: decided once, in `jtc.rl.step.build` (the planner compiles the same).
+    self.rl_step = step_lib.build(c, self.mesh, self.model_config, params=params,
+                                  schedule_steps=schedule_steps,
+                                  ids=(self.tokenizer.eos_id, self.tokenizer.pad_id))
+    self.state, self.frozen, self.ref_params = self.rl_step.materialise(params)
+    self.gen = rollout_lib.Generator.from_config(c, self.rl_step.sampler_config, self.tokenizer,
+                                                 self.task, to_device=self._to_device,
+                                                 population=pop, mesh=self.mesh)
     # Held-out evaluation samples from the policy as trained, whatever the rollouts' sampler.
-    self.eval_gen = dataclasses.replace(self.gen, model_config=infer_config)
-    self.weighter = (token_weights.PLUGINS[c.token_weights].from_config(
-        c.delta, group_size=self.G, model_config=self.model_config) if c.token_weights else None)
-    run_state = pop.stack([
-        update_lib.RunState.init(self.model_config.vocab_size,
-                                 self.weighter.init_state() if self.weighter else None)
-        for _ in pop.members
-    ])
-    # Its device arrays replicated over the mesh (every process's devices), so that a restored
-    # run state lands where the step's arrays are.
-    replicated = sharding_lib.replicated(self.mesh)
-    self.run_state = jax.tree.map(
-        lambda x: x
-        if isinstance(x, np.ndarray) else sharding_lib.to_device(np.asarray(x), replicated),
-        run_state)
-    if c.rollout.policy_lag:  # every lagged slot starts at the initial policy
-      self.run_state = self.run_state.replace(lagged_params=tuple(
-          self._copy_params() for _ in range(c.rollout.policy_lag)))
+    self.eval_gen = dataclasses.replace(self.gen, model_config=self.rl_step.infer_config)
+    self.run_state = self._initial_run_state()
     self.train_iters, self.eval_examples, prompts = data_lib.run_data(
         c.data, batch_size=c.rollout.prompts_per_step, seeds=[m.seed for m in pop.members],
         eval_problems=c.eval.problems)
@@ -159,50 +118,52 @@ class Trainer:
     self._restore()
     self.member_dirs = population_lib.record(self.workdir, c, schedule_steps, pop,
                                              write=self.primary)
-    lr_varies = 'optim.learning_rate' in self.hparams
-    self._build_jits(
-        infer_config,
-        functools.partial(update_lib.make_optimizer, c.optim, total_updates)
-        if lr_varies else optimizer)
-    from jtc.plan import preflight  # pylint: disable=import-outside-toplevel
+    self._build_instruments(self.rl_step.infer_config)
     # Every stage fits, before any rollout (compiled by the functions the steps then call).
-    preflight.check(c, self.model_config, self.mesh, behaviour_fn=self._behaviour,
-                    update_fn=self._update, tokenizer=self.tokenizer)
+    preflight.check(self.rl_step)
+
+  def _initial_run_state(self):
+    """Each member's counters, token counts and plug-in state (stacked), placed replicated over
+    the mesh (so that a restored run state lands where the step's arrays are), and a policy
+    lag's slots, every one the initial policy."""
+    weighter = self.rl_step.weighter
+    run_state = self.pop.stack([
+        update_lib.RunState.init(self.model_config.vocab_size,
+                                 weighter.init_state() if weighter else None)
+        for _ in self.pop.members
+    ])
+    replicated = sharding_lib.replicated(self.mesh)
+    run_state = jax.tree.map(
+        lambda x: x
+        if isinstance(x, np.ndarray) else sharding_lib.to_device(np.asarray(x), replicated),
+        run_state)
+    if self.rl_step.lag:
+      run_state = run_state.replace(lagged_params=tuple(
+          self.rl_step.copy_params(self.state.params) for _ in range(self.rl_step.lag)))
+    return run_state
+
+  @property
+  def state_sh(self):
+    return self.rl_step.state_sh
 
   def _policy(self, params):
     """The policy of trained ``params``: themselves, or a LoRA run's adapters on its base."""
     return params if self.frozen is None else self.frozen.replace(adapters=params)
 
-  def _copy_params(self):
-    """The current parameters in new buffers (the update donates the state's)."""
-    return checkpoints.frozen_copy(self.state.params, self.model_config.param_dtype,
-                                   self.state_sh.params)
-
   def _to_device(self, x):
     sharding = sharding_lib.batch_sharding(self.mesh, np.shape(x), members=self.pop.batched)
     return sharding_lib.to_device(x, sharding)
 
-  def _build_jits(self, infer_config, optimizer):
+  def _build_instruments(self, infer_config):
+    """The jitted diagnostics, LoRA merge and ledger columns (instruments, not stages)."""
     c, pop = self.c, self.pop
-    self._behaviour = rollout_lib.jit_behaviour(
-        infer_config, completion_start=self.P, return_hidden=bool(self.weighter and
-                                                                  self.weighter.needs_hidden),
-        population=pop, mesh=self.mesh)
-    self._minibatch, self._update = update_lib.jit_minibatch_and_update(
-        c, self.model_config, optimizer, self.mesh, self.state_sh, pop, self.frozen_sh)
 
     def diagnose(params, batch, hparams, token_counts):
-      prefix = 'loss.hparams.'
-      loss_hparams = {
-          **c.loss.hparams.to_dict(),
-          **{
-              k[len(prefix):]: v for k, v in hparams.items() if k.startswith(prefix)
-          }
-      }
-      return diagnostics.step_diagnostics(params, infer_config, batch, loss_name=c.loss.name,
-                                          loss_hparams=loss_hparams, group_size=self.G,
-                                          completion_start=self.P, token_counts=token_counts,
-                                          mode=c.log.diagnostics_mode)
+      return diagnostics.step_diagnostics(
+          params, infer_config, batch, loss_name=c.loss.name,
+          loss_hparams=population_lib.loss_hparams(c.loss.hparams.to_dict(),
+                                                   hparams), group_size=self.G,
+          completion_start=self.P, token_counts=token_counts, mode=c.log.diagnostics_mode)
 
     self._diagnostics = jax.jit(pop.map(diagnose))
     self._merged = jax.jit(pop.map(lambda policy: policy.merged()))  # LoRA ledger params
@@ -230,24 +191,26 @@ class Trainer:
     t1 = time.perf_counter()
     batch, metrics, self.run_state = batch_lib.make_batch(
         c, rollouts, self._policy(behaviour_params), self.run_state, task=self.task,
-        behaviour_fn=self._behaviour, ref_params=self.ref_params, to_device=self._to_device,
-        weighter=self.weighter, rng=k_weights, population=pop,
+        behaviour_fn=self.rl_step.behaviour, ref_params=self.ref_params, to_device=self._to_device,
+        weights_fn=self.rl_step.delta, rng=k_weights, population=pop,
         proximal_params=self._policy(self.state.params) if lagged else None)
     if lagged:  # this step's parameters join the lag, the oldest leave it
-      self.run_state = self.run_state.replace(lagged_params=lagged[1:] + (self._copy_params(),))
+      self.run_state = self.run_state.replace(lagged_params=lagged[1:] +
+                                              (self.rl_step.copy_params(self.state.params),))
     jax.block_until_ready(batch.old_logps_BT)
     t2 = time.perf_counter()
     diagnose = c.log.diagnostics_every and step % c.log.diagnostics_every == 0
     recorder = None
     if c.log.ledger_every and step % c.log.ledger_every == 0:
       recorder = ledger_recorder.LedgerRecorder(self._ledger_columns, batch, pop)
-    update_fn = self._update if self.frozen is None else (
-        lambda state, mb, hparams: self._update(state, mb, hparams, self.frozen))
+    update_fn = self.rl_step.update if self.frozen is None else (
+        lambda state, mb, hparams: self.rl_step.update(state, mb, hparams, self.frozen))
     counts_V = self.run_state.token_counts_V
     self.state, update_metrics = update_lib.run_updates(
-        self.state, batch, k_order, self.hparams, update_fn=update_fn, minibatch_fn=self._minibatch,
-        num_groups=c.rollout.prompts_per_step, minibatch_prompts=c.optim.minibatch_prompts,
-        ppo_epochs=c.optim.ppo_epochs, group_size=self.G,
+        self.state, batch, k_order, self.hparams, update_fn=update_fn,
+        minibatch_fn=self.rl_step.minibatch, num_groups=c.rollout.prompts_per_step,
+        minibatch_prompts=c.optim.minibatch_prompts, ppo_epochs=c.optim.ppo_epochs,
+        group_size=self.G,
         population=pop, diagnose_fn=(lambda params, mb, hparams: self._diagnostics(
             self._policy(params), mb, hparams, token_counts=counts_V)) if diagnose else None,
         before_update=self._ledger_hook(recorder))
@@ -317,10 +280,11 @@ class Trainer:
     data = {'data_states': states} if self.pop.batched else {'data_state': states[0]}
     self.ckpt.save(step, state=self.state, run_state=self.run_state,
                    extra=dict(data, config=json.loads(self.c.to_json_best_effort())))
-    if self.weighter:  # the gather is every process's; the files process 0's
+    weighter = self.rl_step.weighter
+    if weighter:  # the gather is every process's; the files process 0's
       states = self.pop.unstack(sharding_lib.to_host(self.run_state.weighter))
       for path, state in zip(self.member_dirs, states) if self.primary else ():
-        self.weighter.write(state, path, self.tokenizer)
+        weighter.write(state, path, self.tokenizer)
 
   def _steps_done(self):
     return int(np.max(self.run_state.count('rl_steps')))
