@@ -187,8 +187,8 @@ def build(c, mesh, model_config, *, params=None, schedule_steps=None, ids=(1, 0)
   if c.rollout.sampler_dtype:
     sampler_config = dataclasses.replace(infer_config, dtype=c.rollout.sampler_dtype)
   weighter = (token_weights.PLUGINS[c.token_weights].from_config(
-      c.delta, group_size=c.rollout.sampling.num_samples, model_config=model_config)
-              if c.token_weights else None)
+      c.delta, group_size=c.rollout.sampling.num_samples, model_config=model_config,
+      row_sharding=sharding_lib.RowSharding(mesh)) if c.token_weights else None)
   # A member's learning rate, when members vary it, is traced: the update builds its optimiser.
   update_optimizer = (functools.partial(update_lib.make_optimizer, c.optim, total_updates)
                       if 'optim.learning_rate' in pop.varied() else optimizer)
