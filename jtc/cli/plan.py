@@ -93,6 +93,7 @@ def run(argv):
   reason) when a stage does not fit."""
   from jtc.plan import planner  # pylint: disable=import-outside-toplevel
   from jtc.plan import suggest as suggest_lib  # pylint: disable=import-outside-toplevel
+  from jtc.plan import table  # pylint: disable=import-outside-toplevel
   from jtc.rl import population as population_lib  # pylint: disable=import-outside-toplevel
   from jtc.rl import rollout as rollout_lib  # pylint: disable=import-outside-toplevel
   from jtc.rl import update as update_lib  # pylint: disable=import-outside-toplevel
@@ -103,6 +104,7 @@ def run(argv):
   c = FLAGS.config
   log = lambda m: print(m, file=sys.stderr, flush=True)
   try:
+    planner.check_stages(FLAGS.stages)
     population_lib.check_config(c)
     rollout_lib.check_config(c)
     update_lib.check_config(c.optim, c.rollout.prompts_per_step)
@@ -122,21 +124,30 @@ def run(argv):
       result = plan_fn(c, stop_early=FLAGS.suggest)  # --suggest needs the verdict only
   except ValueError as e:
     sys.exit(f'error: {e}')
-  if result is not None:
-    print(planner.format_table(result))
-  if FLAGS.suggest:  # exits 0 with a setting that fits, whether or not the config does
-    model_config = planner.model_config_for(c, platform)
-    overrides, best = suggest_lib.suggest(c, plan_fn, len(devices), model_config, chip, log=log)
-    if overrides is None:
-      sys.exit('suggest: no candidate setting fits; try a larger slice')
-    print(planner.format_table(best))
-    print(f'suggest: the cheapest fitting setting found ({best.step_seconds:.4g} s per step, '
-          f'estimate; peak {best.worst.peak / hardware.GIB:.2f} GiB per chip):\n  '
-          f'{suggest_lib.flags(overrides)}')
+  absent = [n for n in FLAGS.stages if result is not None and n not in result.stages]
+  if absent:  # a stage this config's step does not run (e.g. delta without DelTA)
+    sys.exit(f'error: --stages: this config runs no {", ".join(map(repr, absent))} stage; its '
+             f'stages: {", ".join(result.stages)}')
+  if not FLAGS.suggest:
+    if result.failure:  # the refusal, not a table of the stages it did not reach
+      sys.exit(table.refusal(result))
+    print(table.format_table(result))
+    if result.verdict():
+      sys.exit(result.verdict())
     return
-  verdict = result.verdict()
-  if verdict:
-    sys.exit(verdict)
+  # --suggest exits 0 with a setting that fits, whether or not the config does.
+  if result is not None:
+    print(
+        table.format_table(result) if result.
+        fits else f'as configured: {table.refusal(result) if result.failure else result.verdict()}')
+  model_config = planner.model_config_for(c, platform)
+  overrides, best = suggest_lib.suggest(c, plan_fn, len(devices), model_config, chip, log=log)
+  if overrides is None:
+    sys.exit('suggest: no candidate setting fits; try a larger slice')
+  print(table.format_table(best))
+  print(f'suggest: the cheapest fitting setting found ({best.step_seconds:.4g} s per step, '
+        f'roofline of its compiled stages; peak {best.worst.peak / hardware.GIB:.2f} GiB per '
+        f'chip):\n  {suggest_lib.flags(overrides)}')
 
 
 def check_mesh(c, n_devices):

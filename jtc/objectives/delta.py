@@ -53,7 +53,14 @@ Array = jax.Array
 POS, NEG = geometry.POS, geometry.NEG
 
 
-def _validate(hidden_BTD, options, *, group_size, rng, unembed_VD, token_ids_BT):
+def _validate(hidden_BTD, token_logps_BT, advantages_B, mask_BT, options, *, group_size, rng,
+              unembed_VD, token_ids_BT):
+  """The inputs' ranks, shapes and dtypes, and what the options need (a ValueError)."""
+  chex.assert_rank([hidden_BTD, token_logps_BT, advantages_B, mask_BT], [3, 2, 1, 2])
+  chex.assert_equal_shape([token_logps_BT, mask_BT])
+  chex.assert_equal_shape_prefix([hidden_BTD, token_logps_BT], 2)
+  chex.assert_equal_shape_prefix([hidden_BTD, advantages_B], 1)
+  chex.assert_type([hidden_BTD, token_logps_BT, advantages_B], [float, float, float])
   batch = hidden_BTD.shape[0]
   if options.scope == 'group':
     if group_size is None or group_size < 1 or batch % group_size:
@@ -118,13 +125,8 @@ def token_coefficients(hidden_BTD: Array, token_logps_BT: Array, advantages_B: A
         final mu+ and mu- over two-sided segments), 'frac_selected' and
         'selected_pos_share' (the share of kept tokens with A > 0).
     """
-  _validate(hidden_BTD, options, group_size=group_size, rng=rng, unembed_VD=unembed_VD,
-            token_ids_BT=token_ids_BT)
-  chex.assert_rank([hidden_BTD, token_logps_BT, advantages_B, mask_BT], [3, 2, 1, 2])
-  chex.assert_equal_shape([token_logps_BT, mask_BT])
-  chex.assert_equal_shape_prefix([hidden_BTD, token_logps_BT], 2)
-  chex.assert_equal_shape_prefix([hidden_BTD, advantages_B], 1)
-  chex.assert_type([hidden_BTD, token_logps_BT, advantages_B], [float, float, float])
+  _validate(hidden_BTD, token_logps_BT, advantages_B, mask_BT, options, group_size=group_size,
+            rng=rng, unembed_VD=unembed_VD, token_ids_BT=token_ids_BT)
   o = options
   tk = _token_classes(advantages_B, mask_BT, scope=o.scope, group_size=group_size)
   if o.random_lambda:  # the ablation: uniform scores, no geometry

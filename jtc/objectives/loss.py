@@ -298,6 +298,16 @@ def clip_flags(name, *, logps, old_logps, advantages, mask, group_size, token_we
   return sur.clip_low_BT, sur.clip_high_BT
 
 
+def _kl(logps_BT, ref_logps, mask_BT, kl_estimator, aggregate):
+  """The aggregated KL estimate of the policy against the frozen reference ``ref_logps``."""
+  # The reference policy is frozen.
+  ref_logps_BT = jax.lax.stop_gradient(jnp.asarray(ref_logps, jnp.float32))
+  # Padding may hold arbitrary values: evaluate the estimator at (0, 0) there (KL term 0).
+  kl_BT = kl_estimator(jnp.where(mask_BT > 0, logps_BT, 0.0),
+                       jnp.where(mask_BT > 0, ref_logps_BT, 0.0))
+  return aggregate(kl_BT, mask_BT)
+
+
 def compute_loss(name, *, logps, old_logps, advantages, mask, group_size, ref_logps=None,
                  token_weights=None, entropy=None, is_weights=None, **hparams):
   """The loss (to minimise) and metrics of intra-group objective ``name``.
@@ -327,10 +337,10 @@ def compute_loss(name, *, logps, old_logps, advantages, mask, group_size, ref_lo
   hp = check_hparams(name, hparams)
   _check_arrays(name, logps, old_logps, advantages, mask, group_size, ref_logps, token_weights,
                 entropy)
-  if (_is_traced(hp['kl_coef']) or hp['kl_coef'] != 0) and ref_logps is None:
-    raise ValueError(f'kl_coef={hp["kl_coef"]} needs ref_logps')
-  if (_is_traced(hp['entropy_coef']) or hp['entropy_coef'] != 0) and entropy is None:
-    raise ValueError(f'entropy_coef={hp["entropy_coef"]} needs entropy [B, T]')
+  for coef, given, need in (('kl_coef', ref_logps, 'ref_logps'), ('entropy_coef', entropy,
+                                                                  'entropy [B, T]')):
+    if (_is_traced(hp[coef]) or hp[coef] != 0) and given is None:
+      raise ValueError(f'{coef}={hp[coef]} needs {need}')
 
   aggregate = AGGREGATIONS[hp.pop('aggregation')]
   kl_coef = hp.pop('kl_coef')
@@ -359,12 +369,7 @@ def compute_loss(name, *, logps, old_logps, advantages, mask, group_size, ref_lo
   metrics.update(_effective_step(name, hp, inp_sg, aggregate))
   metrics['pg_loss'] = pg_loss
   if ref_logps is not None:
-    # The reference policy is frozen.
-    ref_logps_BT = jax.lax.stop_gradient(jnp.asarray(ref_logps, jnp.float32))
-    # Padding may hold arbitrary values: evaluate the estimator at (0, 0) there (KL term 0).
-    kl_BT = kl_estimator(jnp.where(mask_BT > 0, logps_BT, 0.0),
-                         jnp.where(mask_BT > 0, ref_logps_BT, 0.0))
-    kl = aggregate(kl_BT, mask_BT)
+    kl = _kl(logps_BT, ref_logps, mask_BT, kl_estimator, aggregate)
     metrics['kl'] = kl
     if _is_traced(kl_coef) or kl_coef != 0:
       loss = loss + kl_coef * kl

@@ -12,8 +12,8 @@ compiler adds inside each program is modelled, per member on a chip:
   behaviour  one layer's forward on rows/r sequences of L = P + T tokens (`_layer_bytes`), the
              residual stream, the vocabulary chunk's [T, C/t] float32 logits (3 live copies)
              and its outputs (log-probs, entropies and, for DelTA, the hidden states);
-  delta      DelTA's per-token [B/r, T] float32 vectors (margins, scores, weights, ...: 12)
-             and a chunk of the token-gradient proxies;
+  delta      DelTA's per-token [B/r, T] float32 vectors (margins, scores, weights, ...: 12),
+             a chunk of the token-gradient proxies and a copy of the hidden states;
   update     the saved activations (remat: one [L, D] residual per layer and row; without:
              every layer's forward), one layer's backward (2 forwards), the vocabulary chunk
              forward and backward (4 copies), float32 gradients, their accumulator over
@@ -29,6 +29,9 @@ every decode step) and tensor parallelism's two all-reduces of [tokens, D] per l
 
 These are estimates to rank and filter candidates, not a verdict: the planner compiles the
 winner (`planner.plan`), whose `memory_analysis()` decides. docs/scaling.md compares the two.
+
+Dimension key (docs/dimensions.md): B prompts, G group size, R = B G rows, P prompt width, T new
+tokens, L = P + T, D model width, V vocabulary, C vocabulary chunk, Y layers.
 """
 
 import dataclasses
@@ -45,6 +48,15 @@ from jtc.rl import stages as stages_lib
 from jtc.rl import step as step_lib
 
 VOCAB_CHUNK = 8192  # `logprobs.token_logprobs`'s default chunk
+# Calibrated on the 14 compiled update stages of the generated table (docs/scaling.md; the
+# mean error of the update's estimate fell from 21 % to 10 % of the compiled peak): without
+# remat XLA keeps about this many times one layer's forward working set (`_layer_bytes`) per
+# layer for the backward pass (3.9 to 4.7 times the estimate's per-layer bytes on
+# Llama-3.2-1B and Qwen3-0.6B at tensor 4 and 8); besides the gradients' accumulator the
+# update holds this many float32 gradient-sized buffers (the gradients, the clipped gradients,
+# AdamW's updates: the data-parallel Llama-3.2-1B on v5p-64 holds one more than two).
+SAVED_WITHOUT_REMAT = 3.5
+GRAD_COPIES = 3
 STAGES = ('sample', 'behaviour', 'reference', 'delta', 'update', 'eval')
 
 
@@ -212,9 +224,11 @@ def _delta(x, stage):
   r = _rows(B, x.sizes)
   options = x.delta_options
   chunk_T = max(1, min(T, -(-options.chunk_size // B)))
-  nbytes = 12 * r * T * 4 + 3 * r * chunk_T * D * 4
-  passes = 2 * options.num_refine + 2
   hidden = r * T * D * x.d
+  # A copy of the hidden states (the compiled pass takes one for its loops: 8.05 GiB of
+  # temporaries beside 8.0 GiB of hidden states, Qwen3-8B on v5p-64).
+  nbytes = hidden + 12 * r * T * 4 + 3 * r * chunk_T * D * 4
+  passes = 2 * options.num_refine + 2
   return nbytes, x.roof(passes * 8 * B * T * D, passes * hidden, 0)
 
 
@@ -225,14 +239,16 @@ def _update(x, stage, grads):
   n, mb, L = stage.args[1].tokens_BL.shape[-3:]
   C, T = x.vocab_chunk, L - x.P
   r = _rows(mb, x.sizes)
-  saved = m.n_layers * (r * L * m.d_model * x.d if m.remat else _layer_bytes(m, r, L, x.t))
+  saved = m.n_layers * (r * L * m.d_model * x.d if m.remat else SAVED_WITHOUT_REMAT *
+                        _layer_bytes(m, r, L, x.t))
   nbytes = saved + 2 * _layer_bytes(m, r, L, x.t) + 4 * r * T * C * 4
   passes = 4 if m.remat else 3  # forward, backward (2), the remat forward
   seconds = n * x.roof(
       x.flops(mb * L, L) * passes, 0,
       x.gather * (passes - 1) + x.activations(mb * L) * passes)
-  # Gradients, their float32 accumulator over micro-batches, AdamW's updates.
-  return nbytes + grads * (3 if n > 1 else 2), seconds
+  # Gradients, their float32 accumulator over micro-batches, AdamW's updates and the clipped
+  # gradients.
+  return nbytes + grads * (GRAD_COPIES + (n > 1)), seconds
 
 
 def stage_estimate(x, stage, step):

@@ -77,11 +77,13 @@ def _estimate(c, model_config, n_devices, chip):
   return estimate_lib.estimate(c, model_config, sizes, chip)
 
 
-def _result(p, setting, note, est):
+def _result(p, setting, note, est, compile_s):
+  """The row of plan ``p``; ``compile_s``: every compile the row took (refused and
+  non-fitting settings included)."""
   return dict(fits=p.fits, peak=p.worst.peak if p.rows else None, mesh=p.mesh, setting=setting,
-              step_s=p.step_seconds, mfu=p.mfu, note=note,
-              compile_s=sum(r.compile_s for r in p.rows), stages={r.stage: r.peak for r in p.rows},
-              est_peak=est.peak if est else None, est_stages=est.stage_bytes if est else None)
+              step_s=p.step_seconds, mfu=p.mfu, note=note, compile_s=compile_s,
+              stages={r.stage: r.peak for r in p.rows}, est_peak=est.peak if est else None,
+              est_stages=est.stage_bytes if est else None)
 
 
 def plan_row(path, slice_name, overrides, log):
@@ -95,14 +97,16 @@ def plan_row(path, slice_name, overrides, log):
                                            slice_name, compiled_for='libtpu', log=log, only=STAGES,
                                            **kw)
   est = _estimate(c, model_config, len(devices), chip)
+  search = suggest_lib.Search()
   if est is None:
     note = 'as configured: its mesh or batch does not split over the slice'
   elif est.peak > chip.hbm_bytes:
     note = f'as configured: estimated {est.peak / hardware.GIB:.0f} GiB per chip'
   else:
     p = plan_fn(c, stop_early=True)
+    search.compile_s += p.compile_s
     if p.fits:
-      return _result(p, '', 'as configured', est)
+      return _result(p, '', 'as configured', est, search.compile_s)
     note = f'as configured: {p.verdict()}'
   everything = suggest_lib.candidates(c, len(devices), model_config, chip, fit_only=False)
   if not any(e.peak <= chip.hbm_bytes for e, _ in everything):
@@ -112,14 +116,14 @@ def plan_row(path, slice_name, overrides, log):
         f'{low / hardware.GIB:.0f} GiB per chip)')
   log(f'{note}; suggesting')
   best, bp = suggest_lib.suggest(c, plan_fn, len(devices), model_config, chip,
-                                 max_compiles=MAX_COMPILES, log=log)
+                                 max_compiles=MAX_COMPILES, log=log, search=search)
   if best is None:
     return dict(
         fits=False, note=f'{note}; the {MAX_COMPILES} cheapest settings that can fit '
-        'did not compile to a fit')
+        'did not compile to a fit', compile_s=search.compile_s)
   c = suggest_lib.apply(c, best)
   return _result(bp, suggest_lib.flags(best), f'suggested ({note})',
-                 _estimate(c, model_config, len(devices), chip))
+                 _estimate(c, model_config, len(devices), chip), search.compile_s)
 
 
 def _row_markdown(key, r):

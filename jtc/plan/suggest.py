@@ -109,14 +109,29 @@ def flags(overrides):
   return ' '.join(f'--config.{k}={v}' for k, v in overrides.items())
 
 
-def suggest(c, plan_fn, n_devices, model_config, chip, *, max_compiles=4, log=print):
+@dataclasses.dataclass
+class Search:
+  """What a search compiled: plans, how many fit (the estimate's hit rate: of the settings it
+  admitted and the search compiled, the share that fit), and the seconds of every compile."""
+  compiled: int = 0
+  fit: int = 0
+  compile_s: float = 0.0
+
+  def summary(self):
+    rate = f'{100 * self.fit / self.compiled:.0f} %' if self.compiled else 'n/a'
+    return (f'{self.compiled} settings compiled in {self.compile_s:.0f} s, {self.fit} fit (hit '
+            f'rate of the estimate: {rate})')
+
+
+def suggest(c, plan_fn, n_devices, model_config, chip, *, max_compiles=4, log=print, search=None):
   """(overrides, plan) of the first candidate, in estimated-time order, whose compiled plan
   fits, or (None, None) after ``max_compiles`` plans. ``plan_fn(c)`` compiles config c's stages
-  (`planner.plan`)."""
+  (`planner.plan`); ``search``: a `Search` that counts the compiles (its summary is logged)."""
+  search = search if search is not None else Search()
   found = candidates(c, n_devices, model_config, chip)
   log(f'suggest: {len(found)} settings can fit by the analytic estimate; compiling the '
       f'cheapest (at most {max_compiles})')
-  refused, compiles = set(), 0
+  refused, compiles, best = set(), 0, (None, None)
   for est, overrides in found:
     if compiles == max_compiles:
       break
@@ -124,10 +139,18 @@ def suggest(c, plan_fn, n_devices, model_config, chip, *, max_compiles=4, log=pr
       continue
     p = plan_fn(apply(c, overrides), stop_early=True)
     compiles += 1
-    log(f'suggest: {flags(overrides)}: estimated {est.peak / 2**30:.2f} GiB, {est.seconds:.4g} s; '
-        + ('compiled: fits' if p.fits else f'compiled: {p.verdict()}'))
+    search.compiled += 1
+    search.fit += p.fits
+    search.compile_s += p.compile_s
+    # One time per setting: the compiled plan's (the estimate's own only ranks candidates).
+    said = (f'fits, peak {p.worst.peak / 2**30:.2f} GiB, {p.step_seconds:.4g} s per step'
+            if p.fits else p.verdict())
+    log(f'suggest: {flags(overrides)}: estimated peak {est.peak / 2**30:.2f} GiB; compiled in '
+        f'{p.compile_s:.0f} s: {said}')
     if p.fits:
-      return overrides, p
+      best = overrides, p
+      break
     if p.failed_stage in STAGE_KEYS:
       refused.add(_stage_program(p.failed_stage, overrides))
-  return None, None
+  log(f'suggest: {search.summary()}')
+  return best

@@ -145,9 +145,11 @@ def scoring_outputs(step, rows):
 
 def scoring_stages(step):
   """The behaviour pass, the reference pass (kl_coef > 0) and the token weights (DelTA). Each
-  pass holds meanwhile the rollouts on the device, its earlier calls' outputs (concatenated
-  after the last) and the passes before it (the behaviour pass's before a proximal or reference
-  pass)."""
+  pass holds meanwhile the rollouts on the device, its earlier calls' outputs and the passes
+  before it (the behaviour pass's before a proximal or reference pass); over several calls,
+  the concatenation of their outputs (`rollout.behaviour_logps`) holds the parts and the whole
+  at once, counted here as a whole more than the parts (an upper bound: the call's own
+  temporaries are gone by then)."""
   c = step.c
   G, P, T = c.rollout.sampling.num_samples, c.data.prompt_width, c.rollout.sampling.max_new_tokens
   rows = (rollout_lib.score_chunk_prompts(c.rollout) or c.rollout.prompts_per_step) * G
@@ -156,7 +158,7 @@ def scoring_stages(step):
   policy = step.policy(step.state.params)
   inputs = 2 * chip_bytes(batch_arg(step, (c.rollout.prompts_per_step * G, P + T), jnp.int32))
   one = chip_bytes(scoring_outputs(step, rows))
-  held = inputs + (calls - 1) * one
+  held = inputs + ((2 * calls - 1) * one if calls > 1 else 0)
   stages = [
       Stage('behaviour', step.behaviour, (policy, tokens, tokens), {},
             calls * (2 if step.lag else 1),

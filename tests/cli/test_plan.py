@@ -49,3 +49,25 @@ def test_gpu_target_is_labelled_an_estimate_and_checks_the_host_devices():
   assert 'estimate, not compiled for the GPU' in compiled_for and 'h100' in where
   with pytest.raises(ValueError, match='--gpus=8: 1 host devices'):
     plan.target('h100', 8, None, 1)
+
+
+def test_an_unknown_stage_is_named_with_the_valid_ones_before_anything_compiles(monkeypatch):
+  monkeypatch.setattr(plan, 'target', lambda *a: pytest.fail('the target was built'))
+  with pytest.raises(SystemExit) as stop:
+    plan.main([
+        '--config', 'configs/real/qwen3_0_6b_gsm8k_dfpo.py', '--topology', 'v5e-8', '--stages=updte'
+    ])
+  said = str(stop.value.code)
+  assert "unknown stage 'updte'" in said and 'valid: prefill, sample, behaviour' in said
+
+
+def test_a_stage_the_config_does_not_run_is_named_with_its_stages():
+  """--stages=delta on a config without DelTA: an error listing the config's own stages, and
+  nothing compiled (one host device stands in for one GPU)."""
+  with pytest.raises(SystemExit) as stop:
+    plan.main([
+        '--config', 'configs/real/qwen3_0_6b_gsm8k_dfpo.py', '--gpu', 'h100', '--gpus', '1',
+        '--stages=delta'
+    ])
+  said = str(stop.value.code)
+  assert "this config runs no 'delta' stage; its stages: prefill, sample, behaviour" in said

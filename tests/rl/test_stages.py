@@ -64,9 +64,10 @@ def test_the_update_takes_the_mini_batch_and_a_lora_base_and_holds_the_step_batc
   assert isinstance(s['behaviour'].args[0], lora.Adapted)
 
 
-def test_a_scoring_pass_holds_its_earlier_calls_outputs():
+def test_a_scoring_pass_holds_its_earlier_calls_outputs_and_their_concatenation():
   """Scoring in 4 calls holds 3 calls' log-probs and entropies (and for DelTA hidden states)
-  when the last runs; one call holds none. Known positive: DelTA's hidden states dominate."""
+  when the last runs and then the 4 parts and their concatenation: 7 calls' outputs; one call
+  holds none. Known positive: DelTA's hidden states dominate."""
   held = {}
   for chunk, delta in ((0, False), (8, False), (8, True)):
     extra = {'token_weights': 'delta', 'loss.name': 'delta'} if delta else {}
@@ -80,9 +81,9 @@ def test_a_scoring_pass_holds_its_earlier_calls_outputs():
     held[chunk, delta] = s['behaviour'].resident_other - step.resident('params', 'base')
   G, T = step.c.rollout.sampling.num_samples, step.c.rollout.sampling.max_new_tokens
   one_call = 8 * G * T * 2 * 4 / 4  # logps and entropies of 8 prompts, rows over fsdp = 4
-  assert held[8, False] - held[0, False] == pytest.approx(3 * one_call)
+  assert held[8, False] - held[0, False] == pytest.approx(7 * one_call)
   hidden = 8 * G * T * step.model_config.d_model * 2 / 4  # bfloat16
-  assert held[8, True] - held[8, False] == pytest.approx(3 * hidden)
+  assert held[8, True] - held[8, False] == pytest.approx(7 * hidden)
 
 
 def test_chip_bytes_reads_each_shard():
