@@ -49,7 +49,7 @@ from jtc.rl import config_check
 from jtc.rl import distributed
 from jtc.rl import evaluation
 from jtc.rl import ledger_recorder
-from jtc.rl import loop
+from jtc.rl import progress as progress_lib
 from jtc.rl import population as population_lib
 from jtc.rl import preflight
 from jtc.rl import rollout as rollout_lib
@@ -308,12 +308,13 @@ class Trainer:
                                    tracker=t)
         for d, t in itertools.zip_longest(self.member_dirs, trackers)
     ]
-    progress = loop.Progress(c.num_steps, start, every=c.log.progress_every, show=self.primary)
+    progress = progress_lib.Progress(c.num_steps, start, every=c.log.progress_every,
+                                     show=self.primary)
     eval_every = c.eval.every if self.eval_examples else 0
     if not self.eval_examples and c.eval.every:
       print('no held-out problems (no test split): evaluation is skipped', file=sys.stderr)
     last = [{}] * self.pop.n
-    with loop.StopOnSignal() as stop, metric_writer.closing(writers):
+    with progress_lib.StopOnSignal() as stop, metric_writer.closing(writers):
       if start == 0 and eval_every:
         for writer, metrics in zip(writers, self.evaluate(0)):
           writer.write(0, metrics)

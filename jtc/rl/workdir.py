@@ -39,12 +39,10 @@ POPULATION_KEYS = ('population.size', 'population.vary')
 # Keys that define the shapes of what is trained (the LoRA adapters): never changed on resume.
 ADAPTER_KEYS = ('lora.rank', 'lora.targets')
 # Keys added after runs were recorded: a recorded config without them ran at these values.
-ADDED_KEYS = {
-    'lora.rank': 0,
-    'lora.alpha': 8.0,
-    'lora.targets': 'q,k,v,o,gate,up,down',
-    'lora.dropout': 0.0
-}
+ADDED_KEYS = {'lora.rank': 0, 'lora.alpha': 8.0, 'lora.targets': 'q,k,v,o,gate,up,down'}
+# Keys removed since runs were recorded, with the one value every recorded run had (a recorded
+# config with another value is a run this version cannot continue).
+REMOVED_KEYS = {'lora.dropout': 0.0}
 
 
 class WorkdirError(RuntimeError):
@@ -138,6 +136,7 @@ def check_identity(workdir, config, *, allow_changes=False, has_checkpoint):
     return config.num_steps
   stored = files.read_json(path, keys=('config',), expected='the config of the run in this workdir')
   old = {**ADDED_KEYS, **checks.flatten(stored['config'])}
+  old = {k: v for k, v in old.items() if not (k in REMOVED_KEYS and v == REMOVED_KEYS[k])}
   new = checks.flatten(json.loads(config.to_json_best_effort()))
   differing = sorted(
       k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS)
