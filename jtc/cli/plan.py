@@ -113,6 +113,10 @@ def run(argv):
     plan_fn = lambda cfg, **kw: planner.plan(cfg, devices, platform=platform, chip=chip, target=
                                              where, compiled_for=compiled_for, only=FLAGS.stages,
                                              log=log, **kw)
+    absent = [n for n in FLAGS.stages if n not in planner.stage_names(c, devices, platform)]
+    if absent:  # a stage this config's step does not run (e.g. delta without DelTA)
+      raise ValueError(f'--stages: this config runs no {", ".join(map(repr, absent))} stage; its '
+                       f'stages: {", ".join(planner.stage_names(c, devices, platform))}')
     try:
       check_mesh(c, len(devices))
     except ValueError as e:  # --suggest searches the mesh: a configured one that cannot run here
@@ -124,10 +128,6 @@ def run(argv):
       result = plan_fn(c, stop_early=FLAGS.suggest)  # --suggest needs the verdict only
   except ValueError as e:
     sys.exit(f'error: {e}')
-  absent = [n for n in FLAGS.stages if result is not None and n not in result.stages]
-  if absent:  # a stage this config's step does not run (e.g. delta without DelTA)
-    sys.exit(f'error: --stages: this config runs no {", ".join(map(repr, absent))} stage; its '
-             f'stages: {", ".join(result.stages)}')
   if not FLAGS.suggest:
     if result.failure:  # the refusal, not a table of the stages it did not reach
       sys.exit(table.refusal(result))

@@ -79,7 +79,7 @@ class Plan:
 
   @property
   def fits(self):
-    return not self.failure and all(r.peak <= self.capacity for r in self.rows)
+    return not self.failure and bool(self.rows) and all(r.peak <= self.capacity for r in self.rows)
 
   @property
   def step_seconds(self):
@@ -104,6 +104,8 @@ class Plan:
     """'' when every stage fits, else the `does not fit` line naming the worst stage."""
     if self.failure:
       return self.failure
+    if not self.rows:
+      return 'nothing compiled (no stage of --stages in this step)'
     worst = self.worst
     if worst.peak > self.capacity:
       return preflight.does_not_fit(worst.stage, worst.peak, self.capacity,
@@ -145,6 +147,12 @@ def build_step(c, devices, platform: str, model_config=None):
 
 # Every stage a step can have, in the order it runs (`jtc.rl.stages.build`).
 STAGES = ('prefill', 'sample', 'behaviour', 'reference', 'delta', 'update', 'eval')
+
+
+def stage_names(c, devices, platform: str, model_config=None):
+  """The names of the stages config ``c``'s step runs on ``devices`` (nothing compiles)."""
+  step = build_step(c, devices, platform, model_config)
+  return tuple(s.name for s in step.stages(platform))
 
 
 def roofline(costs: hlo.Costs, chip: hardware.Chip):
@@ -205,8 +213,8 @@ def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=Non
   """Compiles the stages of config ``c`` on ``devices`` and returns a `Plan`. A stage the
   compiler refuses for memory ends the plan with that refusal as its verdict; with
   ``stop_early`` so does the first stage that does not fit (`--suggest`: the rest need not
-  compile). ``only``: these stages alone (a ValueError names one that is no stage; one this
-  config's step does not run leaves the plan empty, its ``stages`` saying which it runs)."""
+  compile). ``only``: these stages alone, among those the step runs (a ValueError names one
+  that is no stage; `stage_names` says which the step runs)."""
   check_stages(only or ())
   step = build_step(c, devices, platform)
   parts = step.resident_parts()
@@ -217,8 +225,6 @@ def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=Non
   stages = step.stages(platform)
   result = Plan(target, chip, len(devices), dict(step.mesh.shape), [], resident, compiled_for,
                 stages=tuple(s.name for s in stages))
-  if any(n not in result.stages for n in only or ()):
-    return result  # a stage this config does not run: nothing compiles (the caller says so)
   for stage in stages:
     if only and stage.name not in only:
       continue

@@ -13,7 +13,7 @@ __all__ = [
     'progress',
     'rendezvous',
     'rollout',
-    'sft',
+    'sft_trainer',
     'sharding',
     'stages',
     'step',

@@ -82,41 +82,44 @@ class Trainer:
       raise
 
   def _build(self, schedule_steps, policy):
-    c, pop = self.c, self.pop
-    self.model_config, params, self.tokenizer = policy or checkpoints.load_policy(c.policy)
-    self.G, self.P = c.rollout.sampling.num_samples, c.data.prompt_width
-    self.task = None if c.data.dataset else tasks_lib.get_task(c.data.task)
-    self.updates_per_step = update_lib.updates_per_step(c.optim, c.rollout.prompts_per_step)
+    config, population = self.c, self.pop
+    self.model_config, params, self.tokenizer = policy or checkpoints.load_policy(config.policy)
+    self.G, self.P = config.rollout.sampling.num_samples, config.data.prompt_width
+    self.task = None if config.data.dataset else tasks_lib.get_task(config.data.task)
+    self.updates_per_step = update_lib.updates_per_step(config.optim,
+                                                        config.rollout.prompts_per_step)
     self.schedules = [  # each member's learning rate, logged
-        update_lib.learning_rate_schedule(c.optim, schedule_steps * self.updates_per_step,
-                                          pop.value(m, 'optim.learning_rate', None))
-        for m in pop.members
+        update_lib.learning_rate_schedule(config.optim, schedule_steps * self.updates_per_step,
+                                          population.value(m, 'optim.learning_rate', None))
+        for m in population.members
     ]
-    self.hparams = pop.varied()  # the varied keys' per-member values, traced in the step
-    self.mesh = sharding_lib.make_mesh(**sharding_lib.mesh_sizes(**c.mesh))
+    self.hparams = population.varied()  # the varied keys' per-member values, traced in the step
+    self.mesh = sharding_lib.make_mesh(**sharding_lib.mesh_sizes(**config.mesh))
     print(
         f'mesh {dict(self.mesh.shape)}: {jax.device_count()} devices, {jax.process_count()} '
-        f'processes' + (f', {pop.n} population members' if pop.batched else ''), file=sys.stderr)
+        f'processes' + (f', {population.n} population members' if population.batched else ''),
+        file=sys.stderr)
     # The state's structure and shardings, the LoRA base, the KL reference, the lag and the
     # jitted stages: decided once, in `jtc.rl.step.build` (the planner compiles the same).
-    self.rl_step = step_lib.build(c, self.mesh, self.model_config, params=params,
+    self.rl_step = step_lib.build(config, self.mesh, self.model_config, params=params,
                                   schedule_steps=schedule_steps,
                                   ids=(self.tokenizer.eos_id, self.tokenizer.pad_id))
     self.state, self.frozen, self.ref_params = self.rl_step.materialise(params)
-    self.gen = rollout_lib.Generator.from_config(c, self.rl_step.sampler_config, self.tokenizer,
-                                                 self.task, to_device=self._to_device,
-                                                 population=pop, mesh=self.mesh)
+    self.gen = rollout_lib.Generator.from_config(config, self.rl_step.sampler_config,
+                                                 self.tokenizer, self.task,
+                                                 to_device=self._to_device, population=population,
+                                                 mesh=self.mesh)
     # Held-out evaluation samples from the policy as trained, whatever the rollouts' sampler.
     self.eval_gen = dataclasses.replace(self.gen, model_config=self.rl_step.infer_config)
     self.run_state = self._initial_run_state()
     self.train_iters, self.eval_examples, prompts = data_lib.run_data(
-        c.data, batch_size=c.rollout.prompts_per_step, seeds=[m.seed for m in pop.members],
-        eval_problems=c.eval.problems)
+        config.data, batch_size=config.rollout.prompts_per_step,
+        seeds=[m.seed for m in population.members], eval_problems=config.eval.problems)
     self.gen.check_prompt_width(prompts)
     self.ckpt = checkpoints.TrainCheckpointer(os.path.join(self.workdir, 'checkpoints'),
-                                              max_to_keep=c.log.keep_checkpoints)
+                                              max_to_keep=config.log.keep_checkpoints)
     self._restore()
-    self.member_dirs = population_lib.record(self.workdir, c, schedule_steps, pop,
+    self.member_dirs = population_lib.record(self.workdir, config, schedule_steps, population,
                                              write=self.primary)
     self._build_instruments(self.rl_step.infer_config)
     # Every stage fits, before any rollout (compiled by the functions the steps then call).
@@ -156,26 +159,27 @@ class Trainer:
 
   def _build_instruments(self, infer_config):
     """The jitted diagnostics, LoRA merge and ledger columns (instruments, not stages)."""
-    c, pop = self.c, self.pop
+    config, population = self.c, self.pop
 
     def diagnose(params, batch, hparams, token_counts):
       return diagnostics.step_diagnostics(
-          params, infer_config, batch, loss_name=c.loss.name,
-          loss_hparams=population_lib.loss_hparams(c.loss.hparams.to_dict(),
+          params, infer_config, batch, loss_name=config.loss.name,
+          loss_hparams=population_lib.loss_hparams(config.loss.hparams.to_dict(),
                                                    hparams), group_size=self.G,
-          completion_start=self.P, token_counts=token_counts, mode=c.log.diagnostics_mode)
+          completion_start=self.P, token_counts=token_counts, mode=config.log.diagnostics_mode)
 
-    self._diagnostics = jax.jit(pop.map(diagnose))
-    self._merged = jax.jit(pop.map(lambda policy: policy.merged()))  # LoRA ledger params
-    self._ledger_columns = ledger_recorder.make_columns_fn(c, infer_config, pop)
+    self._diagnostics = jax.jit(population.map(diagnose))
+    self._merged = jax.jit(population.map(lambda policy: policy.merged()))  # LoRA ledger params
+    self._ledger_columns = ledger_recorder.make_columns_fn(config, infer_config, population)
 
   def step(self, step):
     """Rollout -> batch -> updates for RL step ``step``; returns each member's metrics."""
-    c, pop = self.c, self.pop
+    config, population = self.c, self.pop
     keys = [
-        jax.random.split(jax.random.fold_in(jax.random.key(m.seed), step), 3) for m in pop.members
+        jax.random.split(jax.random.fold_in(jax.random.key(m.seed), step), 3)
+        for m in population.members
     ]
-    k_rollout, k_order, k_weights = (pop.stack([k[i] for k in keys]) for i in range(3))
+    k_rollout, k_order, k_weights = (population.stack([k[i] for k in keys]) for i in range(3))
     # Under a policy lag of k steps the rollouts come from the parameters of step - k (the
     # initial ones for the first k steps), as an asynchronous trainer's would.
     lagged = self.run_state.lagged_params
@@ -184,48 +188,52 @@ class Trainer:
     rollouts, rounds = rollout_lib.collect(
         self.gen, self._policy(behaviour_params),
         [functools.partial(next, it) for it in self.train_iters], k_rollout,
-        sampling=c.rollout.sampling.to_dict(), dynamic_sampling=c.dapo.dynamic_sampling,
-        max_rounds=c.dapo.dynamic_sampling_rounds,
+        sampling=config.rollout.sampling.to_dict(), dynamic_sampling=config.dapo.dynamic_sampling,
+        max_rounds=config.dapo.dynamic_sampling_rounds,
         temperature=self.hparams.get('rollout.sampling.temperature'))
     self.rollouts = rollouts  # the step's rollouts, one per member (for inspection)
     t1 = time.perf_counter()
     batch, metrics, self.run_state = batch_lib.make_batch(
-        c, rollouts, self._policy(behaviour_params), self.run_state, task=self.task,
+        config, rollouts, self._policy(behaviour_params), self.run_state, task=self.task,
         behaviour_fn=self.rl_step.behaviour, ref_params=self.ref_params, to_device=self._to_device,
-        weights_fn=self.rl_step.delta, rng=k_weights, population=pop,
+        weights_fn=self.rl_step.delta, rng=k_weights, population=population,
         proximal_params=self._policy(self.state.params) if lagged else None)
     if lagged:  # this step's parameters join the lag, the oldest leave it
       self.run_state = self.run_state.replace(lagged_params=lagged[1:] +
                                               (self.rl_step.copy_params(self.state.params),))
     jax.block_until_ready(batch.old_logps_BT)
     t2 = time.perf_counter()
-    diagnose = c.log.diagnostics_every and step % c.log.diagnostics_every == 0
+    diagnose = config.log.diagnostics_every and step % config.log.diagnostics_every == 0
     recorder = None
-    if c.log.ledger_every and step % c.log.ledger_every == 0:
-      recorder = ledger_recorder.LedgerRecorder(self._ledger_columns, batch, pop)
+    if config.log.ledger_every and step % config.log.ledger_every == 0:
+      recorder = ledger_recorder.LedgerRecorder(self._ledger_columns, batch, population)
     update_fn = self.rl_step.update if self.frozen is None else (
         lambda state, mb, hparams: self.rl_step.update(state, mb, hparams, self.frozen))
     counts_V = self.run_state.token_counts_V
     self.state, update_metrics = update_lib.run_updates(
         self.state, batch, k_order, self.hparams, update_fn=update_fn,
-        minibatch_fn=self.rl_step.minibatch, num_groups=c.rollout.prompts_per_step,
-        minibatch_prompts=c.optim.minibatch_prompts, ppo_epochs=c.optim.ppo_epochs,
+        minibatch_fn=self.rl_step.minibatch, num_groups=config.rollout.prompts_per_step,
+        minibatch_prompts=config.optim.minibatch_prompts, ppo_epochs=config.optim.ppo_epochs,
         group_size=self.G,
-        population=pop, diagnose_fn=(lambda params, mb, hparams: self._diagnostics(
+        population=population, diagnose_fn=(lambda params, mb, hparams: self._diagnostics(
             self._policy(params), mb, hparams, token_counts=counts_V)) if diagnose else None,
         before_update=self._ledger_hook(recorder))
     t3 = time.perf_counter()
     n_tokens = [int(r.completion_mask_BT.sum()) for r in rollouts]
     self.run_state = self.run_state.add(
-        rl_steps=1, generated_tokens=pop.stack([np.int64(n) for n in n_tokens]),
+        rl_steps=1, generated_tokens=population.stack([np.int64(n) for n in n_tokens]),
         rollouts=rollouts[0].rewards_B.shape[0], update_steps=self.updates_per_step,
-        prompts=pop.stack([np.int64(c.rollout.prompts_per_step * (1 + r)) for r in rounds]))
-    counts = {k: pop.unstack(np.asarray(self.run_state.count(k))) for k in update_lib.COUNTERS}
-    rates = [float(self.schedules[m](counts['update_steps'][m] - 1)) for m in range(pop.n)]
+        prompts=population.stack(
+            [np.int64(config.rollout.prompts_per_step * (1 + r)) for r in rounds]))
+    counts = {
+        k: population.unstack(np.asarray(self.run_state.count(k))) for k in update_lib.COUNTERS
+    }
+    rates = [float(self.schedules[m](counts['update_steps'][m] - 1)) for m in range(population.n)]
     if recorder:  # every process takes part (gathers); process 0 writes
       recorder.write(step, run_dirs=self.member_dirs, rollouts=rollouts, tokenizer=self.tokenizer,
-                     c=c, model_config=self.model_config, learning_rates=rates, files=self.primary)
-    for m in range(pop.n):
+                     c=config, model_config=self.model_config, learning_rates=rates,
+                     files=self.primary)
+    for m in range(population.n):
       metrics[m].update(update_metrics[m])
       metrics[m].update(dynamic_sampling_rounds=rounds[m], time_sample=t1 - t0, time_score=t2 - t1,
                         time_update=t3 - t2, tokens_per_s=n_tokens[m] / max(t3 - t0, 1e-9),
@@ -244,22 +252,22 @@ class Trainer:
 
   def evaluate(self, step):
     """Each member's avg@k on the held-out problems at the config's evaluation decoding."""
-    c, pop = self.c, self.pop
+    config, population = self.c, self.pop
     t0 = time.perf_counter()
-    keys = pop.keys(lambda m: jax.random.fold_in(jax.random.key(m.seed + 1), step))
+    keys = population.keys(lambda m: jax.random.fold_in(jax.random.key(m.seed + 1), step))
     outs = evaluation.evaluate(self.eval_gen, self._policy(self.state.params), self.eval_examples,
-                               keys, sampling=c.eval.sampling.to_dict(),
-                               batch_prompts=c.eval.batch_prompts, task=self.task)
-    if self.task is not None and c.eval.probe_problems:  # exact drift between equivalent forms
+                               keys, sampling=config.eval.sampling.to_dict(),
+                               batch_prompts=config.eval.batch_prompts, task=self.task)
+    if self.task is not None and config.eval.probe_problems:  # exact drift between equivalent forms
       replicated = sharding_lib.replicated(self.mesh)
       for m, out in enumerate(outs):
-        params = self._policy(pop.member(self.state.params, m, replicated))
+        params = self._policy(population.member(self.state.params, m, replicated))
         out.update({
             f'probe/{k}': v for k, v in probes.format_probe(
-                params, self.eval_gen.model_config, self.tokenizer,
-                self.eval_examples[:c.eval.probe_problems], self.task.formats, prompt_width=self.P,
-                scaffold=self.task.scaffold, chat_template=c.data.chat_template,
-                prompt_suffix=c.data.prompt_suffix).items()
+                params, self.eval_gen.model_config, self.tokenizer, self.
+                eval_examples[:config.eval.probe_problems], self.task.formats, prompt_width=self.P,
+                scaffold=self.task.scaffold, chat_template=config.data.chat_template,
+                prompt_suffix=config.data.prompt_suffix).items()
         })
     seconds = time.perf_counter() - t0
     return [dict({f'eval/{k}': v for k, v in out.items()}, time_eval=seconds) for out in outs]
@@ -293,45 +301,46 @@ class Trainer:
     """The loop: evaluate step 0, then step / evaluate / log / checkpoint up to num_steps. On
     SIGINT or SIGTERM the step in flight finishes, a checkpoint is written and the loop ends;
     returns each member's last metrics record and the signal that stopped it (or None)."""
-    c, start = self.c, self._steps_done()
-    if start >= c.num_steps or self._budget_spent():
+    config, start = self.c, self._steps_done()
+    if start >= config.num_steps or self._budget_spent():
       print(
-          f'already finished: {self.workdir} holds {start} steps (num_steps {c.num_steps}, '
-          f'token budget {c.token_budget or "none"}; raise them to continue it)', file=sys.stderr)
+          f'already finished: {self.workdir} holds {start} steps (num_steps {config.num_steps}, '
+          f'token budget {config.token_budget or "none"}; raise them to continue it)',
+          file=sys.stderr)
       self.close()
       return [metric_writer.last_record(d) for d in self.member_dirs], None
     # Weights & Biases (config.log.wandb_project): one run per metric stream, process 0's.
-    trackers = tracking.start_runs(c.log, self.member_dirs if self.primary else [],
+    trackers = tracking.start_runs(config.log, self.member_dirs if self.primary else [],
                                    revision=distributed.code_revision, workdir=self.workdir)
     writers = [
         metric_writer.MetricWriter(d, resume_step=start + 1 if start else 0, files=self.primary,
                                    tracker=t)
         for d, t in itertools.zip_longest(self.member_dirs, trackers)
     ]
-    progress = progress_lib.Progress(c.num_steps, start, every=c.log.progress_every,
+    progress = progress_lib.Progress(config.num_steps, start, every=config.log.progress_every,
                                      show=self.primary)
-    eval_every = c.eval.every if self.eval_examples else 0
-    if not self.eval_examples and c.eval.every:
+    eval_every = config.eval.every if self.eval_examples else 0
+    if not self.eval_examples and config.eval.every:
       print('no held-out problems (no test split): evaluation is skipped', file=sys.stderr)
     last = [{}] * self.pop.n
     with progress_lib.StopOnSignal() as stop, metric_writer.closing(writers):
       if start == 0 and eval_every:
         for writer, metrics in zip(writers, self.evaluate(0)):
           writer.write(0, metrics)
-      for step in range(start + 1, c.num_steps + 1):
+      for step in range(start + 1, config.num_steps + 1):
         metrics = self.step(step)
-        final = step == c.num_steps or self._budget_spent()
+        final = step == config.num_steps or self._budget_spent()
         if eval_every and (step % eval_every == 0 or final):
           for m, e in zip(metrics, self.evaluate(step)):
             m.update(e)
         last = [w.write(step, m) for w, m in zip(writers, metrics)]
         if jax.process_count() > 1 and distributed.any_process(stop.signal is not None):
           stop.signal = stop.signal or 'SIGTERM (of another process)'
-        if step % c.log.ckpt_every == 0 or final or stop.signal:
+        if step % config.log.ckpt_every == 0 or final or stop.signal:
           self._save(step)
         progress.update(step, metrics)
-        if final and step < c.num_steps:
-          print(f'token budget {c.token_budget} reached at step {step}', file=sys.stderr)
+        if final and step < config.num_steps:
+          print(f'token budget {config.token_budget} reached at step {step}', file=sys.stderr)
           break
         if stop.signal:
           print(

@@ -49,6 +49,8 @@ def test_a_plan_of_some_stages_gives_no_step_time():
   assert 'RL step: not estimated, only update compiled' in partial and 's per step' not in partial
   whole = _plan([_row(n, 1.0, flops=1e12) for n in ('sample', 'behaviour', 'update')])
   assert whole.complete and 's per step' in table.format_table(whole)
+  empty = _plan([])  # nothing compiled is no fit
+  assert not empty.fits and empty.verdict().startswith('nothing compiled')
 
 
 def test_stage_names_are_checked_against_the_valid_ones():
