@@ -39,7 +39,13 @@ POPULATION_KEYS = ('population.size', 'population.vary')
 # Keys that define the shapes of what is trained (the LoRA adapters): never changed on resume.
 ADAPTER_KEYS = ('lora.rank', 'lora.targets')
 # Keys added after runs were recorded: a recorded config without them ran at these values.
-ADDED_KEYS = {'lora.rank': 0, 'lora.alpha': 8.0, 'lora.targets': 'q,k,v,o,gate,up,down'}
+ADDED_KEYS = {
+    'lora.rank': 0,
+    'lora.alpha': 8.0,
+    'lora.targets': 'q,k,v,o,gate,up,down',
+    'data.reward_signature': 'verl',
+    'data.reward_by_source': '',
+}
 # Keys removed since runs were recorded, with the one value every recorded run had (a recorded
 # config with another value is a run this version cannot continue).
 REMOVED_KEYS = {'lora.dropout': 0.0}
