@@ -79,13 +79,15 @@ def param_shapes(model_config):
 
 def abstract_step(c, model_config, sizes):
   """The trainer's `jtc.rl.step.Step` of config ``c`` on a mesh of ``sizes`` without devices."""
-  mesh = jax.sharding.AbstractMesh(tuple(sizes[a] for a in sharding_lib.MESH_AXES),
+  mesh = jax.sharding.AbstractMesh(tuple(sizes.get(a, 1) for a in sharding_lib.MESH_AXES),
                                    sharding_lib.MESH_AXES)
   return step_lib.build(c, mesh, model_config, params=param_shapes(model_config))
 
 
 def shard_elements(shape, logical_axes, sizes):
-  """Elements per chip of an array with these logical axes on a mesh of ``sizes``."""
+  """Elements per chip of an array with these logical axes on a mesh of ``sizes`` (an axis it
+  does not name has size 1)."""
+  sizes = {a: sizes.get(a, 1) for a in sharding_lib.MESH_AXES}
   spec = sharding_lib.logical_to_spec(logical_axes, shape, types.SimpleNamespace(shape=sizes))
   n = 1
   for dim, axes in zip(shape, spec):

@@ -13,6 +13,7 @@ without a compile.
 
 import dataclasses
 import itertools
+import math
 
 from jtc.plan import estimate as estimate_lib
 from jtc.rl import sharding as sharding_lib
@@ -53,9 +54,10 @@ def candidates(c, n_devices, model_config, chip, fit_only=True):
   work = apply(c, {})  # a copy each candidate is written into (cheaper than a copy each)
   out, memo = [], {}
   for tensor, fsdp in itertools.product(tensors, _divisors(n_devices)):
-    data = n_devices // (tensor * fsdp * c.mesh.population)
-    sizes = {'population': c.mesh.population, 'data': data, 'fsdp': fsdp, 'tensor': tensor}
-    if data * fsdp * tensor * c.mesh.population != n_devices:
+    fixed = {'population': c.mesh.population, 'expert': c.mesh.get('expert', 1)}  # not searched
+    data = n_devices // (tensor * fsdp * math.prod(fixed.values()))
+    sizes = {**fixed, 'data': data, 'fsdp': fsdp, 'tensor': tensor}
+    if data * fsdp * tensor * math.prod(fixed.values()) != n_devices:
       continue
     step = None
     for mb, remat in itertools.product(_divisors(c.optim.minibatch_prompts), (False, True)):

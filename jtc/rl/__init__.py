@@ -15,6 +15,7 @@ __all__ = [
     'progress',
     'rendezvous',
     'rollout',
+    'routing',
     'sft_trainer',
     'sharding',
     'stages',

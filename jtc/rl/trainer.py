@@ -43,6 +43,7 @@ from jtc.analysis import probes
 from jtc.analysis import tracking
 from jtc.data import pipeline as data_lib
 from jtc.data import tasks as tasks_lib
+from jtc.data import traps
 from jtc.data import verifiers
 from jtc.rl import batch as batch_lib
 from jtc.rl import checkpoints
@@ -85,6 +86,7 @@ class Trainer:
   def _build(self, schedule_steps, policy):
     config, population = self.c, self.pop
     self.model_config, params, self.tokenizer = policy or checkpoints.load_policy(config.policy)
+    config_check.validate_policy(config, self.model_config, population.n)  # LoRA, MoE vs model
     self.G, self.P = config.rollout.sampling.num_samples, config.data.prompt_width
     self.task = None if config.data.dataset else tasks_lib.get_task(config.data.task)
     self.updates_per_step = update_lib.updates_per_step(config.optim,
@@ -117,6 +119,8 @@ class Trainer:
         config.data, batch_size=config.rollout.prompts_per_step,
         seeds=[m.seed for m in population.members], eval_problems=config.eval.problems)
     self.gen.check_prompt_width(prompts)
+    for line in traps.for_run(config.data, self.gen.reward_fn) if self.primary else ():
+      print(line, file=sys.stderr)  # two answer formats; a verifier that cannot read the data
     self.ckpt = checkpoints.TrainCheckpointer(os.path.join(self.workdir, 'checkpoints'),
                                               max_to_keep=config.log.keep_checkpoints)
     self._restore()

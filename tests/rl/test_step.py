@@ -30,8 +30,8 @@ def _config(**overrides):
 
 def _step(c, **sizes):
   """The abstract step of ``c`` on a mesh of ``sizes`` (population, data, fsdp, tensor)."""
-  sizes = {'population': 1, 'data': 1, 'fsdp': 1, 'tensor': 1, **sizes}
-  mesh = jax.sharding.AbstractMesh(tuple(sizes[a] for a in sharding.MESH_AXES), sharding.MESH_AXES)
+  mesh = jax.sharding.AbstractMesh(tuple(sizes.get(a, 1) for a in sharding.MESH_AXES),
+                                   sharding.MESH_AXES)
   from jtc.plan import planner  # pylint: disable=import-outside-toplevel
   return step_lib.build(c, mesh, planner.model_config_for(c, 'tpu'))
 
