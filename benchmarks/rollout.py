@@ -28,11 +28,11 @@ Systems: `static` (every row decodes until the last has ended) and `continuous` 
 R / d for d in `--slots` (default 1,2,4: the CPU's default of every row, R/2, R/4). Useful tokens are the sampled tokens up to
 and including EOS (the completion mask); tokens/s is their count over the call's wall time
 (prefill included), the median of the rounds. Beside every figure: the 1-minute load average
-and the cores other processes kept busy during the timed calls (`common.OtherLoad`; a ratio
-taken while others used more than `common.MAX_OTHER_CORES` is marked LOADED). Each setup also
+and the cores other processes kept busy during the timed calls (`harness.OtherLoad`; a ratio
+taken while others used more than `harness.MAX_OTHER_CORES` is marked LOADED). Each setup also
 checks that both schedulers drew the same tokens.
 """
-from benchmarks import common  # first: --cpu must act before jax is imported
+from benchmarks import harness  # first: --cpu must act before jax is imported
 
 import argparse
 import dataclasses
@@ -116,7 +116,7 @@ def measure(params, config, tokens_BP, mask_BP, kw, named, rounds):
   first = {n: jax.block_until_ready(call(extra)) for n, extra in named.items()}  # compile
   same = all(np.array_equal(o.completion_RT, first['static'].completion_RT) for o in first.values())
   rates = {n: [] for n in named}
-  with common.OtherLoad() as other:
+  with harness.OtherLoad() as other:
     for _ in range(rounds):
       for n, extra in named.items():
         start = time.perf_counter()
@@ -132,8 +132,8 @@ def report(label, rates, other, lengths_R, same):
   print(f'\n{label}')
   print(f'  lengths: mean {mean:.1f}, p99 {p99:.0f} ({p99 / mean:.1f} x mean), max '
         f'{lengths_R.max()}; same tokens under every scheduler: {"yes" if same else "NO"}')
-  print(f'  timed calls: {common.load_str(other)}'
-        f'{"  LOADED: not a valid ratio" if common.is_loaded(other) else ""}')
+  print(f'  timed calls: {harness.load_str(other)}'
+        f'{"  LOADED: not a valid ratio" if harness.is_loaded(other) else ""}')
   med = {n: statistics.median(r) for n, r in rates.items()}
   for n, r in rates.items():
     print(f'  {n:22s} {med[n]:9.0f} tok/s  (rounds: {", ".join(f"{x:.0f}" for x in r)})  '
@@ -143,7 +143,7 @@ def report(label, rates, other, lengths_R, same):
 
 def _parser():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  common.add_cpu_flag(parser)
+  harness.add_cpu_flag(parser)
   parser.add_argument('--small', action='store_true', help='tiny sizes for a quick check')
   parser.add_argument('--rounds', type=int, default=3, help='interleaved timed rounds')
   parser.add_argument('--setups', default='shipped,long_tail')
@@ -159,7 +159,7 @@ def _parser():
 
 def main(argv=None):
   args = _parser().parse_args(argv)
-  print(f'benchmarks.rollout: {common.device_line()}, load {common.load_average():.1f} at start')
+  print(f'benchmarks.rollout: {harness.device_line()}, load {harness.load_average():.1f} at start')
   results = {}
   for name in args.setups.split(','):
     if name == 'rl_step':
@@ -173,10 +173,10 @@ def main(argv=None):
                          load=other.load, other_cores=other.cores, same_tokens=same,
                          mean_length=float(lengths_R.mean()),
                          p99_length=float(np.percentile(lengths_R, 99)))
-  print(f'\nload {common.load_average():.1f} at the end')
+  print(f'\nload {harness.load_average():.1f} at the end')
   if args.json:
     with open(args.json, 'w') as f:
-      json.dump(dict(device=common.device_line(), setups=results), f, indent=1)
+      json.dump(dict(device=harness.device_line(), setups=results), f, indent=1)
   return results
 
 
@@ -203,7 +203,7 @@ def rl_steps(args):
     for r in range(args.rounds):
       for i, (name, extra) in enumerate(runs.items()):
         workdir = os.path.join(root, f'{r}_{i}')
-        with common.OtherLoad() as other:
+        with harness.OtherLoad() as other:
           subprocess.run(
               [sys.executable, '-m', 'jtc.train', f'--workdir={workdir}', *flags, *extra],
               check=True, capture_output=True, text=True)
@@ -219,8 +219,8 @@ def rl_steps(args):
         rewards[name].append(records[-1]['reward_mean'])
   print(f'\nRL steps to a budget of {args.token_budget} trained tokens, partial rollouts off / on')
   worst = max(loads, key=lambda o: o.cores)
-  print(f'  runs: {common.load_str(worst)} (the most loaded run)'
-        f'{"  LOADED: not a valid ratio" if common.is_loaded(worst) else ""}')
+  print(f'  runs: {harness.load_str(worst)} (the most loaded run)'
+        f'{"  LOADED: not a valid ratio" if harness.is_loaded(worst) else ""}')
   base = statistics.median(rates['partial off'])
   for name in runs:
     med = statistics.median(rates[name])
