@@ -17,6 +17,7 @@ from jtc.data import pipeline as data_lib
 from jtc import objectives
 from jtc.data import rewards as rewards_lib
 from jtc.data import verifiers
+from jtc.rl import partial
 from jtc.rl import population as population_lib
 from jtc.rl import rollout as rollout_lib
 from jtc.rl import routing
@@ -81,6 +82,7 @@ def _validate_run(c):
     checks.choice('config.token_weights', c.token_weights, token_weights.PLUGINS)
     token_weights.PLUGINS[c.token_weights].check_config(c.delta)
   rollout_lib.check_config(c)
+  partial.check_config(c)  # scheduler, slots, decode layout, partial rollouts
   update_lib.check_config(c.optim, c.rollout.prompts_per_step)
   checks.choice('config.log.diagnostics_mode', c.log.diagnostics_mode, ('proxy', 'exact'))
   checks.in_range('config.log.diagnostics_every', c.log.diagnostics_every, low=0, integer=True)

@@ -36,6 +36,9 @@ import io
 import numpy as np
 
 from jtc import checks
+from jtc.models import decode_loop
+from jtc.rl import rollout as rollout_lib
+from jtc.rl import sharding as sharding_lib
 
 NO_VERSION = -1  # versions_BT where there is no token
 # Groups in flight per prompts_per_step: a step trains on the first half to complete and carries
@@ -47,8 +50,6 @@ def check_config(c):
   """config.rollout's decoding settings: scheduler, decode_slots (1 <= slots <= the rows of one
   sampler call, continuous only), decode_layout, max_decode_steps (continuous only, with the
   sampler's per-token behaviour log-probs and nothing that needs a whole-sequence recompute)."""
-  from jtc.models import decode_loop  # pylint: disable=import-outside-toplevel
-  from jtc.rl import sharding as sharding_lib  # pylint: disable=import-outside-toplevel
   r = c.rollout
   checks.choice('config.rollout.scheduler', r.scheduler, decode_loop.SCHEDULERS)
   checks.choice('config.rollout.decode_layout', r.decode_layout, sharding_lib.DECODE_LAYOUTS)
@@ -259,7 +260,6 @@ def run_round(gen, params, pools, rng, sampling, *, version, max_decode_steps, t
 def to_rollout(gen, taken, G):
   """A `rollout.Rollout` of the complete groups ``taken`` (`Pool.take`): scored, with each
   token's policy version."""
-  from jtc.rl import rollout as rollout_lib  # pylint: disable=import-outside-toplevel
   rows = lambda x: x.reshape((-1,) + x.shape[2:])
   prompt_BP, pmask_BP = (np.repeat(x, G, axis=0) for x in gen.encode(taken['prompts']))
   completion_BT, mask_BT = rows(taken['tokens_NGT']), rows(taken['mask_NGT'])

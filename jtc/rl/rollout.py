@@ -29,7 +29,6 @@ from jtc.data import verifiers
 from jtc.models import decode_loop
 from jtc.models import sampler as sampler_lib
 from jtc.objectives import corrections
-from jtc.rl import partial as partial_lib
 from jtc.rl import population as population_lib
 from jtc.rl import sharding as sharding_lib
 
@@ -118,8 +117,8 @@ class Generator:
         reward_fn=verifiers.from_config(c.data, task), prompt_width=c.data.prompt_width,
         chat_template=c.data.chat_template, prompt_suffix=c.data.prompt_suffix,
         chunk_prompts=c.rollout.chunk_prompts, to_device=to_device, population=population,
-        mesh=mesh, scheduler=c.rollout.get('scheduler', 'static'),
-        slots=c.rollout.get('decode_slots', None),
+        mesh=mesh, scheduler=c.rollout.get('scheduler',
+                                           'static'), slots=c.rollout.get('decode_slots', None),
         decode_layout=sharding_lib.decode_layout(c.rollout.get('decode_layout', 'auto'), mesh,
                                                  model_config, decode_loop.free_device_bytes()))
 
@@ -361,7 +360,6 @@ def check_config(c):
                     behaviour_logps=c.rollout.behaviour_logps)
   checks.choice('config.rollout.sampler_dtype', c.rollout.sampler_dtype,
                 ('', 'float32', 'bfloat16'))
-  partial_lib.check_config(c)
   checks.in_range('config.rollout.policy_lag', c.rollout.policy_lag, low=0, integer=True)
   checks.choice('config.rollout.policy_lag_mode', c.rollout.policy_lag_mode,
                 ('behaviour', 'decoupled'))
