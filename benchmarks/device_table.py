@@ -4,6 +4,7 @@ directory (a part that failed or ran out of time says so instead of a number).
   python -m benchmarks.device_table OUT
 """
 
+import argparse
 import json
 import os
 import re
@@ -112,10 +113,13 @@ def table(out):
 
 
 def main(argv=None):
-  argv = sys.argv[1:] if argv is None else argv
-  if len(argv) != 1 or not os.path.isdir(argv[0]):
-    raise SystemExit('usage: python -m benchmarks.device_table OUT (device_check.sh\'s folder)')
-  print(table(argv[0]))
+  parser = argparse.ArgumentParser(prog='python -m benchmarks.device_table',
+                                   description='The table of a device_check.sh run.')
+  parser.add_argument('out', help="device_check.sh's folder")
+  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  if not os.path.isdir(args.out):
+    parser.error(f'OUT={args.out!r} is not a folder (device_check.sh writes one)')
+  print(table(args.out))
 
 
 if __name__ == '__main__':

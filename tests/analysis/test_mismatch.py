@@ -77,8 +77,10 @@ def test_routing_source_controls():
 
 def test_replay_changes_log_probs_exactly_from_the_first_flip_on():
   """Log-probs with and without the sampler's routing replayed are bit-identical for every token
-  predicted before the first routing flip of its row (prompt included, any layer), and differ
-  from it on: causal attention carries a flip to every later position, never an earlier one."""
+  predicted before the first routing flip of its row (prompt included) and differ from it on:
+  causal attention carries a flip in a layer below the last to every later position, never an
+  earlier one; a flip in the last layer changes its own position's prediction alone (no later
+  position reads that layer's output)."""
   perturbed = mismatch.perturb_router(PARAMS, 0.5, jax.random.key(1))
   out = sampler_lib.sample(perturbed, MOE, TOKENS, MASK, rng=KW['rng'], num_samples=4,
                            max_new_tokens=12, eos_id=1, pad_id=0, return_routing=True)
@@ -89,11 +91,11 @@ def test_replay_changes_log_probs_exactly_from_the_first_flip_on():
   trainer_RLYW = model_lib.forward(PARAMS, MOE, out.tokens_RL,
                                    model_lib.positions_from_mask(out.input_mask_RL),
                                    out.input_mask_RL).routed.experts_BLW.transpose(1, 2, 0, 3)
-  flip_RL = np.asarray(mismatch.routing_flips(out.experts_RLYW, trainer_RLYW)).any(-1)
-  first_R = np.where(flip_RL.any(-1), flip_RL.argmax(-1), 10**6)
-  before_RT = (P - 1 + np.arange(12))[None] < first_R[:, None]
+  flip_RLY = np.asarray(mismatch.routing_flips(out.experts_RLYW, trainer_RLYW))
+  changed_RL = np.logical_or.accumulate(flip_RLY[..., :-1].any(-1), axis=1) | flip_RLY[..., -1]
+  before_RT = ~changed_RL[:, P - 1:P + 11]  # token t is predicted at position P - 1 + t
   real_RT = np.asarray(out.completion_mask_RT) > 0
   same_RT = np.asarray(own['logps']) == np.asarray(replayed['logps'])
-  assert flip_RL.any() and (before_RT & real_RT).any() and (~before_RT & real_RT).any()
+  assert flip_RLY.any() and (before_RT & real_RT).any() and (~before_RT & real_RT).any()
   assert same_RT[before_RT & real_RT].all()
   assert not same_RT[~before_RT & real_RT].any()
