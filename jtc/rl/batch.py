@@ -117,6 +117,7 @@ def _host_batch(c, rollout):
       c.advantage.name, jnp.asarray(rewards_B), group_size=c.rollout.sampling.num_samples,
       eps=c.advantage.eps, std_ddof=c.advantage.std_ddof,
       batch_normalize=c.advantage.batch_normalize)
+  adv_B = advantages_lib.keep_sign(adv_B, c.advantage.sign)
   mask_BT = rollout.completion_mask_BT.astype(np.float32)
   if c.dapo.mask_truncated:
     mask_BT = mask_BT * (~rollout.truncated_B)[:, None]

@@ -247,7 +247,7 @@ class Trainer:
     self.state, update_metrics = update_lib.run_updates(
         self.state, batch, k_order, self.hparams, update_fn=update_fn, minibatch_fn=self._minibatch,
         num_groups=c.rollout.prompts_per_step, minibatch_prompts=c.optim.minibatch_prompts,
-        ppo_epochs=c.optim.ppo_epochs, group_size=self.G,
+        ppo_epochs=c.optim.ppo_epochs, group_size=self.G, minibatch_order=c.optim.minibatch_order,
         population=pop, diagnose_fn=(lambda params, mb, hparams: self._diagnostics(
             self._policy(params), mb, hparams, token_counts=counts_V)) if diagnose else None,
         before_update=self._ledger_hook(recorder))
