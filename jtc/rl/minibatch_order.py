@@ -20,7 +20,8 @@ refused too: split groups would be transformed as if they were groups. With a ro
 loss metrics that read groups (asym, frac_degenerate_groups) read G consecutive rows of the
 mini-batch, which are no group, and the step diagnostics (whole-group cancellation) are refused.
 
-Dimension key (docs/dimensions.md): B rows (= M * G), M groups, G group size, N mini-batches.
+Dimension key (docs/dimensions.md): B rows (= M * G), M groups, G group size; n mini-batches of
+B / n rows each (`[n, B / n]`).
 """
 
 import jax
@@ -65,14 +66,14 @@ def _row_losses_text():
 
 
 def epoch_rows(order, rng, *, num_groups, group_size, num_minibatches, adv_B=None):
-  """[N, B / N] int64: the rows of each mini-batch of one epoch.
+  """[n, B / n] int64: the rows of each mini-batch of one epoch.
 
   Args:
     order: one of ORDERS.
     rng: a jax key, the epoch's own (fold_in(member key, epoch)), so every epoch draws afresh;
       'group' draws exactly the permutation of the groups jtc drew before the key existed.
     num_groups, group_size: M and G (B = M * G rows, groups contiguous).
-    num_minibatches: N, dividing M.
+    num_minibatches: n, dividing M.
     adv_B: [B] advantages, needed by 'reward_balanced'.
   """
   b = num_groups * group_size
@@ -94,8 +95,8 @@ def epoch_rows(order, rng, *, num_groups, group_size, num_minibatches, adv_B=Non
 
 def balanced_rows(adv_B, rng, *, num_minibatches):
   """'reward_balanced': the rows in a random order within each sign class (positive, negative,
-  zero advantage), the classes one after the other, dealt round-robin to the N mini-batches, so
-  that each gets B / N rows and every class splits as evenly as it can. [N, B / N]."""
+  zero advantage), the classes one after the other, dealt round-robin to the n mini-batches, so
+  that each gets B / n rows and every class splits as evenly as it can. [n, B / n]."""
   sign_B = np.sign(adv_B)
   perm_B = np.asarray(jax.random.permutation(rng, adv_B.shape[0]))
   # Stable sort of a random order by class: random within a class, positives first.

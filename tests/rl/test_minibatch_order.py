@@ -22,10 +22,10 @@ M, G, N = 8, 4, 2
 
 def test_group_order_is_the_permutation_of_groups_drawn_before():
   key = jax.random.fold_in(jax.random.key(3), 1)
-  rows_NR = minibatch_order.epoch_rows('group', key, num_groups=M, group_size=G, num_minibatches=N)
+  rows = minibatch_order.epoch_rows('group', key, num_groups=M, group_size=G, num_minibatches=N)
   order_M = np.asarray(jax.random.permutation(key, M))
   for i in range(N):
-    np.testing.assert_array_equal(rows_NR[i], update.minibatch_rows(order_M, i * M // N, M // N, G))
+    np.testing.assert_array_equal(rows[i], update.minibatch_rows(order_M, i * M // N, M // N, G))
 
 
 def test_row_orders_cover_every_row_once_and_split_groups():
@@ -33,20 +33,20 @@ def test_row_orders_cover_every_row_once_and_split_groups():
   adv_B = np.repeat(np.array([1.0, -1.0, 0.0, 0.5, -0.5, 2.0, 0.0, -3.0]), G)
   adv_B[::3] *= -1
   for order in ('shuffled', 'reward_balanced'):
-    rows_NR = minibatch_order.epoch_rows(order, key, num_groups=M, group_size=G, num_minibatches=N,
+    rows = minibatch_order.epoch_rows(order, key, num_groups=M, group_size=G, num_minibatches=N,
                                          adv_B=adv_B)
-    assert rows_NR.shape == (N, M * G // N)
-    np.testing.assert_array_equal(np.sort(rows_NR.reshape(-1)), np.arange(M * G))
-    groups_per_mb = [set(r // G) for r in rows_NR]
+    assert rows.shape == (N, M * G // N)
+    np.testing.assert_array_equal(np.sort(rows.reshape(-1)), np.arange(M * G))
+    groups_per_mb = [set(r // G) for r in rows]
     assert any(groups_per_mb[0] & s for s in groups_per_mb[1:])  # some group is split
-  rows_NR = minibatch_order.epoch_rows('reward_balanced', key, num_groups=M, group_size=G,
+  rows = minibatch_order.epoch_rows('reward_balanced', key, num_groups=M, group_size=G,
                                        num_minibatches=N, adv_B=adv_B)
   for sign in (1, -1, 0):
-    counts = [int(np.sum(np.sign(adv_B[r]) == sign)) for r in rows_NR]
+    counts = [int(np.sum(np.sign(adv_B[r]) == sign)) for r in rows]
     assert max(counts) - min(counts) <= 1, (sign, counts)
   # A group order is balanced only by chance: this draw puts more positives in one mini-batch.
-  rows_NR = minibatch_order.epoch_rows('group', key, num_groups=M, group_size=G, num_minibatches=N)
-  counts = [int(np.sum(adv_B[r] > 0)) for r in rows_NR]
+  rows = minibatch_order.epoch_rows('group', key, num_groups=M, group_size=G, num_minibatches=N)
+  counts = [int(np.sum(adv_B[r] > 0)) for r in rows]
   assert max(counts) - min(counts) > 1
   with pytest.raises(ValueError, match=r"'reward_balanced' needs the \[B=32\] advantages"):
     minibatch_order.epoch_rows('reward_balanced', key, num_groups=M, group_size=G,
