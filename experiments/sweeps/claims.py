@@ -21,6 +21,7 @@ Asym (0.88 -> 0.01: the exploratory DFPO - GSPO difference was 0.025) and 6% for
 
 import re
 
+from experiments.sweeps import credit
 from experiments.sweeps import mismatch
 from experiments.sweeps import paper
 from experiments.sweeps import stepsize
@@ -132,6 +133,24 @@ STEPSIZE = (
           **_SS),
 )
 
+# Issue 54, declared before any run of `batching` (fresh seeds 56-71): the Cancellation
+# Hypothesis's batching interventions under GRPO at 2 mini-batches per step.
+_BATCH = dict(family='Batching', sweep='batching', metric=FINAL_AVG, sesoi=ACC_SESOI,
+              sesoi_why=ACC_WHY, prediction=credit.BATCHING_PREDICTION,
+              paper_setting=credit.CH_SETTING)
+BATCHING = (
+    Claim('B.query_preserved', arm=credit.GROUP, baseline=credit.SHUFFLED, predicted='>', **_BATCH),
+    Claim('B.reward_balanced', arm=credit.BALANCED, baseline=credit.SHUFFLED, predicted='>',
+          **_BATCH),
+    Claim(
+        'B.positive_only', family='Batching (exploratory)', sweep='batching', metric=FINAL_AVG,
+        arm=credit.POSITIVE, baseline=credit.GROUP, kind='exploratory', sesoi=ACC_SESOI,
+        sesoi_why=ACC_WHY, paper_setting=credit.CH_SETTING,
+        prediction=('none on accuracy: the paper uses positive-only training as the control '
+                    'against which critic-free RL shifts its updates from template tokens to '
+                    'reasoning tokens.')),
+)
+
 _MISMATCH = dict(
     family='Mismatch (exploratory)', sweep='mismatch', metric=FINAL_AVG, kind='exploratory',
     sesoi=ACC_SESOI, sesoi_why=ACC_WHY,
@@ -181,6 +200,6 @@ def exploratory_claims(sweeps):
 
 def all_claims():
   """The confirmatory claims, then the exploratory ones of every paper.py sweep."""
-  return CONFIRMATORY + STEPSIZE + MISMATCH + exploratory_claims(
+  return CONFIRMATORY + STEPSIZE + BATCHING + MISMATCH + exploratory_claims(
       f(smoke=False) for f in (paper.table1, paper.mechanism, paper.table2, paper.table3,
                                paper.offpolicy, paper.table4, paper.drift, paper.delta))
