@@ -27,6 +27,8 @@ B / n rows each (`[n, B / n]`).
 import jax
 import numpy as np
 
+from jtc.rl import sharding as sharding_lib
+
 ORDERS = ('group', 'shuffled', 'reward_balanced')
 # Losses whose objective couples the rows of a group (tests/rl/test_minibatch_order.py checks
 # that every other registered loss gives each row the same coefficients whatever rows share its
@@ -91,6 +93,18 @@ def epoch_rows(order, rng, *, num_groups, group_size, num_minibatches, adv_B=Non
                        f'{None if adv_B is None else np.shape(adv_B)}')
     return balanced_rows(np.asarray(adv_B), rng, num_minibatches=num_minibatches)
   raise ValueError(f'minibatch order {order!r}; valid: {", ".join(ORDERS)}')
+
+
+def members_rows(order, keys, epoch, batch, population, *, num_groups, group_size, num_minibatches):
+  """`epoch_rows` of every member of ``population`` (its keys ``keys``, folded with ``epoch``);
+  'reward_balanced' reads the members' advantages from ``batch`` (an `update.Batch`)."""
+  adv = [None] * population.n
+  if order == 'reward_balanced':
+    adv = population.unstack(np.asarray(sharding_lib.to_host(batch.advantages_B)))
+  return [
+      epoch_rows(order, jax.random.fold_in(k, epoch), num_groups=num_groups, group_size=group_size,
+                 num_minibatches=num_minibatches, adv_B=a) for k, a in zip(keys, adv)
+  ]
 
 
 def balanced_rows(adv_B, rng, *, num_minibatches):

@@ -373,18 +373,12 @@ def run_updates(state, batch, rng, hparams=None, *, update_fn, minibatch_fn, num
   keys = pop.unstack(rng)
   n_updates = ppo_epochs * (num_groups // minibatch_prompts)
   update_metrics, diags = [], []
-  num_mb = num_groups // minibatch_prompts
-  adv = [None] * pop.n
-  if minibatch_order == 'reward_balanced':
-    adv = pop.unstack(np.asarray(sharding_lib.to_host(batch.advantages_B)))
   for epoch in range(ppo_epochs):
-    orders = [
-        minibatch_order_lib.epoch_rows(minibatch_order, jax.random.fold_in(k, epoch),
-                                       num_groups=num_groups, group_size=group_size,
-                                       num_minibatches=num_mb, adv_B=a) for k, a in zip(keys, adv)
-    ]
-    for i in range(num_mb):
-      rows = pop.stack([o[i] for o in orders])
+    orders = minibatch_order_lib.members_rows(minibatch_order, keys, epoch, batch, pop,
+                                              num_groups=num_groups, group_size=group_size,
+                                              num_minibatches=num_groups // minibatch_prompts)
+    for rows_M in zip(*orders):
+      rows = pop.stack(list(rows_M))
       mb = minibatch_fn(batch, jnp.asarray(rows))
       if diagnose_fn is not None and (update_metrics or n_updates == 1):
         diags.append(diagnose_fn(state.params, _flat(mb, pop.batched), hparams))

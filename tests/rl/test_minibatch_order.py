@@ -34,13 +34,13 @@ def test_row_orders_cover_every_row_once_and_split_groups():
   adv_B[::3] *= -1
   for order in ('shuffled', 'reward_balanced'):
     rows = minibatch_order.epoch_rows(order, key, num_groups=M, group_size=G, num_minibatches=N,
-                                         adv_B=adv_B)
+                                      adv_B=adv_B)
     assert rows.shape == (N, M * G // N)
     np.testing.assert_array_equal(np.sort(rows.reshape(-1)), np.arange(M * G))
     groups_per_mb = [set(r // G) for r in rows]
     assert any(groups_per_mb[0] & s for s in groups_per_mb[1:])  # some group is split
   rows = minibatch_order.epoch_rows('reward_balanced', key, num_groups=M, group_size=G,
-                                       num_minibatches=N, adv_B=adv_B)
+                                    num_minibatches=N, adv_B=adv_B)
   for sign in (1, -1, 0):
     counts = [int(np.sum(np.sign(adv_B[r]) == sign)) for r in rows]
     assert max(counts) - min(counts) <= 1, (sign, counts)
@@ -97,7 +97,7 @@ def _config(**overrides):
     }, 'needs more than one mini-batch per step'),
     ({
         'loss.name': 'dfpo_min_replace'
-    }, "in-group transform needs whole groups"),
+    }, 'in-group transform needs whole groups'),
     ({
         'log.diagnostics_every': 5
     }, 'diagnostics_every=5: the step diagnostics'),
@@ -113,10 +113,12 @@ def test_meaningless_orders_are_refused_naming_the_key(overrides, needle):
   config_check.validate(_config(**{'optim.minibatch_order': 'reward_balanced'}))
 
 
-def _coefficients(name, logps_BT, inp):
+def _coefficients_fn(name, group_size):
   hp = objectives.default_hparams(name)
-  grad = jax.grad(lambda lp: objectives.compute_loss(name, logps=lp, **inp, **hp)[0])
-  return grad(logps_BT)
+  return jax.jit(
+      jax.grad(lambda lp, old, adv, mask: objectives.compute_loss(
+          name, logps=lp, old_logps=old, advantages=adv, mask=mask, group_size=group_size, **hp)[0])
+  )
 
 
 def test_group_losses_are_exactly_those_whose_rows_depend_on_their_group():
@@ -134,7 +136,8 @@ def test_group_losses_are_exactly_those_whose_rows_depend_on_their_group():
   for name, spec in objectives.LOSSES.items():
     if spec.token_weighted:
       continue  # DelTA: refused by its own scope check
-    a = _coefficients(name, logps_BT, inp)
-    s = _coefficients(name, logps_BT[perm], swapped)
+    fn = _coefficients_fn(name, 4)
+    a = fn(logps_BT, inp['old_logps'], inp['advantages'], inp['mask'])
+    s = fn(logps_BT[perm], swapped['old_logps'], swapped['advantages'], swapped['mask'])
     same = np.allclose(np.asarray(a)[perm], np.asarray(s), atol=1e-7)
     assert same == (name not in minibatch_order.GROUP_LOSSES), name
