@@ -1,6 +1,8 @@
 """The Cancellation Hypothesis's batching prediction (issue 54), confirmatory.
 
-  python -m experiments.run batching     # GRPO, 16 fresh seeds 56-71
+  python -m experiments.run batching               # GRPO, 16 fresh seeds 56-71
+  python -m experiments.run credit_probe_explore   # the diagnoses on the same rollouts, seeds 0-7
+  python -m experiments.run credit_probe           # the same, confirmatory, fresh seeds 72-87
 
 The Cancellation Hypothesis (Cheng et al. 2026, arXiv 2605.08666): a token's change is driven in
 good part by gradient coupling with identical tokens elsewhere in the same update, so opposing
@@ -78,4 +80,72 @@ def batching(smoke=False):
                     digits=5)))
 
 
-SWEEPS = {'batching': batching}
+# The credit probe (experiments/credit_probe.py): one step's second, off-policy mini-batch updated
+# from the same parameters and Adam state by each objective, after 8 RL steps of GRPO.
+PROBE_FIRST_SEED = 72  # 56-71: batching; 72-87 fresh
+PROBE_OBJECTIVES = (('grpo', 'GRPO'), ('grpo_fix', 'GRPO-fix'), ('gspo', 'GSPO'),
+                    ('dfpo_min_replace', 'DFPO (Min-Replace)'))
+PROBE = (('probe.prompts', 16), ('probe.group_size', 8), ('probe.minibatches', 2),
+         ('probe.max_new_tokens', 32), ('probe.learning_rate', 1e-4), ('probe.warm_steps', 8))
+PROBE_SMOKE = (('probe.prompts', 4), ('probe.group_size', 4), ('probe.minibatches', 2),
+               ('probe.max_new_tokens', 12), ('probe.learning_rate', 1e-4), ('probe.warm_steps', 1))
+DIAGNOSES_PREDICTION = (
+    'Token Gradient Cancellation (arXiv 2604.13088): non-cancellation is the structural norm '
+    'of a coupled / asymmetric objective off-policy, and the decoupled one removes it: on the '
+    'same rollouts and parameters the tokens shared by positive and negative rollouts keep a '
+    'larger residual under GSPO than under DFPO, and under GRPO than under GRPO-fix (arm - '
+    'baseline > 0). The Cancellation Hypothesis (arXiv 2605.08666): opposing signals on such '
+    'tokens cancel through the coupling of identical tokens in critic-free RL whatever the '
+    'clip: no difference (=).')
+
+
+def _probe(name, smoke, first_seed, description):
+  runs = tuple(
+      Run(n, n, label, (('loss.name', n),))
+      for n, label in (PROBE_OBJECTIVES[2:] if smoke else PROBE_OBJECTIVES))
+  return make_sweep(
+      name, smoke, runs=runs, baseline='GSPO', num_steps=1, engine='probe',
+      shared=PROBE_SMOKE if smoke else PROBE, seeds=1 if smoke else
+      (8 if first_seed == 0 else confirm.SEEDS), first_seed=0 if smoke else first_seed,
+      description=description, curve_keys=('credit/contested_residual', 'flip/boosted_gap'),
+      tables=(Table(
+          'Cancellation residual on tokens shared by positive and negative rollouts '
+          '(sum |own + same-id| / sum (|own| + |same-id|))', 'final:credit/contested_residual',
+          digits=4, prediction=DIAGNOSES_PREDICTION),
+              Table('Boosted share, positive - negative rollouts (exact re-score)',
+                    'final:flip/boosted_gap', digits=3),
+              Table('Flipped tokens (suppressed in positive, boosted in negative rollouts)',
+                    'final:flip/flipped', digits=3),
+              Table('Same-id share of the coupling', 'final:credit/same_share_of_coupling',
+                    digits=3),
+              Table('Low-confidence share of the same-id coupling, minus their share of tokens',
+                    'final:credit/same_low_conf_excess', digits=3),
+              Table('Coupling against the own term (sum |same + other| / sum |own|)',
+                    'final:credit/coupling_to_own', digits=3),
+              Table('First-order error against the exact change (relative)',
+                    'final:credit/first_order_rel_error', digits=4),
+              Table('FADE sign balance m_S / (m_S + m_F)', 'final:mass/sign_balance', digits=4),
+              Table('Trajectories switched off by the clip', 'final:credit/loss_frac_traj_gated',
+                    digits=3)))
+
+
+def credit_probe_explore(smoke=False):
+  return _probe(
+      'credit_probe_explore', smoke, 0,
+      'Exploratory (seeds 0-7): token flipping, coupling and gradient mass of GRPO, '
+      'GRPO-fix, GSPO and literal DFPO on the same off-policy mini-batch, after 8 RL '
+      'steps of GRPO; checks the instruments before the confirmatory probe.')
+
+
+def credit_probe(smoke=False):
+  return _probe(
+      'credit_probe', smoke, PROBE_FIRST_SEED,
+      'Confirmatory (fresh seeds 72-87): the Diagnoses claims and the descriptive '
+      'checks of experiments/sweeps/claims.py on the same rollouts.')
+
+
+SWEEPS = {
+    'batching': batching,
+    'credit_probe_explore': credit_probe_explore,
+    'credit_probe': credit_probe
+}

@@ -208,8 +208,9 @@ def contested_mask(ids_BT, mask_BT, adv_B, *, group_size):
 
 def summarize(parts, mask_BT, *, contested_BT=None, exact_BT=None):
   """Scalars of `decompose`'s output over the real tokens: mean |term| of each term; the
-  same-id share of the coupling (sum |same| / (sum |same| + sum |other|)) and the low-confidence
-  share of the same-id coupling; on the contested tokens (`contested_mask`) the cancellation
+  same-id share of the coupling (sum |same| / (sum |same| + sum |other|)), the low-confidence
+  share of the same-id coupling and of the tokens; the coupling's size against the own term
+  (sum |same + other| / sum |own|); on the contested tokens (`contested_mask`) the cancellation
   residual sum |own + same| / (sum |own| + sum |same|) (0: the same-id coupling cancels the own
   term, 1: it adds to it); against the exact change (``exact_BT``, `flipping.rescore`) the
   relative error of the first-order sum and the share of tokens whose sign it gets right."""
@@ -220,6 +221,9 @@ def summarize(parts, mask_BT, *, contested_BT=None, exact_BT=None):
   out['same_share_of_coupling'] = float(a['same'].sum() / safe(a['same'].sum() + a['other'].sum()))
   same_O = np.abs(np.asarray(parts['same_by_conf']))[:, real].sum(-1)
   out['same_low_conf_share'] = float(same_O[0] / safe(same_O.sum()))
+  out['low_conf_token_share'] = float(np.mean(np.asarray(parts['conf_bin'])[real] == 0))
+  out['coupling_to_own'] = float(
+      np.abs(np.asarray(parts['same'] + parts['other'])[real]).sum() / safe(a['own'].sum()))
   if contested_BT is not None:
     sel = real & np.asarray(contested_BT)
     own, same = np.asarray(parts['own'])[sel], np.asarray(parts['same'])[sel]
