@@ -44,14 +44,30 @@ CONF_EDGES = (0.5, 0.9)  # pi_j < 0.5: low confidence, [0.5, 0.9): mid, >= 0.9: 
 CONF_NAMES = ('low', 'mid', 'high')
 
 
+class PolicyLogps:
+  """params -> [B, T] log pi of the completion tokens (`logprobs.sequence_logprobs`), and
+  ``row(params, i)`` -> [T] of row i alone (the per-token Jacobians then cost one row's
+  backward passes, not the batch's). Hashable by identity: the jitted helpers below take it as
+  a static argument and compile once per batch."""
+
+  def __init__(self, config, tokens_BL, input_mask_BL, *, completion_start):
+    self.config, self.completion_start = config, completion_start
+    self.tokens_BL, self.input_mask_BL = tokens_BL, input_mask_BL
+
+  def __call__(self, params):
+    return logprobs.sequence_logprobs(params, self.config, self.tokens_BL, self.input_mask_BL,
+                                      completion_start=self.completion_start)['logps']
+
+  def row(self, params, i):
+    take = lambda x: jax.lax.dynamic_slice_in_dim(x, i, 1, axis=0)
+    return logprobs.sequence_logprobs(params, self.config, take(self.tokens_BL),
+                                      take(self.input_mask_BL),
+                                      completion_start=self.completion_start)['logps'][0]
+
+
 def policy_logps_fn(config, tokens_BL, input_mask_BL, *, completion_start):
-  """params -> [B, T] log pi of the completion tokens (`logprobs.sequence_logprobs`)."""
-
-  def fn(params):
-    return logprobs.sequence_logprobs(params, config, tokens_BL, input_mask_BL,
-                                      completion_start=completion_start)['logps']
-
-  return fn
+  """A `PolicyLogps` of these rows."""
+  return PolicyLogps(config, tokens_BL, input_mask_BL, completion_start=completion_start)
 
 
 def _adam_state(opt_state):
@@ -94,11 +110,13 @@ def confidence_bins(logps_BT, edges=CONF_EDGES):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _weighted_norms(logps_fn, params, d):
-  """[B, T] g_i^T D g_i: one reverse-mode Jacobian per row (rows in sequence)."""
+  """[B, T] g_i^T D g_i: one reverse-mode Jacobian per row (rows in sequence), of the row alone
+  when ``logps_fn`` has a ``row(params, i)`` (`PolicyLogps`), else of the batch's row i."""
   b = jax.eval_shape(logps_fn, params).shape[0]
+  row_fn = getattr(logps_fn, 'row', None) or (lambda p, i: logps_fn(p)[i])
 
   def row(i):
-    jac = jax.jacrev(lambda p: logps_fn(p)[i])(params)
+    jac = jax.jacrev(lambda p: row_fn(p, i))(params)
     return sum(
         jnp.sum((dd[None] * jnp.square(j)).reshape(j.shape[0], -1), axis=-1)
         for j, dd in zip(jax.tree.leaves(jac), jax.tree.leaves(d)))

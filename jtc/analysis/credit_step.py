@@ -124,7 +124,8 @@ def measure(logps_fn, params, opt_state, mb, *, loss_name, group_size, optimizer
   coef_fn = jax.jit(lambda lp, old, adv, mask: diagnostics.loss_coefficients(
       lp, loss_name=loss_name, old_logps=old, advantages=adv, mask=mask, group_size=group_size, **hp
   ))
-  coef_BT, metrics = coef_fn(logps_fn(params), mb.old_logps_BT, mb.advantages_B, mb.mask_BT)
+  scored = jax.jit(logps_fn)
+  coef_BT, metrics = coef_fn(scored(params), mb.old_logps_BT, mb.advantages_B, mb.mask_BT)
   grads, = jax.jit(lambda p, c: jax.vjp(logps_fn, p)[1](c))(params, coef_BT)
   if preconditioning == 'adam':
     updates, new_opt = jax.jit(optimizer.update)(grads, opt_state, params)
@@ -135,7 +136,7 @@ def measure(logps_fn, params, opt_state, mb, *, loss_name, group_size, optimizer
     updates, new_opt = jax.tree.map(lambda g: -learning_rate * g, grads), opt_state
     d, mu, _ = coupling.sgd_parts(params, learning_rate=learning_rate)
   after = optax.apply_updates(params, updates)
-  exact = flipping.rescore(logps_fn, params, after)
+  exact = flipping.rescore(scored, params, after)
   out = {
       'coef': coef_BT,
       'exact': exact,
@@ -173,9 +174,8 @@ def probe(model_config, params, gen, task, setting, seed,
   optim = _optim(setting)
   schedule = update.learning_rate_schedule(optim, setting.schedule_steps * setting.minibatches)
   lr = float(schedule(int(state.step)))
-  fn = jax.jit(
-      coupling.policy_logps_fn(model_config, mb2.tokens_BL, mb2.input_mask_BL,
-                               completion_start=setting.prompt_width))
+  fn = coupling.policy_logps_fn(model_config, mb2.tokens_BL, mb2.input_mask_BL,
+                                completion_start=setting.prompt_width)
   out = {'batch': mb2, 'rewards': rewards}
   for name in objectives_:
     out[name] = measure(fn, state.params, state.opt_state, mb2, loss_name=name,
