@@ -143,6 +143,8 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
                  '--tables-only')
   launch = Launch(processes=args.processes, prefix=tuple(shlex.split(args.launcher)))
   sweep = sweeps_lib.get_sweep(args.sweep, smoke=args.smoke, num_steps=args.num_steps)
+  if sweep.blocked and not args.tables_only:
+    parser.error(sweep.blocked)
   resized = sweep.num_steps != sweeps_lib.get_sweep(args.sweep, smoke=args.smoke).num_steps
   seeds = args.seeds or sweep.seeds
   part = sweep

@@ -72,6 +72,7 @@ class Sweep:
   # 'train': every run x seed is a `python -m jtc.train` run; 'probe': the runs are measured in
   # process by experiments/credit_probe.py (one update per objective, no training run).
   engine: str = 'train'
+  blocked: str = ''  # why it cannot run yet (experiments/run.py refuses it; tables still build)
 
 
 KINDS = ('confirmatory', 'exploratory', 'check', 'descriptive')

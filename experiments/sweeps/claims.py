@@ -21,6 +21,7 @@ Asym (0.88 -> 0.01: the exploratory DFPO - GSPO difference was 0.025) and 6% for
 
 import re
 
+from experiments.sweeps import bestlr
 from experiments.sweeps import credit
 from experiments.sweeps import mismatch
 from experiments.sweeps import paper
@@ -153,6 +154,16 @@ BATCHING = (
                     'reasoning tokens.')),
 )
 
+# Issue 54, declared before any run of `best_vs_best` (fresh seeds 40-55) and before lr_grid chose
+# the rates: DFPO - GSPO with each method at its own best rate (`bestlr.CHOSEN_LR`).
+_BB = dict(family='Best vs best', sweep='best_vs_best', metric=FINAL_AVG, group='best',
+           baseline='GSPO', predicted='>', sesoi=ACC_SESOI, sesoi_why=ACC_WHY,
+           prediction=bestlr.BEST_PREDICTION, paper_delta=5.6, paper_setting=TGC_SETTING)
+BEST_VS_BEST = (
+    Claim('BB.dfpo_literal', arm='DFPO (Min-Replace)', **_BB),
+    Claim('BB.dfpo_gated', arm='DFPO (Min-Replace, gated)', **_BB),
+)
+
 # Issue 54, declared before any run of `credit_probe` (fresh seeds 72-87; the exploratory probe
 # on seeds 0-7 checks the instruments): the two papers' diagnoses set against each other on the
 # same rollouts and parameters. R = the cancellation residual on the tokens whose id occurs in a
@@ -245,6 +256,6 @@ def exploratory_claims(sweeps):
 
 def all_claims():
   """The confirmatory claims, then the exploratory ones of every paper.py sweep."""
-  return CONFIRMATORY + STEPSIZE + BATCHING + DIAGNOSES + MISMATCH + exploratory_claims(
+  return CONFIRMATORY + STEPSIZE + BATCHING + BEST_VS_BEST + DIAGNOSES + MISMATCH + exploratory_claims(
       f(smoke=False) for f in (paper.table1, paper.mechanism, paper.table2, paper.table3,
                                paper.offpolicy, paper.table4, paper.drift, paper.delta))

@@ -20,7 +20,8 @@ def test_every_claim_names_runs_and_a_metric_of_its_sweep():
 def test_confirmatory_claims_are_on_fresh_seeds_with_a_sesoi():
   confirmatory = [c for c in claims.all_claims() if c.kind == 'confirmatory']
   assert {c.family for c in confirmatory} == {
-      'Table 1', 'Mechanism', 'Off-policy', 'Table 4', 'DelTA', 'Step size', 'Batching', 'Diagnoses'
+      'Table 1', 'Mechanism', 'Off-policy', 'Table 4', 'DelTA', 'Step size', 'Batching',
+      'Diagnoses', 'Best vs best'
   }
   for c in confirmatory:
     assert sweeps_lib.get_sweep(c.sweep).first_seed >= 8, c.name  # seeds 0-7 chose the settings
@@ -38,7 +39,7 @@ def test_confirmatory_sweeps_of_issue_54_use_seeds_no_earlier_confirmatory_sweep
   earlier = set().union(*(seeds(n) for n in ('table1_confirm', 'offpolicy_confirm',
                                              'table4_confirm', 'delta_confirm', 'table4_crn',
                                              'offpolicy_gated_confirm', 'stepsize_confirm')))
-  new = [seeds('batching'), seeds('credit_probe')]
+  new = [seeds('batching'), seeds('credit_probe'), seeds('best_vs_best')]
   assert all(not s & earlier and len(s) == 16 and max(s) < 100 for s in new)
   assert not set.intersection(*new)
 
