@@ -89,7 +89,7 @@ def check_command(module_name, args):
     from jtc import cli  # pylint: disable=import-outside-toplevel
     if not args or args[0] not in cli.COMMANDS:
       raise ValueError(f'jtc {args[:1]}: not one of {list(cli.COMMANDS)}')
-    module_name, args = f'jtc.cli.{args[0]}', args[1:]
+    module_name, args = f'jtc.cli.{args[0].replace("-", "_")}', args[1:]
   module_name = COMMAND_MODULES.get(module_name, module_name)
   try:
     module = importlib.import_module(module_name)
@@ -151,3 +151,14 @@ def test_the_docs_have_commands():
 @pytest.mark.parametrize('module,args', _doc_commands())
 def test_every_command_in_the_docs_exists(module, args):
   check_command(module, args)
+
+
+def section_commands(path, heading):
+  """The commands (as `fenced_commands` reads them) of the shell fences in the section of the
+  markdown file ``path`` (relative to the repository) under ``## heading``, for a test that runs
+  them."""
+  with open(os.path.join(REPO, path)) as f:
+    text = f.read()
+  start = text.index(f'\n## {heading}\n')
+  end = text.find('\n## ', start + 1)
+  return fenced_commands(text[start:end if end > 0 else len(text)])

@@ -11,6 +11,7 @@ would, so a malformed row is one line naming the file, the row and the field (ex
 
 import argparse
 
+from jtc.data import examples
 from jtc.data import formats
 
 FORMATS = {
@@ -41,7 +42,7 @@ def summary(path, *, show=3, question_field='', answer_field=''):
   for split, rows in records.items():
     lines.append(f'split {split}: {len(rows)} rows')
     for i, example in enumerate(rows[:max(show, 0)]):
-      prompt = formats.as_example(example)['prompt']
+      prompt = examples.as_example(example)['prompt']
       lines.append(f'  [{i}] prompt: {prompt!r}')
       lines.append(f'      answer: {example["answer"]!r}')
   return lines

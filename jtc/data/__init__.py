@@ -1,13 +1,17 @@
-"""Prompts and verifiers: synthetic tasks, reward functions, the expression evaluator, dataset formats, prepared datasets, the grain pipeline."""
+"""Prompts and verifiers: synthetic tasks, reward functions (jtc's, verl's rules, users' own), the expression evaluator, dataset formats, prepared datasets, the grain pipeline."""
 
 # The submodules (``from jtc.data import *`` imports them).
 __all__ = [
+    'custom_rewards',
     'datasets',
+    'examples',
     'expressions',
     'formats',
     'math_verifier',
     'pipeline',
     'rewards',
     'tasks',
+    'verifiers',
     'verify_pool',
+    'verl_rules',
 ]

@@ -6,8 +6,8 @@ files with its numpy codecs):
 - ``JtcSynthetic``: a synthetic task of ``jtc.data.tasks`` (``'arithmetic'``, ``'countdown'``), with
   features ``prompt``, ``answer`` and ``solutions/<format>``.
 - ``JtcFiles``: a local dataset of `jtc.data.formats` (JSONL, verl-style parquet, a Hugging Face
-  ``save_to_disk`` directory), features ``prompt``, ``answer``, ``solution`` and ``messages``
-  (the records of `formats.read_files`).
+  ``save_to_disk`` directory), features ``formats.RECORD_FIELDS`` (the records of
+  `formats.read_files`).
 
 Prepared data lives in ``data_dir`` (default ``$JTC_DATA_DIR`` or ``~/.cache/jtc/data``) in a
 folder keyed by a hash of everything that defines it (task config, generation seed, sizes; for
@@ -131,8 +131,8 @@ class JtcFiles(_LocalBuilder):
         builder=self,
         disable_shuffling=True,
         description=f"jtc {self._spec['format']} dataset {self._spec['splits']}",
-        features=tfds.features.FeaturesDict(
-            {k: tfds.features.Text() for k in ('prompt', 'answer', 'solution', 'messages')}),
+        features=tfds.features.FeaturesDict({k: tfds.features.Text() for k in formats.RECORD_FIELDS
+                                            }),
     )
 
   def _split_generators(self, dl_manager):
@@ -168,7 +168,7 @@ def read_jsonl(path: str, *, question_key: str | None = None,
 
 _BUILDERS = {'jtc_synthetic': JtcSynthetic, 'jtc_files': JtcFiles}
 
-_LAYOUT_VERSION = 3  # bump when the stored layout/order changes, so old caches are not reused
+_LAYOUT_VERSION = 4  # bump when the stored layout/order changes, so old caches are not reused
 
 
 def _spec_key(spec: dict[str, Any]) -> str:
@@ -282,25 +282,38 @@ def _is_prepared(builder: tfds.core.DatasetBuilder) -> bool:
 
 @contextlib.contextmanager
 def _file_lock(path: str):
-  """Holds an exclusive ``fcntl.flock`` on ``path`` (created if missing) inside the block.
+  """Holds an exclusive ``fcntl.flock`` on ``path`` (created if missing) inside the block, and
+    removes the file when the block exits (no ``.lock`` is left in the data directory).
 
     The lock is released when the block exits or the process dies, so a killed preparer never
-    blocks the next one (its half-written ``incomplete.*`` folder is simply not used). On a file
+    blocks the next one (its half-written ``incomplete.*`` folder is simply not used). A waiter
+    that locked a file its holder removed meanwhile locks the path's new file instead. On a file
     system without ``flock`` (some network mounts) it warns and runs the block unlocked;
     ``_quiet_prepare`` then still tolerates losing the race.
     """
-  with open(path, 'a') as f:
-    locked = True
+  while True:
+    f = open(path, 'a')  # pylint: disable=consider-using-with
     try:
       fcntl.flock(f.fileno(), fcntl.LOCK_EX)
     except OSError as e:
       logging.warning('jtc.data.pipeline: cannot lock %s (%s); preparing without a lock', path, e)
-      locked = False
-    try:
+      f.close()
       yield
-    finally:
-      if locked:
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+      return
+    try:
+      if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+        break
+    except FileNotFoundError:
+      pass
+    f.close()  # its holder removed it meanwhile: lock the path's new file
+  try:
+    yield
+  finally:
+    try:
+      os.remove(path)
+    except FileNotFoundError:
+      pass
+    f.close()
 
 
 def _quiet_prepare(builder: tfds.core.DatasetBuilder, *, rebuild) -> None:

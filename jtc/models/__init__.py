@@ -13,5 +13,6 @@ __all__ = [
     'model',
     'model_config',
     'sampler',
+    'tiny_checkpoint',
     'tokenizer',
 ]

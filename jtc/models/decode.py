@@ -54,7 +54,8 @@ class GroupCache:
 
 
 def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, num_samples: int,
-            max_new_tokens: int, block_size: int = 128, row_sharding=None):
+            max_new_tokens: int, block_size: int = 128, row_sharding=None,
+            return_routing: bool = False):
   """Runs the left-padded prompts once and builds the sampler's `GroupCache`.
 
   Args:
@@ -65,9 +66,12 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
     block_size: C, completion slots per attention block in `decode_step`.
     row_sharding: None, or the prompts' activations and the cache constrained to it
       (`model_lib.constrain_rows`; the cache's R rows split even when the B prompts cannot).
+    return_routing: also return the experts each prompt token was routed to in each layer,
+      int [B, P, Y, W] (a mixture-of-experts model; None for a dense one).
 
   Returns:
-    (logits_BV float32 of the token after each prompt, an empty-completion `GroupCache`).
+    (logits_BV float32 of the token after each prompt, an empty-completion `GroupCache`
+    (, experts_BPYW)).
   """
   chex.assert_rank([prompt_tokens_BP, prompt_mask_BP], 2)
   chex.assert_equal_shape([prompt_tokens_BP, prompt_mask_BP])
@@ -78,8 +82,9 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
   sin_BLH, cos_BLH = layers.rope_sin_cos(model_lib.positions_from_mask(prompt_mask_BP), c)
   x_BPD = model_lib.constrain_rows(model_lib.embed_tokens(params, prompt_tokens_BP, c),
                                    row_sharding)
-  x_BPD, (k_YBKPH, v_YBKPH) = model_lib.trunk(params, dataclasses.replace(c, remat=False), x_BPD,
-                                              sin_BLH, cos_BLH, prompt_mask_BP, return_kv=True)
+  x_BPD, (k_YBKPH, v_YBKPH), routed = model_lib.trunk(params, dataclasses.replace(c, remat=False),
+                                                      x_BPD, sin_BLH, cos_BLH, prompt_mask_BP,
+                                                      return_kv=True)
   # Prompts are left-padded, so the last column predicts the first new token; only its
   # logits are computed (never [B, P, V]).
   logits_BV = model_lib.logits(params, c, model_lib.final_norm(params, x_BPD[:, -1:], c))[:, 0]
@@ -89,7 +94,10 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
                      prompt_mask_BP=prompt_mask_BP.astype(bool), k_YRKHT=jnp.zeros(
                          (Y, R, K, H, T_pad), c.jnp_dtype), v_YRKTH=jnp.zeros(
                              (Y, R, K, T_pad, H), c.jnp_dtype), length=jnp.zeros((), jnp.int32))
-  return logits_BV, model_lib.constrain_rows(cache, row_sharding)
+  cache = model_lib.constrain_rows(cache, row_sharding)
+  if return_routing:
+    return logits_BV, cache, None if routed is None else routed.experts_BLW.transpose(1, 2, 0, 3)
+  return logits_BV, cache
 
 
 def _online_update(state, scores_RKQC, v_RKCH):
@@ -191,7 +199,7 @@ def split_cache(cache: GroupCache) -> GroupCache:
 
 
 def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: GroupCache, *,
-                block_size: int = 128, row_sharding=None):
+                block_size: int = 128, row_sharding=None, return_routing: bool = False):
   """One new token per row: written at completion slot `cache.length`, attending to the
   row's prompt (shared by its group) and to its completion slots 0 .. length.
 
@@ -205,9 +213,11 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
     cache: the `GroupCache` from `prefill` (or a previous step).
     block_size: C, completion slots per attention block (as in `prefill`).
     row_sharding: as in `prefill` (the rows' activations).
+    return_routing: also return the experts the fed tokens were routed to in each layer, int
+      [R, Y, W] (a mixture-of-experts model; None for a dense one).
 
   Returns:
-    (logits_RV float32 of the next token, the cache with length + 1).
+    (logits_RV float32 of the next token, the cache with length + 1(, experts_RYW)).
   """
   chex.assert_rank([tokens_R, positions_R], 1)
   chex.assert_equal_shape([tokens_R, positions_R])
@@ -253,23 +263,29 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
     return layers.block(layer, x_R1D, sin_BLH, cos_BLH, attend, c)
 
   if per_layer:
-    ks, vs = [], []
+    ks, vs, routed = [], [], []
     for i, layer in enumerate(params['layers']):
-      x_R1D, (k_i, v_i) = layer_step(x_R1D, layer, cache.prompt_k_YBKPH[i], cache.prompt_v_YBKPH[i],
-                                     cache.k_YRKHT[i], cache.v_YRKTH[i], None)
+      x_R1D, (k_i, v_i), routed_i = layer_step(x_R1D, layer, cache.prompt_k_YBKPH[i],
+                                               cache.prompt_v_YBKPH[i], cache.k_YRKHT[i],
+                                               cache.v_YRKTH[i], None)
       ks.append(k_i)
       vs.append(v_i)
+      routed.append(routed_i)
     k, v = tuple(ks), tuple(vs)
+    routed = None if routed[0] is None else jax.tree.map(lambda *xs: jnp.stack(xs), *routed)
   else:
 
     def body(carry, xs):
       x_R1D, k_all, v_all = carry
       layer, prompt_k_BKPH, prompt_v_BKPH, i = xs
-      x_R1D, (k_all, v_all) = layer_step(x_R1D, layer, prompt_k_BKPH, prompt_v_BKPH, k_all, v_all,
-                                         i)
-      return (x_R1D, k_all, v_all), None
+      x_R1D, (k_all, v_all), routed = layer_step(x_R1D, layer, prompt_k_BKPH, prompt_v_BKPH, k_all,
+                                                 v_all, i)
+      return (x_R1D, k_all, v_all), routed
 
     xs = (params['layers'], cache.prompt_k_YBKPH, cache.prompt_v_YBKPH, jnp.arange(c.n_layers))
-    (x_R1D, k, v), _ = jax.lax.scan(body, (x_R1D, cache.k_YRKHT, cache.v_YRKTH), xs)
+    (x_R1D, k, v), routed = jax.lax.scan(body, (x_R1D, cache.k_YRKHT, cache.v_YRKTH), xs)
   logits_RV = model_lib.logits(params, c, model_lib.final_norm(params, x_R1D, c))[:, 0]
-  return logits_RV, cache.replace(k_YRKHT=k, v_YRKTH=v, length=t + 1)
+  cache = cache.replace(k_YRKHT=k, v_YRKTH=v, length=t + 1)
+  if return_routing:  # routed.experts_BLW: [Y, R, 1, W]
+    return logits_RV, cache, None if routed is None else routed.experts_BLW[:, :, 0].swapaxes(0, 1)
+  return logits_RV, cache

@@ -1,5 +1,5 @@
 """Hugging Face ``config.json`` <-> jtc `ModelConfig`: which architectures load (Llama, Qwen2,
-Qwen3), their flags, RoPE scaling and dtypes. The tensors themselves are `jtc.models.hf_import`.
+Qwen3, and the mixtures of experts Qwen3-MoE and Qwen2-MoE), their flags, RoPE scaling and dtypes. The tensors themselves are `jtc.models.hf_import`.
 
 RoPE scaling: ``default``, ``linear`` and ``llama3`` (Llama-3.1/3.2), read from ``rope_scaling``
 (transformers 4) or ``rope_parameters`` (transformers 5); a file with both that disagree is
@@ -50,15 +50,64 @@ def _qwen3_flags(hf: Mapping[str, Any]) -> dict[str, bool]:
   return dict(qk_norm=True, attn_bias=False)
 
 
-SUPPORTED_ARCHITECTURES: dict[str, Callable[[Mapping[str, Any]], dict[str, bool]]] = {
+def _moe_fields(hf: Mapping[str, Any], arch: str) -> dict[str, Any]:
+  """The mixture-of-experts fields of `ModelConfig` (HF defaults where a key is absent:
+  norm_topk_prob false, decoder_sparse_step 1, mlp_only_layers []). Dense layers among sparse
+  ones are rejected."""
+  counts = {k: hf[k] for k in ('num_experts', 'num_local_experts') if hf.get(k) is not None}
+  if len(set(counts.values())) > 1:
+    raise CheckpointError(f'{CONFIG_FILE} has num_experts and num_local_experts that disagree: '
+                          f'{counts}; keep one of them.')
+  missing = [k for k in ('num_experts_per_tok', 'moe_intermediate_size') if k not in hf]
+  if not counts or missing:
+    raise CheckpointError(f'{arch} in {CONFIG_FILE} is missing keys '
+                          f"{missing or ['num_experts']}.")
+  n_experts = int(next(iter(counts.values())))
+  step, dense = int(hf.get('decoder_sparse_step') or 1), list(hf.get('mlp_only_layers') or [])
+  if n_experts <= 0 or step != 1 or dense:
+    raise CheckpointError(
+        f'{arch} with num_experts={n_experts}, decoder_sparse_step={step}, mlp_only_layers='
+        f'{dense} in {CONFIG_FILE}: dense layers among sparse ones are not supported yet; '
+        'supported: every layer sparse (num_experts > 0, decoder_sparse_step=1, '
+        'mlp_only_layers=[]).')
+  k = int(hf['num_experts_per_tok'])
+  if not 1 <= k <= n_experts:
+    raise CheckpointError(f'num_experts_per_tok={k} in {CONFIG_FILE} must be in [1, '
+                          f'num_experts={n_experts}].')
+  return dict(n_experts=n_experts, experts_per_token=k, d_expert=int(hf['moe_intermediate_size']),
+              norm_topk_prob=bool(hf.get('norm_topk_prob', False)))
+
+
+def _qwen3_moe_flags(hf: Mapping[str, Any]) -> dict[str, Any]:
+  _require_false(hf, 'attention_bias', 'Qwen3MoeForCausalLM')
+  _require_false(hf, 'use_sliding_window', 'Qwen3MoeForCausalLM')
+  return dict(qk_norm=True, attn_bias=False, **_moe_fields(hf, 'Qwen3MoeForCausalLM'))
+
+
+def _qwen2_moe_flags(hf: Mapping[str, Any]) -> dict[str, Any]:
+  # Qwen2-MoE: q/k/v biases iff qkv_bias (default true), a shared expert behind a sigmoid gate.
+  _require_false(hf, 'use_sliding_window', 'Qwen2MoeForCausalLM')
+  shared = int(hf.get('shared_expert_intermediate_size') or 0)
+  if shared <= 0:
+    raise CheckpointError(f'Qwen2MoeForCausalLM needs shared_expert_intermediate_size > 0 in '
+                          f'{CONFIG_FILE}, got {shared}.')
+  return dict(qk_norm=False, attn_bias=bool(hf.get('qkv_bias', True)), d_shared_expert=shared,
+              **_moe_fields(hf, 'Qwen2MoeForCausalLM'))
+
+
+SUPPORTED_ARCHITECTURES: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     'LlamaForCausalLM': _llama_flags,
     'Qwen2ForCausalLM': _qwen2_flags,
     'Qwen3ForCausalLM': _qwen3_flags,
+    'Qwen3MoeForCausalLM': _qwen3_moe_flags,
+    'Qwen2MoeForCausalLM': _qwen2_moe_flags,
 }
 _MODEL_TYPES = {
     'llama': 'LlamaForCausalLM',
     'qwen2': 'Qwen2ForCausalLM',
-    'qwen3': 'Qwen3ForCausalLM'
+    'qwen3': 'Qwen3ForCausalLM',
+    'qwen3_moe': 'Qwen3MoeForCausalLM',
+    'qwen2_moe': 'Qwen2MoeForCausalLM',
 }
 
 
@@ -193,8 +242,7 @@ def config_from_hf(hf_config: Mapping[str, Any], *, param_dtype: str | None = No
       d_ff=int(hf['intermediate_size']),
       **_rope_fields(hf),
       norm_eps=float(hf['rms_norm_eps']),
-      qk_norm=flags['qk_norm'],
-      attn_bias=flags['attn_bias'],
+      **flags,
       tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
       param_dtype=param_dtype,
       dtype=dtype,
@@ -204,6 +252,15 @@ def config_from_hf(hf_config: Mapping[str, Any], *, param_dtype: str | None = No
 
 def architecture_for(config: model_lib.ModelConfig) -> str:
   """The HF architecture that represents `config` (used by the exporter)."""
+  if config.is_moe:
+    if config.qk_norm and not config.attn_bias and not config.d_shared_expert:
+      return 'Qwen3MoeForCausalLM'
+    if not config.qk_norm and config.d_shared_expert:
+      return 'Qwen2MoeForCausalLM'
+    raise ValueError('No supported HF architecture has a mixture of experts with qk_norm='
+                     f'{config.qk_norm}, attn_bias={config.attn_bias}, d_shared_expert='
+                     f'{config.d_shared_expert} (Qwen3MoeForCausalLM: qk_norm, no bias, no shared '
+                     'expert; Qwen2MoeForCausalLM: no qk_norm, a shared expert).')
   if config.qk_norm and config.attn_bias:
     raise ValueError('No supported HF architecture has both qk_norm and attn_bias '
                      f'(supported: {sorted(SUPPORTED_ARCHITECTURES)}).')
@@ -241,10 +298,16 @@ def hf_config_from(config: model_lib.ModelConfig, *,
       eos_token_id=None,
       pad_token_id=None,
   )
-  if arch != 'Qwen2ForCausalLM':
+  if arch not in ('Qwen2ForCausalLM', 'Qwen2MoeForCausalLM'):
     hf.update(attention_bias=False)
   if arch == 'LlamaForCausalLM':
     hf.update(mlp_bias=False)
   else:
     hf.update(use_sliding_window=False, sliding_window=None)
+  if config.is_moe:
+    hf.update(num_experts=config.n_experts, num_experts_per_tok=config.experts_per_token,
+              moe_intermediate_size=config.d_expert, norm_topk_prob=config.norm_topk_prob,
+              decoder_sparse_step=1, mlp_only_layers=[])
+  if arch == 'Qwen2MoeForCausalLM':
+    hf.update(qkv_bias=config.attn_bias, shared_expert_intermediate_size=config.d_shared_expert)
   return hf

@@ -7,9 +7,8 @@ and a params pytree in the layout of ``jtc.models.model``. ``export_hf_checkpoin
 the inverse, and ``load_hf_tokenizer`` reads ``tokenizer.json`` into the one
 tokenizer class of jtc (`jtc.models.tokenizer.HFTokenizer`).
 
-Safetensors files are parsed here (8-byte header length, JSON header, raw
-little-endian data) and memory-mapped with numpy, so bfloat16 works on every
-numpy/safetensors version (via ``ml_dtypes``) and nothing is read twice.
+Safetensors files are read without torch by `jtc.models.safetensors_io` (memory-mapped,
+bfloat16 through ``ml_dtypes``).
 
 Layout map (HF ``nn.Linear`` weights are ``[out, in]``; jtc kernels are ``[in, ...out]``; jtc
 stacks the layers, so layer i's tensor is row i of a ``layers/...`` array ``[Y, ...]``):
@@ -24,6 +23,12 @@ stacks the layers, so layer i's tensor is row i of a ``layers/...`` array ``[Y, 
   model.layers.i.post_attention_layernorm.weight -> layers/mlp_norm/scale[i]     [D]
   model.layers.i.mlp.{gate,up}_proj.weight [F, D] -> layers/mlp/{gate,up}/kernel[i] [D, F]
   model.layers.i.mlp.down_proj.weight    [D, F]   -> layers/mlp/down/kernel[i]    [F, D]
+  mixture of experts (Qwen3-MoE, Qwen2-MoE; `jtc.models.moe`), expert e of layer i:
+  model.layers.i.mlp.gate.weight         [X, D]   -> layers/mlp/router/kernel[i]  [D, X]
+  ...mlp.experts.e.{gate,up}_proj.weight [F, D]   -> layers/mlp/expert_{gate,up}/kernel[i, e] [D, F]
+  ...mlp.experts.e.down_proj.weight      [D, F]   -> layers/mlp/expert_down/kernel[i, e] [F, D]
+  ...mlp.shared_expert.{gate,up,down}_proj.weight -> layers/mlp/shared/{gate,up,down}/kernel[i]
+  ...mlp.shared_expert_gate.weight       [1, D]   -> layers/mlp/shared_gate/kernel[i] [D, 1]
   model.norm.weight                      [D]      -> final_norm/scale             [D]
   lm_head.weight                         [V, D]   -> lm_head/kernel               [D, V]
 
@@ -33,40 +38,33 @@ scaling: ``default``, ``linear`` and ``llama3`` (Llama-3.1/3.2), read from ``rop
 rejected.
 
 Dimension key (docs/dimensions.md): V vocab, D model dim, Y layers, N query heads, K kv heads, H head dim,
-F mlp dim.
+F mlp dim, X experts.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import pathlib
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 
 from jtc.models import hf_config
 from jtc.models import lora
 from jtc.models.hf_config import CONFIG_FILE, CheckpointError, config_from_hf, hf_config_from
 from jtc.models import model as model_lib
+from jtc.models import safetensors_io
 from jtc.models import tokenizer as tokenizer_lib
+# The safetensors reader, re-exported beside the checkpoint loader that uses it.
+from jtc.models.safetensors_io import INDEX_FILE, read_safetensors_header, read_tensor
 
 Params = dict[str, Any]
 PathLike = str | os.PathLike
 
-INDEX_FILE = 'model.safetensors.index.json'
 SINGLE_FILE = 'model.safetensors'
-
-# safetensors dtype code -> numpy dtype. Only floating point weights are loadable.
-_SAFETENSORS_DTYPES: dict[str, np.dtype] = {
-    'F32': np.dtype(np.float32),
-    'F16': np.dtype(np.float16),
-    'BF16': np.dtype(ml_dtypes.bfloat16),
-}
 
 # ----------------------------------------------------------------------------
 # Tensor name / layout mapping.
@@ -76,13 +74,20 @@ _SAFETENSORS_DTYPES: dict[str, np.dtype] = {
 @dataclasses.dataclass(frozen=True)
 class _TensorSpec:
   """One HF tensor and where it goes in the jtc params tree (row `layer` of a stacked
-  ``layers/...`` array, or the whole array when `layer` is None)."""
+  ``layers/...`` array, or the whole array when `layer` is None; row [layer, expert] of a
+  stacked [Y, X, ...] expert array when `expert` is set)."""
   hf_key: str
   jtc_path: tuple[str, ...]
   hf_shape: tuple[int, ...]
   to_jtc: Callable[[np.ndarray], np.ndarray]
   to_hf: Callable[[np.ndarray], np.ndarray]
   layer: int | None = None
+  expert: int | None = None
+
+  @property
+  def index(self) -> tuple[int, ...]:
+    """Where the tensor sits in its jtc array: (), (layer,) or (layer, expert)."""
+    return tuple(i for i in (self.layer, self.expert) if i is not None)
 
 
 def _same(x: np.ndarray) -> np.ndarray:
@@ -131,9 +136,12 @@ def tensor_specs(config: model_lib.ModelConfig) -> list[_TensorSpec]:
     if config.qk_norm:
       for name in ('q_norm', 'k_norm'):
         layer(f'self_attn.{name}.weight', ('attn', name, 'scale'), (H,), _same, _same)
-    for name in ('gate', 'up'):
-      layer(f'mlp.{name}_proj.weight', ('mlp', name, 'kernel'), (F, D), _transpose, _transpose)
-    layer('mlp.down_proj.weight', ('mlp', 'down', 'kernel'), (D, F), _transpose, _transpose)
+    if config.is_moe:
+      specs.extend(_moe_specs(config, i))
+    else:
+      for name in ('gate', 'up'):
+        layer(f'mlp.{name}_proj.weight', ('mlp', name, 'kernel'), (F, D), _transpose, _transpose)
+      layer('mlp.down_proj.weight', ('mlp', 'down', 'kernel'), (D, F), _transpose, _transpose)
     layer('input_layernorm.weight', ('attn_norm', 'scale'), (D,), _same, _same)
     layer('post_attention_layernorm.weight', ('mlp_norm', 'scale'), (D,), _same, _same)
   specs.append(_TensorSpec('model.norm.weight', ('final_norm', 'scale'), (D,), _same, _same))
@@ -143,102 +151,42 @@ def tensor_specs(config: model_lib.ModelConfig) -> list[_TensorSpec]:
   return specs
 
 
+def _moe_specs(config: model_lib.ModelConfig, i: int) -> list[_TensorSpec]:
+  """Layer i's mixture-of-experts tensors: the router, every expert, the shared expert."""
+  D, X, F, Fs = config.d_model, config.n_experts, config.d_expert, config.d_shared_expert
+  hf, path = f'model.layers.{i}.mlp.', ('layers', 'mlp')
+  specs = [
+      _TensorSpec(hf + 'gate.weight', (*path, 'router', 'kernel'), (X, D), _transpose, _transpose,
+                  layer=i)
+  ]
+  for e in range(X):
+    for name, shape in (('gate', (F, D)), ('up', (F, D)), ('down', (D, F))):
+      specs.append(
+          _TensorSpec(f'{hf}experts.{e}.{name}_proj.weight', (*path, f'expert_{name}', 'kernel'),
+                      shape, _transpose, _transpose, layer=i, expert=e))
+  if Fs:
+    for name, shape in (('gate', (Fs, D)), ('up', (Fs, D)), ('down', (D, Fs))):
+      specs.append(
+          _TensorSpec(f'{hf}shared_expert.{name}_proj.weight', (*path, 'shared', name, 'kernel'),
+                      shape, _transpose, _transpose, layer=i))
+    specs.append(
+        _TensorSpec(hf + 'shared_expert_gate.weight', (*path, 'shared_gate', 'kernel'), (1, D),
+                    _transpose, _transpose, layer=i))
+  return specs
+
+
 def _spec_name(spec: _TensorSpec) -> str:
   """'layers/attn/q/kernel[3]' or 'embed/embedding' (for error messages)."""
-  return '/'.join(spec.jtc_path) + ('' if spec.layer is None else f'[{spec.layer}]')
+  return '/'.join(spec.jtc_path) + ''.join(f'[{i}]' for i in spec.index)
+
+
+def _leading_shape(spec: _TensorSpec, config: model_lib.ModelConfig) -> tuple[int, ...]:
+  """The stacked axes in front of the tensor in its jtc array: (), (Y,) or (Y, X)."""
+  return (config.n_layers, config.n_experts)[:len(spec.index)]
 
 
 # Tensors some checkpoints carry that carry no information for jtc.
 _IGNORED_SUFFIXES = ('rotary_emb.inv_freq',)
-
-# ----------------------------------------------------------------------------
-# Safetensors reading (no torch, bf16-safe).
-# ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _TensorEntry:
-  file: pathlib.Path
-  dtype: str
-  shape: tuple[int, ...]
-  begin: int  # absolute byte offset in the file
-  end: int
-
-
-def read_safetensors_header(file: PathLike) -> dict[str, _TensorEntry]:
-  """Parses a safetensors header: {key: (dtype code, shape, absolute byte range)}."""
-  file = pathlib.Path(file)
-  size = file.stat().st_size
-  with open(file, 'rb') as f:
-    raw_len = f.read(8)
-    if len(raw_len) != 8:
-      raise CheckpointError(f'{file} is not a safetensors file (shorter than 8 bytes).')
-    header_len = int.from_bytes(raw_len, 'little')
-    if header_len > size - 8:
-      raise CheckpointError(f'{file} is not a safetensors file (header length {header_len} '
-                            f'exceeds file size {size}).')
-    try:
-      header = json.loads(f.read(header_len))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise CheckpointError(f'{file} has an unreadable safetensors header: {e}') from e
-  header.pop('__metadata__', None)
-  entries = {}
-  for key, info in header.items():
-    begin, end = info['data_offsets']
-    entry = _TensorEntry(file, info['dtype'], tuple(info['shape']), 8 + header_len + begin,
-                         8 + header_len + end)
-    if not 8 + header_len <= entry.begin <= entry.end <= size:
-      raise CheckpointError(f'{file} is truncated or corrupt: tensor {key!r} occupies bytes '
-                            f'[{entry.begin}, {entry.end}) but the file has {size} bytes.')
-    entries[key] = entry
-  return entries
-
-
-def read_tensor(entry: _TensorEntry, key: str) -> np.ndarray:
-  """Memory-maps one tensor as a numpy array of its stored dtype (bf16 via ml_dtypes)."""
-  if entry.dtype not in _SAFETENSORS_DTYPES:
-    raise CheckpointError(f'Unsupported dtype {entry.dtype!r} for tensor {key!r} in {entry.file}; '
-                          f'supported: {sorted(_SAFETENSORS_DTYPES)}.')
-  np_dtype = _SAFETENSORS_DTYPES[entry.dtype]
-  n = math.prod(entry.shape)
-  if entry.end - entry.begin != n * np_dtype.itemsize:
-    raise CheckpointError(
-        f'Tensor {key!r} in {entry.file}: byte range {entry.end - entry.begin} does not match '
-        f'shape {list(entry.shape)} of {entry.dtype}.')
-  if n == 0:
-    return np.zeros(entry.shape, np_dtype)
-  return np.memmap(entry.file, dtype=np_dtype, mode='r', offset=entry.begin, shape=entry.shape)
-
-
-def _tensor_index(path: pathlib.Path) -> dict[str, _TensorEntry]:
-  """{key: entry} over all safetensors files of a checkpoint directory."""
-  index_file = path / INDEX_FILE
-  if index_file.exists():
-    weight_map = json.loads(index_file.read_text())['weight_map']
-    files = sorted(set(weight_map.values()))
-    for name in files:
-      if not (path / name).exists():
-        raise CheckpointError(f'{index_file} lists shard {name!r}, which does not exist in {path}.')
-  else:
-    weight_map = None
-    files = sorted(p.name for p in path.glob('*.safetensors'))
-    if not files:
-      raise CheckpointError(f'No *.safetensors files (and no {INDEX_FILE}) in {path}.')
-  entries: dict[str, _TensorEntry] = {}
-  for name in files:
-    for key, entry in read_safetensors_header(path / name).items():
-      if key in entries:
-        raise CheckpointError(
-            f'Tensor {key!r} appears in both {entries[key].file} and {entry.file}.')
-      if weight_map is not None and weight_map.get(key) not in (None, name):
-        raise CheckpointError(
-            f'{index_file} maps {key!r} to {weight_map[key]!r}, but it is in {name!r}.')
-      entries[key] = entry
-  if weight_map is not None:
-    lost = sorted(set(weight_map) - set(entries))
-    if lost:
-      raise CheckpointError(f'{index_file} lists tensors not found in their shards: {lost[:5]}.')
-  return entries
 
 
 def _set_path(tree: dict, path: Sequence[str], value: Any) -> None:
@@ -290,7 +238,7 @@ def load_hf_checkpoint(path: PathLike, *, param_dtype: str | None = None, dtype:
   declared = hf_config._hf_dtype_code(hf) if strict_dtype else None
   target = hf_config.JTC_DTYPES[config.param_dtype]
 
-  entries = _tensor_index(path)
+  entries = safetensors_io.tensor_index(path)
   specs = tensor_specs(config)
   wanted = {s.hf_key for s in specs}
   unexpected = sorted(k for k in entries
@@ -303,7 +251,6 @@ def load_hf_checkpoint(path: PathLike, *, param_dtype: str | None = None, dtype:
         f'(first in {entries[unexpected[0]].file.name}).')
 
   params: Params = {}
-  Y = config.n_layers
   for spec in specs:
     if spec.hf_key not in entries:
       raise CheckpointError(f'Missing tensor {spec.hf_key!r} in {path} '
@@ -313,17 +260,18 @@ def load_hf_checkpoint(path: PathLike, *, param_dtype: str | None = None, dtype:
       raise CheckpointError(
           f'Tensor {spec.hf_key!r} in {entry.file} has shape {list(entry.shape)}, expected '
           f'{list(spec.hf_shape)} from {config_file.name}.')
-    if declared is not None and entry.dtype != declared and entry.dtype in _SAFETENSORS_DTYPES:
+    if declared is not None and entry.dtype != declared and entry.dtype in safetensors_io.DTYPES:
       raise CheckpointError(
           f'dtype mismatch: tensor {spec.hf_key!r} in {entry.file} is {entry.dtype}, but '
           f'{CONFIG_FILE} declares {declared} (pass strict_dtype=False to cast anyway).')
     value = spec.to_jtc(read_tensor(entry, spec.hf_key)).astype(target)
     if spec.layer is None:
       _set_path(params, spec.jtc_path, value)
-    else:  # row `layer` of the stacked [Y, ...] array, allocated when layer 0 is read
-      if spec.layer == 0:
-        _set_path(params, spec.jtc_path, np.empty((Y,) + value.shape, target))
-      _get_path(params, spec.jtc_path)[spec.layer] = value
+    else:  # row `index` of the stacked [Y(, X), ...] array, allocated when row 0 is read
+      if not any(spec.index):
+        _set_path(params, spec.jtc_path,
+                  np.empty(_leading_shape(spec, config) + value.shape, target))
+      _get_path(params, spec.jtc_path)[spec.index] = value
   if not as_numpy:
     params = jax.tree_util.tree_map(jnp.asarray, params)
   return config, params
@@ -351,7 +299,7 @@ def export_hf_checkpoint(config: model_lib.ModelConfig, params: Params, path: Pa
   if torch_dtype not in hf_config.HF_DTYPE_NAMES:
     raise ValueError(
         f'Unsupported torch_dtype={torch_dtype!r}; valid: {sorted(hf_config.HF_DTYPE_NAMES)}.')
-  np_dtype = _SAFETENSORS_DTYPES[hf_config.HF_DTYPE_NAMES[torch_dtype]]
+  np_dtype = safetensors_io.DTYPES[hf_config.HF_DTYPE_NAMES[torch_dtype]]
   path = pathlib.Path(path)
   path.mkdir(parents=True, exist_ok=True)
   if isinstance(params, lora.Adapted):  # a LoRA policy: its merged weights, W + (alpha/r) A B
@@ -367,10 +315,11 @@ def export_hf_checkpoint(config: model_lib.ModelConfig, params: Params, path: Pa
             f"params has no {'/'.join(spec.jtc_path)} (needed for {spec.hf_key}).") from e
     value = host[spec.jtc_path]
     if spec.layer is not None:
-      if value.ndim == 0 or value.shape[0] != config.n_layers:
+      lead = _leading_shape(spec, config)
+      if value.shape[:len(lead)] != lead:
         raise ValueError(f"params/{'/'.join(spec.jtc_path)} has shape {list(value.shape)}; "
-                         f'expected a leading layer axis of n_layers={config.n_layers}.')
-      value = value[spec.layer]
+                         f'expected leading axes {list(lead)} (n_layers, n_experts).')
+      value = value[spec.index]
     hf_value = np.ascontiguousarray(spec.to_hf(value).astype(np_dtype))
     if hf_value.shape != spec.hf_shape:
       raise ValueError(f'params/{_spec_name(spec)} has shape {list(value.shape)}, which '

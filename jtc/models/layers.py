@@ -1,10 +1,11 @@
 """The pieces of one decoder layer, as pure functions of that layer's parameters: RMSNorm,
 rotary embeddings (Hugging Face rotate_half layout, optional linear / Llama-3 scaling), the
 q/k/v projections with optional qk-norm and biases, grouped-query softmax attention, the SwiGLU
-MLP and the pre-norm residual block. `jtc.models.model` scans them over the stacked layers.
+MLP (or the mixture of experts of `jtc.models.moe`) and the pre-norm residual block.
+`jtc.models.model` scans them over the stacked layers.
 
 Dimension key (docs/dimensions.md), as `jtc.models.model`: B batch, L tokens, S key slots,
-N query heads, K kv heads, Q = N / K, H head dim, D model dim, F mlp dim.
+N query heads, K kv heads, Q = N / K, H head dim, D model dim, F mlp dim, W experts per token.
 """
 
 import math
@@ -13,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jtc.models import lora
+from jtc.models import moe
 from jtc.models.model_config import ModelConfig
 
 MASKED = -1e30  # finite "minus infinity": a fully masked row softmaxes to uniform, not NaN.
@@ -103,11 +105,23 @@ def softmax_attention(q_BLNH, k_BKSH, v_BKSH, allowed_BLS, config: ModelConfig):
   return out_BLKQH.reshape(B, L, N, H)
 
 
-def block(layer, x_BLD, sin_BLH, cos_BLH, attend, config: ModelConfig):
-  """Pre-norm residual block: x += o(attend(q, k, v)); x += mlp(norm(x)).
+def feed_forward(p, x_BLD, config: ModelConfig, *, mask_BL=None, replay_BLW=None):
+  """The block's MLP: (y_BLD, None), or with a router in ``p`` the mixture of experts
+  (`jtc.models.moe.feed_forward`: its tokens counted by ``mask_BL``, ``replay_BLW`` replayed):
+  (y_BLD, `moe.Routed`)."""
+  if 'router' in p:
+    return moe.feed_forward(p, x_BLD, config, mask_BL=mask_BL, replay_BLW=replay_BLW)
+  return mlp(p, x_BLD, config), None
+
+
+def block(layer, x_BLD, sin_BLH, cos_BLH, attend, config: ModelConfig, *, mask_BL=None,
+          replay_BLW=None):
+  """Pre-norm residual block: x += o(attend(q, k, v)); x += feed_forward(norm(x)).
 
   `attend(q_BLNH, k_BLKH, v_BLKH) -> (out_BLNH, aux)` is the attention of this call (plain
-  causal, through a `KVCache`, or grouped decode); `aux` is returned beside the new x.
+  causal, through a `KVCache`, or grouped decode). Returns (x, aux, routed): ``routed`` is the
+  `moe.Routed` of a mixture-of-experts layer (``mask_BL``, ``replay_BLW``: `feed_forward`), else
+  None.
   """
   c = config
   h_BLD = rms_norm(x_BLD, layer['attn_norm']['scale'], c.norm_eps, c.jnp_dtype)
@@ -115,4 +129,5 @@ def block(layer, x_BLD, sin_BLH, cos_BLH, attend, config: ModelConfig):
   out_BLNH, aux = attend(q_BLNH, k_BLKH, v_BLKH)
   x_BLD = x_BLD + dense('BLNH,NHD->BLD', out_BLNH, layer['attn']['o'], c.jnp_dtype)
   h_BLD = rms_norm(x_BLD, layer['mlp_norm']['scale'], c.norm_eps, c.jnp_dtype)
-  return x_BLD + mlp(layer['mlp'], h_BLD, c), aux
+  y_BLD, routed = feed_forward(layer['mlp'], h_BLD, c, mask_BL=mask_BL, replay_BLW=replay_BLW)
+  return x_BLD + y_BLD, aux, routed

@@ -24,7 +24,7 @@ pytree (what `init_params` returns, what `jtc.models.hf_import` fills) is::
                        'q_norm': {'scale': [Y, H]}, 'k_norm': {'scale': [Y, H]}},  # iff qk_norm
               'mlp_norm': {'scale': [Y, D]},
               'mlp': {'gate': {'kernel': [Y, D, F]}, 'up': {'kernel': [Y, D, F]},
-                      'down': {'kernel': [Y, F, D]}}},
+                      'down': {'kernel': [Y, F, D]}}},   # or a mixture of experts: `moe`
    'final_norm': {'scale': [D]},
    'lm_head': {'kernel': [D, V]}}                                    # absent iff tie_embeddings
 
@@ -47,7 +47,6 @@ Dimension key (docs/dimensions.md):
 
 import functools
 import math
-from typing import Any
 
 import chex
 import flax
@@ -57,6 +56,8 @@ import numpy as np
 
 from jtc.models import attention
 from jtc.models import layers
+from jtc.models.axes import CACHE_AXES, CACHE_MASK_AXES, param_logical_axes  # the model's
+from jtc.models import moe
 from jtc.models.model_config import ModelConfig  # the architecture this module implements
 
 
@@ -100,6 +101,20 @@ def _init_layer(config: ModelConfig, key) -> dict:
   if c.qk_norm:
     attn['q_norm'] = {'scale': jnp.ones((H,), dt)}
     attn['k_norm'] = {'scale': jnp.ones((H,), dt)}
+  if c.is_moe:
+    mlp = moe.init_ffn(c, kg)
+  else:
+    mlp = {
+        'gate': {
+            'kernel': _normal(kg, (D, F), D, dt)
+        },
+        'up': {
+            'kernel': _normal(ku, (D, F), D, dt)
+        },
+        'down': {
+            'kernel': _normal(kd, (F, D), F, dt)
+        }
+    }
   return {
       'attn_norm': {
           'scale': jnp.ones((D,), dt)
@@ -108,17 +123,7 @@ def _init_layer(config: ModelConfig, key) -> dict:
       'mlp_norm': {
           'scale': jnp.ones((D,), dt)
       },
-      'mlp': {
-          'gate': {
-              'kernel': _normal(kg, (D, F), D, dt)
-          },
-          'up': {
-              'kernel': _normal(ku, (D, F), D, dt)
-          },
-          'down': {
-              'kernel': _normal(kd, (F, D), F, dt)
-          }
-      }
+      'mlp': mlp
   }
 
 
@@ -232,24 +237,30 @@ def _to_BKLH(x_BLKH):
 # The trunk: one scan over the stacked layers.
 
 
-def trunk(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask_BL, *,
-          return_kv: bool = False):
+def trunk(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask_BL, *, return_kv: bool = False,
+          replay_YBLW=None):
   """Causal attention over the L tokens themselves (real keys only), by `config.attention`.
 
-  Returns (x_BLD, kv) where kv is None or the keys/values of every layer, each
-  [Y, B, K, L, H] (a prompt cache, when `return_kv`)."""
+  Returns (x_BLD, kv, routed): kv is None or the keys/values of every layer, each
+  [Y, B, K, L, H] (a prompt cache, when `return_kv`); routed the layers' `moe.Routed` (leaves
+  [Y, ...]) of a mixture-of-experts model, else None. ``replay_YBLW``: experts to route each
+  layer's tokens to (`moe.route`), or None."""
   c = config
 
   def attend(q_BLNH, k_BLKH, v_BLKH):
     out_BLNH = attention.causal_attention(q_BLNH, k_BLKH, v_BLKH, mask_BL, c)
     return out_BLNH, ((_to_BKLH(k_BLKH), _to_BKLH(v_BLKH)) if return_kv else None)
 
-  def body(x_BLD, layer):
-    return layers.block(layer, x_BLD, sin_BLH, cos_BLH, attend, c)
+  def body(x_BLD, xs):
+    layer, replay_BLW = xs
+    x_BLD, kv, routed = layers.block(layer, x_BLD, sin_BLH, cos_BLH, attend, c, mask_BL=mask_BL,
+                                     replay_BLW=replay_BLW)
+    return x_BLD, (kv, routed)
 
   if c.remat:
     body = jax.checkpoint(body, prevent_cse=False)
-  return jax.lax.scan(body, x_BLD, params['layers'])
+  x_BLD, (kv, routed) = jax.lax.scan(body, x_BLD, (params['layers'], replay_YBLW))
+  return x_BLD, kv, routed
 
 
 def _trunk_with_cache(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask_BL,
@@ -273,10 +284,11 @@ def _trunk_with_cache(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask
                                            _to_BKLH(v_BLKH).astype(v_BKSH.dtype), (0, 0, index, 0))
       return layers.softmax_attention(q_BLNH, k_new, v_new, allowed_BLS, c), (k_new, v_new)
 
-    return layers.block(layer, x_BLD, sin_BLH, cos_BLH, attend, c)
+    x_BLD, kv, routed = layers.block(layer, x_BLD, sin_BLH, cos_BLH, attend, c, mask_BL=mask_BL)
+    return x_BLD, (kv, routed)
 
-  x_BLD, (k, v) = jax.lax.scan(body, x_BLD, (params['layers'], cache.k, cache.v))
-  return x_BLD, KVCache(k=k, v=v, mask_BS=key_mask_BS, index=index + L)
+  x_BLD, ((k, v), routed) = jax.lax.scan(body, x_BLD, (params['layers'], cache.k, cache.v))
+  return x_BLD, KVCache(k=k, v=v, mask_BS=key_mask_BS, index=index + L), routed
 
 
 def constrain_rows(x, row_sharding):
@@ -287,18 +299,21 @@ def constrain_rows(x, row_sharding):
 
 
 def hidden_states(params, config: ModelConfig, tokens_BL, positions_BL, mask_BL,
-                  cache: KVCache | None = None, *, row_sharding=None):
-  """The trunk only: (final-normed hidden [B, L, D], cache or None). No LM head.
-  ``row_sharding``: the embedded tokens' rows constrained to it (`constrain_rows`)."""
+                  cache: KVCache | None = None, *, row_sharding=None, replay_YBLW=None):
+  """The trunk only: (final-normed hidden [B, L, D], cache or None, `moe.Routed` of the layers or
+  None). No LM head. ``row_sharding``: the embedded tokens' rows constrained to it
+  (`constrain_rows`); ``replay_YBLW``: as `trunk` (without a cache)."""
   chex.assert_rank([tokens_BL, positions_BL, mask_BL], 2)
   chex.assert_equal_shape([tokens_BL, positions_BL, mask_BL])
   sin_BLH, cos_BLH = layers.rope_sin_cos(positions_BL, config)
   x_BLD = constrain_rows(embed_tokens(params, tokens_BL, config), row_sharding)
   if cache is None:
-    x_BLD, _ = trunk(params, config, x_BLD, sin_BLH, cos_BLH, mask_BL)
+    x_BLD, _, routed = trunk(params, config, x_BLD, sin_BLH, cos_BLH, mask_BL,
+                             replay_YBLW=replay_YBLW)
   else:
-    x_BLD, cache = _trunk_with_cache(params, config, x_BLD, sin_BLH, cos_BLH, mask_BL, cache)
-  return final_norm(params, x_BLD, config), cache
+    x_BLD, cache, routed = _trunk_with_cache(params, config, x_BLD, sin_BLH, cos_BLH, mask_BL,
+                                             cache)
+  return final_norm(params, x_BLD, config), cache, routed
 
 
 def positions_from_mask(mask_BL):
@@ -323,10 +338,12 @@ def logits(params, config: ModelConfig, hidden_BLD):
 @flax.struct.dataclass
 class ForwardOutput:
   """logits_BLV float32 [B, L, V]; hidden_BLD [B, L, D] final-normed (None unless asked);
-  cache the updated `KVCache` (None if none was passed)."""
+  cache the updated `KVCache` (None if none was passed); routed the layers' `moe.Routed` of a
+  mixture-of-experts model (None for a dense one)."""
   logits_BLV: jax.Array
   hidden_BLD: jax.Array | None
   cache: KVCache | None
+  routed: moe.Routed | None = None
 
 
 def forward(params, config: ModelConfig, tokens_BL, positions_BL, mask_BL,
@@ -347,54 +364,6 @@ def forward(params, config: ModelConfig, tokens_BL, positions_BL, mask_BL,
   Returns:
     `ForwardOutput(logits_BLV float32, hidden_BLD or None, cache or None)`.
   """
-  hidden_BLD, cache = hidden_states(params, config, tokens_BL, positions_BL, mask_BL, cache)
+  hidden_BLD, cache, routed = hidden_states(params, config, tokens_BL, positions_BL, mask_BL, cache)
   return ForwardOutput(logits_BLV=logits(params, config, hidden_BLD),
-                       hidden_BLD=hidden_BLD if return_hidden else None, cache=cache)
-
-
-# ----------------------------------------------------------------------------------------
-# Logical axes of every parameter and cache field (`jtc.rl.sharding` maps them to mesh axes).
-
-_PARAM_AXES = {
-    ('embed', 'embedding'): ('vocab', 'embed'),
-    ('attn_norm', 'scale'): ('norm',),
-    ('mlp_norm', 'scale'): ('norm',),
-    ('final_norm', 'scale'): ('norm',),
-    ('q', 'kernel'): ('embed', 'heads', 'head_dim'),
-    ('q', 'bias'): ('heads', 'head_dim'),
-    ('k', 'kernel'): ('embed', 'kv_heads', 'head_dim'),
-    ('k', 'bias'): ('kv_heads', 'head_dim'),
-    ('v', 'kernel'): ('embed', 'kv_heads', 'head_dim'),
-    ('v', 'bias'): ('kv_heads', 'head_dim'),
-    ('o', 'kernel'): ('heads', 'head_dim', 'embed'),
-    ('q_norm', 'scale'): ('head_dim',),
-    ('k_norm', 'scale'): ('head_dim',),
-    ('gate', 'kernel'): ('embed', 'mlp'),
-    ('up', 'kernel'): ('embed', 'mlp'),
-    ('down', 'kernel'): ('mlp', 'embed'),
-    ('lm_head', 'kernel'): ('embed', 'vocab'),
-}
-
-# Logical axes of the KV caches ([Y, B, K, S, H] and [B, S]) and of activations/batches.
-CACHE_AXES = ('layers', 'batch', 'kv_heads', 'cache_length', 'head_dim')
-CACHE_MASK_AXES = ('batch', 'cache_length')
-
-
-def param_logical_axes(params) -> Any:
-  """A pytree like `params` whose leaves are tuples of logical axis names; parameters under
-  'layers' get the stacked 'layers' axis first."""
-
-  def axes(path, leaf):
-    key = tuple(p.key for p in path[-2:])
-    if key not in _PARAM_AXES:
-      raise ValueError(f'no logical axes for parameter {jax.tree_util.keystr(path)}; '
-                       f'known: {sorted(_PARAM_AXES)}')
-    names = _PARAM_AXES[key]
-    if path[0].key == 'layers':
-      names = ('layers',) + names
-    if len(names) != leaf.ndim:
-      raise ValueError(f'parameter {jax.tree_util.keystr(path)} has shape {leaf.shape}, '
-                       f'expected rank {len(names)} for axes {names}')
-    return names
-
-  return jax.tree_util.tree_map_with_path(axes, params)
+                       hidden_BLD=hidden_BLD if return_hidden else None, cache=cache, routed=routed)

@@ -13,6 +13,9 @@ ROPE_SCALINGS = ('default', 'linear', 'llama3')
 # The trunk's causal attention (`jtc.models.attention`): the dense [L, S] scores, an online
 # softmax over key blocks with a recomputing backward, or the Pallas TPU splash kernel.
 ATTENTIONS = ('dense', 'blockwise', 'splash')
+# How a mixture-of-experts layer computes its experts (`jtc.models.moe.MOE_IMPLS`): both exact
+# and dropless (every token reaches its experts), different in FLOPs and speed.
+MOE_IMPLS = ('ragged', 'dense')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +54,17 @@ class ModelConfig:
   remat: bool = False
   # How the trunk attends (`ATTENTIONS`): same values up to float rounding, different memory.
   attention: str = 'dense'
+  # Mixture of experts (`jtc.models.moe`, Qwen3-MoE): with n_experts > 0 every layer's MLP is
+  # X = n_experts SwiGLU experts of width d_expert, experts_per_token of them per token (the top
+  # of the router's softmax; their weights renormalised to sum 1 iff norm_topk_prob), plus a
+  # shared expert of width d_shared_expert behind a sigmoid gate when that is > 0 (Qwen3-Next).
+  # n_experts = 0: the dense SwiGLU MLP of width d_ff.
+  n_experts: int = 0
+  experts_per_token: int = 0
+  d_expert: int = 0
+  norm_topk_prob: bool = True
+  d_shared_expert: int = 0
+  moe_impl: str = 'ragged'
 
   def __post_init__(self):
     for name in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'head_dim', 'd_ff',
@@ -83,9 +97,29 @@ class ModelConfig:
       value = getattr(self, name)
       if value not in DTYPES:
         raise ValueError(f'ModelConfig.{name}={value!r} is not one of {sorted(DTYPES)}')
-    for name in ('qk_norm', 'attn_bias', 'tie_embeddings', 'remat'):
+    self._check_moe()
+    for name in ('qk_norm', 'attn_bias', 'tie_embeddings', 'remat', 'norm_topk_prob'):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f'ModelConfig.{name} must be a bool, got {getattr(self, name)!r}')
+
+  def _check_moe(self):
+    for name in ('n_experts', 'experts_per_token', 'd_expert', 'd_shared_expert'):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f'ModelConfig.{name} must be an int >= 0, got {value!r}')
+    if self.moe_impl not in MOE_IMPLS:
+      raise ValueError(f'ModelConfig.moe_impl={self.moe_impl!r} is not one of {list(MOE_IMPLS)}')
+    if not self.n_experts:
+      return
+    if not 1 <= self.experts_per_token <= self.n_experts:
+      raise ValueError(f'ModelConfig.experts_per_token={self.experts_per_token} must be in '
+                       f'[1, n_experts={self.n_experts}]')
+    if not self.d_expert:
+      raise ValueError(f'ModelConfig.d_expert must be > 0 with n_experts={self.n_experts}')
+
+  @property
+  def is_moe(self) -> bool:
+    return self.n_experts > 0
 
   @property
   def jnp_dtype(self):
@@ -163,5 +197,37 @@ class ModelConfig:
     return cls(
         **{
             **dict(vocab_size=128_256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64, d_ff=8192, rope_theta=500_000.0, rope_scaling='llama3', rope_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_len=8192, norm_eps=1e-5, qk_norm=False, attn_bias=False, tie_embeddings=True, param_dtype='bfloat16', dtype='bfloat16', max_seq_len=131_072),
+            **overrides
+        })
+
+  @classmethod
+  def tiny_moe(cls, vocab_size: int = 64, **overrides) -> 'ModelConfig':
+    """`tiny` with a mixture of experts in every layer: 8 experts of width 192, 2 per token (the
+    active MLP width 384 of `tiny`'s dense MLP), a 128-wide shared expert off."""
+    return cls.tiny(
+        vocab_size, **{
+            **dict(n_experts=8, experts_per_token=2, d_expert=192, norm_topk_prob=True),
+            **overrides
+        })
+
+  @classmethod
+  def qwen3_30b_a3b(cls, **overrides) -> 'ModelConfig':
+    """Qwen/Qwen3-30B-A3B config.json: 48 layers, hidden 2048, 32 heads / 4 kv heads of 128,
+    128 experts of intermediate 768, 8 per token (norm_topk_prob), dense intermediate 6144
+    (unused: every layer is sparse), vocab 151936, rope_theta 1e6, untied embeddings."""
+    return cls(
+        **{
+            **dict(vocab_size=151_936, d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128, d_ff=6144, n_experts=128, experts_per_token=8, d_expert=768, norm_topk_prob=True, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True, attn_bias=False, tie_embeddings=False, param_dtype='bfloat16', dtype='bfloat16', max_seq_len=40_960),
+            **overrides
+        })
+
+  @classmethod
+  def qwen3_235b_a22b(cls, **overrides) -> 'ModelConfig':
+    """Qwen/Qwen3-235B-A22B config.json: 94 layers, hidden 4096, 64 heads / 4 kv heads of 128,
+    128 experts of intermediate 1536, 8 per token (norm_topk_prob), dense intermediate 12288
+    (unused), vocab 151936, rope_theta 1e6, untied embeddings."""
+    return cls(
+        **{
+            **dict(vocab_size=151_936, d_model=4096, n_layers=94, n_heads=64, n_kv_heads=4, head_dim=128, d_ff=12_288, n_experts=128, experts_per_token=8, d_expert=1536, norm_topk_prob=True, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True, attn_bias=False, tie_embeddings=False, param_dtype='bfloat16', dtype='bfloat16', max_seq_len=40_960),
             **overrides
         })

@@ -16,6 +16,7 @@ from jtc import checks
 from jtc.data import pipeline as data_lib
 from jtc import objectives
 from jtc.data import rewards as rewards_lib
+from jtc.data import verifiers
 from jtc.rl import population as population_lib
 from jtc.rl import minibatch_order
 from jtc.rl import rollout as rollout_lib
@@ -60,7 +61,7 @@ def _validate_run(c):
   """Every section of a single run's config but the mesh (the population's)."""
   checkpoints.check_policy_config(c.policy)
   data_lib.check_config(c.data, tasks=tasks_lib.TASKS, reward_fns=rewards_lib.reward_names())
-  rewards_lib.check_config(c.data)
+  verifiers.check_config(c.data)
   checks.positive_int('config.num_steps', c.num_steps)
   checks.choice('config.advantage.name', c.advantage.name, advantages_lib.ADVANTAGES)
   checks.choice('config.advantage.sign', c.advantage.sign, advantages_lib.SIGNS)

@@ -43,6 +43,7 @@ from jtc.analysis import probes
 from jtc.analysis import tracking
 from jtc.data import pipeline as data_lib
 from jtc.data import tasks as tasks_lib
+from jtc.data import verifiers
 from jtc.models import lora as lora_lib
 from jtc.objectives import token_weights
 from jtc.rl import batch as batch_lib
@@ -262,8 +263,9 @@ class Trainer:
     if recorder:  # every process takes part (gathers); process 0 writes
       recorder.write(step, run_dirs=self.member_dirs, rollouts=rollouts, tokenizer=self.tokenizer,
                      c=c, model_config=self.model_config, learning_rates=rates, files=self.primary)
+    failures = verifiers.take_metrics(self.gen.reward_fn)  # a user's reward function's
     for m in range(pop.n):
-      metrics[m].update(update_metrics[m])
+      metrics[m].update(update_metrics[m], **failures)
       metrics[m].update(dynamic_sampling_rounds=rounds[m], time_sample=t1 - t0, time_score=t2 - t1,
                         time_update=t3 - t2, tokens_per_s=n_tokens[m] / max(t3 - t0, 1e-9),
                         learning_rate=rates[m], **{
@@ -351,13 +353,17 @@ class Trainer:
     last = [{}] * self.pop.n
     with loop.StopOnSignal() as stop, metric_writer.closing(writers):
       if start == 0 and eval_every:
-        for writer, metrics in zip(writers, self.evaluate(0)):
+        evals = self.evaluate(0)
+        progress.evaluation(0, evals)
+        for writer, metrics in zip(writers, evals):
           writer.write(0, metrics)
       for step in range(start + 1, c.num_steps + 1):
         metrics = self.step(step)
         final = step == c.num_steps or self._budget_spent()
         if eval_every and (step % eval_every == 0 or final):
-          for m, e in zip(metrics, self.evaluate(step)):
+          evals = self.evaluate(step)
+          progress.evaluation(step, evals)
+          for m, e in zip(metrics, evals):
             m.update(e)
         last = [w.write(step, m) for w, m in zip(writers, metrics)]
         if jax.process_count() > 1 and distributed.any_process(stop.signal is not None):

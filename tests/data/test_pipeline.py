@@ -11,6 +11,7 @@ import pytest
 from configs import common
 from jtc.data import pipeline as data
 from jtc.data import datasets
+from jtc.data import examples
 from jtc.data import formats
 from jtc.models import tokenizer as tok_lib
 from jtc.data.tasks import get_task
@@ -208,7 +209,7 @@ def test_chat_messages_reach_the_chat_template(tmp_path, data_dir):
   assert batch['answer'] == ['2', '4'] and 'messages' not in batch
   plain, chat = batch['prompt']
   assert type(plain) is str and plain == 'What is 1+1?'
-  assert isinstance(chat, formats.Conversation) and chat.messages == rows[1]['prompt']
+  assert isinstance(chat, examples.Conversation) and chat.messages == rows[1]['prompt']
   tok_lib.write_byte_level_hf(str(tmp_path / 'tok'))
   tok = tok_lib.HFTokenizer.from_dir(str(tmp_path / 'tok'))
   suffix = ' Answer in \\boxed{}.'
