@@ -40,8 +40,8 @@ import optax
 
 from jtc.models import logprobs
 
-CONF_EDGES = (0.5, 0.9)  # pi_j < 0.5: low confidence, [0.5, 0.9): mid, >= 0.9: high
-CONF_NAMES = ('low', 'mid', 'high')
+CONF_EDGES = (0.5,)  # pi_j < 0.5: low confidence, >= 0.5: high (each bin costs a pass per id)
+CONF_NAMES = ('low', 'high')
 
 
 class PolicyLogps:
