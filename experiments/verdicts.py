@@ -23,6 +23,7 @@ equivalence at this scale, never of sizes: the paper's delta was measured in ano
                        least the SESOI, 'not shown equivalent' when it is significant but
                        smaller than the SESOI and TOST fails.
   inconclusive         anything else (with the sign it showed).
+  not yet run          a declared claim whose sweep has no runs: no verdict, not tallied.
 Implementation checks (kind 'check': arms identical by construction) are judged alone (holds /
 fails), outside the corrections and the tallies; so are descriptive checks (kind 'descriptive':
 one quantity against a declared threshold, judged by the same rules without correction). Claims
@@ -196,7 +197,7 @@ def verdict(row, alpha=ALPHA):
   # A descriptive check is one test, judged alone: its own p, no family to correct over.
   p_holm = row['p_holm'] if row['kind'] in COUNTED else row['p_exact']
   if not np.isfinite(delta) or row['n_seeds'] < 2:
-    return 'inconclusive (no data)'
+    return 'not yet run (declared)'
   predicted = row['predicted']
   significant = np.isfinite(p_holm) and p_holm < alpha
   equivalent = np.isfinite(tost) and tost < alpha
@@ -259,9 +260,10 @@ def read_csv(path):
 
 
 def tally(rows):
-  """'N claims: a agree in sign, ...' over the claims of ``rows`` that count (no checks, a
-  bit-identical repeat once)."""
-  counted = [r for r in rows if r['kind'] in COUNTED and not r.get('same_as')]
+  """'N claims: a agree in sign, ...' over the claims of ``rows`` that count and ran (no
+  checks, a bit-identical repeat once), then how many are declared and not yet run."""
+  counted = [r for r in rows if r['kind'] in COUNTED and not r.get('same_as') and r['n_seeds']]
+  unrun = sum(r['kind'] in COUNTED and not r['n_seeds'] for r in rows)
   words = {
       'agrees': 'agree',
       'disagrees': 'disagree',
@@ -272,7 +274,8 @@ def tally(rows):
   }
   counts = {label: sum(r['verdict'].startswith(w) for r in counted) for w, label in words.items()}
   parts = [f'{n} {label}' for label, n in counts.items() if n]
-  return f'{len(counted)} claims: ' + ', '.join(parts)
+  return f'{len(counted)} claims: ' + ', '.join(parts) + (f'; {unrun} declared, not yet run'
+                                                          if unrun else '')
 
 
 def _paper(r):

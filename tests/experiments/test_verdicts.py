@@ -115,13 +115,15 @@ def test_eight_seeds_cannot_survive_holm_over_a_family_of_seven():
   assert all(r['verdict'].startswith('agrees') for r in rows)
 
 
-def test_missing_runs_are_inconclusive_no_data_and_still_count_in_their_family():
+def test_missing_runs_are_not_yet_run_untallied_and_still_count_in_their_family():
   rows = _rows([_claim('ABSENT', '>'), _claim('UP', '>')],
                _summaries({'UP': np.full(16, 0.02)}, seeds=range(16)))
-  assert rows[0]['verdict'] == 'inconclusive (no data)' and rows[0]['n_seeds'] == 0
+  assert rows[0]['verdict'] == 'not yet run (declared)' and rows[0]['n_seeds'] == 0
   assert np.isnan(rows[0]['p_holm']) and np.isnan(rows[0]['q_bh'])
   # Holm over the declared family of two, not over the one claim that ran.
   assert rows[1]['p_holm'] == pytest.approx(2 * rows[1]['p_exact'])
+  # A declared claim without runs is no verdict: not tallied as inconclusive, named apart.
+  assert verdicts.tally(rows) == '1 claims: 1 agree; 1 declared, not yet run'
 
 
 def test_different_evaluation_problems_are_flagged():
