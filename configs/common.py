@@ -249,6 +249,8 @@ def get_config(arg=None):
   c.mesh.data = -1  # devices on the data axis (-1 = all remaining)
   c.mesh.fsdp = 1  # devices sharding params + optimiser state (FSDP) and batch
   c.mesh.tensor = 1  # devices sharding heads / MLP / vocab (tensor parallel)
+  # devices sharding a mixture-of-experts policy's experts (expert parallel; must divide them)
+  c.mesh.expert = 1
 
   c.distributed = ConfigDict()  # several processes (JAX_COORDINATOR_ADDRESS, ...); else unused
   # Seconds the processes have to reach each other at start-up before failing with what was

@@ -31,6 +31,7 @@ def get_config(arg=None):
   c.learning_rate = 2e-3
   c.weight_decay = 0.01
   c.export_to = ''  # also write the bundle here (e.g. jtc/assets/base_policy)
+  c.router_aux_coef = 0.0  # a MoE policy's load-balancing loss weight (jtc.models.moe)
   if arg == 'smoke':
     c.num_steps = 4
     c.train_problems = 64

@@ -22,7 +22,7 @@ from jtc.cli import absl_program
 from jtc.data import tasks as tasks_lib
 
 
-class _Parser(argparse.ArgumentParser):
+class OverridesParser(argparse.ArgumentParser):
   """argparse that also takes --config.<section>.<key>=value overrides (``args.overrides``)."""
 
   def parse_args(self, args=None, namespace=None):  # pylint: disable=arguments-differ
@@ -35,7 +35,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def make_parser(prog='jtc eval'):
-  parser = _Parser(prog=prog, description=__doc__.split('\n\n')[0])
+  parser = OverridesParser(prog=prog, description=__doc__.split('\n\n')[0])
   parser.add_argument('--checkpoint', required=True,
                       help='a Hugging Face directory or a jtc policy bundle')
   parser.add_argument('--dataset', required=True, help='a dataset path or a task name')
@@ -57,17 +57,32 @@ def _value(old, text):
   return type(old)(text) if old is not None else text
 
 
+def load_with_overrides(spec, overrides):
+  """The config file ``spec`` ('PATH[:arg]', from the working directory or the repository) with
+  its --config.<section>.<key>=value ``overrides``; ValueError naming a bad one."""
+  spec = absl_program.resolve_path(spec)
+  if not os.path.isfile(spec.partition(':')[0]):
+    raise ValueError(f'no such config file {spec!r}')
+  c = absl_program.load_config(spec)
+  absl_program.check_override_keys(c, overrides)
+  with c.unlocked():
+    for override in overrides:
+      key, _, text = override[len('--config.'):].partition('=')
+      *parents, leaf = key.split('.')
+      node = c
+      for part in parents:
+        node = node[part]
+      node[leaf] = _value(node[leaf], text)
+  return c
+
+
 def build_config(args):
   """The config of an evaluation: --config (or its default), the checkpoint and dataset, the
   flags and the overrides; ValueError naming a bad one."""
   hf = os.path.isfile(os.path.join(args.checkpoint, 'config.json'))
   default = os.path.join(absl_program.REPO, 'configs', 'real' if hf else '',
                          'base.py' if hf else 'common.py')
-  spec = absl_program.resolve_path(args.config or default)
-  if not os.path.isfile(spec.partition(':')[0]):
-    raise ValueError(f'no such config file {spec!r}')
-  c = absl_program.load_config(spec)
-  absl_program.check_override_keys(c, args.overrides)
+  c = load_with_overrides(args.config or default, args.overrides)
   with c.unlocked():
     c.policy.checkpoint, c.policy.init = (args.checkpoint, '') if hf else ('', args.checkpoint)
     is_task = args.dataset in tasks_lib.TASKS and not os.path.exists(args.dataset)
@@ -78,13 +93,6 @@ def build_config(args):
         c.eval.sampling[key] = getattr(args, name)
     if args.problems is not None:
       c.eval.problems = args.problems
-    for override in args.overrides:
-      key, _, text = override[len('--config.'):].partition('=')
-      *parents, leaf = key.split('.')
-      node = c
-      for part in parents:
-        node = node[part]
-      node[leaf] = _value(node[leaf], text)
   return c
 
 

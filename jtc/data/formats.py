@@ -254,8 +254,9 @@ def _qa_record(where, row, *, question_field, answer_field):
     if key is None or key not in row:
       looked = [named] if named else list(options)
       hint = " (a verl row needs 'reward_model')" if isinstance(row.get('prompt'), list) else ''
-      raise ValueError(f'{where}: no {role} field {key!r}; looked for {looked}, record has '
-                       f'{sorted(row)}{hint}')
+      flag = f'config.data.{role}_field (jtc data --{role}-field)'
+      what = f'{key!r} (named by {flag})' if named else f'among {looked} (name it with {flag})'
+      raise ValueError(f'{where}: no {role} field {what}; the record has {sorted(row)}{hint}')
     keys[role] = key
   prompt = _text(where, keys['question'], row[keys['question']])
   raw = _text(where, keys['answer'], row[keys['answer']])

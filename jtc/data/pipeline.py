@@ -210,6 +210,17 @@ def _fields(data: Any) -> dict[str, str]:
   return {'question_field': data.question_field, 'answer_field': data.answer_field}
 
 
+def train_split(path: str) -> str:
+  """The split of a dataset that trains: ``'train'``, else its only split (a directory holding
+  one ``dapo-math-17k.parquet``); ValueError naming its splits otherwise."""
+  splits = sorted(formats.detect(path).splits)
+  if 'train' in splits:
+    return 'train'
+  if len(splits) == 1:
+    return splits[0]
+  raise ValueError(f'{path}: no train split to train on; its splits are {splits}')
+
+
 def held_out_split(path: str) -> str:
   """The split of a dataset that holds out problems: ``'test'``, else its only split."""
   splits = sorted(formats.detect(path).splits)
@@ -248,13 +259,13 @@ def run_data(
   data_dir = data.data_dir or None  # None: jtc's cache ($JTC_DATA_DIR or ~/.cache/jtc/data)
   source = data.dataset or data.task
   fields = _fields(data) if data.dataset else {}
+  split = train_split(data.dataset) if data.dataset else 'train'
   train_iters = [
-      make_prompt_iterator(source, split='train', batch_size=batch_size, seed=seed,
-                           data_dir=data_dir, shard_index=0, shard_count=1, **fields)
-      for seed in seeds
+      make_prompt_iterator(source, split=split, batch_size=batch_size, seed=seed, data_dir=data_dir,
+                           shard_index=0, shard_count=1, **fields) for seed in seeds
   ]
   eval_examples = held_out_examples(data, data_dir=data_dir, limit=eval_problems)
-  train_examples = load_examples(source, split='train', data_dir=data_dir, limit=2000, **fields)
+  train_examples = load_examples(source, split=split, data_dir=data_dir, limit=2000, **fields)
   return train_iters, eval_examples, [e['prompt'] for e in eval_examples + train_examples]
 
 

@@ -3,6 +3,7 @@
 # The submodules (``from jtc.models import *`` imports them).
 __all__ = [
     'attention',
+    'axes',
     'bundles',
     'decode',
     'hf_config',
@@ -12,6 +13,8 @@ __all__ = [
     'lora',
     'model',
     'model_config',
+    'moe',
+    'safetensors_io',
     'sampler',
     'tiny_checkpoint',
     'tokenizer',

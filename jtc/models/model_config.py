@@ -13,9 +13,9 @@ ROPE_SCALINGS = ('default', 'linear', 'llama3')
 # The trunk's causal attention (`jtc.models.attention`): the dense [L, S] scores, an online
 # softmax over key blocks with a recomputing backward, or the Pallas TPU splash kernel.
 ATTENTIONS = ('dense', 'blockwise', 'splash')
-# How a mixture-of-experts layer computes its experts (`jtc.models.moe.MOE_IMPLS`): both exact
+# How a mixture-of-experts layer computes its experts (`jtc.models.moe.MOE_IMPLS`): all exact
 # and dropless (every token reaches its experts), different in FLOPs and speed.
-MOE_IMPLS = ('ragged', 'dense')
+MOE_IMPLS = ('ragged', 'dense', 'blocks')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,10 +203,10 @@ class ModelConfig:
   @classmethod
   def tiny_moe(cls, vocab_size: int = 64, **overrides) -> 'ModelConfig':
     """`tiny` with a mixture of experts in every layer: 8 experts of width 192, 2 per token (the
-    active MLP width 384 of `tiny`'s dense MLP), a 128-wide shared expert off."""
+    active MLP width 384 of `tiny`'s dense MLP), computed in blocks (the fast way on a CPU)."""
     return cls.tiny(
         vocab_size, **{
-            **dict(n_experts=8, experts_per_token=2, d_expert=192, norm_topk_prob=True),
+            **dict(n_experts=8, experts_per_token=2, d_expert=192, norm_topk_prob=True, moe_impl='blocks'),
             **overrides
         })
 

@@ -14,6 +14,7 @@ __all__ = [
     'population',
     'rendezvous',
     'rollout',
+    'routing',
     'sft',
     'sharding',
     'trainer',

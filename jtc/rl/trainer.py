@@ -43,6 +43,7 @@ from jtc.analysis import probes
 from jtc.analysis import tracking
 from jtc.data import pipeline as data_lib
 from jtc.data import tasks as tasks_lib
+from jtc.data import traps
 from jtc.data import verifiers
 from jtc.models import lora as lora_lib
 from jtc.objectives import token_weights
@@ -85,7 +86,7 @@ class Trainer:
   def _build(self, schedule_steps, policy):
     c, pop = self.c, self.pop
     self.model_config, params, self.tokenizer = policy or checkpoints.load_policy(c.policy)
-    lora_lib.check_config(c.lora, self.model_config)  # the rank against the model's dimensions
+    config_check.validate_policy(c, self.model_config, pop.n)  # LoRA, MoE keys vs the model
     self.G, self.P = c.rollout.sampling.num_samples, c.data.prompt_width
     self.task = None if c.data.dataset else tasks_lib.get_task(c.data.task)
     self.updates_per_step = update_lib.updates_per_step(c.optim, c.rollout.prompts_per_step)
@@ -155,6 +156,8 @@ class Trainer:
         c.data, batch_size=c.rollout.prompts_per_step, seeds=[m.seed for m in pop.members],
         eval_problems=c.eval.problems)
     self.gen.check_prompt_width(prompts)
+    for line in traps.for_run(c.data, self.gen.reward_fn) if self.primary else ():
+      print(line, file=sys.stderr)  # two answer formats; a verifier that cannot read the data
     self.ckpt = checkpoints.TrainCheckpointer(os.path.join(self.workdir, 'checkpoints'),
                                               max_to_keep=c.log.keep_checkpoints)
     self._restore()

@@ -229,7 +229,10 @@ def test_jsonl_with_named_fields(tmp_path):
   assert [(r['prompt'], r['answer']) for r in got] == [(r['instruction'], r['target']) for r in rows
                                                       ]
   # Without the names, the default fields are looked for: 'question' is found, no answer field.
-  with pytest.raises(ValueError, match=r'custom\.jsonl:1: no answer field None'):
+  with pytest.raises(
+      ValueError, match=r"custom\.jsonl:1: no answer field among \['answer', "
+      r"'solution', 'response'\] \(name it with config\.data\.answer_field "
+      r'\(jtc data --answer-field\)\)'):
     formats.read_files('jsonl', [path])
   # Naming a field reads a verl file as question/answer rows.
   verl = write_parquet(tmp_path / 'v.parquet', [{**math_rows('train', 1)[0], 'q': 'x', 'a': '1'}])
@@ -289,7 +292,7 @@ MALFORMED = {
         'a': '1'
     }, {
         'q': 'b'
-    }]), r"m\.jsonl:2: no answer field 'a'"),
+    }]), r"m\.jsonl:2: no answer field 'a' \(named by config\.data\.answer_field"),
 }
 
 

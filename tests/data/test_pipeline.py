@@ -264,3 +264,18 @@ def test_held_out_split(tmp_path):
   (splits / 'test.jsonl').unlink()
   with pytest.raises(ValueError, match=r"no test split.*\['train', 'validation'\]"):
     data.held_out_split(str(splits))
+
+
+def test_a_dataset_of_one_split_trains_on_it(tmp_path):
+  """A directory holding only dapo-math-17k.parquet trains on that split (it once passed
+  `jtc data` and failed in training for want of a 'train' split); several splits without
+  'train' are named."""
+  one = tmp_path / 'one'
+  one.mkdir()
+  (one / 'dapo-math-17k.jsonl').write_text('{"question": "q", "answer": "1"}\n')
+  assert data.train_split(str(one)) == 'dapo-math-17k'
+  (one / 'other.jsonl').write_text('{"question": "q", "answer": "1"}\n')
+  with pytest.raises(ValueError, match=r"no train split.*\['dapo-math-17k', 'other'\]"):
+    data.train_split(str(one))
+  (one / 'train.jsonl').write_text('{"question": "q", "answer": "1"}\n')
+  assert data.train_split(str(one)) == 'train'
