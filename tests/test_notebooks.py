@@ -8,7 +8,9 @@ import nbformat
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOTEBOOKS = ['per_token_gradients.ipynb', 'toy_appendix_a.ipynb', 'delta_tokens.ipynb']
+NOTEBOOKS = [
+    'per_token_gradients.ipynb', 'toy_appendix_a.ipynb', 'delta_tokens.ipynb', 'credit_tokens.ipynb'
+]
 
 
 @pytest.fixture(scope='module')
