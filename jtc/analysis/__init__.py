@@ -13,5 +13,6 @@ __all__ = [
     'mismatch',
     'probes',
     'replay',
+    'samples',
     'tracking',
 ]

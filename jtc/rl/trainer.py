@@ -154,12 +154,12 @@ class Trainer:
     if c.rollout.policy_lag:  # every lagged slot starts at the initial policy
       self.run_state = self.run_state.replace(lagged_params=tuple(
           self._copy_params() for _ in range(c.rollout.policy_lag)))
-    self.train_iters, self.eval_examples, prompts = data_lib.run_data(
+    self.train_iters, self.eval_examples, prompts, notes = data_lib.run_data(
         c.data, batch_size=c.rollout.prompts_per_step, seeds=[m.seed for m in pop.members],
-        eval_problems=c.eval.problems)
+        eval_problems=c.eval.problems, tokenizer=self.tokenizer)
     self.gen.check_prompt_width(prompts)
-    for line in traps.for_run(c.data, self.gen.reward_fn) if self.primary else ():
-      print(line, file=sys.stderr)  # two answer formats; a verifier that cannot read the data
+    for line in notes + traps.for_run(c.data, self.gen.reward_fn) if self.primary else ():
+      print(line, file=sys.stderr)  # data.overlong's counts; the traps of jtc.data.traps
     self.ckpt = checkpoints.TrainCheckpointer(os.path.join(self.workdir, 'checkpoints'),
                                               max_to_keep=c.log.keep_checkpoints)
     self._restore()
@@ -348,7 +348,7 @@ class Trainer:
                                    revision=distributed.code_revision, workdir=self.workdir)
     writers = [
         metric_writer.MetricWriter(d, resume_step=start + 1 if start else 0, files=self.primary,
-                                   tracker=t)
+                                   tracker=t, log=c.log, group_size=self.G)
         for d, t in itertools.zip_longest(self.member_dirs, trackers)
     ]
     progress = loop.Progress(c.num_steps, start, every=c.log.progress_every, show=self.primary)
@@ -370,7 +370,7 @@ class Trainer:
           progress.evaluation(step, evals)
           for m, e in zip(metrics, evals):
             m.update(e)
-        last = [w.write(step, m) for w, m in zip(writers, metrics)]
+        last = [w.write(step, m, rollout=r) for w, m, r in zip(writers, metrics, self.rollouts)]
         if jax.process_count() > 1 and distributed.any_process(stop.signal is not None):
           stop.signal = stop.signal or 'SIGTERM (of another process)'
         if step % c.log.ckpt_every == 0 or final or stop.signal:
