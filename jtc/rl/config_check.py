@@ -19,6 +19,7 @@ from jtc.data import rewards as rewards_lib
 from jtc.data import verifiers
 from jtc.rl import population as population_lib
 from jtc.rl import rollout as rollout_lib
+from jtc.rl import routing
 from jtc.rl import sharding as sharding_lib
 from jtc.objectives import registry
 from jtc.data import tasks as tasks_lib
@@ -54,6 +55,13 @@ def validate(c):
     print(
         f'note: config.data.dataset with the jtc policy {c.policy.init!r}: the shipped base '
         'policy never writes \\boxed{}, so expect every reward to be 0', file=sys.stderr)
+
+
+def validate_policy(c, model_config, population_size=1):
+  """The keys that depend on the loaded policy, once it is known (still before any compute):
+  LoRA's rank against its dimensions, a mixture of experts' keys (`jtc.rl.routing`)."""
+  lora.check_config(c.lora, model_config)
+  routing.check_config(c, model_config, population_size)
 
 
 def _validate_run(c):
