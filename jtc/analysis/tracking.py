@@ -267,9 +267,15 @@ def offline_records(run_dir, run_id=None):
   return [r for path in offline_dirs(run_dir, run_id) for r in read_run_log(path)]
 
 
-def _media(value):
-  """Whether a logged value is a W&B media object (a table: ``{'_type': 'table-file', ...}``)."""
-  return isinstance(value, dict) and '_type' in value
+def _media(item):
+  """The W&B media objects of a history item (tables), {key: {'_type', 'path', ...}}: wandb's log
+  holds a table's fields flattened ('samples._type', 'samples.path', ...) or as one dict."""
+  out = {k: v for k, v in item.items() if isinstance(v, dict) and '_type' in v}
+  for k in item:
+    if k.endswith('._type'):
+      key = k[:-len('._type')]
+      out[key] = {f[len(key) + 1:]: x for f, x in item.items() if f.startswith(key + '.')}
+  return out
 
 
 def history(records):
@@ -279,8 +285,11 @@ def history(records):
   for r in records:
     if r.get('type') == 'history':
       record = {'step': int(r['history'].get('step', {}).get('num', 0))}
-      for k, v in r['history']['item'].items():
-        if not k.startswith('_') and not _media(v):
+      item = r['history']['item']
+      media = _media(item)
+      for k, v in item.items():
+        if not k.startswith('_') and k not in media and not any(
+            k.startswith(m + '.') for m in media):
           record[k] = WANDB_NONFINITE.get(v, v) if isinstance(v, str) else v
       out.append(record)
   return out
@@ -293,8 +302,10 @@ def offline_tables(run_dir, name, run_id=None):
   out = []
   for path in offline_dirs(run_dir, run_id):
     for r in read_run_log(path):
-      value = r.get('history', {}).get('item', {}).get(name) if r.get('type') == 'history' else None
-      if _media(value):
+      if r.get('type') != 'history':
+        continue
+      value = _media(r['history']['item']).get(name)
+      if value:
         with open(os.path.join(path, 'files', value['path']), encoding='utf-8') as f:
           logged = json.load(f)
         out.append({
