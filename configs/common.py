@@ -187,6 +187,9 @@ def get_config(arg=None):
   c.advantage.eps = 1e-6
   c.advantage.std_ddof = 0
   c.advantage.batch_normalize = False
+  # both | positive | negative: train on the advantages of one sign only (positive: the
+  # Cancellation Hypothesis's positive-only control; jtc.objectives.advantages.keep_sign).
+  c.advantage.sign = 'both'
 
   c.loss = ConfigDict()  # jtc.objectives.compute_loss: name + hyper-parameters
   c.loss.name = 'grpo'
@@ -210,6 +213,10 @@ def get_config(arg=None):
   c.optim.grad_clip = 1.0  # global-norm clip (0 = off)
   c.optim.ppo_epochs = 1  # mu: passes over each rollout batch
   c.optim.minibatch_prompts = 8  # groups per optimiser step (whole groups stay together)
+  # Which rollouts share a mini-batch (jtc.rl.minibatch_order): group (whole groups, the
+  # Cancellation Hypothesis's query-preserved batching) | shuffled (rows, a group spread over the
+  # mini-batches) | reward_balanced (rows, positive and negative advantages split evenly).
+  c.optim.minibatch_order = 'group'
   c.optim.microbatch_prompts = 0  # groups per micro-batch (gradient accumulation; 0 = off)
 
   c.dapo = ConfigDict()

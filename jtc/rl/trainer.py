@@ -220,7 +220,7 @@ class Trainer:
         self.state, batch, k_order, self.hparams, update_fn=update_fn,
         minibatch_fn=self.rl_step.minibatch, num_groups=config.rollout.prompts_per_step,
         minibatch_prompts=config.optim.minibatch_prompts, ppo_epochs=config.optim.ppo_epochs,
-        group_size=self.G,
+        group_size=self.G, minibatch_order=config.optim.minibatch_order,
         population=population, diagnose_fn=(lambda params, mb, hparams: self._diagnostics(
             self._policy(params), mb, hparams, token_counts=counts_V)) if diagnose else None,
         before_update=self._ledger_hook(recorder))
