@@ -17,5 +17,6 @@ __all__ = [
     'mismatch',
     'probes',
     'replay',
+    'samples',
     'tracking',
 ]
