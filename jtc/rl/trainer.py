@@ -134,7 +134,7 @@ class Trainer:
                                                  to_device=self._to_device, population=pop,
                                                  mesh=self.mesh)
     # Held-out evaluation samples from the policy as trained, whatever the rollouts' sampler.
-    self.eval_gen = dataclasses.replace(self.gen, model_config=infer_config)
+    self.eval_gen = dataclasses.replace(self.gen, model_config=infer_config, return_routing=False)
     self.weighter = (token_weights.PLUGINS[c.token_weights].from_config(
         c.delta, group_size=self.G, model_config=self.model_config) if c.token_weights else None)
     run_state = pop.stack([
