@@ -181,11 +181,12 @@ def test_the_update_replays_the_batch_and_adds_the_load_balancing_loss(replayed)
                                 opt_state=optimizer.init(params))
   mb = jax.tree.map(lambda x: x[None], batch)  # one micro-batch
 
-  def step(mb, coef):
-    fn = functools.partial(update_lib.update_step, model_config=POLICY, optimizer=optimizer,
-                           loss_name='grpo', loss_hparams=objectives.default_hparams('grpo'),
-                           completion_start=P, group_size=2, router_aux_coef=coef)
-    return jax.jit(fn)(state, mb)
+  fn = functools.partial(update_lib.update_step, model_config=POLICY, optimizer=optimizer,
+                         loss_name='grpo', loss_hparams=objectives.default_hparams('grpo'),
+                         completion_start=P, group_size=2)
+  # The coefficient traced: one compilation per batch structure (with / without the replay).
+  update = jax.jit(lambda state, mb, coef: fn(state, mb, router_aux_coef=coef))
+  step = lambda mb, coef: update(state, mb, jnp.float32(coef))
 
   replay_state, replay_m = step(mb, 0.0)
   _, plain_m = step(mb.replace(replay_BLYW=None), 0.0)
