@@ -144,6 +144,7 @@ def _host_batch(config, rollout):
       config.advantage.name, jnp.asarray(rewards_B), group_size=config.rollout.sampling.num_samples,
       eps=config.advantage.eps, std_ddof=config.advantage.std_ddof,
       batch_normalize=config.advantage.batch_normalize)
+  adv_B = advantages_lib.keep_sign(adv_B, config.advantage.sign)
   mask_BT = rollout.completion_mask_BT.astype(np.float32)
   if config.dapo.mask_truncated:
     mask_BT = mask_BT * (~rollout.truncated_B)[:, None]

@@ -54,6 +54,8 @@ class Rollout:
   truncated_B: no EOS within T tokens.
   rewards_B: verifier rewards (before any shaping).
   texts: the decoded completions.
+  prompts / answers: each row's prompt and reference answer (a `Reference`, with its
+    ``data_source``), for the sample generations a run logs (`jtc.analysis.samples`).
   experts_BLYW: a mixture-of-experts policy's experts of every token in every layer as the
     sampler routed them (`SampleOutput.experts_RLYW`; `jtc.rl.routing`), else None.
   """
@@ -65,6 +67,8 @@ class Rollout:
   truncated_B: np.ndarray
   rewards_B: np.ndarray
   texts: tuple = flax.struct.field(pytree_node=False)
+  prompts: tuple = flax.struct.field(pytree_node=False, default=())
+  answers: tuple = flax.struct.field(pytree_node=False, default=())
   experts_BLYW: np.ndarray | None = None
 
   @property
@@ -93,6 +97,7 @@ class Generator:
   prompt_width: int
   chat_template: bool = True
   prompt_suffix: str = ''
+  overlong: str = 'error'  # data.overlong: 'truncate' cuts a longer prompt (jtc.data.overlong)
   chunk_prompts: int = 0
   to_device: Callable = jnp.asarray
   population: population_lib.Population = population_lib.SINGLE
@@ -108,8 +113,8 @@ class Generator:
     return cls(model_config=model_config, tokenizer=tokenizer,
                reward_fn=verifiers.from_config(c.data, task), prompt_width=c.data.prompt_width,
                chat_template=c.data.chat_template, prompt_suffix=c.data.prompt_suffix,
-               chunk_prompts=c.rollout.chunk_prompts, to_device=to_device, population=population,
-               mesh=mesh, return_routing=model_config.is_moe)
+               overlong=c.data.overlong, chunk_prompts=c.rollout.chunk_prompts, to_device=to_device,
+               population=population, mesh=mesh, return_routing=model_config.is_moe)
 
   def close(self):
     """Ends the verifier's worker processes, if it has any."""
@@ -117,7 +122,13 @@ class Generator:
 
   def check_prompt_width(self, prompts):
     """ValueError naming config.data.prompt_width when the longest of ``prompts`` (suffix and
-    chat template included) does not fit, before any compute."""
+    chat template included) does not fit, before any compute (under data.overlong='truncate',
+    when one cannot be cut to fit)."""
+    if self.overlong == 'truncate':
+      for p in prompts:
+        data_lib.fitted_ids(self.tokenizer, p + self.prompt_suffix, width=self.prompt_width,
+                            chat_template=self.chat_template)
+      return
     need, longest = max(((len(
         data_lib.prompt_ids(self.tokenizer, p + self.prompt_suffix,
                             chat_template=self.chat_template)), p)
@@ -133,10 +144,9 @@ class Generator:
     population that varies it."""
     pop = self.population
     encoded = [
-        data_lib.encode_prompts(self.tokenizer, [p + self.prompt_suffix
-                                                 for p in prompts], width=self.prompt_width,
-                                chat_template=self.chat_template)
-        for prompts in prompts_M
+        data_lib.encode_prompts(self.tokenizer, [p + self.prompt_suffix for p in prompts],
+                                width=self.prompt_width, chat_template=self.chat_template,
+                                truncate=self.overlong == 'truncate') for prompts in prompts_M
     ]
     tokens_BP = self.to_device(pop.stack([t for t, _ in encoded]))
     mask_BP = self.to_device(pop.stack([m for _, m in encoded]))
@@ -181,13 +191,17 @@ def generate(gen, params, prompts_M, answers_M, rng, sampling, temperature=None)
         Rollout(tokens_BL=out.tokens_RL, input_mask_BL=out.input_mask_RL,
                 completion_BT=out.completion_RT, completion_mask_BT=out.completion_mask_RT,
                 sampler_logps_BT=out.logps_RT, truncated_B=out.truncated_R, rewards_B=rewards_B,
-                texts=texts, experts_BLYW=out.experts_RLYW))
+                texts=texts, prompts=tuple(p for p in prompts for _ in range(G)),
+                answers=tuple(a for a in answers for _ in range(G)), experts_BLYW=out.experts_RLYW))
   return rollouts
 
 
 # ---------------------------------------------------------------------------------------------
 # Training rollouts: DAPO dynamic sampling (refill zero-variance groups), overlong shaping.
 # ---------------------------------------------------------------------------------------------
+
+# The fields of a `Rollout` that are not arrays (one Python value per row).
+STATIC_FIELDS = ('texts', 'prompts', 'answers')
 
 
 def informative_groups(rewards_B, group_size):
@@ -204,9 +218,9 @@ def refill(rollout, donor, keep_M, group_size):
   arrays = {
       f.name: np.array(getattr(rollout, f.name))
       for f in dataclasses.fields(rollout)
-      if f.name != 'texts' and getattr(rollout, f.name) is not None
+      if f.name not in STATIC_FIELDS and getattr(rollout, f.name) is not None
   }
-  texts = list(rollout.texts)
+  static = {name: list(getattr(rollout, name)) for name in STATIC_FIELDS}
   for g in np.flatnonzero(~keep_M):
     if not donors:
       break
@@ -214,8 +228,9 @@ def refill(rollout, donor, keep_M, group_size):
     dst, src = slice(g * G, (g + 1) * G), slice(d * G, (d + 1) * G)
     for name, x in arrays.items():
       x[dst] = np.asarray(getattr(donor, name))[src]
-    texts[dst] = donor.texts[src]
-  return rollout.replace(texts=tuple(texts), **arrays)
+    for name, values in static.items():
+      values[dst] = getattr(donor, name)[src]
+  return rollout.replace(**{k: tuple(v) for k, v in static.items()}, **arrays)
 
 
 def collect(gen, params, next_examples_M, rng, *, sampling, dynamic_sampling, max_rounds,

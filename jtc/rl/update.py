@@ -21,6 +21,7 @@ import optax
 from jtc import checks
 from jtc.models import logprobs
 from jtc import objectives
+from jtc.rl import minibatch_order as minibatch_order_lib
 from jtc.rl import population as population_lib
 from jtc.rl import routing
 from jtc.rl import sharding as sharding_lib
@@ -355,9 +356,10 @@ def _flat(minibatch_batch, batched):
 
 def run_updates(state, batch, rng, hparams=None, *, update_fn, minibatch_fn, num_groups,
                 minibatch_prompts, ppo_epochs, group_size, diagnose_fn=None, before_update=None,
-                population=population_lib.SINGLE):
-  """ppo_epochs x mini-batches of whole groups (a fresh permutation of the groups per epoch,
-  fold_in(member's key, epoch)); returns (state, each member's mean metrics over the updates).
+                population=population_lib.SINGLE, minibatch_order='group'):
+  """ppo_epochs x mini-batches (a fresh draw per epoch, fold_in(member's key, epoch)) of whole
+  groups, or of rows for another ``minibatch_order`` (`jtc.rl.minibatch_order`); returns
+  (state, each member's mean metrics over the updates).
 
   ``diagnose_fn(params, batch, hparams)``, when given, is measured where the update is taken
   off-policy: on every mini-batch after the first, with the parameters about to be updated (at
@@ -372,11 +374,11 @@ def run_updates(state, batch, rng, hparams=None, *, update_fn, minibatch_fn, num
   n_updates = ppo_epochs * (num_groups // minibatch_prompts)
   update_metrics, diags = [], []
   for epoch in range(ppo_epochs):
-    orders = [
-        np.asarray(jax.random.permutation(jax.random.fold_in(k, epoch), num_groups)) for k in keys
-    ]
-    for start in range(0, num_groups, minibatch_prompts):
-      rows = pop.stack([minibatch_rows(o, start, minibatch_prompts, group_size) for o in orders])
+    orders = minibatch_order_lib.members_rows(minibatch_order, keys, epoch, batch, pop,
+                                              num_groups=num_groups, group_size=group_size,
+                                              num_minibatches=num_groups // minibatch_prompts)
+    for rows_M in zip(*orders):
+      rows = pop.stack(list(rows_M))
       mb = minibatch_fn(batch, jnp.asarray(rows))
       if diagnose_fn is not None and (update_metrics or n_updates == 1):
         diags.append(diagnose_fn(state.params, _flat(mb, pop.batched), hparams))
