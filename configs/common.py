@@ -180,6 +180,10 @@ def get_config(arg=None):
   # is centred on the current parameters while pi_current / pi_behaviour weighs each token.
   c.rollout.policy_lag = 0
   c.rollout.policy_lag_mode = 'behaviour'
+  # A mixture-of-experts policy's routing replay (jtc.rl.routing): none | behaviour (the
+  # completion tokens go to the sampler's experts in the behaviour pass and every update) | all
+  # (the prompt's too, to the prefill's).
+  c.rollout.routing_replay = 'none'
   c.rollout.sampling = sampling(8, 32)  # G completions per prompt, T new tokens, temperature 1
 
   c.advantage = ConfigDict()
@@ -194,6 +198,9 @@ def get_config(arg=None):
   c.loss = ConfigDict()  # jtc.objectives.compute_loss: name + hyper-parameters
   c.loss.name = 'grpo'
   c.loss.hparams = ConfigDict()
+  # A mixture-of-experts policy's load-balancing loss (jtc.models.moe) added with this weight
+  # (Hugging Face's router_aux_loss_coef; 0: logged as router_aux, not trained on).
+  c.loss.router_aux_coef = 0.0
 
   c.token_weights = ''  # '' | 'delta': a plug-in producing per-token loss weights
   c.delta = ConfigDict()  # its options (jtc.objectives.delta.options_for)

@@ -113,7 +113,8 @@ class Trainer:
                                                  to_device=self._to_device, population=population,
                                                  mesh=self.mesh)
     # Held-out evaluation samples from the policy as trained, whatever the rollouts' sampler.
-    self.eval_gen = dataclasses.replace(self.gen, model_config=self.rl_step.infer_config)
+    self.eval_gen = dataclasses.replace(self.gen, model_config=self.rl_step.infer_config,
+                                        return_routing=False)
     self.run_state = self._initial_run_state()
     self.train_iters, self.eval_examples, prompts, notes = data_lib.run_data(
         config.data, batch_size=config.rollout.prompts_per_step,

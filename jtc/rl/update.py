@@ -23,6 +23,7 @@ from jtc.models import logprobs
 from jtc import objectives
 from jtc.rl import minibatch_order as minibatch_order_lib
 from jtc.rl import population as population_lib
+from jtc.rl import routing
 from jtc.rl import sharding as sharding_lib
 
 
@@ -72,8 +73,8 @@ class Batch:
 
   tokens_BL / input_mask_BL: the rollouts (prompt then completion); mask_BT: the tokens that
   carry gradient; advantages_B; old_logps_BT: behaviour log-probs; ref_logps_BT (KL reference),
-  token_weights_BT (e.g. DelTA's) and is_weights_BT (the rollout-mismatch correction's,
-  `jtc.objectives.corrections`) or None.
+  token_weights_BT (DelTA's), is_weights_BT (the correction's, `jtc.objectives.corrections`),
+  replay_BLYW (a MoE policy's replayed experts, `jtc.rl.routing`) or None.
   """
   tokens_BL: jax.Array
   input_mask_BL: jax.Array
@@ -83,6 +84,7 @@ class Batch:
   ref_logps_BT: jax.Array | None = None
   token_weights_BT: jax.Array | None = None
   is_weights_BT: jax.Array | None = None
+  replay_BLYW: jax.Array | None = None
 
 
 # --- Optimiser.
@@ -238,22 +240,17 @@ def microbatch_weights(mask_nBT, *, aggregation):
 
 def _combine_metrics(metrics_n, w_n):
   """Per-micro-batch metrics -> mini-batch metrics: max of *_max, min of *_min, else sum w m."""
-  out = {}
-  for k, v_n in metrics_n.items():
-    if k.endswith('_max'):
-      out[k] = jnp.max(v_n)
-    elif k.endswith('_min'):
-      out[k] = jnp.min(v_n)
-    else:
-      out[k] = jnp.sum(w_n * v_n)
-  return out
+  combine = lambda k, v_n: (jnp.max(v_n) if k.endswith('_max') else jnp.min(v_n)
+                            if k.endswith('_min') else jnp.sum(w_n * v_n))
+  return {k: combine(k, v_n) for k, v_n in metrics_n.items()}
 
 
 # --- The update.
 
 
 def update_step(state, batch, hparams=None, frozen=None, *, model_config, optimizer, loss_name,
-                loss_hparams, completion_start, group_size, optim=None, row_sharding=None):
+                loss_hparams, completion_start, group_size, optim=None, row_sharding=None,
+                router_aux_coef=0.0):
   """One optimiser step on a mini-batch of whole groups; returns (state, metrics).
 
   ``batch`` is a `Batch` with leaves [n, B/n, ...]: n micro-batches of whole groups. Their
@@ -267,6 +264,7 @@ def update_step(state, batch, hparams=None, frozen=None, *, model_config, optimi
   'optim.learning_rate' is passed to ``optimizer``, then a function learning_rate ->
   optimiser, e.g. a partial `make_optimizer`). ``frozen``: a LoRA run's base
   (`lora.Adapted` without adapters); the state's params are then its adapters, trained alone.
+  ``router_aux_coef``: a MoE policy's load-balancing loss weight (`routing.add_router_aux`).
   """
   chex.assert_rank([batch.tokens_BL, batch.input_mask_BL, batch.mask_BT], 3)  # [n, B/n, ...]
   chex.assert_rank(batch.advantages_B, 2)
@@ -278,12 +276,14 @@ def update_step(state, batch, hparams=None, frozen=None, *, model_config, optimi
   def loss_fn(params, mb):
     policy = params if frozen is None else frozen.replace(adapters=params)
     out = logprobs.sequence_logprobs(policy, model_config, mb.tokens_BL, mb.input_mask_BL,
-                                     completion_start=completion_start, row_sharding=row_sharding)
-    return objectives.compute_loss(loss_name, logps=out['logps'], old_logps=mb.old_logps_BT,
-                                   advantages=mb.advantages_B, mask=mb.mask_BT,
-                                   group_size=group_size, ref_logps=mb.ref_logps_BT,
-                                   token_weights=mb.token_weights_BT, is_weights=mb.is_weights_BT,
-                                   entropy=out['entropy'], **loss_hparams)
+                                     completion_start=completion_start, row_sharding=row_sharding,
+                                     replay_BLYW=mb.replay_BLYW)
+    return routing.add_router_aux(
+        objectives.compute_loss(loss_name, logps=out['logps'], old_logps=mb.old_logps_BT,
+                                advantages=mb.advantages_B, mask=mb.mask_BT, group_size=group_size,
+                                ref_logps=mb.ref_logps_BT, token_weights=mb.token_weights_BT,
+                                is_weights=mb.is_weights_BT, entropy=out['entropy'],
+                                **loss_hparams), out, router_aux_coef)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   n = batch.tokens_BL.shape[0]
@@ -340,7 +340,8 @@ def jit_minibatch_and_update(c, model_config, optimizer, mesh, state_shardings,
                             loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
                             completion_start=c.data.prompt_width,
                             group_size=c.rollout.sampling.num_samples, optim=c.optim,
-                            row_sharding=sharding_lib.RowSharding(mesh)),
+                            row_sharding=sharding_lib.RowSharding(mesh),
+                            router_aux_coef=c.loss.get('router_aux_coef', 0.0)),
           spmd=True), in_shardings=(state_shardings, minibatch_sh, state_shardings.step) +
       ((frozen_shardings,) if frozen_shardings is not None else
        ()), out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=(0,))
