@@ -273,7 +273,9 @@ def to_rollout(gen, taken, G):
                              completion_mask_BT=mask_BT, sampler_logps_BT=rows(taken['logps_NGT']),
                              truncated_B=rows(taken['ended_NG'] & ~taken['eos_NG']),
                              rewards_B=rewards_B, texts=texts,
-                             versions_BT=rows(taken['versions_NGT']))
+                             versions_BT=rows(taken['versions_NGT']),
+                             prompts=tuple(p for p in taken['prompts'] for _ in range(G)),
+                             answers=tuple(a for a in taken['answers'] for _ in range(G)))
 
 
 def collect(gen, params, next_examples_M, rng, *, pools, version, c, sampling, temperature=None,
