@@ -249,10 +249,9 @@ def run_round(gen, params, pools, rng, sampling, *, version, max_decode_steps, t
     pad_tokens = np.full_like(pad_mask, gen.tokenizer.pad_id)
     built.append((np.concatenate([tokens, pad_tokens]), np.concatenate([mask, pad_mask]),
                   np.concatenate([budget, np.zeros(extra, np.int32)])))
-  outs = gen.sample_encoded(params, [b[0] for b in built], [b[1] for b in built],
-                            pop.fold_in(rng, 1), dict(sampling, num_samples=1), temperature,
-                            max_new_tokens_B=[b[2] for b in built],
-                            max_decode_steps=max_decode_steps)
+  outs = gen.sample(params, None, pop.fold_in(rng, 1), dict(sampling, num_samples=1), temperature,
+                    encoded_M=[b[:2] for b in built], max_new_tokens_B=[b[2] for b in built],
+                    max_decode_steps=max_decode_steps)
   for p, r, out in zip(pools, rows, outs):
     p.write(r[:, 0], r[:, 1], out, version)
 

@@ -55,8 +55,7 @@ class Rollout:
   truncated_B: no EOS within T tokens.
   rewards_B: verifier rewards (before any shaping).
   texts: the decoded completions.
-  versions_BT: None, or (partial rollouts, `jtc.rl.partial`) the version of the policy that drew
-    each token (-1 where none): the RL step whose parameters sampled it.
+  versions_BT: None, or each token's policy version (`jtc.rl.partial`: its RL step; -1: none).
   prompts / answers: each row's prompt and reference answer (a `Reference`, with its
     ``data_source``), for the sample generations a run logs (`jtc.analysis.samples`).
   experts_BLYW: a mixture-of-experts policy's experts of every token in every layer as the
@@ -94,9 +93,7 @@ class Generator:
   functions below take and return one value per member, `population_lib.Population`);
   ``mesh``: the devices' mesh, over whose batch axes the sampler splits its KV cache's rows
   (`sharding_lib.RowSharding`; None: the cache follows the prompts' sharding); ``scheduler``,
-  ``slots``: the sampler's (`jtc.models.decode_loop`; slots None: derived from memory, and at
-  most a call's rows); ``decode_layout``: None or the `sharding_lib.DecodeLayout` the sampler
-  reshards the weights to once per call (`sharding_lib.decode_layout`).
+  ``slots``, ``decode_layout``: the sampler's (`jtc.models.decode_loop`, `sharding_lib`).
   """
   model_config: model_lib.ModelConfig
   tokenizer: Any
@@ -118,18 +115,17 @@ class Generator:
   def from_config(cls, c, model_config, tokenizer, task, *, to_device=jnp.asarray,
                   population=population_lib.SINGLE, mesh=None):
     """The generator of a run config: its verifier (`jtc.data.verifiers.from_config`: the task's
-    own, `data.reward`, a user's function), prompt encoding and chunking, and the rollout's
-    decoding (scheduler, slots, decode layout). A pooled verifier (math_verify, a user's
-    function) starts its processes here: `close` ends them."""
+    own, `data.reward`, a user's function), prompt encoding and chunking, the sampler's decoding;
+    a pooled verifier (math_verify, a user's function) starts here: `close` ends it."""
     return cls(
         model_config=model_config, tokenizer=tokenizer,
         reward_fn=verifiers.from_config(c.data, task), prompt_width=c.data.prompt_width,
         chat_template=c.data.chat_template, prompt_suffix=c.data.prompt_suffix,
         overlong=c.data.overlong, chunk_prompts=c.rollout.chunk_prompts, to_device=to_device,
         population=population, mesh=mesh, return_routing=model_config.is_moe,
-        scheduler=c.rollout.get('scheduler', 'static'), slots=c.rollout.get('decode_slots', None),
-        decode_layout=sharding_lib.decode_layout(c.rollout.get('decode_layout', 'auto'), mesh,
-                                                 model_config, decode_loop.free_device_bytes()))
+        scheduler=c.rollout.scheduler, slots=c.rollout.decode_slots,
+        decode_layout=sharding_lib.decode_layout(c.rollout.decode_layout, mesh, model_config,
+                                                 decode_loop.free_device_bytes()))
 
   def close(self):
     """Ends the verifier's worker processes, if it has any."""
@@ -158,32 +154,26 @@ class Generator:
                                    width=self.prompt_width, chat_template=self.chat_template,
                                    truncate=self.overlong == 'truncate')
 
-  def sample(self, params, prompts_M, rng, sampling, temperature=None, **more):
+  def sample(self, params, prompts_M, rng, sampling, temperature=None, *, encoded_M=None,
+             max_new_tokens_B=None, **more):
     """Every member's samples of its own prompts (``prompts_M``: a list of prompt lists, one per
     member; ``params`` and ``rng`` stacked as `Population.stack`): per-member `SampleOutput`s
     on the host. ``temperature`` (per member, stacked) replaces sampling['temperature'] in a
-    population that varies it; ``more``: further `sampler.sample` arguments."""
-    encoded = [self.encode(prompts) for prompts in prompts_M]
-    return self.sample_encoded(params, [t for t, _ in encoded], [m for _, m in encoded], rng,
-                               sampling, temperature, **more)
-
-  def sample_encoded(self, params, tokens_MBP, mask_MBP, rng, sampling, temperature=None,
-                     max_new_tokens_B=None, **more):
-    """`sample` of prompts already encoded (one [B, P'] array of each per member; any width
-    P'); ``max_new_tokens_B``: None or one [B] budget array per member."""
+    population that varies it. ``encoded_M``: each member's (tokens_BP', mask_BP') instead, any
+    width P'; ``max_new_tokens_B``: each member's [B] budgets; ``more``: `sampler.sample`'s."""
+    encoded_M = encoded_M or [self.encode(prompts) for prompts in prompts_M]
     pop = self.population
-    tokens_BP, mask_BP = (self.to_device(pop.stack(x)) for x in (tokens_MBP, mask_MBP))
-    rows = np.shape(tokens_MBP[0])[0] * sampling['num_samples']
+    tokens_BP, mask_BP = (self.to_device(pop.stack(list(x))) for x in zip(*encoded_M))
+    rows = np.shape(encoded_M[0][0])[0] * sampling['num_samples']
     kwargs = dict(sampling, eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id,
                   row_sharding=None if self.mesh is None else sharding_lib.RowSharding(self.mesh),
                   scheduler=self.scheduler, decode_layout=self.decode_layout,
-                  slots=None if self.slots is None else min(self.slots, rows), **more)
+                  slots=None if self.slots is None else min(self.slots, rows),
+                  return_routing=self.return_routing, **more)
     if max_new_tokens_B is not None:
       kwargs['max_new_tokens_B'] = self.to_device(pop.stack(max_new_tokens_B))
     if temperature is not None:
       kwargs['temperature'] = temperature if pop.batched else float(temperature)
-    if self.return_routing:
-      kwargs['return_routing'] = True
     sample = sampler_lib.sample_members if pop.batched else sampler_lib.sample
     out = sample(params, self.model_config, tokens_BP, mask_BP, rng=rng, **kwargs)
     return pop.unstack(sharding_lib.to_host(out))
