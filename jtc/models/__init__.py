@@ -6,6 +6,7 @@ __all__ = [
     'axes',
     'bundles',
     'decode',
+    'decode_loop',
     'hf_config',
     'hf_import',
     'layers',

@@ -11,6 +11,7 @@ __all__ = [
     'export',
     'ledger_recorder',
     'minibatch_order',
+    'partial',
     'population',
     'preflight',
     'progress',
