@@ -1,17 +1,23 @@
-"""The policy: model config, decoder, decoding caches, sampler, Hugging Face import, tokenizers."""
+"""The policy: model config, decoder (dense and hybrid layers), decoding caches, sampler, Hugging
+Face import, tokenizers."""
 
 # The submodules (``from jtc.models import *`` imports them).
 __all__ = [
     'attention',
     'bundles',
     'decode',
+    'delta_rule',
+    'gated_deltanet',
     'hf_config',
     'hf_import',
+    'hf_tensors',
+    'layer_types',
     'layers',
     'logprobs',
     'lora',
     'model',
     'model_config',
+    'params',
     'sampler',
     'tokenizer',
 ]

@@ -1,5 +1,6 @@
 """Hugging Face ``config.json`` <-> jtc `ModelConfig`: which architectures load (Llama, Qwen2,
-Qwen3), their flags, RoPE scaling and dtypes. The tensors themselves are `jtc.models.hf_import`.
+Qwen3, Qwen3.5), their flags, RoPE scaling and dtypes. The tensors themselves are
+`jtc.models.hf_import` (a hybrid's: `jtc.models.hf_hybrid`).
 
 RoPE scaling: ``default``, ``linear`` and ``llama3`` (Llama-3.1/3.2), read from ``rope_scaling``
 (transformers 4) or ``rope_parameters`` (transformers 5); a file with both that disagree is
@@ -13,6 +14,7 @@ import ml_dtypes
 import numpy as np
 
 from jtc.models import model as model_lib
+from jtc.models import model_config as model_config_lib
 
 CONFIG_FILE = 'config.json'
 # config.json "torch_dtype"/"dtype" value -> safetensors code.
@@ -50,16 +52,77 @@ def _qwen3_flags(hf: Mapping[str, Any]) -> dict[str, bool]:
   return dict(qk_norm=True, attn_bias=False)
 
 
-SUPPORTED_ARCHITECTURES: dict[str, Callable[[Mapping[str, Any]], dict[str, bool]]] = {
+# Hugging Face's defaults for the Gated DeltaNet keys (`Qwen3_5TextConfig`) -> ModelConfig field.
+_LINEAR_KEYS = {
+    'linear_num_key_heads': ('linear_n_k_heads', 16),
+    'linear_num_value_heads': ('linear_n_v_heads', 32),
+    'linear_key_head_dim': ('linear_k_head_dim', 128),
+    'linear_value_head_dim': ('linear_v_head_dim', 128),
+    'linear_conv_kernel_dim': ('linear_conv_width', 4),
+}
+
+
+def _hybrid_layer_types(hf: Mapping[str, Any]) -> tuple:
+  """``layer_types``, or (as Hugging Face) every ``full_attention_interval``-th layer full."""
+  Y = int(hf['num_hidden_layers'])
+  types = hf.get('layer_types')
+  if types is None:
+    interval = hf.get('full_attention_interval', 4)
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+      raise CheckpointError(f'full_attention_interval={interval!r} in {CONFIG_FILE} must be a '
+                            'positive int')
+    types = ['linear_attention' if (i + 1) % interval else 'full_attention' for i in range(Y)]
+  valid = model_config_lib.LAYER_TYPES
+  bad = [t for t in types if t not in valid]
+  if bad or len(types) != Y:
+    raise CheckpointError(f'layer_types in {CONFIG_FILE} must name one of {list(valid)} per '
+                          f'layer (num_hidden_layers={Y}); got {list(types)!r}')
+  return tuple(types)
+
+
+def _qwen3_5_flags(hf: Mapping[str, Any]) -> dict[str, Any]:
+  """Qwen3.5 (text): gated attention with qk-norm and partial RoPE, zero-centred norms, Gated
+  DeltaNet in the layers `layer_types` says."""
+  _require_false(hf, 'attention_bias', 'Qwen3_5ForCausalLM')
+  rope = hf.get('rope_parameters') or hf.get('rope_scaling') or {}
+  factor = rope.get('partial_rotary_factor', hf.get('partial_rotary_factor', 0.25))
+  linear = {field: int(hf.get(key, default)) for key, (field, default) in _LINEAR_KEYS.items()}
+  return dict(qk_norm=True, attn_bias=False, attn_output_gate=True, norm_zero_centered=True,
+              partial_rotary_factor=float(factor), layer_types=_hybrid_layer_types(hf), **linear)
+
+
+SUPPORTED_ARCHITECTURES: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     'LlamaForCausalLM': _llama_flags,
     'Qwen2ForCausalLM': _qwen2_flags,
     'Qwen3ForCausalLM': _qwen3_flags,
+    'Qwen3_5ForCausalLM': _qwen3_5_flags,
 }
 _MODEL_TYPES = {
     'llama': 'LlamaForCausalLM',
     'qwen2': 'Qwen2ForCausalLM',
-    'qwen3': 'Qwen3ForCausalLM'
+    'qwen3': 'Qwen3ForCausalLM',
+    'qwen3_5_text': 'Qwen3_5ForCausalLM',
 }
+
+# Vision-language checkpoints whose text model jtc loads (the vision tower is skipped):
+# architecture -> the tensor-name prefix of the language model.
+LANGUAGE_MODELS = {'Qwen3_5ForConditionalGeneration': 'model.language_model.'}
+
+
+def language_model(hf: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+  """(the text model's config.json keys, the prefix of its tensor names): a vision-language
+  checkpoint's ``text_config`` as a `Qwen3_5ForCausalLM` config (the top level's embedding tie
+  and dtype kept), else ``hf`` itself and 'model.'."""
+  archs = hf.get('architectures') or []
+  if len(archs) != 1 or archs[0] not in LANGUAGE_MODELS:
+    return hf, 'model.'
+  if not isinstance(hf.get('text_config'), Mapping):
+    raise CheckpointError(f'{archs[0]} in {CONFIG_FILE} has no text_config.')
+  text = dict(hf['text_config'], architectures=['Qwen3_5ForCausalLM'])
+  for key in ('tie_word_embeddings', 'torch_dtype', 'dtype'):
+    if key in hf:
+      text[key] = hf[key]
+  return text, LANGUAGE_MODELS[archs[0]]
 
 
 def _require_false(hf: Mapping[str, Any], key: str, arch: str) -> None:
@@ -76,7 +139,7 @@ def _architecture(hf: Mapping[str, Any]) -> str:
   if len(archs) != 1 or archs[0] not in SUPPORTED_ARCHITECTURES:
     raise CheckpointError(
         f"Unsupported architecture {archs!r} (model_type={hf.get('model_type')!r}) in "
-        f'{CONFIG_FILE}; supported: {sorted(SUPPORTED_ARCHITECTURES)}.')
+        f'{CONFIG_FILE}; supported: {sorted([*SUPPORTED_ARCHITECTURES, *LANGUAGE_MODELS])}.')
   return archs[0]
 
 
@@ -166,7 +229,7 @@ def config_from_hf(hf_config: Mapping[str, Any], *, param_dtype: str | None = No
     dtype: compute dtype; default equals ``param_dtype``.
     max_seq_len: default ``max_position_embeddings``.
   """
-  hf = hf_config
+  hf, _ = language_model(hf_config)
   flags = SUPPORTED_ARCHITECTURES[_architecture(hf)](hf)
   act = hf.get('hidden_act', 'silu')
   if act not in ('silu', 'swish'):
@@ -193,8 +256,7 @@ def config_from_hf(hf_config: Mapping[str, Any], *, param_dtype: str | None = No
       d_ff=int(hf['intermediate_size']),
       **_rope_fields(hf),
       norm_eps=float(hf['rms_norm_eps']),
-      qk_norm=flags['qk_norm'],
-      attn_bias=flags['attn_bias'],
+      **flags,
       tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
       param_dtype=param_dtype,
       dtype=dtype,
@@ -202,8 +264,21 @@ def config_from_hf(hf_config: Mapping[str, Any], *, param_dtype: str | None = No
   )
 
 
+def _is_qwen3_5(config: model_lib.ModelConfig) -> bool:
+  c = config
+  return 'linear_attention' in c.layer_types or c.attn_output_gate or c.norm_zero_centered
+
+
 def architecture_for(config: model_lib.ModelConfig) -> str:
   """The HF architecture that represents `config` (used by the exporter)."""
+  if _is_qwen3_5(config):
+    c = config
+    if not (c.qk_norm and c.attn_output_gate and c.norm_zero_centered) or c.attn_bias:
+      raise ValueError('A hybrid or gated-attention config exports as Qwen3_5ForCausalLM, which '
+                       'has qk_norm, attn_output_gate and norm_zero_centered and no attn_bias; '
+                       f'got qk_norm={c.qk_norm}, attn_output_gate={c.attn_output_gate}, '
+                       f'norm_zero_centered={c.norm_zero_centered}, attn_bias={c.attn_bias}')
+    return 'Qwen3_5ForCausalLM'
   if config.qk_norm and config.attn_bias:
     raise ValueError('No supported HF architecture has both qk_norm and attn_bias '
                      f'(supported: {sorted(SUPPORTED_ARCHITECTURES)}).')
@@ -241,6 +316,15 @@ def hf_config_from(config: model_lib.ModelConfig, *,
       eos_token_id=None,
       pad_token_id=None,
   )
+  if arch == 'Qwen3_5ForCausalLM':
+    del hf['rope_theta'], hf['rope_scaling']
+    hf['rope_parameters'] = dict(
+        _rope_scaling_for_hf(config) or {'rope_type': 'default'}, rope_theta=config.rope_theta,
+        partial_rotary_factor=config.partial_rotary_factor)
+    hf['layer_types'] = list(config.layer_types or ['full_attention'] * config.n_layers)
+    hf.update({key: getattr(config, field) for key, (field, _) in _LINEAR_KEYS.items()})
+    hf.update(attention_bias=False)
+    return hf
   if arch != 'Qwen2ForCausalLM':
     hf.update(attention_bias=False)
   if arch == 'LlamaForCausalLM':
