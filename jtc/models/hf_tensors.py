@@ -174,10 +174,13 @@ def _out_proj(n: int, h: int) -> tuple[Callable, Callable]:
   return to_jtc, to_hf
 
 
-def tensor_specs(config: model_lib.ModelConfig) -> list[_TensorSpec]:
-  """Every tensor a checkpoint of `config` must contain, in file order."""
+def tensor_specs(config: ModelConfig, prefix: str = 'model.') -> list[_TensorSpec]:
+  """Every tensor a checkpoint of `config` must contain, in file order; the decoder's names
+  start with ``prefix`` ('model.language_model.' in a vision-language checkpoint)."""
   V, D = config.vocab_size, config.d_model
-  specs = [_TensorSpec('model.embed_tokens.weight', ('embed', 'embedding'), (V, D), _same, _same)]
+  specs = [
+      _TensorSpec(f'{prefix}embed_tokens.weight', ('embed', 'embedding'), (V, D), _same, _same)
+  ]
   sizes = layer_types.stack_sizes(config)
   for i, (kind, rows) in enumerate(zip(layer_types.kinds(config), layer_types.rows(config))):
     hf = f'{prefix}layers.{i}.'

@@ -223,8 +223,10 @@ class ModelConfig:
   @classmethod
   def tiny_hybrid(cls, vocab_size: int = 64, **overrides) -> 'ModelConfig':
     """The tiny CPU model as a Qwen3.5-style hybrid: 4 layers, three Gated DeltaNet (2 key / 4
-    value heads of 32) then one gated full attention (partial RoPE, zero-centred norms)."""
-    return cls.tiny(vocab_size, **{**_qwen3_5_flags(4), 'linear_chunk': 16, **overrides})
+    value heads of 32) then one gated full attention (partial RoPE, zero-centred norms); with
+    n_layers overridden, every 4th layer full attention."""
+    flags = _qwen3_5_flags(overrides.get('n_layers', 4))
+    return cls.tiny(vocab_size, **{**flags, 'linear_chunk': 16, **overrides})
 
   @classmethod
   def qwen3_5_0_8b(cls, **overrides) -> 'ModelConfig':

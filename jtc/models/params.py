@@ -214,7 +214,7 @@ def param_logical_axes(params) -> Any:
     if names is None:
       raise ValueError(f'no logical axes for parameter {jax.tree_util.keystr(path)}; '
                        f'known: {sorted(_PARAM_AXES)} and, below '
-                       f"{sorted(_STACK_AXES)}, {[sorted(t) for t in _STACK_AXES.values()]}")
+                       f'{sorted(_STACK_AXES)}, {[sorted(t) for t in _STACK_AXES.values()]}')
     if path[0].key == 'layers':
       names = ('layers',) + names
     if len(names) != leaf.ndim:

@@ -38,13 +38,14 @@ def group():
                                      completion_start=P)['logps']
   old_logps = logprobs.sequence_logprobs(old_params, config, tokens, input_mask,
                                          completion_start=P)['logps']
-  return config, params, tokens, input_mask, mask, adv, logps, old_logps, P
+  norms = grad_norms.exact_grad_norms(params, config, tokens, input_mask, completion_start=P)
+  return config, params, tokens, input_mask, mask, adv, logps, old_logps, P, norms
 
 
 @pytest.mark.parametrize('loss, cancels', [('grpo', True), ('dfpo_min_replace', True),
                                            ('gspo', False)])
 def test_shared_prefix_gradients_cancel_on_a_hybrid(group, loss, cancels):
-  config, params, tokens, input_mask, mask, adv, logps, old_logps, P = group
+  config, params, tokens, input_mask, mask, adv, logps, old_logps, P, norms = group
   shared = diagnostics.shared_context_mask(tokens, input_mask, mask, group_size=G,
                                            completion_start=P)
   assert int(shared[0].sum()) >= PREFIX
@@ -53,7 +54,6 @@ def test_shared_prefix_gradients_cancel_on_a_hybrid(group, loss, cancels):
                              completion_start=P, loss_name=loss,
                              loss_hparams={'aggregation': 'token_mean'})
   coef = cols['coef']
-  norms = grad_norms.exact_grad_norms(params, config, tokens, input_mask, completion_start=P)
   net_T = diagnostics.position_net_grad_norms(params, config, tokens, input_mask, coef,
                                               completion_start=P)
   gross_T = jnp.sum(jnp.abs(coef) * norms, axis=0)

@@ -70,11 +70,12 @@ def test_chunked_gradients_equal_recurrent_gradients():
 def test_a_state_carries_a_sequence_across_calls():
   """Two calls, the second from the first's state, equal one call over the whole sequence."""
   x, s0 = _inputs(12, seed=5)
-  whole_o, whole_s = delta_rule.chunked(**x, state_BNHO=s0, chunk=4)
+  chunked = jax.jit(lambda **a: delta_rule.chunked(**a, chunk=4))
+  whole_o, whole_s = chunked(**x, state_BNHO=s0)
   first = {k: v[:, :7] for k, v in x.items()}
   second = {k: v[:, 7:] for k, v in x.items()}
-  o1, s1 = delta_rule.chunked(**first, state_BNHO=s0, chunk=4)
-  o2, s2 = delta_rule.chunked(**second, state_BNHO=s1, chunk=4)
+  o1, s1 = chunked(**first, state_BNHO=s0)
+  o2, s2 = chunked(**second, state_BNHO=s1)
   np.testing.assert_allclose(jnp.concatenate([o1, o2], 1), whole_o, rtol=1e-5, atol=2e-5)
   np.testing.assert_allclose(s2, whole_s, rtol=1e-5, atol=2e-5)
 

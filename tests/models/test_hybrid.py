@@ -1,8 +1,6 @@
 """A tiny Qwen3.5-style hybrid (Gated DeltaNet + gated full attention) through every path of the
 model: the KV-cache forward, the sampler's prefill and decode steps (scanned and unrolled) and
-the sampler's log-probs equal one scoring pass; remat and LoRA behave as on a dense model."""
-import dataclasses
-
+the sampler's log-probs equal one scoring pass; LoRA adapts both kinds of layer."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,9 +15,10 @@ from jtc.models.model_config import ModelConfig
 
 L, F = 'linear_attention', 'full_attention'
 G, P, T = 2, 5, 6
-CONFIG = ModelConfig.tiny_hybrid(vocab_size=29, n_layers=6, d_model=32, n_heads=4, n_kv_heads=2,
-                                 head_dim=8, d_ff=48, linear_k_head_dim=8, linear_v_head_dim=6,
-                                 linear_chunk=4, layer_types=(L, L, F, L, L, F))
+CONFIG = ModelConfig.tiny_hybrid(vocab_size=29, n_layers=4, d_model=16, n_heads=2, n_kv_heads=1,
+                                 head_dim=8, d_ff=32, linear_n_k_heads=1, linear_n_v_heads=2,
+                                 linear_k_head_dim=8, linear_v_head_dim=6, linear_chunk=4,
+                                 layer_types=(L, F, L, F))
 
 
 @pytest.fixture(scope='module')
@@ -43,9 +42,9 @@ def test_kv_cache_forward_continues_the_sequence(setup):
   positions_RL = model_lib.positions_from_mask(mask_RL)
   full = model_lib.forward(params, CONFIG, tokens_RL, positions_RL, mask_RL).logits_BLV
   cache = model_lib.init_cache(CONFIG, 2 * G, P + T)
-  assert cache.k.shape[0] == 2 and cache.linear.ssm_BNHO.shape[0] == 4
+  assert cache.k.shape[0] == 2 and cache.linear.ssm_BNHO.shape[0] == 2
   got = []
-  for lo, hi in ((0, 6), (6, 7), (7, P + T)):
+  for lo, hi in ((0, 7), (7, P + T)):
     out = model_lib.forward(params, CONFIG, tokens_RL[:, lo:hi], positions_RL[:, lo:hi],
                             mask_RL[:, lo:hi], cache)
     cache = out.cache
@@ -95,26 +94,11 @@ def test_sampler_logprobs_equal_the_scoring_pass(setup):
       np.asarray(out.logps_RT)[mask], rtol=1e-5, atol=1e-5)
 
 
-def test_remat_keeps_the_gradients(setup):
-  params, prompt_BP, mask_BP, completion_RT = setup
-  tokens_RL, mask_RL = _sequences(prompt_BP, mask_BP, completion_RT)
-
-  def loss(p, config):
-    out = logprobs.sequence_logprobs(p, config, tokens_RL, mask_RL, completion_start=P)
-    return jnp.sum(out['logps'])
-
-  remat = dataclasses.replace(CONFIG, remat=True)
-  a = jax.grad(loss)(params, CONFIG)
-  b = jax.grad(loss)(params, remat)
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), a, b)
-  assert float(jnp.max(jnp.abs(a['layers']['linear_attn']['a_log']))) > 0
-
-
 def test_lora_adapts_both_kinds_of_layer(setup):
   params, prompt_BP, mask_BP, completion_RT = setup
   adapters = lora.init_adapters(CONFIG, rank=2, targets=('q', 'v', 'o', 'up'))
-  assert adapters['layers']['linear_attn']['q']['lora_a'].shape == (4, 32, 2)
-  assert adapters['layers']['attn']['q']['lora_b'].shape == (2, 2, 4, 8)
+  assert adapters['layers']['linear_attn']['q']['lora_a'].shape == (2, 16, 2)
+  assert adapters['layers']['attn']['q']['lora_b'].shape == (2, 2, 2, 8)
   adapters = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.key(5), x.shape),
                           adapters)
   tokens_RL, mask_RL = _sequences(prompt_BP, mask_BP, completion_RT)

@@ -40,7 +40,9 @@ def test_random_kind_sequences_are_covered():
 
 
 def _config(mixers):
-  return ModelConfig.tiny(n_layers=len(mixers), layer_types=mixers)
+  return ModelConfig.tiny(n_layers=len(mixers), layer_types=mixers, d_model=16, n_heads=2,
+                          n_kv_heads=1, head_dim=8, d_ff=16, linear_k_head_dim=4,
+                          linear_v_head_dim=4)
 
 
 def test_rows_count_each_stack_in_layer_order():
