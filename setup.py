@@ -1,12 +1,22 @@
-"""jtc: token-level views of intra-group RL objectives for language models, in JAX."""
+"""jtc: token-level views of intra-group RL objectives for language models, in JAX.
+
+The repository's `configs/` and `experiments/` folders are shipped inside jtc's namespace, as
+`jtc/_shipped/configs` and `jtc/_shipped/experiments`: an installed jtc adds no generic
+top-level package to site-packages. jtc's commands make them importable as `configs` and
+`experiments` in their own processes (`jtc.cli.absl_program.REPO`), as in a checkout.
+"""
 import setuptools
+
+# The repository's folders, shipped under jtc's namespace (see the module docstring).
+SHIPPED = {'configs': ('', '.real'), 'experiments': ('', '.sweeps')}
 
 setuptools.setup(
     name='jtc',
     version='0.2.0',
     description='JAX research codebase for RL of language models with sequence-level rewards.',
-    packages=setuptools.find_packages(
-        include=['jtc', 'jtc.*', 'configs', 'configs.*', 'experiments', 'experiments.*']),
+    packages=setuptools.find_packages(include=['jtc', 'jtc.*']) +
+    [f'jtc._shipped.{top}{sub}' for top, subs in SHIPPED.items() for sub in subs],
+    package_dir={f'jtc._shipped.{top}': top for top in SHIPPED},
     package_data={'jtc': ['assets/**/*']},
     # `jtc train | sft | ledger | plot ...` (the same commands as `python -m jtc.<command>`).
     entry_points={'console_scripts': ['jtc = jtc.cli:main']},
@@ -38,7 +48,9 @@ setuptools.setup(
         'cuda13': ['jax[cuda13]'],  # NVIDIA GPUs, CUDA 13 wheels
         'tpu': ['jax[tpu]'],  # Cloud TPU VMs (libtpu)
         # `python -m jtc.plan`: libtpu compiles for TPU slices without the hardware. Kept out of
-        # the default install: with it, jax's start-up on a CPU machine prints libtpu errors.
+        # the default install and of `test`: with it, jax's start-up on a CPU machine prints
+        # libtpu errors. The README's test command (and CI) installs `test` and `plan` together,
+        # so that tests/plan compile for TPUs; without `plan` they skip.
         'plan': ['jax[tpu]'],
         # The viewer for the TensorBoard event files the trainer writes (tensorboardX).
         'tensorboard': ['tensorboard>=2.16'],
@@ -48,7 +60,6 @@ setuptools.setup(
         # Weights & Biases tracking (config.log.wandb_project; jtc.analysis.tracking).
         'wandb': ['wandb>=0.31'],
         'test': [
-            'jax[tpu]',  # tests/plan: the planner's deviceless TPU compiles (the plan extra)
             'pytest>=8',
             'pytest-xdist>=3.5',  # the README's test command runs the suite on 2 workers
             'yapf==0.43.0',  # tests/test_style.py: the one code style (.style.yapf)

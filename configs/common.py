@@ -212,7 +212,7 @@ def get_config(arg=None):
   # The per-token ledger (jtc.analysis.ledger) every N steps (0 = never): each token's
   # coefficient, ratio, flags, and the parameters before each update (for replay).
   c.log.ledger_every = 0
-  # Weights & Biases (jtc.analysis.tracking; pip install 'jtc[wandb]'): every metrics.jsonl
+  # Weights & Biases (jtc.analysis.tracking; pip install -e ".[wandb]"): every metrics.jsonl
   # record at its step, the config and the code revision, W&B's files in <workdir>/wandb (a
   # population: one run per member, grouped under the run name). '' = off.
   c.log.wandb_project = ''

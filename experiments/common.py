@@ -7,6 +7,7 @@ from experiments/, so everything above it imports it and nothing imports back.
 import gzip
 import json
 import os
+import re
 import subprocess
 
 import numpy as np
@@ -50,9 +51,9 @@ def curve(summary, key):
                        f'{key!r} needs the same steps')
     return sa, va - vb
   stored = summary['curves']
-  if key.endswith('@'):  # 'eval/avg@' -> 'eval/avg@K'
-    matches = sorted(k for k in stored if k.startswith(key))
-    key = matches[0] if matches else key
+  if key.endswith('@'):  # 'eval/avg@' -> 'eval/avg@K'; 'eval/pass@' -> the largest K logged
+    matches = [k for k in stored if re.fullmatch(re.escape(key) + r'\d+', k)]
+    key = max(matches, key=lambda k: int(k[len(key):])) if matches else key
   c = stored.get(key)
   if not c or not c['value']:
     return None, None

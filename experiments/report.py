@@ -11,7 +11,9 @@ only on declared claims (experiments/sweeps/claims.py), corrected for multiplici
 experiments/verdicts.py; a table row shows the verdict of the claim it answers.
 """
 
+import dataclasses
 import os
+import re
 
 import numpy as np
 
@@ -20,6 +22,7 @@ from experiments import figures
 from experiments import stats
 from experiments import verdicts
 from experiments.sweeps import claims
+from experiments.sweeps.base import FINAL_AVG, FINAL_PASS
 from jtc import files
 
 # ---------------------------------------------------------------------------------------------
@@ -117,6 +120,25 @@ def build_table(sweep, table, summaries, declared=None):
       ]) + ' |')
   lines += ['']
   return lines
+
+
+def pass_at_k_table(table, summaries):
+  """The companion of an avg@k table: the same rows in unbiased pass@K (Chen et al. 2021) from
+  the same K samples, K the largest logged; None for another metric or summaries without
+  pass@ (runs made before it was logged). Descriptive: no prediction, no claim."""
+  if table.metric != FINAL_AVG:
+    return None
+  ks = {
+      int(m[1])
+      for s in summaries
+      for k in s.get('curves', {})
+      if (m := re.fullmatch(r'eval/pass@(\d+)', k))
+  }
+  if not ks or max(ks) < 2:
+    return None
+  return dataclasses.replace(
+      table, title=f'{table.title}: pass@{max(ks)} (unbiased, from the same samples)',
+      metric=FINAL_PASS, prediction='', expect=(), paper=())
 
 
 STATS_NOTE = (
@@ -237,6 +259,9 @@ def write_results(sweep, *, results_dir, md_path, command, wall_time_s, failures
           })
     except Exception as e:  # pylint: disable=broad-except
       lines += [f'### {table.title}', '', f'Could not build: {type(e).__name__}: {e}', '']
+    companion = pass_at_k_table(table, summaries)
+    if companion is not None:
+      lines += build_table(sweep, companion, summaries)
   lines += [STATS_NOTE, '']
   if plot and summaries:
     png = os.path.join(results_dir, 'curves.png')

@@ -65,9 +65,9 @@ RESULTS_DIR = common.results_dir()
 DEFAULT_WORKROOT = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'jtc_experiments')
 
 
-def _parser(results_root):
+def _parser(results_root, prog='python -m experiments.run'):
   parser = argparse.ArgumentParser(
-      prog='python -m experiments.run', description=__doc__.split('\n\n')[0],
+      prog=prog, description=__doc__.split('\n\n')[0],
       epilog='Results go to experiments/results/<sweep>.md (tables, discussion) and '
       'experiments/results/<sweep>/ (per-run summaries runs/*.json, curves.png, '
       'invocation.json); --smoke and resized sweeps (--num-steps) go under '
@@ -129,8 +129,44 @@ def _parser(results_root):
   return parser
 
 
-def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
-  parser = _parser(results_root)
+REBUILT_LINE = '- Tables rebuilt from the per-run summaries by '
+
+
+def _tables(text):
+  """A results file's text without the line saying which command rebuilt it and when."""
+  return [line for line in text.splitlines() if not line.startswith(REBUILT_LINE)]
+
+
+def _read(path):
+  if not os.path.exists(path):
+    return None
+  with open(path, 'rb') as f:
+    return f.read()
+
+
+def rebuild_tables(sweep, *, results_dir, md_path, write):
+  """``--tables-only``: the results file rebuilt from the summaries, written only when its tables
+  change (a rebuild that changes nothing leaves the file and its curves untouched, so a checkout
+  stays clean). ``write(md_path)`` writes the file (`report.write_results`). Returns whether
+  the file changed."""
+  png = os.path.join(results_dir, 'curves.png')
+  before = {path: _read(path) for path in (md_path, png)}
+  write(md_path)
+  if before[md_path] is None or _tables(before[md_path].decode()) != _tables(
+      _read(md_path).decode()):
+    return True
+  for path, data in before.items():  # the same tables: every file as it was
+    if data is None:
+      os.remove(path)
+    else:
+      with open(path, 'wb') as f:
+        f.write(data)
+  return False
+
+
+def main(argv=None, *, make_command=None, results_root=RESULTS_DIR,
+         prog='python -m experiments.run'):
+  parser = _parser(results_root, prog)
   args = parser.parse_args(argv)
   if args.sweep not in sweeps_lib.SWEEPS:
     parser.error(f'unknown sweep {args.sweep!r}; valid: {sorted(sweeps_lib.SWEEPS)}')
@@ -154,6 +190,10 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
     part = dataclasses.replace(sweep, runs=tuple(r for r in sweep.runs if r.name in names))
   results_dir, md_path = report.result_paths(sweep.name, smoke=args.smoke, scratch=resized and
                                              not args.canonical, results_root=args.results_root)
+  if args.tables_only and not common.summary_files(results_dir):  # nothing is written
+    parser.error(f'no run summaries in {os.path.join(results_dir, "runs")}: nothing to tabulate '
+                 '(run the sweep first, or name the folder that holds its results with '
+                 '--results-root)')
   os.makedirs(results_dir, exist_ok=True)
   command = 'python -m experiments.run ' + shlex.join(sys.argv[1:] if argv is None else argv)
   t0 = time.time()
@@ -193,11 +233,21 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR):
         'revision': common.code_revision()
     })
     write_json(invocation_path, {'parts': parts})
-  path = report.write_results(sweep, results_dir=results_dir, md_path=md_path,
-                              command='; '.join(p['command'] for p in parts) or command,
-                              wall_time_s=sum(p['wall_time_s'] for p in parts),
-                              revision=parts[-1]['revision'] if parts else None, failures=failures,
-                              rebuilt_by=command if args.tables_only else None)
+
+  def write(path):
+    return report.write_results(sweep, results_dir=results_dir, md_path=path,
+                                command='; '.join(p['command'] for p in parts) or command,
+                                wall_time_s=sum(p['wall_time_s'] for p in parts),
+                                revision=parts[-1]['revision'] if parts else None,
+                                failures=failures, rebuilt_by=command if args.tables_only else None)
+
+  if args.tables_only:
+    if not rebuild_tables(sweep, results_dir=results_dir, md_path=md_path, write=write):
+      print(f'{md_path} is up to date: the summaries give the tables it holds (left as it is)')
+      return 1 if failures else 0
+    path = md_path
+  else:
+    path = write(md_path)
   print(f'wrote {path}' +
         (f'; {len(failures)} run(s) FAILED: {sorted(failures)}' if failures else ''))
   return 1 if failures else 0

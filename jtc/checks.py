@@ -56,3 +56,20 @@ def flatten(tree, prefix=''):
   for k, v in tree.items():
     out.update(flatten(v, f'{prefix}{k}.') if isinstance(v, dict) else {f'{prefix}{k}': v})
   return out
+
+
+def assignments(flag, text):
+  """``'k=v,k2=v2'`` (a command's --hparams) as {k: v}, each value a Python literal (number,
+  True / False / None, quoted string) or else its text; ValueError naming ``flag`` and the bad
+  item."""
+  import ast  # pylint: disable=import-outside-toplevel
+  out = {}
+  for item in filter(None, (text or '').split(',')):
+    key, eq, value = item.partition('=')
+    if not eq or not key.strip():
+      raise ValueError(f'{flag} {item!r}: expected key=value[,key=value...]')
+    try:
+      out[key.strip()] = ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError):
+      out[key.strip()] = value.strip()
+  return out

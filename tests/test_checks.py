@@ -35,3 +35,16 @@ def test_nearest_suggests_only_close_names():
 
 def test_flatten_gives_dotted_keys():
   assert checks.flatten({'a': {'b': 1, 'c': {'d': 2}}, 'e': 3}) == {'a.b': 1, 'a.c.d': 2, 'e': 3}
+
+
+def test_assignments_parse_literals_and_name_a_bad_item():
+  assert checks.assignments('--hparams', 'a=1,b=0.5,c=None,d=token_mean,e=True') == {
+      'a': 1,
+      'b': 0.5,
+      'c': None,
+      'd': 'token_mean',
+      'e': True
+  }
+  assert checks.assignments('--hparams', '') == {}
+  with pytest.raises(ValueError, match="--hparams 'b': expected key=value"):
+    checks.assignments('--hparams', 'a=1,b')

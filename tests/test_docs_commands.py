@@ -151,3 +151,14 @@ def test_the_docs_have_commands():
 @pytest.mark.parametrize('module,args', _doc_commands())
 def test_every_command_in_the_docs_exists(module, args):
   check_command(module, args)
+
+
+def section_commands(path, heading):
+  """The commands (as `fenced_commands` reads them) of the shell fences in the section of the
+  markdown file ``path`` (relative to the repository) under ``## heading``, for a test that runs
+  them."""
+  with open(os.path.join(REPO, path)) as f:
+    text = f.read()
+  start = text.index(f'\n## {heading}\n')
+  end = text.find('\n## ', start + 1)
+  return fenced_commands(text[start:end if end > 0 else len(text)])

@@ -7,10 +7,12 @@ they carry (`CLAIMS`, experiments/sweeps/claims.py).
   stepsize.py the step-size account's test (factors chosen on seeds 0-7, confirmed on 24-39)
   lag.py      the policy-lag axis (asynchronous RL's off-policy data), exploratory
   lora.py     GSPO vs literal DFPO under LoRA ranks 1, 4, 16 (rates chosen on seeds 0-3)
+  bestlr.py   best-vs-best: each method's learning rate chosen on seeds 0-7 by a declared rule
   claims.py   every claim: comparison, family, the paper's delta and sign, SESOI, kind
 """
 import dataclasses
 
+from experiments.sweeps import bestlr
 from experiments.sweeps import confirm
 from experiments.sweeps import lag
 from experiments.sweeps import lora
@@ -34,6 +36,7 @@ SWEEPS = {
     **stepsize.SWEEPS,
     **lag.SWEEPS,
     **lora.SWEEPS,
+    **bestlr.SWEEPS,
 }
 
 

@@ -140,6 +140,8 @@ SEEDS = 8
 # before the change.
 EVAL_CRN = (('eval.batch_prompts', 16),)
 FINAL_AVG = 'final:eval/avg@'  # the eval/avg@K key, K = config.eval.sampling.num_samples
+# Unbiased pass@K from the same K samples (jtc.rl.evaluation.pass_at_k), the largest K logged.
+FINAL_PASS = 'final:eval/pass@'
 BETTER, LOWER = '>', '<'
 GATED = (('loss.hparams.clip_gating', 'gspo'),)
 

@@ -83,6 +83,7 @@ _PREFIXES = {
 }
 _PATTERNS = (
     (re.compile(r'eval/avg@(\d+)'), lambda m: (f'Held-out accuracy (avg@{m[1]})', 'accuracy')),
+    (re.compile(r'eval/pass@(\d+)'), lambda m: (f'Held-out pass@{m[1]} (unbiased)', 'pass@k')),
     (re.compile(r'eval/format/(\w+)'), lambda m:
      (f"Held-out share of the '{m[1]}' format", 'fraction of correct')),
     (re.compile(r'format/(\w+)'), lambda m:

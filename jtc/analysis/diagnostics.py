@@ -24,7 +24,7 @@ statistics of logged curves (Jitter2, Compute@threshold) in `jtc.analysis.curves
 Dimension key (docs/dimensions.md):
   B batch of completions (B = M * G, groups contiguous), M groups, G group size,
   T completion length, L = P + T full sequence length, P prompt width, D model dim,
-  V vocab, X frequency buckets, U = B * T flattened tokens.
+  V vocab, O frequency buckets, U = B * T flattened tokens.
 """
 
 import chex
@@ -83,10 +83,10 @@ def token_frequency_buckets(token_ids_BT, mask_BT, counts_V, *, num_buckets=3):
   """Bucket of every token by vocabulary frequency; 0 = the most frequent ids. [B, T] int32.
 
   Ids are sorted by count (descending) and bucket k holds the ids whose cumulative share of all
-  counted occurrences lies in [k / X, (k + 1) / X): bucket 0 is the few ids that make up the
-  first 1/X of the text (templates, digits, spaces), bucket X-1 the long tail. An id's bucket
+  counted occurrences lies in [k / O, (k + 1) / O): bucket 0 is the few ids that make up the
+  first 1/O of the text (templates, digits, spaces), bucket O-1 the long tail. An id's bucket
   is that of the start of its mass interval, so one very frequent id can leave a bucket empty.
-  Padding (mask 0) gets bucket X-1; it is excluded from every Energy sum by the mask anyway.
+  Padding (mask 0) gets bucket O-1; it is excluded from every Energy sum by the mask anyway.
   """
   chex.assert_rank([token_ids_BT, mask_BT, counts_V], [2, 2, 1])
   chex.assert_equal_shape([token_ids_BT, mask_BT])
@@ -103,21 +103,21 @@ def token_frequency_buckets(token_ids_BT, mask_BT, counts_V, *, num_buckets=3):
 
 
 def energy_by_frequency(token_grad_norms_BT, bucket_BT, mask_BT, *, num_buckets):
-  """Energy(B_k) = sum_{t in B_k} ||grad l_t|| / sum_t ||grad l_t|| (paper Eq. 24). [X].
+  """Energy(B_k) = sum_{t in B_k} ||grad l_t|| / sum_t ||grad l_t|| (paper Eq. 24). [O].
 
   Args:
     token_grad_norms_BT: [B, T] per-token gradient norms ||grad l_t|| = |c_t| ||grad log pi_t||.
     bucket_BT: [B, T] int bucket of each token (`token_frequency_buckets`).
     mask_BT: [B, T] real tokens.
   Returns:
-    [X] shares; they sum to 1 (all zero if every real token has zero gradient).
+    [O] shares; they sum to 1 (all zero if every real token has zero gradient).
   """
   chex.assert_rank([token_grad_norms_BT, bucket_BT, mask_BT], 2)
   chex.assert_equal_shape([token_grad_norms_BT, bucket_BT, mask_BT])
   x_U = (token_grad_norms_BT * (jnp.asarray(mask_BT) > 0)).reshape(-1).astype(jnp.float32)
-  per_bucket_X = jax.ops.segment_sum(x_U, bucket_BT.reshape(-1), num_segments=num_buckets)
+  per_bucket_O = jax.ops.segment_sum(x_U, bucket_BT.reshape(-1), num_segments=num_buckets)
   total = jnp.sum(x_U)
-  return per_bucket_X / jnp.where(total > 0, total, 1.0)
+  return per_bucket_O / jnp.where(total > 0, total, 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,7 +244,7 @@ def step_diagnostics(params, model_config, batch, *, loss_name, loss_hparams, gr
       `update_token_counts`); None = the counts of this batch.
     mode: 'proxy' (default; LM-head gradient norms) or 'exact' (all-parameter per-token
       gradient norms; small models only).
-    num_buckets: X frequency buckets; bucket 0 is the high-frequency one.
+    num_buckets: O frequency buckets; bucket 0 is the high-frequency one.
 
   Where to call it: with the parameters about to be updated on ``batch`` (the trainer measures
   every mini-batch after the first of a step). On the rollout batch before any update the
@@ -286,7 +286,7 @@ def step_diagnostics(params, model_config, batch, *, loss_name, loss_hparams, gr
     token_counts = update_token_counts(jnp.zeros((model_config.vocab_size,), jnp.float32),
                                        targets_BT, mask_BT)
   bucket_BT = token_frequency_buckets(targets_BT, mask_BT, token_counts, num_buckets=num_buckets)
-  energy_X = energy_by_frequency(tok_norms_BT, bucket_BT, mask_BT, num_buckets=num_buckets)
+  energy_O = energy_by_frequency(tok_norms_BT, bucket_BT, mask_BT, num_buckets=num_buckets)
   shared_BT = shared_context_mask(tokens_BL, input_mask_BL, mask_BT, group_size=group_size,
                                   completion_start=completion_start)
   res = shared_token_residual(coef_BT, norms_BT, shared_BT, mask_BT, group_size=group_size)
@@ -299,7 +299,7 @@ def step_diagnostics(params, model_config, batch, *, loss_name, loss_hparams, gr
       'diag/approx_kl': metrics['approx_kl'],
       'diag/coef_abs_mean': jnp.sum(jnp.abs(coef_BT)) / jnp.maximum(jnp.sum(real_BT), 1)
   }
-  diag.update({f'diag/energy_b{k}': energy_X[k] for k in range(num_buckets)})
+  diag.update({f'diag/energy_b{k}': energy_O[k] for k in range(num_buckets)})
   diag.update({
       f'diag/shared_{k}' if not k.startswith('shared') else f'diag/{k}': v for k, v in res.items()
   })

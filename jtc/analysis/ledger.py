@@ -30,7 +30,8 @@ On disk, ``<run dir>/ledger/<step>/`` (a population member's run dir for a popul
                schedule (rows of each update), the points written, the vocabulary strings of the
                ids that occur, prompts and completions as text
   model.json, params_update<k>.msgpack   the policy before update k of the step (k = 0: the
-               behaviour policy), for replay
+               behaviour policy), for replay (absent from a ledger imported without a policy:
+               `jtc.interop.ledger_import`, whose meta also has 'source')
 Load one with `load(run_dir, step)`; `steps(run_dir)` lists them.
 
 Dimension key (docs/dimensions.md): B rows (groups of G contiguous), T completion length, P prompt width, L = P + T.
@@ -103,6 +104,11 @@ class Ledger:
 
   def __getitem__(self, name):
     return self.columns[name]
+
+  @property
+  def has_policy(self):
+    """Whether the parameters are stored (jtc's runs; an import with --policy.checkpoint)."""
+    return os.path.exists(os.path.join(self.path, 'model.json'))
 
   @property
   def points(self):
@@ -192,8 +198,9 @@ def write(path, *, columns, meta, model_config, params_by_update):
   })
   with open(os.path.join(tmp, 'meta.json'), 'w') as f:
     json.dump(meta, f)
-  with open(os.path.join(tmp, 'model.json'), 'w') as f:
-    json.dump(dataclasses.asdict(model_config), f, indent=1)
+  if model_config is not None:  # an imported ledger without a policy has none
+    with open(os.path.join(tmp, 'model.json'), 'w') as f:
+      json.dump(dataclasses.asdict(model_config), f, indent=1)
   for k, params in params_by_update.items():
     with open(os.path.join(tmp, f'params_update{k}.msgpack'), 'wb') as f:
       f.write(flax.serialization.to_bytes(jax.device_get(params)))

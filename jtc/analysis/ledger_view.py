@@ -40,6 +40,14 @@ function colour(u, scale) {
   const a = Math.round(255 * (1 - Math.abs(x)));
   return x >= 0 ? `rgb(255,${a},${a})` : `rgb(${a},${a},255)`;
 }
+const fmt = (x, d) => x === null ? 'n/a' : x.toFixed(d);
+function shown(n, P, b, t) {  // the value a cell is coloured by: jtc's c, the framework's, or c - theirs
+  const by = document.getElementById('colour') ? document.getElementById('colour').value : 'jtc';
+  const c = P[n].coef[b][t];
+  if (by === 'jtc') return c;
+  const f = D.framework.coef[b][t];
+  return by === 'framework' ? f : c - f;
+}
 function render() {
   const point = document.getElementById('point').value;
   const g = +document.getElementById('group').value;
@@ -48,7 +56,8 @@ function render() {
   const P = D.points[point], G = D.group_size;
   let scale = 1e-30;
   for (const n of D.objectives) for (let i = 0; i < G; i++)
-    for (const c of P[n].coef[g * G + i]) scale = Math.max(scale, Math.abs(c));
+    for (let t = 0; t < D.tokens[g * G + i].length; t++)
+      scale = Math.max(scale, Math.abs(shown(n, P, g * G + i, t)));
   const view = document.getElementById('view');
   view.innerHTML = '';
   for (const n of names) {
@@ -60,16 +69,17 @@ function render() {
     for (let i = 0; i < G; i++) {
       const b = g * G + i, row = document.createElement('div');
       row.className = 'row';
-      row.innerHTML = `<span class="meta">A=${D.advantages[b].toFixed(2)} r=${D.rewards[b]}</span>`;
+      row.innerHTML = `<span class="meta">A=${D.advantages[b].toFixed(2)} r=${fmt(D.rewards[b], 2)}</span>`;
       for (let t = 0; t < D.tokens[b].length; t++) {
         if (!D.real[b][t]) continue;
         const c = P[n].coef[b][t], cell = document.createElement('span');
         cell.className = 'tok' + (D.shared[b][t] ? ' shared' : '') +
             (P[n].clip_low[b][t] || P[n].clip_high[b][t] ? ' clipped' : '');
         cell.textContent = D.tokens[b][t];
-        cell.style.background = colour(-c, scale);
+        cell.style.background = colour(-shown(n, P, b, t), scale);
         cell.title = `${JSON.stringify(D.tokens[b][t])}  c=${c.toExponential(3)}  ` +
-            `ratio=${P[n].ratio[b][t].toFixed(4)}  log pi_old=${D.old_logps[b][t].toFixed(3)}  ` +
+            (D.framework ? `framework=${D.framework.coef[b][t].toExponential(3)}  ` : '') +
+            `ratio=${P[n].ratio[b][t].toFixed(4)}  log pi_old=${fmt(D.old_logps[b][t], 3)}  ` +
             `A=${D.advantages[b].toFixed(3)}` + (D.shared[b][t] ? '  shared' : '') +
             (P[n].clip_low[b][t] ? '  clipped-low' : '') +
             (P[n].clip_high[b][t] ? '  clipped-high' : '') + (P[n].gated[b] ? '  gated' : '') +
@@ -82,7 +92,8 @@ function render() {
     view.appendChild(box);
   }
 }
-for (const id of ['point', 'group']) document.getElementById(id).onchange = render;
+for (const id of ['point', 'group', 'colour'])
+  if (document.getElementById(id)) document.getElementById(id).onchange = render;
 for (const el of document.querySelectorAll('input[name=objective]')) el.onchange = render;
 render();
 '''
@@ -102,16 +113,27 @@ def page_data(ledger, replayed, names):
       'mask': (c['mask_BT'] > 0).tolist(),
       'shared': c['shared_BT'].astype(bool).tolist(),
       'advantages': c['advantages_B'].astype(float).tolist(),
-      'rewards': c['rewards_B'].astype(float).tolist(),
+      'rewards': _finite(c['rewards_B']),
       'truncated': c['truncated_B'].astype(bool).tolist(),
-      'old_logps': c['old_logps_BT'].astype(float).tolist(),
+      'old_logps': _finite(c['old_logps_BT']),
       'weights': c['token_weights_BT'].astype(float).tolist() if 'token_weights_BT' in c else None,
+      # An imported ledger's framework coefficient (`jtc.interop.ledger_import`).
+      'framework': {
+          'name': ledger.meta['source']['format'],
+          'coef': _finite(c['framework_coef_BT'])
+      } if 'framework_coef_BT' in c else None,
       'points': {
           p: {
               n: r['objectives'][n] for n in names
           } for p, r in replayed.items()
       }
   }
+
+
+def _finite(x):
+  """Nested lists of floats with None for NaN (unavailable; JSON has no NaN)."""
+  x = np.asarray(x, float)
+  return np.where(np.isnan(x), None, x).tolist()
 
 
 def html(ledger, replayed, names):
@@ -126,13 +148,20 @@ def html(ledger, replayed, names):
                    f'{" checked" if i == 0 else ""}>{html_lib.escape(n)}</label> '
                    for i, n in enumerate(names))
   radios += '<label><input type="radio" name="objective" value="*">side by side</label>'
+  if data['framework']:
+    fw = html_lib.escape(data['framework']['name'])
+    radios += (f' <label>Colour by <select id="colour"><option value="jtc">jtc\'s coefficient'
+               f'</option><option value="framework">{fw}\'s coefficient</option><option '
+               f'value="diff">jtc - {fw}</option></select></label>')
   legend = ''.join(
       f'<span style="background:{_css_colour(x)}">{x:+.1f}</span>' for x in np.linspace(-1, 1, 9))
-  payload = json.dumps(data).replace('</', '<\\/')
+  payload = json.dumps(data, allow_nan=False).replace('</', '<\\/')
+  source = ledger.meta.get('source')
+  source = f', imported from {html_lib.escape(source["format"])}' if source else ''
   return f'''<!doctype html>
 <html><head><meta charset="utf-8"><title>jtc ledger: step {data["step"]}</title>
 <style>{_STYLE}</style></head><body>
-<h2>Per-token ledger, step {data["step"]} (run objective: {html_lib.escape(data["loss"])})</h2>
+<h2>Per-token ledger, step {data["step"]} (run objective: {html_lib.escape(data["loss"])}){source}</h2>
 <p>Cell colour: u = -dL/d log pi of the token (red: the update raises its log-prob, blue: lowers
 it), scaled by the largest |c| of the group at this point over all objectives. Underlined: every
 member of the group has this token at this position after the same prefix. Dashed: clipped.</p>

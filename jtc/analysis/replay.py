@@ -110,20 +110,64 @@ def shared_contexts(ledger, n):
   return out
 
 
+def stored_logps(ledger, point):
+  """(logps_BT, old_logps_BT) of an imported ledger's ``point`` as stored, 0 standing in for both
+  where log pi is unavailable (a dump without log-probs, at the behaviour point: ratio 1, and the
+  coefficients depend on the difference only)."""
+  c = ledger.columns
+  logps_BT, old_BT = c[f'logps_{point}_BT'], c['old_logps_BT']
+  unknown_BT = np.isnan(logps_BT) | np.isnan(old_BT)
+  return (jnp.asarray(np.where(unknown_BT, 0.0,
+                               logps_BT)), jnp.asarray(np.where(unknown_BT, 0.0, old_BT)))
+
+
+def _result(cols, mask_BT, G, grad_norm, drift, where):
+  residual_M = group_residual(cols['coef'], cols['shared'] & (mask_BT > 0), group_size=G)
+  return {
+      'coef':
+          np.asarray(cols['coef']).tolist(),
+      'clip_low':
+          np.asarray(cols['clip_low']).tolist(),
+      'clip_high':
+          np.asarray(cols['clip_high']).tolist(),
+      'gated':
+          np.asarray(cols['gated']).tolist(),
+      'ratio':
+          np.asarray(cols['ratio']).tolist(),
+      'residual_by_group': [None if np.isnan(r) else float(r) for r in np.asarray(residual_M)],
+      'residual':
+          float(np.nanmean(np.asarray(residual_M))) if np.any(np.isfinite(residual_M)) else None,
+      'grad_norm':
+          grad_norm,
+      'kl_drift': [{
+          'row': b,
+          'position': t,
+          'kl': float(d['kl']),
+          'predicted': float(d['predicted'])
+      } for (b, t), d in zip(where, drift)]
+  }
+
+
 def replay(ledger, names, *, contexts=4):
   """{point: {'objectives': {name: {...}}, 'cosine': [[...]]}} (module docstring); every array
-  as nested lists, so the result is JSON for the viewer."""
+  as nested lists, so the result is JSON for the viewer. An imported ledger
+  (`jtc.interop.ledger_import`) is replayed on its stored log-probs; without a stored policy its
+  gradient norms, KL drift and cosines are None / [] (they need the model)."""
   check_objectives(ledger, names)
-  config, _ = ledger.params(0)
+  imported, policy = 'source' in ledger.meta, ledger.has_policy
+  config = ledger.params(0)[0] if policy else None
   tokens_BL, input_mask_BL, old_BT, adv_B, mask_BT, weights_BT, ref_BT, is_BT = _batch(ledger)
   G, P, lr = ledger.meta['group_size'], ledger.meta['completion_start'], ledger.meta[
       'learning_rate']
-  where = shared_contexts(ledger, contexts)
+  where = shared_contexts(ledger, contexts) if policy and lr else []
   out = {}
   for k, point in enumerate(ledger.points):
-    _, params = ledger.params(k)
-    logps_BT = logprobs.sequence_logprobs(params, config, tokens_BL, input_mask_BL,
-                                          completion_start=P)['logps']
+    params = ledger.params(k)[1] if policy else None
+    if imported:
+      logps_BT, old_BT = stored_logps(ledger, point)
+    else:
+      logps_BT = logprobs.sequence_logprobs(params, config, tokens_BL, input_mask_BL,
+                                            completion_start=P)['logps']
     per, grads = {}, {}
     for name in names:
       cols = ledger_lib.token_ledger(logps_BT, tokens_BL=tokens_BL, input_mask_BL=input_mask_BL,
@@ -132,47 +176,29 @@ def replay(ledger, names, *, contexts=4):
                                      loss_hparams=hparams_for(ledger,
                                                               name), token_weights_BT=weights_BT,
                                      ref_logps_BT=ref_BT, is_weights_BT=is_BT)
-      grads[name] = diagnostics.net_gradient(params, config, tokens_BL, input_mask_BL, cols['coef'],
-                                             completion_start=P)
-      drift = [
-          probes.kl_drift_at_context(params, config, tokens_BL[b], input_mask_BL[b], position=P + t,
-                                     step_size=lr,
-                                     direction=jax.tree.map(jnp.negative, grads[name]))
-          for b, t in where
-      ]
-      residual_M = group_residual(cols['coef'], cols['shared'] & (mask_BT > 0), group_size=G)
-      per[name] = {
-          'coef':
-              np.asarray(cols['coef']).tolist(),
-          'clip_low':
-              np.asarray(cols['clip_low']).tolist(),
-          'clip_high':
-              np.asarray(cols['clip_high']).tolist(),
-          'gated':
-              np.asarray(cols['gated']).tolist(),
-          'ratio':
-              np.asarray(cols['ratio']).tolist(),
-          'residual_by_group': [None if np.isnan(r) else float(r) for r in np.asarray(residual_M)],
-          'residual':
-              float(np.nanmean(np.asarray(residual_M)))
-              if np.any(np.isfinite(residual_M)) else None,
-          'grad_norm':
-              float(optax.tree.norm(grads[name])),
-          'kl_drift': [{
-              'row': b,
-              'position': t,
-              'kl': float(d['kl']),
-              'predicted': float(d['predicted'])
-          } for (b, t), d in zip(where, drift)]
-      }
-    flat = {n: _flat(g) for n, g in grads.items()}
-    cosine = [[
-        float(
-            jnp.dot(flat[a], flat[b]) /
-            jnp.maximum(jnp.linalg.norm(flat[a]) * jnp.linalg.norm(flat[b]), 1e-30)) for b in names
-    ] for a in names]
-    out[point] = {'objectives': per, 'cosine': cosine}
+      drift = []
+      if policy:
+        grads[name] = diagnostics.net_gradient(params, config, tokens_BL, input_mask_BL,
+                                               cols['coef'], completion_start=P)
+        drift = [
+            probes.kl_drift_at_context(params, config, tokens_BL[b], input_mask_BL[b],
+                                       position=P + t, step_size=lr,
+                                       direction=jax.tree.map(jnp.negative, grads[name]))
+            for b, t in where
+        ]
+      per[name] = _result(cols, mask_BT, G,
+                          float(optax.tree.norm(grads[name])) if policy else None, drift, where)
+    out[point] = {'objectives': per, 'cosine': _cosines(grads, names) if policy else None}
   return out
+
+
+def _cosines(grads, names):
+  flat = {n: _flat(g) for n, g in grads.items()}
+  return [[
+      float(
+          jnp.dot(flat[a], flat[b]) /
+          jnp.maximum(jnp.linalg.norm(flat[a]) * jnp.linalg.norm(flat[b]), 1e-30)) for b in names
+  ] for a in names]
 
 
 def reproduce(ledger):
@@ -216,10 +242,17 @@ def summary_lines(ledger, names, replayed):
       r = result['objectives'][n]
       drift = ', '.join(f'{d["kl"]:.2e}/{d["predicted"]:.2e}' for d in r['kl_drift'])
       res = 'n/a' if r['residual'] is None else f'{r["residual"]:.4f}'
-      lines.append(f'  {n:22s} | {res:>8s} | {r["grad_norm"]:.4e} | {drift}')
-    lines.append('  cosine between the updates: ' +
-                 '; '.join(f'{a}~{b} {result["cosine"][i][j]:+.3f}' for i, a in enumerate(names)
-                           for j, b in enumerate(names) if j > i))
+      norm = 'n/a' if r['grad_norm'] is None else f'{r["grad_norm"]:.4e}'
+      lines.append(f'  {n:22s} | {res:>8s} | {norm:>10s} | {drift or "n/a"}')
+    if result['cosine'] is None:
+      lines.append('  cosine between the updates: n/a (an imported ledger without a policy: '
+                   'import with --policy.checkpoint)')
+    else:
+      lines.append('  cosine between the updates: ' +
+                   '; '.join(f'{a}~{b} {result["cosine"][i][j]:+.3f}' for i, a in enumerate(names)
+                             for j, b in enumerate(names) if j > i))
+  if 'source' in ledger.meta:  # an import: no run of jtc's logged a loss to reproduce
+    return lines
   metrics = os.path.join(os.path.dirname(os.path.dirname(ledger.path)), 'metrics.jsonl')
   logged = next(
       (r for r in metric_writer.read_jsonl(metrics) if r.get('step') == ledger.meta['step']), {})

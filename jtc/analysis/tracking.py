@@ -13,7 +13,7 @@ last one written to its offline files, offline); records of metrics.jsonl it lac
 on for a resumed run, steps a SIGKILL lost) are logged first, so the W&B run holds the same
 records as metrics.jsonl, at the same steps, each once. The members of a population are one W&B run
 each, grouped under the run name. `wandb` is imported only when a run starts (`pip install
-'jtc[wandb]'`); `offline_history` reads an offline run back with wandb's own reader.
+-e ".[wandb]"` in the checkout); `offline_history` reads an offline run back with wandb's own reader.
 """
 
 import datetime
@@ -99,8 +99,9 @@ def check_config(log, environ=None, *, primary=True):
   resolve_mode(log.wandb_mode, environ)
   if not installed():
     raise ValueError(f'config.log.wandb_project={log.wandb_project!r} needs the wandb package, '
-                     f'which is not installed: pip install \'jtc[{EXTRA}]\' (or set '
-                     'config.log.wandb_project=\'\' to train without W&B)')
+                     f'which is not installed: pip install -e ".[{EXTRA}]" in the jtc checkout (or '
+                     'pip install wandb; or set config.log.wandb_project=\'\' to train without '
+                     'W&B)')
 
 
 def _state_path(run_dir):

@@ -6,6 +6,8 @@ r"""The commands, one thin module each over a library function: `jtc <command> .
   jtc plot   W1 [W2 ...] --out curves.png                                (jtc.analysis.curve_plots)
   jtc plan   --config configs/real/<config>.py --topology v5e-64          (jtc.plan.planner)
   jtc data   PATH [--show N]                                             (jtc.data.formats)
+  jtc conform --loss MODULE:FUNCTION --objective NAME --aggregation AGG   (jtc.interop.conform)
+  jtc sweep  table1 [--tables-only]                                      (experiments.run)
 
 `jtc` is the console script (setup.py); ``python -m jtc.<command>`` runs the same `main`.
 Each command module has ``main(argv=None, prog=...)`` (``argv`` without the program name) and
@@ -22,12 +24,14 @@ COMMANDS = {
     'plot': 'training curves of runs',
     'plan': "a config's RL step compiled for a TPU slice (or estimated for GPUs) before a run",
     'data': 'how jtc reads a dataset file or directory (format, rows, parsed pairs)',
+    'conform': "anyone's RL loss checked against jtc's per-token coefficients and invariances",
+    'sweep': 'a sweep of experiments/ and its results file (python -m experiments.run)',
 }
 
 # The command modules, then the dispatcher.
 __all__ = [
-    'absl_program', 'data', 'ledger', 'plan', 'plot', 'sft', 'train', 'COMMANDS', 'command_module',
-    'main'
+    'absl_program', 'conform', 'data', 'ledger', 'plan', 'plot', 'sft', 'sweep', 'train',
+    'COMMANDS', 'command_module', 'main'
 ]
 
 

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import sys
+import textwrap
 
 from absl import app
 from absl import flags
@@ -15,8 +16,13 @@ from jtc import checks
 from jtc import files
 from jtc.rl import distributed
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_JTC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The folder holding `configs/` and `experiments/`: the checkout, or in an installed jtc the copy
+# shipped under its namespace (setup.py), which jtc's commands put on their own import path.
+SHIPPED = os.path.join(_JTC, '_shipped')
+REPO = SHIPPED if os.path.isdir(os.path.join(SHIPPED, 'configs')) else os.path.dirname(_JTC)
 _DEFINED = set()  # flags defined by the command that ran last in this process
+HELP_FLAGS = ('-h', '--help', '--helpshort', '--helpfull')
 
 
 def fail(message):
@@ -44,13 +50,18 @@ def resolve_path(spec):
   return spec
 
 
+def repo_on_path():
+  """Makes `configs` and `experiments` importable in this process (`REPO` first on its path)."""
+  if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+
 def load_config(spec):
   """``get_config(arg)`` of the config file 'PATH[:arg]'."""
   path, _, arg = spec.partition(':')
   module_spec = importlib.util.spec_from_file_location('_jtc_config', path)
   module = importlib.util.module_from_spec(module_spec)
-  if REPO not in sys.path:
-    sys.path.insert(0, REPO)  # configs import `configs.common`
+  repo_on_path()  # configs import `configs.common`
   module_spec.loader.exec_module(module)
   return module.get_config(arg or None)
 
@@ -69,7 +80,7 @@ def check_override_keys(config, argv):
 def parse_flags(argv, flag_values=flags.FLAGS, *, resolve=resolve_path):
   """absl flags parser for `app.run`: the --config file (its path through ``resolve``) loads and
   its override keys exist, then absl's own parsing; every error exits with one line."""
-  if '--help' not in argv and '-h' not in argv and '--helpfull' not in argv:
+  if not any(a in HELP_FLAGS for a in argv):
     i, spec, prefix = config_flag(argv)
     if i is not None:
       spec = resolve(spec)
@@ -99,9 +110,25 @@ def start(argv):
   distributed.check_agreement(json.loads(flags.FLAGS.config.to_json_best_effort()))
 
 
+def help_text(prog, doc, names, flag_values=flags.FLAGS):
+  """What ``-h`` / ``--help`` print: the usage under the program name ``prog`` (``jtc train``),
+  the command's description (the first paragraph of ``doc``) and its flags ``names``."""
+  lines = [f'usage: {prog} [flags]', '']
+  if doc:
+    lines += [doc.strip().split('\n\n')[0], '']
+  lines.append('flags:')
+  for name in names:
+    flag = flag_values[name]
+    default = '' if flag.default is None else f' (default: {flag.default_as_str})'
+    lines += textwrap.wrap(f'--{name}: {flag.help}{default}', 96, initial_indent='  ',
+                           subsequent_indent='      ')
+  return '\n'.join(lines)
+
+
 def run(main_fn, argv, *, prog, define_flags, flags_parser=parse_flags):
   """``app.run(main_fn)`` on ``[prog, *argv]`` (``argv`` None: the process's arguments) after
-  ``define_flags(flags.FLAGS, argv)``, whose returned flag names ``--help`` then lists."""
+  ``define_flags(flags.FLAGS, argv)``; ``-h`` / ``--help`` (or ``--helpshort``, ``--helpfull``)
+  print `help_text` of the flags it returns and exit 0, before anything runs."""
   argv = [prog, *(sys.argv[1:] if argv is None else argv)]
   for name in _DEFINED & set(flags.FLAGS):
     delattr(flags.FLAGS, name)
@@ -109,5 +136,8 @@ def run(main_fn, argv, *, prog, define_flags, flags_parser=parse_flags):
   for name in define_flags(flags.FLAGS, argv):
     _DEFINED.add(name)
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
+  if any(a in HELP_FLAGS for a in argv[1:]):
+    print(help_text(prog, sys.modules[main_fn.__module__].__doc__, sorted(_DEFINED)))
+    sys.exit(0)
   with files.report_damage():
     app.run(main_fn, argv=argv, flags_parser=flags_parser)

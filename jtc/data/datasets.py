@@ -282,25 +282,38 @@ def _is_prepared(builder: tfds.core.DatasetBuilder) -> bool:
 
 @contextlib.contextmanager
 def _file_lock(path: str):
-  """Holds an exclusive ``fcntl.flock`` on ``path`` (created if missing) inside the block.
+  """Holds an exclusive ``fcntl.flock`` on ``path`` (created if missing) inside the block, and
+    removes the file when the block exits (no ``.lock`` is left in the data directory).
 
     The lock is released when the block exits or the process dies, so a killed preparer never
-    blocks the next one (its half-written ``incomplete.*`` folder is simply not used). On a file
+    blocks the next one (its half-written ``incomplete.*`` folder is simply not used). A waiter
+    that locked a file its holder removed meanwhile locks the path's new file instead. On a file
     system without ``flock`` (some network mounts) it warns and runs the block unlocked;
     ``_quiet_prepare`` then still tolerates losing the race.
     """
-  with open(path, 'a') as f:
-    locked = True
+  while True:
+    f = open(path, 'a')  # pylint: disable=consider-using-with
     try:
       fcntl.flock(f.fileno(), fcntl.LOCK_EX)
     except OSError as e:
       logging.warning('jtc.data.pipeline: cannot lock %s (%s); preparing without a lock', path, e)
-      locked = False
-    try:
+      f.close()
       yield
-    finally:
-      if locked:
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+      return
+    try:
+      if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+        break
+    except FileNotFoundError:
+      pass
+    f.close()  # its holder removed it meanwhile: lock the path's new file
+  try:
+    yield
+  finally:
+    try:
+      os.remove(path)
+    except FileNotFoundError:
+      pass
+    f.close()
 
 
 def _quiet_prepare(builder: tfds.core.DatasetBuilder, *, rebuild) -> None:

@@ -65,7 +65,8 @@ class GroupCache:
 
 
 def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, num_samples: int,
-            max_new_tokens: int, block_size: int = 128, row_sharding=None):
+            max_new_tokens: int, block_size: int = 128, row_sharding=None,
+            return_routing: bool = False):
   """Runs the left-padded prompts once and builds the sampler's `GroupCache`.
 
   Args:
@@ -76,9 +77,12 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
     block_size: C, completion slots per attention block in `decode_step`.
     row_sharding: None, or the prompts' activations and the cache constrained to it
       (`model_lib.constrain_rows`; the cache's R rows split even when the B prompts cannot).
+    return_routing: also return the experts each prompt token was routed to in each layer,
+      int [B, P, Y, W] (a mixture-of-experts model; None for a dense one).
 
   Returns:
-    (logits_BV float32 of the token after each prompt, an empty-completion `GroupCache`).
+    (logits_BV float32 of the token after each prompt, an empty-completion `GroupCache`
+    (, experts_BPYW)).
   """
   chex.assert_rank([prompt_tokens_BP, prompt_mask_BP], 2)
   chex.assert_equal_shape([prompt_tokens_BP, prompt_mask_BP])
@@ -89,8 +93,8 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
   sin_BLH, cos_BLH = layers.rope_sin_cos(model_lib.positions_from_mask(prompt_mask_BP), c)
   x_BPD = model_lib.constrain_rows(model_lib.embed_tokens(params, prompt_tokens_BP, c),
                                    row_sharding)
-  x_BPD, states = model_lib.trunk(params, dataclasses.replace(c, remat=False), x_BPD, sin_BLH,
-                                  cos_BLH, prompt_mask_BP, return_kv=True)
+  x_BPD, states, routed = model_lib.trunk(params, dataclasses.replace(c, remat=False), x_BPD,
+                                          sin_BLH, cos_BLH, prompt_mask_BP, return_kv=True)
   Y, R, K, H = layer_types.stack_sizes(c).get('attn', 0), B * num_samples, c.n_kv_heads, c.head_dim
   empty_YBKPH = jnp.zeros((Y, B, K, P, H), c.jnp_dtype)
   k_YBKPH, v_YBKPH = states.get('attn', (empty_YBKPH, empty_YBKPH))
@@ -216,7 +220,7 @@ def split_cache(cache: GroupCache) -> GroupCache:
 
 
 def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: GroupCache, *,
-                block_size: int = 128, row_sharding=None):
+                block_size: int = 128, row_sharding=None, return_routing: bool = False):
   """One new token per row: written at completion slot `cache.length`, attending to the
   row's prompt (shared by its group) and to its completion slots 0 .. length.
 
@@ -230,9 +234,11 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
     cache: the `GroupCache` from `prefill` (or a previous step).
     block_size: C, completion slots per attention block (as in `prefill`).
     row_sharding: as in `prefill` (the rows' activations).
+    return_routing: also return the experts the fed tokens were routed to in each layer, int
+      [R, Y, W] (a mixture-of-experts model; None for a dense one).
 
   Returns:
-    (logits_RV float32 of the next token, the cache with length + 1).
+    (logits_RV float32 of the next token, the cache with length + 1(, experts_RYW)).
   """
   chex.assert_rank([tokens_R, positions_R], 1)
   chex.assert_equal_shape([tokens_R, positions_R])
@@ -277,7 +283,7 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
 
     mixer = layers.attention_mixer(p['attn'], sin_BLH, cos_BLH, attend, c)
     x_R1D, aux = layers.block(p, x_R1D, mixer, c, kind)
-    return x_R1D, aux['attn']
+    return x_R1D, aux['attn'], aux.get('mlp')
 
   def linear_step(kind, p, x_R1D, state):
     """One linear-attention block advancing the rows' states by one token (recurrent form)."""
@@ -285,7 +291,7 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
     mixer = lambda h_R1D: gated_deltanet.mix(p['linear_attn'], h_R1D, ones_R1, c, state, form=
                                              'recurrent')
     x_R1D, aux = layers.block(p, x_R1D, mixer, c, kind)
-    return x_R1D, aux['linear_attn']
+    return x_R1D, aux['linear_attn'], aux.get('mlp')
 
   prompt_kv = {'attn': (cache.prompt_k_YBKPH, cache.prompt_v_YBKPH)}
   if per_layer:
@@ -296,17 +302,21 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
     def layer_fn(kind, x_R1D, layer, _):
       p, prompt, state = layer
       if kind.mixer == 'linear_attention':
-        x_R1D, new = linear_step(kind, p, x_R1D, state['linear_attn'])
-        return x_R1D, {'linear_attn': new}
-      (k_cache, v_cache), (prompt_k, prompt_v) = state['attn'], prompt['attn']
-      x_R1D, new = attention_step(kind, p, x_R1D, prompt_k, prompt_v, k_cache, v_cache, ())
-      return x_R1D, {'attn': new}
+        x_R1D, new, routed = linear_step(kind, p, x_R1D, state['linear_attn'])
+        out = {'linear_attn': new}
+      else:
+        (k_cache, v_cache), (prompt_k, prompt_v) = state['attn'], prompt['attn']
+        x_R1D, new, routed = attention_step(kind, p, x_R1D, prompt_k, prompt_v, k_cache, v_cache,
+                                            ())
+        out = {'attn': new}
+      return x_R1D, out if routed is None else {**out, 'mlp': routed}
 
     split_prompt = {'attn': tuple(zip(*prompt_kv['attn']))}
     x_R1D, out = layer_types.loop_layers(layer_fn, x_R1D, (params['layers'], split_prompt, states),
                                          c)
     k, v = (tuple(kv) for kv in zip(*out['attn'])) if 'attn' in out else ((), ())
     linear = out.get('linear_attn')
+    routed = None if 'mlp' not in out else jax.tree.map(lambda *xs: jnp.stack(xs), *out['mlp'])
   else:
 
     def layer_fn(kind, carry, layer, rows):
@@ -315,15 +325,19 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
       if kind.mixer == 'linear_attention':
         i = rows['linear_attn']
         state = jax.tree.map(lambda a: a[i], linear_all)
-        x_R1D, state = linear_step(kind, p, x_R1D, state)
+        x_R1D, state, routed = linear_step(kind, p, x_R1D, state)
         linear_all = jax.tree.map(lambda a, s: a.at[i].set(s.astype(a.dtype)), linear_all, state)
       else:
-        x_R1D, (k_all, v_all) = attention_step(kind, p, x_R1D, *prompt['attn'], k_all, v_all,
-                                               (rows['attn'],))
-      return (x_R1D, k_all, v_all, linear_all), {}
+        x_R1D, (k_all, v_all), routed = attention_step(kind, p, x_R1D, *prompt['attn'], k_all,
+                                                       v_all, (rows['attn'],))
+      return (x_R1D, k_all, v_all, linear_all), ({} if routed is None else {'mlp': routed})
 
     carry = (x_R1D, cache.k_YRKHT, cache.v_YRKTH, cache.linear)
-    (x_R1D, k, v, linear), _ = layer_types.scan_layers(layer_fn, carry,
-                                                       (params['layers'], prompt_kv), c)
+    (x_R1D, k, v, linear), out = layer_types.scan_layers(layer_fn, carry,
+                                                         (params['layers'], prompt_kv), c)
+    routed = out.get('mlp')
   logits_RV = model_lib.logits(params, c, model_lib.final_norm(params, x_R1D, c))[:, 0]
-  return logits_RV, cache.replace(k_YRKHT=k, v_YRKTH=v, length=t + 1, linear=linear)
+  cache = cache.replace(k_YRKHT=k, v_YRKTH=v, length=t + 1, linear=linear)
+  if return_routing:  # routed.experts_BLW: [Y, R, 1, W]
+    return logits_RV, cache, None if routed is None else routed.experts_BLW[:, :, 0].swapaxes(0, 1)
+  return logits_RV, cache

@@ -5,7 +5,7 @@
 For a normed input x (pad tokens zeroed first, so they carry nothing into the state):
 
   q, k = silu(conv(x W_q)), silu(conv(x W_k))      K key heads of dim H
-  v    = silu(conv(x W_v))                          N = K * Q value heads of dim O
+  v    = silu(conv(x W_v))                          N = K * Q value heads of dim Hv
   q <- q / (|q| sqrt(H)),  k <- k / |k|             (L2 norms, eps 1e-6 inside the root)
   b = sigmoid(x W_b),  g = -exp(a_log) softplus(x W_a + dt_bias)   per value head
   o = delta rule(q, k, v, g, b)                     (`jtc.models.delta_rule`; value head n reads
@@ -20,14 +20,15 @@ float32 state, constant in size whatever the context.
 
 Parameters of one layer (the 'linear_attn' stack of `jtc.models.layer_types`; HF names)::
 
-  {'q': {'kernel': [D, K, H]}, 'k': {'kernel': [D, K, H]}, 'v': {'kernel': [D, N, O]}  in_proj_qkv
-   'z': {'kernel': [D, N, O]}, 'beta': {'kernel': [D, N]}, 'decay': {'kernel': [D, N]},
+  {'q': {'kernel': [D, K, H]}, 'k': {'kernel': [D, K, H]}, 'v': {'kernel': [D, N, Hv]}  in_proj_qkv
+   'z': {'kernel': [D, N, Hv]}, 'beta': {'kernel': [D, N]}, 'decay': {'kernel': [D, N]},
                                                               in_proj_z, in_proj_b, in_proj_a
-   'conv_q': {'kernel': [W, K, H]}, 'conv_k': ..., 'conv_v': {'kernel': [W, N, O]}   conv1d
-   'a_log': [N], 'dt_bias': [N], 'norm': {'scale': [O]}, 'o': {'kernel': [N, O, D]}}  out_proj
+   'conv_q': {'kernel': [W, K, H]}, 'conv_k': ..., 'conv_v': {'kernel': [W, N, Hv]}   conv1d
+   'a_log': [N], 'dt_bias': [N], 'norm': {'scale': [Hv]}, 'o': {'kernel': [N, Hv, D]}}  out_proj
 
 Dimension key (docs/dimensions.md): B batch, L tokens, D model dim, K key heads, H key head
-dim, N value heads, Q = N / K, O value head dim.
+dim, N value heads, Q = N / K; Hv is the value head dim (H in shape suffixes: v_BLNH, the state
+ssm_BNHH is key by value).
 """
 
 import functools
@@ -67,24 +68,24 @@ class LinearState:
 
   Attributes (W = `linear_conv_width`):
     conv_q, conv_k: [B, W - 1, K, H], the last W - 1 inputs of the q / k convolutions.
-    conv_v: [B, W - 1, N, O].
-    ssm_BNHO: float32, the delta rule's state.
+    conv_v: [B, W - 1, N, Hv] (Hv the value head dim).
+    ssm_BNHH: float32, the delta rule's state.
   """
   conv_q: jax.Array
   conv_k: jax.Array
   conv_v: jax.Array
-  ssm_BNHO: jax.Array
+  ssm_BNHH: jax.Array
 
 
 # Logical axes of a `LinearState` stacked over the linear layers ([Y, B, ...]).
 STATE_AXES = LinearState(conv_q=('layers', 'batch', None, 'kv_heads', 'head_dim'),
                          conv_k=('layers', 'batch', None, 'kv_heads', 'head_dim'),
                          conv_v=('layers', 'batch', None, 'heads', 'head_dim'),
-                         ssm_BNHO=('layers', 'batch', 'heads', 'head_dim', None))
+                         ssm_BNHH=('layers', 'batch', 'heads', 'head_dim', None))
 
 
 def dims(config: ModelConfig):
-  """(K, H, N, O, W) of the linear-attention layers."""
+  """(K, H, N, Hv, W) of the linear-attention layers (Hv: the value head dim)."""
   c = config
   return (c.linear_n_k_heads, c.linear_k_head_dim, c.linear_n_v_heads, c.linear_v_head_dim,
           c.linear_conv_width)
@@ -95,7 +96,7 @@ def init_state(config: ModelConfig, batch_size: int) -> LinearState:
   K, H, N, O, W = dims(config)
   zeros = lambda *shape: jnp.zeros((batch_size, *shape), config.jnp_dtype)
   return LinearState(conv_q=zeros(W - 1, K, H), conv_k=zeros(W - 1, K, H),
-                     conv_v=zeros(W - 1, N, O), ssm_BNHO=jnp.zeros((batch_size, N, H, O),
+                     conv_v=zeros(W - 1, N, O), ssm_BNHH=jnp.zeros((batch_size, N, H, O),
                                                                    jnp.float32))
 
 
@@ -154,10 +155,10 @@ def l2_normalize(x):
   return x * jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + L2_EPS)
 
 
-def gated_rms_norm(o_BLNO, z_BLNO, scale_O, eps: float, dtype):
+def gated_rms_norm(o_BLNH, z_BLNH, scale_H, eps: float, dtype):
   """rmsnorm(o) * scale * silu(z) per value head, in float32, cast to ``dtype``."""
-  normed = layers.rms_norm(o_BLNO, scale_O, eps, jnp.float32)
-  return (normed * jax.nn.silu(delta_rule.f32(z_BLNO))).astype(dtype)
+  normed = layers.rms_norm(o_BLNH, scale_H, eps, jnp.float32)
+  return (normed * jax.nn.silu(delta_rule.f32(z_BLNH))).astype(dtype)
 
 
 def mix(p, h_BLD, mask_BL, config: ModelConfig, state: LinearState | None = None, *,
@@ -183,9 +184,9 @@ def mix(p, h_BLD, mask_BL, config: ModelConfig, state: LinearState | None = None
                                p['conv_q']['kernel'], state.conv_q)
   k_BLKH, conv_k = causal_conv(layers.dense('BLD,DKH->BLKH', h_BLD, p['k'], dt),
                                p['conv_k']['kernel'], state.conv_k)
-  v_BLNO, conv_v = causal_conv(layers.dense('BLD,DNO->BLNO', h_BLD, p['v'], dt),
+  v_BLNH, conv_v = causal_conv(layers.dense('BLD,DNO->BLNO', h_BLD, p['v'], dt),
                                p['conv_v']['kernel'], state.conv_v)
-  z_BLNO = layers.dense('BLD,DNO->BLNO', h_BLD, p['z'], dt)
+  z_BLNH = layers.dense('BLD,DNO->BLNO', h_BLD, p['z'], dt)
   beta_BLN = jax.nn.sigmoid(delta_rule.f32(layers.dense('BLD,DN->BLN', h_BLD, p['beta'], dt)))
   a_BLN = delta_rule.f32(layers.dense('BLD,DN->BLN', h_BLD, p['decay'], dt))
   g_BLN = -jnp.exp(delta_rule.f32(p['a_log'])) * jax.nn.softplus(a_BLN +
@@ -200,7 +201,7 @@ def mix(p, h_BLD, mask_BL, config: ModelConfig, state: LinearState | None = None
     rule = delta_rule.recurrent
   else:
     raise ValueError(f"gated_deltanet.mix: form={form!r} is not one of ['chunked', 'recurrent']")
-  o_BLNO, ssm_BNHO = rule(q_BLNH, k_BLNH, v_BLNO, g_BLN, beta_BLN, state.ssm_BNHO)
-  o_BLNO = gated_rms_norm(o_BLNO, z_BLNO, p['norm']['scale'], c.norm_eps, dt)
-  out_BLD = layers.dense('BLNO,NOD->BLD', o_BLNO, p['o'], dt)
-  return out_BLD, LinearState(conv_q=conv_q, conv_k=conv_k, conv_v=conv_v, ssm_BNHO=ssm_BNHO)
+  o_BLNH, ssm_BNHH = rule(q_BLNH, k_BLNH, v_BLNH, g_BLN, beta_BLN, state.ssm_BNHH)
+  o_BLNH = gated_rms_norm(o_BLNH, z_BLNH, p['norm']['scale'], c.norm_eps, dt)
+  out_BLD = layers.dense('BLNO,NOD->BLD', o_BLNH, p['o'], dt)
+  return out_BLD, LinearState(conv_q=conv_q, conv_k=conv_k, conv_v=conv_v, ssm_BNHH=ssm_BNHH)

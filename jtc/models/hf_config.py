@@ -1,6 +1,6 @@
 """Hugging Face ``config.json`` <-> jtc `ModelConfig`: which architectures load (Llama, Qwen2,
-Qwen3, Qwen3.5), their flags, RoPE scaling and dtypes. The tensors themselves are
-`jtc.models.hf_import` (a hybrid's: `jtc.models.hf_hybrid`).
+Qwen3, the mixtures of experts Qwen3-MoE and Qwen2-MoE, the hybrid Qwen3.5), their flags, RoPE
+scaling and dtypes. The tensors themselves are `jtc.models.hf_tensors` / `hf_import`.
 
 RoPE scaling: ``default``, ``linear`` and ``llama3`` (Llama-3.1/3.2), read from ``rope_scaling``
 (transformers 4) or ``rope_parameters`` (transformers 5); a file with both that disagree is
@@ -91,17 +91,66 @@ def _qwen3_5_flags(hf: Mapping[str, Any]) -> dict[str, Any]:
               partial_rotary_factor=float(factor), layer_types=_hybrid_layer_types(hf), **linear)
 
 
+def _moe_fields(hf: Mapping[str, Any], arch: str) -> dict[str, Any]:
+  """The mixture-of-experts fields of `ModelConfig` (HF defaults where a key is absent:
+  norm_topk_prob false, decoder_sparse_step 1, mlp_only_layers []). Dense layers among sparse
+  ones are rejected."""
+  counts = {k: hf[k] for k in ('num_experts', 'num_local_experts') if hf.get(k) is not None}
+  if len(set(counts.values())) > 1:
+    raise CheckpointError(f'{CONFIG_FILE} has num_experts and num_local_experts that disagree: '
+                          f'{counts}; keep one of them.')
+  missing = [k for k in ('num_experts_per_tok', 'moe_intermediate_size') if k not in hf]
+  if not counts or missing:
+    raise CheckpointError(f'{arch} in {CONFIG_FILE} is missing keys '
+                          f"{missing or ['num_experts']}.")
+  n_experts = int(next(iter(counts.values())))
+  step, dense = int(hf.get('decoder_sparse_step') or 1), list(hf.get('mlp_only_layers') or [])
+  if n_experts <= 0 or step != 1 or dense:
+    raise CheckpointError(
+        f'{arch} with num_experts={n_experts}, decoder_sparse_step={step}, mlp_only_layers='
+        f'{dense} in {CONFIG_FILE}: dense layers among sparse ones are not supported yet; '
+        'supported: every layer sparse (num_experts > 0, decoder_sparse_step=1, '
+        'mlp_only_layers=[]).')
+  k = int(hf['num_experts_per_tok'])
+  if not 1 <= k <= n_experts:
+    raise CheckpointError(f'num_experts_per_tok={k} in {CONFIG_FILE} must be in [1, '
+                          f'num_experts={n_experts}].')
+  return dict(n_experts=n_experts, experts_per_token=k, d_expert=int(hf['moe_intermediate_size']),
+              norm_topk_prob=bool(hf.get('norm_topk_prob', False)))
+
+
+def _qwen3_moe_flags(hf: Mapping[str, Any]) -> dict[str, Any]:
+  _require_false(hf, 'attention_bias', 'Qwen3MoeForCausalLM')
+  _require_false(hf, 'use_sliding_window', 'Qwen3MoeForCausalLM')
+  return dict(qk_norm=True, attn_bias=False, **_moe_fields(hf, 'Qwen3MoeForCausalLM'))
+
+
+def _qwen2_moe_flags(hf: Mapping[str, Any]) -> dict[str, Any]:
+  # Qwen2-MoE: q/k/v biases iff qkv_bias (default true), a shared expert behind a sigmoid gate.
+  _require_false(hf, 'use_sliding_window', 'Qwen2MoeForCausalLM')
+  shared = int(hf.get('shared_expert_intermediate_size') or 0)
+  if shared <= 0:
+    raise CheckpointError(f'Qwen2MoeForCausalLM needs shared_expert_intermediate_size > 0 in '
+                          f'{CONFIG_FILE}, got {shared}.')
+  return dict(qk_norm=False, attn_bias=bool(hf.get('qkv_bias', True)), d_shared_expert=shared,
+              **_moe_fields(hf, 'Qwen2MoeForCausalLM'))
+
+
 SUPPORTED_ARCHITECTURES: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     'LlamaForCausalLM': _llama_flags,
     'Qwen2ForCausalLM': _qwen2_flags,
     'Qwen3ForCausalLM': _qwen3_flags,
     'Qwen3_5ForCausalLM': _qwen3_5_flags,
+    'Qwen3MoeForCausalLM': _qwen3_moe_flags,
+    'Qwen2MoeForCausalLM': _qwen2_moe_flags,
 }
 _MODEL_TYPES = {
     'llama': 'LlamaForCausalLM',
     'qwen2': 'Qwen2ForCausalLM',
     'qwen3': 'Qwen3ForCausalLM',
     'qwen3_5_text': 'Qwen3_5ForCausalLM',
+    'qwen3_moe': 'Qwen3MoeForCausalLM',
+    'qwen2_moe': 'Qwen2MoeForCausalLM',
 }
 
 # Vision-language checkpoints whose text model jtc loads (the vision tower is skipped):
@@ -273,12 +322,24 @@ def architecture_for(config: model_lib.ModelConfig) -> str:
   """The HF architecture that represents `config` (used by the exporter)."""
   if _is_qwen3_5(config):
     c = config
+    if c.is_moe:
+      raise ValueError('A hybrid with a mixture of experts (Qwen3NextForCausalLM) does not export '
+                       'yet; supported hybrids: Qwen3_5ForCausalLM (dense MLP)')
     if not (c.qk_norm and c.attn_output_gate and c.norm_zero_centered) or c.attn_bias:
       raise ValueError('A hybrid or gated-attention config exports as Qwen3_5ForCausalLM, which '
                        'has qk_norm, attn_output_gate and norm_zero_centered and no attn_bias; '
                        f'got qk_norm={c.qk_norm}, attn_output_gate={c.attn_output_gate}, '
                        f'norm_zero_centered={c.norm_zero_centered}, attn_bias={c.attn_bias}')
     return 'Qwen3_5ForCausalLM'
+  if config.is_moe:
+    if config.qk_norm and not config.attn_bias and not config.d_shared_expert:
+      return 'Qwen3MoeForCausalLM'
+    if not config.qk_norm and config.d_shared_expert:
+      return 'Qwen2MoeForCausalLM'
+    raise ValueError('No supported HF architecture has a mixture of experts with qk_norm='
+                     f'{config.qk_norm}, attn_bias={config.attn_bias}, d_shared_expert='
+                     f'{config.d_shared_expert} (Qwen3MoeForCausalLM: qk_norm, no bias, no shared '
+                     'expert; Qwen2MoeForCausalLM: no qk_norm, a shared expert).')
   if config.qk_norm and config.attn_bias:
     raise ValueError('No supported HF architecture has both qk_norm and attn_bias '
                      f'(supported: {sorted(SUPPORTED_ARCHITECTURES)}).')
@@ -325,10 +386,16 @@ def hf_config_from(config: model_lib.ModelConfig, *,
     hf.update({key: getattr(config, field) for key, (field, _) in _LINEAR_KEYS.items()})
     hf.update(attention_bias=False)
     return hf
-  if arch != 'Qwen2ForCausalLM':
+  if arch not in ('Qwen2ForCausalLM', 'Qwen2MoeForCausalLM'):
     hf.update(attention_bias=False)
   if arch == 'LlamaForCausalLM':
     hf.update(mlp_bias=False)
   else:
     hf.update(use_sliding_window=False, sliding_window=None)
+  if config.is_moe:
+    hf.update(num_experts=config.n_experts, num_experts_per_tok=config.experts_per_token,
+              moe_intermediate_size=config.d_expert, norm_topk_prob=config.norm_topk_prob,
+              decoder_sparse_step=1, mlp_only_layers=[])
+  if arch == 'Qwen2MoeForCausalLM':
+    hf.update(qkv_bias=config.attn_bias, shared_expert_intermediate_size=config.d_shared_expert)
   return hf

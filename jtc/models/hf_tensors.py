@@ -15,6 +15,12 @@ row j of a stack is the layer's row in it, `jtc.models.layer_types`):
   model.layers.i.post_attention_layernorm.weight -> layers/mlp_norm/scale[i]     [D]
   model.layers.i.mlp.{gate,up}_proj.weight [F, D] -> layers/mlp/{gate,up}/kernel[i] [D, F]
   model.layers.i.mlp.down_proj.weight    [D, F]   -> layers/mlp/down/kernel[i]    [F, D]
+  mixture of experts (Qwen3-MoE, Qwen2-MoE; `jtc.models.moe`), expert e of layer i:
+  model.layers.i.mlp.gate.weight         [X, D]   -> layers/mlp/router/kernel[i]  [D, X]
+  ...mlp.experts.e.{gate,up}_proj.weight [F, D]   -> layers/mlp/expert_{gate,up}/kernel[i, e] [D, F]
+  ...mlp.experts.e.down_proj.weight      [D, F]   -> layers/mlp/expert_down/kernel[i, e] [F, D]
+  ...mlp.shared_expert.{gate,up,down}_proj.weight -> layers/mlp/shared/{gate,up,down}/kernel[i]
+  ...mlp.shared_expert_gate.weight       [1, D]   -> layers/mlp/shared_gate/kernel[i] [D, 1]
   model.norm.weight                      [D]      -> final_norm/scale             [D]
   lm_head.weight                         [V, D]   -> lm_head/kernel               [D, V]
 
@@ -22,22 +28,22 @@ Qwen3.5 (`Qwen3_5ForCausalLM`) adds its gated attention and Gated DeltaNet tenso
 
   self_attn.q_proj.weight [N*2H, D] (per head: H query rows, then H gate rows)
                                      -> attn/q/kernel[j] [D, N, H], attn/q_gate/kernel[j]
-  linear_attn.in_proj_qkv.weight [2KH + NO, D]
-                                     -> linear_attn/{q, k}/kernel[j] [D, K, H], v/kernel [D, N, O]
-  linear_attn.conv1d.weight [2KH + NO, 1, W]
-                                     -> linear_attn/conv_{q, k}/kernel[j] [W, K, H], conv_v [W, N, O]
-  linear_attn.in_proj_z.weight [NO, D] -> linear_attn/z/kernel[j] [D, N, O]
+  linear_attn.in_proj_qkv.weight [2KH + NHv, D]
+                                     -> linear_attn/{q, k}/kernel[j] [D, K, H], v/kernel [D, N, Hv]
+  linear_attn.conv1d.weight [2KH + NHv, 1, W]
+                                     -> linear_attn/conv_{q, k}/kernel[j] [W, K, H], conv_v [W, N, Hv]
+  linear_attn.in_proj_z.weight [NHv, D] -> linear_attn/z/kernel[j] [D, N, Hv]
   linear_attn.in_proj_{b, a}.weight [N, D] -> linear_attn/{beta, decay}/kernel[j] [D, N]
   linear_attn.A_log, dt_bias [N]     -> linear_attn/a_log[j], dt_bias[j]
-  linear_attn.norm.weight [O]        -> linear_attn/norm/scale[j]
-  linear_attn.out_proj.weight [D, NO] -> linear_attn/o/kernel[j] [N, O, D]
+  linear_attn.norm.weight [Hv]        -> linear_attn/norm/scale[j]
+  linear_attn.out_proj.weight [D, NHv] -> linear_attn/o/kernel[j] [N, Hv, D]
 
 Its zero-centred norms (``Qwen3_5RMSNorm``: y = norm(x) * (1 + w)) are stored as they are (w),
 so an export round-trips exactly.
 
 Dimension key (docs/dimensions.md): V vocab, D model dim, Y layers, N heads (attention: query
 heads; Gated DeltaNet: value heads), K kv heads (Gated DeltaNet: key heads), H head dim (Gated
-DeltaNet: key head dim), O Gated DeltaNet value head dim, F mlp dim.
+DeltaNet: key head dim, Hv its value head dim), F mlp dim, X experts.
 """
 from __future__ import annotations
 
@@ -130,9 +136,10 @@ def linear_attention_tensors(config: ModelConfig) -> list:
 @dataclasses.dataclass(frozen=True)
 class _TensorSpec:
   """One HF tensor and where it goes in the jtc params tree (row `layer` of a stacked
-  ``layers/...`` array of `rows` rows, or the whole array when `layer` is None). A tensor that
-  packs several jtc arrays (`parts`: their paths after `jtc_path`) has a `to_jtc` that returns
-  one array per path and a `to_hf` that takes them in that order."""
+  ``layers/...`` array of `rows` rows, or the whole array when `layer` is None; row [layer,
+  expert] of a stacked [Y_s, X, ...] expert array when `expert` is set). A tensor that packs
+  several jtc arrays (`parts`: their paths after `jtc_path`) has a `to_jtc` that returns one
+  array per path and a `to_hf` that takes them in that order."""
   hf_key: str
   jtc_path: tuple[str, ...]
   hf_shape: tuple[int, ...]
@@ -141,10 +148,22 @@ class _TensorSpec:
   layer: int | None = None
   rows: int | None = None
   parts: tuple = ()
+  expert: int | None = None
+  n_experts: int | None = None
 
   @property
   def paths(self) -> tuple:
     return (self.jtc_path, *self.parts)
+
+  @property
+  def index(self) -> tuple[int, ...]:
+    """Where the tensor sits in its jtc array: (), (row,) or (row, expert)."""
+    return tuple(i for i in (self.layer, self.expert) if i is not None)
+
+  @property
+  def lead(self) -> tuple[int, ...]:
+    """The stacked axes in front of the tensor in its jtc array: (), (Y_s,) or (Y_s, X)."""
+    return (self.rows, self.n_experts)[:len(self.index)]
 
 
 def _same(x: np.ndarray) -> np.ndarray:
@@ -185,11 +204,12 @@ def tensor_specs(config: ModelConfig, prefix: str = 'model.') -> list[_TensorSpe
   for i, (kind, rows) in enumerate(zip(layer_types.kinds(config), layer_types.rows(config))):
     hf = f'{prefix}layers.{i}.'
 
-    def layer(key, path, shape, to_jtc, to_hf, parts=()):
+    def layer(key, path, shape, to_jtc, to_hf, parts=(), expert=None):
       stack = path[0]
       specs.append(
           _TensorSpec(hf + key, ('layers', *path), shape, to_jtc, to_hf, layer=rows[stack],
-                      rows=sizes[stack], parts=tuple(('layers', stack, *p) for p in parts)))
+                      rows=sizes[stack], parts=tuple(('layers', stack, *p) for p in parts),
+                      expert=expert, n_experts=None if expert is None else config.n_experts))
 
     if kind.mixer == 'linear_attention':
       for key, paths, shape, to_jtc, to_hf in linear_attention_tensors(config):
@@ -224,13 +244,33 @@ def _attention_and_mlp(config, kind, layer):
     if config.qk_norm:
       for name in ('q_norm', 'k_norm'):
         layer(f'self_attn.{name}.weight', ('attn', name, 'scale'), (H,), _same, _same)
-  for name in ('gate', 'up'):
-    layer(f'mlp.{name}_proj.weight', ('mlp', name, 'kernel'), (F, D), _transpose, _transpose)
-  layer('mlp.down_proj.weight', ('mlp', 'down', 'kernel'), (D, F), _transpose, _transpose)
+  if kind.ffn == 'moe':
+    _moe(config, layer)
+  else:
+    for name in ('gate', 'up'):
+      layer(f'mlp.{name}_proj.weight', ('mlp', name, 'kernel'), (F, D), _transpose, _transpose)
+    layer('mlp.down_proj.weight', ('mlp', 'down', 'kernel'), (D, F), _transpose, _transpose)
   layer('input_layernorm.weight', ('attn_norm', 'scale'), (D,), _same, _same)
   layer('post_attention_layernorm.weight', ('mlp_norm', 'scale'), (D,), _same, _same)
 
 
 def spec_name(spec: _TensorSpec) -> str:
   """'layers/attn/q/kernel[3]' or 'embed/embedding' (for error messages)."""
-  return '/'.join(spec.jtc_path) + ('' if spec.layer is None else f'[{spec.layer}]')
+  return '/'.join(spec.jtc_path) + ''.join(f'[{i}]' for i in spec.index)
+
+
+def _moe(config, layer):
+  """A layer's mixture-of-experts tensors (`jtc.models.moe`): the router, every expert, the
+  shared expert, through ``layer`` (as `_attention_and_mlp`)."""
+  D, X, F, Fs = config.d_model, config.n_experts, config.d_expert, config.d_shared_expert
+  layer('mlp.gate.weight', ('mlp', 'router', 'kernel'), (X, D), _transpose, _transpose)
+  for e in range(X):
+    for name, shape in (('gate', (F, D)), ('up', (F, D)), ('down', (D, F))):
+      layer(f'mlp.experts.{e}.{name}_proj.weight', ('mlp', f'expert_{name}', 'kernel'), shape,
+            _transpose, _transpose, expert=e)
+  if Fs:
+    for name, shape in (('gate', (Fs, D)), ('up', (Fs, D)), ('down', (D, Fs))):
+      layer(f'mlp.shared_expert.{name}_proj.weight', ('mlp', 'shared', name, 'kernel'), shape,
+            _transpose, _transpose)
+    layer('mlp.shared_expert_gate.weight', ('mlp', 'shared_gate', 'kernel'), (1, D), _transpose,
+          _transpose)

@@ -3,7 +3,8 @@ layer has, how their parameters are stacked, and the scan that runs them.
 
 A layer's kind is a pair (mixer, ffn): the mixer from `ModelConfig.layer_types` ('full_attention'
 or 'linear_attention', Hugging Face's names), the feed-forward block from
-`ModelConfig.ffn_types` ('mlp'; the MoE block adds its own). A layer's parameters are the
+`ModelConfig.ffn_types` ('mlp', or 'moe' for every layer of a model with n_experts > 0:
+`jtc.models.moe`). A layer's parameters are the
 sub-trees of its *stacks*: 'attn_norm', the mixer's stack ('attn' for full attention,
 'linear_attn' for Gated DeltaNet), 'mlp_norm' and the feed-forward block's stack ('mlp', ...).
 Each stack holds the layers that have it, in layer order, stacked on a leading axis::
@@ -40,9 +41,11 @@ import numpy as np
 
 from jtc.models.model_config import ModelConfig
 
-# Mixer / feed-forward name -> the name of its parameter stack under params['layers'].
+# Mixer / feed-forward name -> the name of its parameter stack under params['layers']. A mixture
+# of experts keeps its experts and router under 'mlp' (`moe.init_ffn`), so a model cannot mix
+# dense and MoE feed-forward layers yet (`ModelConfig` refuses it): that needs a stack of its own.
 MIXER_STACKS = {'full_attention': 'attn', 'linear_attention': 'linear_attn'}
-FFN_STACKS = {'mlp': 'mlp'}
+FFN_STACKS = {'mlp': 'mlp', 'moe': 'mlp'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +83,7 @@ def kinds(config: ModelConfig) -> tuple:
   """The `LayerKind` of every layer."""
   Y = config.n_layers
   mixers = config.layer_types or ('full_attention',) * Y
-  ffns = config.ffn_types or ('mlp',) * Y
+  ffns = config.ffn_types or ('moe' if config.is_moe else 'mlp',) * Y
   return tuple(LayerKind(m, f) for m, f in zip(mixers, ffns))
 
 

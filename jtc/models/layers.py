@@ -2,11 +2,12 @@
 (optionally zero-centred weights), rotary embeddings (Hugging Face rotate_half layout, optional
 linear / Llama-3 scaling, optionally on the first dimensions of a head only), the q/k/v
 projections with optional qk-norm, biases and output gate, grouped-query softmax attention, the
-SwiGLU MLP and the pre-norm residual block of any layer kind (`jtc.models.layer_types`).
+SwiGLU MLP (or the mixture of experts of `jtc.models.moe`) and the pre-norm residual block of
+any layer kind (`jtc.models.layer_types`).
 `jtc.models.model` scans them over the stacked layers.
 
 Dimension key (docs/dimensions.md), as `jtc.models.model`: B batch, L tokens, S key slots,
-N query heads, K kv heads, Q = N / K, H head dim, D model dim, F mlp dim.
+N query heads, K kv heads, Q = N / K, H head dim, D model dim, F mlp dim, W experts per token.
 """
 
 import math
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 
 from jtc.models import layer_types
 from jtc.models import lora
+from jtc.models import moe
 from jtc.models.model_config import ModelConfig
 
 MASKED = -1e30  # finite "minus infinity": a fully masked row softmaxes to uniform, not NaN.
@@ -104,13 +106,19 @@ def mlp(mlp, x_BLD, config: ModelConfig):
   return dense('BLF,FD->BLD', jax.nn.silu(gate_BLF) * up_BLF, mlp['down'], dt)
 
 
-def _mlp_ffn(p, x_BLD, config: ModelConfig):
+def feed_forward(p, x_BLD, config: ModelConfig, *, mask_BL=None, replay_BLW=None):
+  """The block's MLP: (y_BLD, None), or with a router in ``p`` the mixture of experts
+  (`jtc.models.moe.feed_forward`: its tokens counted by ``mask_BL``, ``replay_BLW`` replayed):
+  (y_BLD, `moe.Routed`)."""
+  if 'router' in p:
+    return moe.feed_forward(p, x_BLD, config, mask_BL=mask_BL, replay_BLW=replay_BLW)
   return mlp(p, x_BLD, config), None
 
 
-# Feed-forward blocks by `ModelConfig.ffn_types` entry: fn(params, normed x_BLD, config) ->
-# (y_BLD, aux or None); a non-None aux is returned by `block` under the block's stack name.
-FFNS = {'mlp': _mlp_ffn}
+# Feed-forward blocks by layer kind (`LayerKind.ffn`): fn(params, normed x_BLD, config, *,
+# mask_BL, replay_BLW) -> (y_BLD, aux or None); a non-None aux (a mixture of experts'
+# `moe.Routed`) is returned by `block` under the block's stack name.
+FFNS = {'mlp': feed_forward, 'moe': moe.feed_forward}
 
 
 def softmax_attention(q_BLNH, k_BKSH, v_BKSH, allowed_BLS, config: ModelConfig):
@@ -147,18 +155,20 @@ def attention_mixer(attn, sin_BLH, cos_BLH, attend, config: ModelConfig):
   return mixer
 
 
-def block(layer, x_BLD, mixer, config: ModelConfig, kind=None):
+def block(layer, x_BLD, mixer, config: ModelConfig, kind=None, *, mask_BL=None, replay_BLW=None):
   """Pre-norm residual block of a layer of ``kind`` (`jtc.models.layer_types.LayerKind`; None:
   full attention + MLP): x += mixer(norm(x)); x += ffn(norm(x)).
 
-  ``mixer(h_BLD) -> (out_BLD, aux)`` is the layer's token mixer for this call. Returns (the new
-  x, {stack name: aux}) with the mixer's and the feed-forward block's non-None auxiliary
-  outputs under their parameter stacks' names (what `layer_types.scan_layers` stacks).
+  ``mixer(h_BLD) -> (out_BLD, aux)`` is the layer's token mixer for this call; ``mask_BL``,
+  ``replay_BLW`` go to a mixture of experts (`moe.feed_forward`). Returns (the new x, {stack
+  name: aux}) with the mixer's and the feed-forward block's non-None auxiliary outputs (a
+  `moe.Routed`) under their parameter stacks' names (what `layer_types.scan_layers` stacks).
   """
   c = config
   kind = kind or layer_types.DENSE
   out_BLD, mixer_aux = mixer(norm(x_BLD, layer['attn_norm'], c))
   x_BLD = x_BLD + out_BLD
-  y_BLD, ffn_aux = FFNS[kind.ffn](layer[kind.ffn_stack], norm(x_BLD, layer['mlp_norm'], c), c)
+  y_BLD, ffn_aux = FFNS[kind.ffn](layer[kind.ffn_stack], norm(x_BLD, layer['mlp_norm'], c), c,
+                                  mask_BL=mask_BL, replay_BLW=replay_BLW)
   auxes = ((kind.mixer_stack, mixer_aux), (kind.ffn_stack, ffn_aux))
   return x_BLD + y_BLD, {name: aux for name, aux in auxes if aux is not None}

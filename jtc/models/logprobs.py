@@ -4,7 +4,7 @@ rows (`sequence_logprobs`), which the update, the behaviour pass, the diagnostic
 analysis all use. Gradients are exact.
 
 Dimension key (docs/dimensions.md): B batch, T completion length, L = P + T, P prompt width, D model dim,
-V vocab, C vocab chunk, n number of chunks.
+V vocab, C vocab chunk, n number of chunks, Y layers, W experts per token.
 """
 
 import chex
@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from jtc.models import layers
 from jtc.models import model as model_lib
+from jtc.models import moe
 from jtc.models.model_config import ModelConfig
 
 
@@ -76,7 +77,7 @@ def token_logprobs(hidden_BTD, head_DV, targets_BT, *, vocab_chunk: int = 8192):
 
 def sequence_logprobs(params, config: ModelConfig, tokens_BL, input_mask_BL, *,
                       completion_start: int, vocab_chunk: int = 8192, return_hidden: bool = False,
-                      row_sharding=None) -> dict:
+                      row_sharding=None, replay_BLYW=None) -> dict:
   """Per-token log-probs and entropies of the completion region of [prompt | completion].
 
   tokens_BL = [left-padded prompt (static width P = completion_start) | completion (T)];
@@ -86,10 +87,16 @@ def sequence_logprobs(params, config: ModelConfig, tokens_BL, input_mask_BL, *,
   Returns:
     {'logps': [B, T] float32 log p(tokens[:, P+t] | prefix),
      'entropy': [B, T] float32 entropy of that next-token distribution,
-     'hidden': [B, T, D] final-normed hidden state that predicted it (iff return_hidden)}.
+     'hidden': [B, T, D] final-normed hidden state that predicted it (iff return_hidden)},
+    and for a mixture-of-experts model
+    {'experts': [B, T, Y, W] int32, the experts the router itself picks for completion token t
+       in each layer (`moe.Routed.experts_BLW`; replayed or not),
+     'router_aux': [] float32, the load-balancing loss of the real tokens
+       (`moe.load_balancing_loss`)}.
     Values at pad positions are finite but meaningless; mask them.
     ``row_sharding``: as `model_lib.hidden_states` (the rows of every activation over the batch
-    axes of a mesh).
+    axes of a mesh). ``replay_BLYW``: int experts to route each token to in each layer (-1: the
+    router's own choice; `jtc.models.moe.route`), or None.
   """
   chex.assert_rank([tokens_BL, input_mask_BL], 2)
   chex.assert_equal_shape([tokens_BL, input_mask_BL])
@@ -97,13 +104,18 @@ def sequence_logprobs(params, config: ModelConfig, tokens_BL, input_mask_BL, *,
   L = tokens_BL.shape[1]
   if not 1 <= P < L:
     raise ValueError(f'completion_start={P!r} must satisfy 1 <= completion_start < L={L}')
-  hidden_BLD, _ = model_lib.hidden_states(params, config, tokens_BL,
-                                          model_lib.positions_from_mask(input_mask_BL),
-                                          input_mask_BL, row_sharding=row_sharding)
+  replay_YBLW = None if replay_BLYW is None else jnp.moveaxis(replay_BLYW, 2, 0)
+  hidden_BLD, _, routed = model_lib.hidden_states(params, config, tokens_BL,
+                                                  model_lib.positions_from_mask(input_mask_BL),
+                                                  input_mask_BL, row_sharding=row_sharding,
+                                                  replay_YBLW=replay_YBLW)
   hidden_BTD = hidden_BLD[:, P - 1:L - 1]
   logps_BT, entropy_BT = token_logprobs(hidden_BTD, model_lib.lm_head_DV(params, config),
                                         tokens_BL[:, P:], vocab_chunk=vocab_chunk)
   out = {'logps': logps_BT, 'entropy': entropy_BT}
   if return_hidden:
     out['hidden'] = hidden_BTD
+  if routed is not None:
+    out['experts'] = jnp.moveaxis(routed.experts_BLW[:, :, P:], 0, 2)
+    out['router_aux'] = moe.load_balancing_loss(routed, input_mask_BL)
   return out

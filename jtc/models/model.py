@@ -32,7 +32,7 @@ full attention + MLP is::
                        'q_gate': {'kernel': [Y, D, N, H]}},            # iff attn_output_gate
               'mlp_norm': {'scale': [Y, D]},
               'mlp': {'gate': {'kernel': [Y, D, F]}, 'up': {'kernel': [Y, D, F]},
-                      'down': {'kernel': [Y, F, D]}}},
+                      'down': {'kernel': [Y, F, D]}}},   # or a mixture of experts: `moe`
    'final_norm': {'scale': [D]},
    'lm_head': {'kernel': [D, V]}}                                    # absent iff tie_embeddings
 
@@ -70,10 +70,12 @@ from jtc.models import attention
 from jtc.models import gated_deltanet
 from jtc.models import layer_types
 from jtc.models import layers
+from jtc.models import moe
+from jtc.models.axes import CACHE_AXES, CACHE_MASK_AXES, param_logical_axes  # the model's
 from jtc.models.model_config import ModelConfig  # the architecture this module implements
-# The parameters' initialisation, layout conversion and logical axes (re-exported).
-from jtc.models.params import (_init_params_jit, init_params, num_params, param_logical_axes,
-                               stack_layers, unstack_layers)
+# The parameters' initialisation and layout conversion (re-exported).
+from jtc.models.params import (_init_params_jit, init_params, num_params, stack_layers,
+                               unstack_layers)
 
 # ----------------------------------------------------------------------------------------
 # Caches.
@@ -131,14 +133,16 @@ def _to_BKLH(x_BLKH):
 # The trunk: a scan over the stacked layers (`layer_types.scan_layers`).
 
 
-def trunk(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask_BL, *,
-          return_kv: bool = False):
+def trunk(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask_BL, *, return_kv: bool = False,
+          replay_YBLW=None):
   """Causal attention over the L tokens themselves (real keys only), by `config.attention`;
   the chunked Gated DeltaNet from a zero state in a hybrid's linear-attention layers.
 
-  Returns (x_BLD, states): states {} or, when `return_kv` (a prompt cache), {'attn': (k, v)}
-  with the keys/values of the full-attention layers, each [Y, B, K, L, H], and in a hybrid
-  'linear_attn': the linear layers' `gated_deltanet.LinearState` after the L tokens, stacked."""
+  Returns (x_BLD, states, routed): states {} or, when `return_kv` (a prompt cache), {'attn':
+  (k, v)} with the keys/values of the full-attention layers, each [Y, B, K, L, H], and in a
+  hybrid 'linear_attn': the linear layers' `gated_deltanet.LinearState` after the L tokens,
+  stacked; routed the layers' `moe.Routed` (leaves [Y, ...]) of a mixture-of-experts model, else
+  None. ``replay_YBLW``: experts to route each layer's tokens to (`moe.route`), or None."""
   c = config
 
   def attend(q_BLNH, k_BLKH, v_BLKH):
@@ -146,7 +150,7 @@ def trunk(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask_BL, *,
     return out_BLNH, ((_to_BKLH(k_BLKH), _to_BKLH(v_BLKH)) if return_kv else None)
 
   def layer_fn(kind, x_BLD, layer, _):
-    (p,) = layer
+    p, replay = layer
     if kind.mixer == 'linear_attention':
 
       def mixer(h_BLD):
@@ -154,9 +158,14 @@ def trunk(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask_BL, *,
         return out_BLD, (state if return_kv else None)
     else:
       mixer = layers.attention_mixer(p['attn'], sin_BLH, cos_BLH, attend, c)
-    return layers.block(p, x_BLD, mixer, c, kind)
+    return layers.block(p, x_BLD, mixer, c, kind, mask_BL=mask_BL,
+                        replay_BLW=replay.get(kind.ffn_stack))
 
-  return layer_types.scan_layers(layer_fn, x_BLD, (params['layers'],), c, remat=c.remat)
+  replay = {} if replay_YBLW is None else {'mlp': replay_YBLW}
+  x_BLD, out = layer_types.scan_layers(layer_fn, x_BLD, (params['layers'], replay), c,
+                                       remat=c.remat)
+  routed = out.pop('mlp', None)
+  return x_BLD, out, routed
 
 
 def _trunk_with_cache(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask_BL,
@@ -190,7 +199,7 @@ def _trunk_with_cache(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask
         return layers.softmax_attention(q_BLNH, k_new, v_new, allowed_BLS, c), (k_new, v_new)
 
       mixer = layers.attention_mixer(p['attn'], sin_BLH, cos_BLH, attend, c)
-    return layers.block(p, x_BLD, mixer, c, kind)
+    return layers.block(p, x_BLD, mixer, c, kind, mask_BL=mask_BL)
 
   states = {'attn': (cache.k, cache.v)}
   if cache.linear is not None:
@@ -198,7 +207,7 @@ def _trunk_with_cache(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask
   x_BLD, out = layer_types.scan_layers(layer_fn, x_BLD, (params['layers'], states), c)
   k, v = out.get('attn', (cache.k, cache.v))
   return x_BLD, KVCache(k=k, v=v, mask_BS=key_mask_BS, index=index + L,
-                        linear=out.get('linear_attn'))
+                        linear=out.get('linear_attn')), out.get('mlp')
 
 
 def constrain_rows(x, row_sharding):
@@ -209,18 +218,21 @@ def constrain_rows(x, row_sharding):
 
 
 def hidden_states(params, config: ModelConfig, tokens_BL, positions_BL, mask_BL,
-                  cache: KVCache | None = None, *, row_sharding=None):
-  """The trunk only: (final-normed hidden [B, L, D], cache or None). No LM head.
-  ``row_sharding``: the embedded tokens' rows constrained to it (`constrain_rows`)."""
+                  cache: KVCache | None = None, *, row_sharding=None, replay_YBLW=None):
+  """The trunk only: (final-normed hidden [B, L, D], cache or None, `moe.Routed` of the layers or
+  None). No LM head. ``row_sharding``: the embedded tokens' rows constrained to it
+  (`constrain_rows`); ``replay_YBLW``: as `trunk` (without a cache)."""
   chex.assert_rank([tokens_BL, positions_BL, mask_BL], 2)
   chex.assert_equal_shape([tokens_BL, positions_BL, mask_BL])
   sin_BLH, cos_BLH = layers.rope_sin_cos(positions_BL, config)
   x_BLD = constrain_rows(embed_tokens(params, tokens_BL, config), row_sharding)
   if cache is None:
-    x_BLD, _ = trunk(params, config, x_BLD, sin_BLH, cos_BLH, mask_BL)
+    x_BLD, _, routed = trunk(params, config, x_BLD, sin_BLH, cos_BLH, mask_BL,
+                             replay_YBLW=replay_YBLW)
   else:
-    x_BLD, cache = _trunk_with_cache(params, config, x_BLD, sin_BLH, cos_BLH, mask_BL, cache)
-  return final_norm(params, x_BLD, config), cache
+    x_BLD, cache, routed = _trunk_with_cache(params, config, x_BLD, sin_BLH, cos_BLH, mask_BL,
+                                             cache)
+  return final_norm(params, x_BLD, config), cache, routed
 
 
 def positions_from_mask(mask_BL):
@@ -245,10 +257,12 @@ def logits(params, config: ModelConfig, hidden_BLD):
 @flax.struct.dataclass
 class ForwardOutput:
   """logits_BLV float32 [B, L, V]; hidden_BLD [B, L, D] final-normed (None unless asked);
-  cache the updated `KVCache` (None if none was passed)."""
+  cache the updated `KVCache` (None if none was passed); routed the layers' `moe.Routed` of a
+  mixture-of-experts model (None for a dense one)."""
   logits_BLV: jax.Array
   hidden_BLD: jax.Array | None
   cache: KVCache | None
+  routed: moe.Routed | None = None
 
 
 def forward(params, config: ModelConfig, tokens_BL, positions_BL, mask_BL,
@@ -269,11 +283,6 @@ def forward(params, config: ModelConfig, tokens_BL, positions_BL, mask_BL,
   Returns:
     `ForwardOutput(logits_BLV float32, hidden_BLD or None, cache or None)`.
   """
-  hidden_BLD, cache = hidden_states(params, config, tokens_BL, positions_BL, mask_BL, cache)
+  hidden_BLD, cache, routed = hidden_states(params, config, tokens_BL, positions_BL, mask_BL, cache)
   return ForwardOutput(logits_BLV=logits(params, config, hidden_BLD),
-                       hidden_BLD=hidden_BLD if return_hidden else None, cache=cache)
-
-
-# Logical axes of the KV caches ([Y, B, K, S, H] and [B, S]) and of activations/batches.
-CACHE_AXES = ('layers', 'batch', 'kv_heads', 'cache_length', 'head_dim')
-CACHE_MASK_AXES = ('batch', 'cache_length')
+                       hidden_BLD=hidden_BLD if return_hidden else None, cache=cache, routed=routed)

@@ -15,9 +15,13 @@ ROPE_SCALINGS = ('default', 'linear', 'llama3')
 # softmax over key blocks with a recomputing backward, or the Pallas TPU splash kernel.
 ATTENTIONS = ('dense', 'blockwise', 'splash')
 # A layer's token mixer (Hugging Face's `layer_types` values) and its feed-forward block: the
-# kinds `jtc.models.layer_types` combines (the MoE block adds its name to FFN_TYPES).
+# kinds `jtc.models.layer_types` combines ('moe': `jtc.models.moe`, every layer's when
+# n_experts > 0).
 LAYER_TYPES = ('full_attention', 'linear_attention')
-FFN_TYPES = ('mlp',)
+FFN_TYPES = ('mlp', 'moe')
+# How a mixture-of-experts layer computes its experts (`jtc.models.moe.MOE_IMPLS`): both exact
+# and dropless (every token reaches its experts), different in FLOPs and speed.
+MOE_IMPLS = ('ragged', 'dense')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +75,8 @@ class ModelConfig:
   # RMSNorm weights stored zero-centred, y = norm(x) * (1 + w) (Qwen3.5 / Qwen3-Next: the
   # layer, final and q/k norms; the Gated DeltaNet's output norm keeps y = norm(x) * w).
   norm_zero_centered: bool = False
-  # Gated DeltaNet (the 'linear_attention' layers): K key heads of dim H, N = K * Q value heads
-  # of dim O, a causal depthwise convolution of width `linear_conv_width` on q, k, v, and the
+  # Gated DeltaNet (the 'linear_attention' layers): K key heads, N = K * Q value heads (each with
+  # its head dimension), a causal depthwise convolution of width `linear_conv_width` on q, k, v, and the
   # chunk length of the chunked parallel form (training and scoring; decoding is recurrent).
   linear_n_k_heads: int = 2
   linear_n_v_heads: int = 4
@@ -80,6 +84,17 @@ class ModelConfig:
   linear_v_head_dim: int = 32
   linear_conv_width: int = 4
   linear_chunk: int = 64
+  # Mixture of experts (`jtc.models.moe`, Qwen3-MoE): with n_experts > 0 every layer's MLP is
+  # X = n_experts SwiGLU experts of width d_expert, experts_per_token of them per token (the top
+  # of the router's softmax; their weights renormalised to sum 1 iff norm_topk_prob), plus a
+  # shared expert of width d_shared_expert behind a sigmoid gate when that is > 0 (Qwen3-Next).
+  # n_experts = 0: the dense SwiGLU MLP of width d_ff.
+  n_experts: int = 0
+  experts_per_token: int = 0
+  d_expert: int = 0
+  norm_topk_prob: bool = True
+  d_shared_expert: int = 0
+  moe_impl: str = 'ragged'
 
   def __post_init__(self):
     for name in ('layer_types', 'ffn_types'):  # a list from JSON or a config file: a tuple
@@ -102,6 +117,14 @@ class ModelConfig:
       raise ValueError(f'ModelConfig.partial_rotary_factor={self.partial_rotary_factor!r} must be '
                        f'in (0, 1] and rotate an even number of the head_dim={self.head_dim} '
                        f'dimensions (it rotates {self.rotary_dim})')
+    if set(self.ffn_types) == {'mlp', 'moe'}:
+      raise ValueError(f'ModelConfig.ffn_types={list(self.ffn_types)!r} mixes dense and '
+                       "mixture-of-experts layers, which share the 'mlp' stack: not supported yet")
+    if 'moe' in self.ffn_types and not self.n_experts:
+      raise ValueError("ModelConfig.ffn_types has 'moe' layers but n_experts=0")
+    if self.n_experts and 'mlp' in self.ffn_types:
+      raise ValueError(f'ModelConfig.n_experts={self.n_experts} makes every layer a mixture of '
+                       f"experts; ffn_types={list(self.ffn_types)!r} has 'mlp' layers")
     for name, valid in (('layer_types', LAYER_TYPES), ('ffn_types', FFN_TYPES)):
       values = getattr(self, name)
       if values and len(values) != self.n_layers:
@@ -131,10 +154,30 @@ class ModelConfig:
       value = getattr(self, name)
       if value not in DTYPES:
         raise ValueError(f'ModelConfig.{name}={value!r} is not one of {sorted(DTYPES)}')
+    self._check_moe()
     for name in ('qk_norm', 'attn_bias', 'tie_embeddings', 'remat', 'attn_output_gate',
-                 'norm_zero_centered'):
+                 'norm_zero_centered', 'norm_topk_prob'):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f'ModelConfig.{name} must be a bool, got {getattr(self, name)!r}')
+
+  def _check_moe(self):
+    for name in ('n_experts', 'experts_per_token', 'd_expert', 'd_shared_expert'):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f'ModelConfig.{name} must be an int >= 0, got {value!r}')
+    if self.moe_impl not in MOE_IMPLS:
+      raise ValueError(f'ModelConfig.moe_impl={self.moe_impl!r} is not one of {list(MOE_IMPLS)}')
+    if not self.n_experts:
+      return
+    if not 1 <= self.experts_per_token <= self.n_experts:
+      raise ValueError(f'ModelConfig.experts_per_token={self.experts_per_token} must be in '
+                       f'[1, n_experts={self.n_experts}]')
+    if not self.d_expert:
+      raise ValueError(f'ModelConfig.d_expert must be > 0 with n_experts={self.n_experts}')
+
+  @property
+  def is_moe(self) -> bool:
+    return self.n_experts > 0
 
   @property
   def rotary_dim(self) -> int:
@@ -259,6 +302,38 @@ class ModelConfig:
         **{
             **dict(vocab_size=248_320, d_model=4096, n_layers=32, n_heads=16, n_kv_heads=4, head_dim=256, d_ff=12_288, linear_n_k_heads=16, linear_n_v_heads=32, **_QWEN3_5, tie_embeddings=False),
             **_qwen3_5_flags(32),
+            **overrides
+        })
+
+  @classmethod
+  def tiny_moe(cls, vocab_size: int = 64, **overrides) -> 'ModelConfig':
+    """`tiny` with a mixture of experts in every layer: 8 experts of width 192, 2 per token (the
+    active MLP width 384 of `tiny`'s dense MLP), a 128-wide shared expert off."""
+    return cls.tiny(
+        vocab_size, **{
+            **dict(n_experts=8, experts_per_token=2, d_expert=192, norm_topk_prob=True),
+            **overrides
+        })
+
+  @classmethod
+  def qwen3_30b_a3b(cls, **overrides) -> 'ModelConfig':
+    """Qwen/Qwen3-30B-A3B config.json: 48 layers, hidden 2048, 32 heads / 4 kv heads of 128,
+    128 experts of intermediate 768, 8 per token (norm_topk_prob), dense intermediate 6144
+    (unused: every layer is sparse), vocab 151936, rope_theta 1e6, untied embeddings."""
+    return cls(
+        **{
+            **dict(vocab_size=151_936, d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128, d_ff=6144, n_experts=128, experts_per_token=8, d_expert=768, norm_topk_prob=True, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True, attn_bias=False, tie_embeddings=False, param_dtype='bfloat16', dtype='bfloat16', max_seq_len=40_960),
+            **overrides
+        })
+
+  @classmethod
+  def qwen3_235b_a22b(cls, **overrides) -> 'ModelConfig':
+    """Qwen/Qwen3-235B-A22B config.json: 94 layers, hidden 4096, 64 heads / 4 kv heads of 128,
+    128 experts of intermediate 1536, 8 per token (norm_topk_prob), dense intermediate 12288
+    (unused), vocab 151936, rope_theta 1e6, untied embeddings."""
+    return cls(
+        **{
+            **dict(vocab_size=151_936, d_model=4096, n_layers=94, n_heads=64, n_kv_heads=4, head_dim=128, d_ff=12_288, n_experts=128, experts_per_token=8, d_expert=1536, norm_topk_prob=True, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True, attn_bias=False, tie_embeddings=False, param_dtype='bfloat16', dtype='bfloat16', max_seq_len=40_960),
             **overrides
         })
 

@@ -1,7 +1,7 @@
 """The decoder's parameters: random initialisation (one layer's initialiser per stack, vmapped
-over its rows), the conversion from the earlier per-layer layout, and the logical axes of every
-parameter (`jtc.rl.sharding` maps them to mesh axes). The layout is documented in
-`jtc.models.model`; the stacks of a hybrid in `jtc.models.layer_types`.
+over its rows) and the conversion from the earlier per-layer layout. The layout is documented in
+`jtc.models.model`, the stacks of a hybrid in `jtc.models.layer_types`, the logical axes in
+`jtc.models.axes`.
 
 Dimension key (docs/dimensions.md): V vocab, D model dim, Y layers, N query heads, K kv heads,
 H head dim, F mlp dim.
@@ -9,14 +9,13 @@ H head dim, F mlp dim.
 
 import functools
 import math
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jtc.models import gated_deltanet
 from jtc.models import layer_types
+from jtc.models import moe
 from jtc.models.model_config import ModelConfig
 
 
@@ -59,8 +58,11 @@ def _init_attn(c: ModelConfig, keys) -> dict:
 
 
 def _init_mlp(c: ModelConfig, keys) -> dict:
+  """The dense SwiGLU MLP, or every layer's mixture of experts when n_experts > 0."""
   D, F, dt = c.d_model, c.d_ff, c.jnp_param_dtype
   kg, ku, kd = keys
+  if c.is_moe:
+    return moe.init_ffn(c, kg)
   return {
       'gate': {
           'kernel': _normal(kg, (D, F), D, dt)
@@ -168,58 +170,3 @@ def unstack_layers(params: dict) -> dict:
   for i in range(Y):
     out[f'layers_{i}'] = jax.tree_util.tree_map(lambda x, i=i: x[i], params['layers'])
   return out
-
-
-# ----------------------------------------------------------------------------------------
-# Logical axes of every parameter (`jtc.rl.sharding` maps them to mesh axes).
-
-_PARAM_AXES = {
-    ('embed', 'embedding'): ('vocab', 'embed'),
-    ('attn_norm', 'scale'): ('norm',),
-    ('mlp_norm', 'scale'): ('norm',),
-    ('final_norm', 'scale'): ('norm',),
-    ('q', 'kernel'): ('embed', 'heads', 'head_dim'),
-    ('q', 'bias'): ('heads', 'head_dim'),
-    ('q_gate', 'kernel'): ('embed', 'heads', 'head_dim'),
-    ('k', 'kernel'): ('embed', 'kv_heads', 'head_dim'),
-    ('k', 'bias'): ('kv_heads', 'head_dim'),
-    ('v', 'kernel'): ('embed', 'kv_heads', 'head_dim'),
-    ('v', 'bias'): ('kv_heads', 'head_dim'),
-    ('o', 'kernel'): ('heads', 'head_dim', 'embed'),
-    ('q_norm', 'scale'): ('head_dim',),
-    ('k_norm', 'scale'): ('head_dim',),
-    ('gate', 'kernel'): ('embed', 'mlp'),
-    ('up', 'kernel'): ('embed', 'mlp'),
-    ('down', 'kernel'): ('mlp', 'embed'),
-    ('lm_head', 'kernel'): ('embed', 'vocab'),
-}
-# Stacks whose parameters have their own table, keyed by the path below the stack's name.
-_STACK_AXES = {'linear_attn': gated_deltanet.PARAM_AXES}
-
-
-def _axes_of(keys: tuple):
-  """Logical axes of the parameter at path ``keys`` (without the 'layers' axis), or None."""
-  for stack, table in _STACK_AXES.items():
-    if stack in keys:
-      return table.get(keys[keys.index(stack) + 1:])
-  return _PARAM_AXES.get(keys[-2:])
-
-
-def param_logical_axes(params) -> Any:
-  """A pytree like `params` whose leaves are tuples of logical axis names; parameters under
-  'layers' get the stacked 'layers' axis first."""
-
-  def axes(path, leaf):
-    names = _axes_of(tuple(p.key for p in path))
-    if names is None:
-      raise ValueError(f'no logical axes for parameter {jax.tree_util.keystr(path)}; '
-                       f'known: {sorted(_PARAM_AXES)} and, below '
-                       f'{sorted(_STACK_AXES)}, {[sorted(t) for t in _STACK_AXES.values()]}')
-    if path[0].key == 'layers':
-      names = ('layers',) + names
-    if len(names) != leaf.ndim:
-      raise ValueError(f'parameter {jax.tree_util.keystr(path)} has shape {leaf.shape}, '
-                       f'expected rank {len(names)} for axes {names}')
-    return names
-
-  return jax.tree_util.tree_map_with_path(axes, params)

@@ -1,12 +1,14 @@
 """Held-out evaluation: avg@k of every population member on the same problems, with common random
-numbers (`crn_hash`), its sampling error (`sampling_se`), and the equivalent-format shares of the
-correct samples (`format_metrics`, also logged per training step).
+numbers (`crn_hash`), its sampling error (`sampling_se`), the unbiased pass@j estimates from the
+same k samples (`pass_at_k`, Chen et al. 2021), and the equivalent-format shares of the correct
+samples (`format_metrics`, also logged per training step).
 
 Dimension key (docs/dimensions.md): M problems, G samples per problem (k), B rows, E population
 members.
 """
 
 import json
+import math
 import zlib
 
 import jax
@@ -63,16 +65,41 @@ def evaluate(gen, params, examples, rng, *, sampling, batch_prompts, task=None):
   for m, (c_m, t_m) in enumerate(zip(correct, texts)):
     c_m = np.concatenate(c_m)
     results.append({
-        f'avg@{k}':
-            float(c_m.mean()),
-        f'avg@{k}_se':
-            sampling_se(c_m.reshape(-1, k)),
-        'crn':
-            crn_hash([e['prompt'] for e in examples], [key[m] for key in keys_M],
-                     batch_prompts=batch_prompts, sampling=sampling),
+        f'avg@{k}': float(c_m.mean()),
+        f'avg@{k}_se': sampling_se(c_m.reshape(-1, k)),
+        **{
+            f'pass@{j}': pass_at_k(c_m.reshape(-1, k), j) for j in pass_ks(k)
+        }, 'crn': crn_hash([e['prompt'] for e in examples], [key[m] for key in keys_M],
+                           batch_prompts=batch_prompts, sampling=sampling),
         **format_metrics(task, t_m, c_m)
     })
   return results
+
+
+def pass_ks(n):
+  """The j of the pass@j logged from n samples per problem: 1, 2, 4, ... up to n, and n."""
+  return tuple(sorted({2**i for i in range(n.bit_length()) if 2**i <= n} | {n}))
+
+
+def pass_at_k(correct_MG, k):
+  """Unbiased pass@k from G >= k samples per problem (Chen et al. 2021, "Evaluating Large
+  Language Models Trained on Code", Eq. 1): the mean over the M problems of
+  1 - C(G - c, k) / C(G, k), c the problem's correct samples, the chance that k of its G
+  samples drawn without replacement hold at least one correct one. pass@1 is avg@G; pass@G is
+  the share of problems solved at least once. Exact integer binomials: no overflow for any G.
+
+  Args:
+    correct_MG: [M, G] bool, sample g of problem m correct.
+    k: 1 <= k <= G.
+  Returns: a float in [0, 1].
+  """
+  correct_MG = np.asarray(correct_MG, bool)
+  _, g = correct_MG.shape
+  if not 1 <= k <= g:
+    raise ValueError(f'pass@{k} needs 1 <= k <= {g}, the samples per problem')
+  total = math.comb(g, k)
+  by_count = np.array([1.0 - math.comb(g - c, k) / total for c in range(g + 1)])
+  return float(by_count[correct_MG.sum(-1)].mean())
 
 
 def crn_hash(prompts, keys, *, batch_prompts, sampling):

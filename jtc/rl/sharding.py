@@ -67,6 +67,8 @@ LOGICAL_AXIS_RULES = {
     'head_dim': None,
     'mlp': 'tensor',
     'norm': None,
+    # The experts of a mixture-of-experts layer ([X, ...] expert weights).
+    'experts': None,
 }
 
 

@@ -3,7 +3,8 @@ config that made it, and a run of another config is never resumed into it by acc
 
   claim(workdir, config)           all three, for a trainer that is about to use it (never a
                                    population member's directory)
-  lock(workdir)                    an exclusive lock (fcntl) naming the holder's PID
+  lock(workdir)                    an exclusive lock (fcntl) naming the holder's PID, its
+                                   file removed when released
   check_writable(workdir)          one clear line for a workdir that is a file or read-only
   check_identity(workdir, config)  compared with the run's config.json on resume (only
                                    RESUMABLE_KEYS may differ); record_config writes it
@@ -61,26 +62,64 @@ def check_writable(workdir):
     raise WorkdirError(f'--workdir={workdir} is not writable')
 
 
-def lock(workdir):
-  """Holds an exclusive lock on the workdir for the life of the returned file object; a
-  second trainer on the same workdir gets a WorkdirError naming the first one's PID."""
-  path = os.path.join(workdir, LOCK_FILE)
-  f = open(path, 'a+')  # pylint: disable=consider-using-with
-  try:
-    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except OSError as e:
-    if e.errno not in (errno.EAGAIN, errno.EACCES):
-      raise
-    f.seek(0)
-    holder = f.read().strip() or 'another process'
-    f.close()
-    raise WorkdirError(f'--workdir={workdir} is in use by {holder}; two runs in one workdir '
-                       'would corrupt each other (wait for it, or use another --workdir)') from None
+class Lock:
+  """An exclusive ``fcntl`` lock on a file that names its holder's PID; ``close()`` removes the
+  file, then releases the lock, so nothing is left behind when its holder ends."""
+
+  def __init__(self, path, f):
+    self.path, self._file = path, f
+
+  def close(self):
+    """Removes the lock file and releases the lock. Idempotent."""
+    if self._file is None:
+      return
+    try:
+      os.remove(self.path)
+    except FileNotFoundError:
+      pass
+    self._file.close()
+    self._file = None
+
+
+def lock_file(path, in_use):
+  """A `Lock` on ``path`` (created), or ``in_use(holder)``'s error when another process holds it.
+
+  The file is removed on release: a process that opened it just before and locks it after
+  holds a removed file, so each attempt checks that the path is still the file it locked, and
+  tries again when not."""
+  while True:
+    f = open(path, 'a+')  # pylint: disable=consider-using-with
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      if e.errno not in (errno.EAGAIN, errno.EACCES):
+        raise
+      f.seek(0)
+      holder = f.read().strip() or 'another process'
+      f.close()
+      raise in_use(holder) from None
+    try:
+      same = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+    except FileNotFoundError:
+      same = False
+    if same:
+      break
+    f.close()  # released by its holder meanwhile: lock the new file
   f.seek(0)
   f.truncate()
   f.write(f'pid {os.getpid()}')
   f.flush()
-  return f
+  return Lock(path, f)
+
+
+def lock(workdir):
+  """Holds an exclusive lock on the workdir until the returned `Lock` is closed (which removes
+  its file); a second trainer on the same workdir gets a WorkdirError naming the first one's
+  PID."""
+  return lock_file(
+      os.path.join(workdir, LOCK_FILE), lambda holder: WorkdirError(
+          f'--workdir={workdir} is in use by {holder}; two runs in one workdir would corrupt each '
+          'other (wait for it, or use another --workdir)'))
 
 
 def check_identity(workdir, config, *, allow_changes=False, has_checkpoint):

@@ -75,3 +75,38 @@ def test_the_viewer_shows_tokens_and_switches_objectives(chromium, run_with_ledg
     assert cells.count() == 2 * int((ledger['completion_mask_BT'][G:2 * G] > 0).sum())
     browser.close()
   assert not errors, errors
+
+
+def test_the_viewer_opens_an_imported_ledger_and_colours_by_the_framework(chromium, tmp_path):
+  """A prime-rl token export imported by `jtc ledger import` (tests/interop/test_prime_rl.py
+  writes it as prime-rl does) opens in the viewer, which colours by jtc's coefficient, prime-rl's
+  or their difference."""
+  from jtc import cli  # pylint: disable=import-outside-toplevel
+  from tests.interop import test_prime_rl  # pylint: disable=import-outside-toplevel
+  step_dir = test_prime_rl._step(tmp_path / 'run')[0]  # pylint: disable=protected-access
+  out, page_path = str(tmp_path / 'W'), str(tmp_path / 'view.html')
+  assert cli.main(['ledger', 'import', '--from', 'prime-rl', step_dir, '--out', out]) == 0
+  assert cli.main(
+      ['ledger', 'html', out, '--step', '7', '--objectives', 'dapo,grpo', '--out', page_path]) == 0
+  ledger = ledger_lib.load(out, 7)
+  G = ledger.meta['group_size']
+  real_tokens = int((ledger['completion_mask_BT'][:G] > 0).sum())
+  with sync_playwright() as p:
+    browser = p.chromium.launch(executable_path=chromium, args=FLAGS)
+    page = browser.new_page()
+    errors = []
+    page.on('pageerror', lambda e: errors.append(str(e)))
+    page.goto('file://' + page_path)
+    cells = page.locator('#view .tok')
+    assert cells.count() == real_tokens
+    colours = lambda: page.eval_on_selector_all('#view .tok',
+                                                'els => els.map(e => e.style.background)')
+    jtc_colours = colours()
+    assert len(set(jtc_colours)) > 1 and 'framework=' in cells.first.get_attribute('title')
+    page.select_option('#colour', 'framework')
+    framework = colours()
+    page.select_option('#colour', 'diff')
+    diff = colours()
+    assert framework != jtc_colours and diff != framework and cells.count() == real_tokens
+    browser.close()
+  assert not errors, errors

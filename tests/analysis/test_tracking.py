@@ -240,7 +240,9 @@ def test_a_missing_package_names_the_extra_before_anything_runs(offline, tmp_pat
   c = common.get_config('smoke')
   c.log.wandb_project = 'jtc-tests'
   workdir = tmp_path / 'w'
-  with pytest.raises(ValueError, match=r"needs the wandb package.*pip install 'jtc\[wandb\]'"):
+  with pytest.raises(
+      ValueError,
+      match=r'needs the wandb package.*pip install -e "\.\[wandb\]" in the jtc checkout'):
     trainer_lib.Trainer(c, str(workdir))
   assert not workdir.exists()
   # Known negatives: another process of a multi-process run never logs, and W&B not asked for.

@@ -96,6 +96,7 @@ def test_concurrent_prepare_on_a_fresh_dir(tmp_path, unlocked):
   assert len(versions) == 1 and os.path.isfile(os.path.join(versions[0], 'dataset_info.json'))
   if not unlocked:  # with the lock, only one process generated: no stray incomplete folders
     assert not glob.glob(os.path.join(folders[0], 'jtc_synthetic', 'incomplete.*'))
+  assert not glob.glob(os.path.join(data_dir, '.*.lock'))  # the lock files went with the locks
 
 
 def test_no_download_chatter_when_generating_or_reading(tmp_path):

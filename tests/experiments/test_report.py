@@ -16,17 +16,24 @@ from experiments import sweeps as sweeps_lib
 from tests.experiments.fake_runs import fake_sweep, fake_command, run_fake_sweep
 
 
-def write_fake_summaries(results_dir, sweep, acc_by_label, seeds):
-  """Summaries as the runner writes them, from synthetic metrics; returns the values."""
+def write_fake_summaries(results_dir, sweep, acc_by_label, seeds, pass_by_label=None):
+  """Summaries as the runner writes them, from synthetic metrics; returns the values.
+  ``pass_by_label``: pass@4 values as well (runs made before pass@k was logged have none)."""
   specs = schedule.make_specs(sweep, seeds)
   for spec in specs:
     acc = acc_by_label[spec.run.label][spec.seed]
+    passes = {} if pass_by_label is None else {
+        'eval/pass@1': acc,
+        'eval/pass@2': (acc + pass_by_label[spec.run.label][spec.seed]) / 2,
+        'eval/pass@4': pass_by_label[spec.run.label][spec.seed]
+    }
     records = [{
         'step': s,
         'reward_mean': 0.1 * s + acc,
         'accuracy': acc,
         'compute/generated_tokens': 1000 * s,
-        'eval/avg@4': acc
+        'eval/avg@4': acc,
+        **passes
     } for s in range(sweep.num_steps + 1)]
     summary = summaries.make_summary(spec, '/nowhere', records, wall_time_s=1.0, command=['x'])
     summaries.write_json(summaries.summary_path(results_dir, spec), summary)
@@ -72,6 +79,31 @@ def test_tables_rebuild_from_summaries_alone(tmp_path):
   # Smoke results go elsewhere and do not touch the real file.
   smoke_dir, smoke_md = report.result_paths('table1', smoke=True, results_root=str(tmp_path))
   assert smoke_dir != results_dir and smoke_md != md_path
+
+
+def test_an_accuracy_table_gets_its_pass_at_k_companion_when_the_runs_logged_it(tmp_path):
+  """The companion reads the largest K (pass@4, not pass@1 or pass@2) and adds no claim; runs
+  without pass@ (older summaries) get none."""
+  sweep = fake_sweep()
+  acc = {'BASE': [0.30, 0.40], 'BETTER': [0.50, 0.55]}
+  write_fake_summaries(str(tmp_path), sweep, acc, seeds=2)
+  md = open(_write(sweep, tmp_path)).read()
+  assert 'pass@' not in md
+  write_fake_summaries(str(tmp_path), sweep, acc, seeds=2, pass_by_label={
+      'BASE': [0.6, 0.7],
+      'BETTER': [0.8, 0.9]
+  })
+  md = open(_write(sweep, tmp_path)).read()
+  assert '### acc: pass@4 (unbiased, from the same samples)' in md
+  section = md.split('### acc: pass@4')[1].split('###')[0]
+  rows = {c[1].removesuffix(' (baseline)'): c for c in table_rows(section)}
+  assert rows['BASE'][2].startswith('65.0 [') and rows['BETTER'][2].startswith('85.0 [')
+  assert rows['BETTER'][3].startswith('20.0 [') and 'Prediction' not in section
+
+
+def _write(sweep, tmp_path):
+  return report.write_results(sweep, results_dir=str(tmp_path), md_path=str(tmp_path / 'x.md'),
+                              command='c', wall_time_s=1.0, plot=False)
 
 
 def test_a_table_can_compare_against_another_baseline(tmp_path):

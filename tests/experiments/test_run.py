@@ -109,3 +109,30 @@ def test_a_sweep_run_in_parts_runs_each_part_once_and_lists_the_parts(tmp_path, 
   assert all(p['wall_time_s'] >= 0 for p in parts)
   old = dict(command='old', wall_time_s=1.0)  # the single-invocation file of earlier revisions
   assert report.invocation_parts(old) == [old]
+
+
+def test_tables_only_rewrites_nothing_that_would_not_change_and_refuses_an_empty_table(
+    tmp_path, monkeypatch, capsys):
+  """A rebuild from the same summaries leaves the results file and its curves byte for byte (a
+  clean checkout stays clean); one from changed summaries writes; a folder without summaries
+  (e.g. the working directory of an installed jtc) is refused, and nothing is created."""
+  sweep = fake_sweep(num_steps=4)
+  make, _ = fake_command(tmp_path)
+  monkeypatch.setattr(sweeps_lib, 'get_sweep', lambda *a, **k: sweep)
+  monkeypatch.setattr(sweeps_lib, 'SWEEPS', {'fake': None})
+  root = tmp_path / 'results'
+  args = ['fake', '--jobs', '2', '--seeds', '1', '--workroot', str(tmp_path / 'w')]
+  assert run_lib.main(args, make_command=make, results_root=str(root)) == 0
+  md, png = root / 'fake.md', root / 'fake' / 'curves.png'
+  before = md.read_bytes(), png.read_bytes()
+  assert run_lib.main(['fake', '--tables-only'], results_root=str(root)) == 0
+  assert 'up to date' in capsys.readouterr().out
+  assert (md.read_bytes(), png.read_bytes()) == before
+  # Known positive: a summary removed changes the tables, and the file is rewritten.
+  next((root / 'fake' / 'runs').glob('better__*')).unlink()
+  assert run_lib.main(['fake', '--tables-only'], results_root=str(root)) == 0
+  assert md.read_bytes() != before[0] and '--tables-only' in md.read_text()
+  with pytest.raises(SystemExit) as e:
+    run_lib.main(['fake', '--tables-only'], results_root=str(tmp_path / 'elsewhere'))
+  assert e.value.code == 2 and 'no run summaries' in capsys.readouterr().err
+  assert not (tmp_path / 'elsewhere').exists()

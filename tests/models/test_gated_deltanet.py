@@ -63,7 +63,7 @@ def test_a_left_padded_row_equals_the_unpadded_row(layer):
   padded, padded_state = gated_deltanet.mix(layer, h, mask, CONFIG)
   alone, alone_state = gated_deltanet.mix(layer, h[1:, 4:], mask[1:, 4:], CONFIG)
   np.testing.assert_allclose(padded[1, 4:], alone[0], rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(padded_state.ssm_BNHO[1], alone_state.ssm_BNHO[0], rtol=1e-5,
+  np.testing.assert_allclose(padded_state.ssm_BNHH[1], alone_state.ssm_BNHH[0], rtol=1e-5,
                              atol=1e-6)
 
 

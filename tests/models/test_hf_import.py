@@ -11,7 +11,6 @@ import shutil
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -39,6 +38,14 @@ ARCHS = {
     # head_dim != hidden / heads, as in the real Qwen3 models.
     'qwen3_tied': ('Qwen3Config', 'Qwen3ForCausalLM', dict(tie_word_embeddings=True,
                                                            head_dim=24), None),
+    'qwen3_moe_untied': ('Qwen3MoeConfig', 'Qwen3MoeForCausalLM',
+                         dict(tie_word_embeddings=False, head_dim=24, num_experts=8,
+                              num_experts_per_tok=2, moe_intermediate_size=32,
+                              norm_topk_prob=True), None),
+    'qwen2_moe_tied_shared': ('Qwen2MoeConfig', 'Qwen2MoeForCausalLM',
+                              dict(tie_word_embeddings=True, num_experts=4, num_experts_per_tok=3,
+                                   moe_intermediate_size=32, shared_expert_intermediate_size=40,
+                                   norm_topk_prob=False), None),
 }
 
 
@@ -91,6 +98,7 @@ def test_checkpoint_layout_is_what_the_test_claims(loaded):
   assert config.tie_embeddings == ('lm_head' not in params)
   assert config.attn_bias == name.startswith('qwen2')
   assert config.qk_norm == name.startswith('qwen3')
+  assert config.is_moe == ('moe' in name) and (config.d_shared_expert > 0) == ('shared' in name)
   # Same tree structure and shapes as a freshly initialised jtc model of that config.
   fresh = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.PRNGKey(0)))
   assert (jax.tree_util.tree_map(lambda x: (x.shape, x.dtype),
@@ -111,7 +119,7 @@ def test_logits_match_transformers(loaded):
   assert _rel_err(out.logits_BLV, ref_BLV) <= 1e-4
 
 
-def test_sequence_logprobs_match_transformers_with_left_padding(loaded):
+def test_logits_and_logprobs_match_transformers_with_left_padding(loaded):
   _, hf_model, _, config, params = loaded
   rng = np.random.default_rng(1)
   prompts = [rng.integers(0, config.vocab_size, n) for n in (5, 2)]
@@ -121,10 +129,13 @@ def test_sequence_logprobs_match_transformers_with_left_padding(loaded):
   tokens_BL = np.concatenate([prompt_BP, completion_BT], 1)
   mask_BL = np.concatenate([pmask_BP, np.ones_like(completion_BT)], 1)
   out = logprobs.sequence_logprobs(params, config, tokens_BL, mask_BL, completion_start=P)
+  logits_BLV = model_lib.forward(params, config, tokens_BL, model_lib.positions_from_mask(mask_BL),
+                                 mask_BL).logits_BLV
   for b, prompt in enumerate(prompts):  # the reference sees each sequence unpadded
     seq = np.concatenate([prompt, completion_BT[b]])
     with torch.no_grad():
       logits = hf_model(torch.from_numpy(seq)[None].long()).logits[0].double()
+    assert _rel_err(logits_BLV[b, P - len(prompt):], logits.numpy()) <= 1e-4
     logp = torch.log_softmax(logits, -1).numpy()
     ref_T = logp[np.arange(len(prompt) - 1, len(seq) - 1), completion_BT[b]]
     np.testing.assert_allclose(out['logps'][b], ref_T, rtol=1e-4, atol=1e-4)
@@ -134,7 +145,7 @@ def test_greedy_generation_matches_transformers(loaded):
   _, hf_model, _, config, params = loaded
   rng = np.random.default_rng(2)
   prompts = [rng.integers(0, config.vocab_size, n) for n in (6, 3, 1)]
-  P, T = 6, 10
+  P, T = 6, 20
   prompt_BP, pmask_BP = _left_pad(prompts, P)
   with torch.no_grad():
     ref = hf_model.generate(input_ids=torch.from_numpy(prompt_BP).long(),
@@ -264,37 +275,24 @@ def test_bfloat16_checkpoint_loads_bit_exact(tmp_path):
                          params32)
 
 
-def test_safetensors_reader_matches_the_safetensors_library(tmp_path):
-  rng = np.random.default_rng(3)
-  tensors = {
-      'a': rng.normal(size=(3, 5)).astype(np.float32),
-      'b': rng.normal(size=(7,)).astype(np.float16),
-      'c': rng.normal(size=(2, 2, 3)).astype(ml_dtypes.bfloat16),
-      'empty': np.zeros((0, 4), np.float32)
-  }
-  save_file(tensors, str(tmp_path / 'x.safetensors'))
-  reference = load_file(str(tmp_path / 'x.safetensors'))
-  entries = hf_import.read_safetensors_header(tmp_path / 'x.safetensors')
-  assert set(entries) == set(tensors)
-  for key, entry in entries.items():
-    got = hf_import.read_tensor(entry, key)
-    assert got.dtype == reference[key].dtype and got.shape == reference[key].shape
-    np.testing.assert_array_equal(got, reference[key])
-
-
 # ----------------------------------------------------------------------------------------
 # Bad input: each error names the file and the key.
+
+
+def _export_random(config, directory):
+  shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.PRNGKey(1)))
+  rng = np.random.default_rng(1)
+  params = jax.tree_util.tree_map(lambda x: rng.normal(size=x.shape).astype(np.float32), shapes)
+  return hf_import.export_hf_checkpoint(config, params, directory)
 
 
 @pytest.fixture(scope='module')
 def llama_dir(tmp_path_factory):
   """A single-file tiny Llama checkpoint (exported by jtc) to corrupt in the tests below."""
-  config = model_lib.ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1,
-                                 head_dim=8, d_ff=24, tie_embeddings=False)
-  shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.PRNGKey(1)))
-  rng = np.random.default_rng(1)
-  params = jax.tree_util.tree_map(lambda x: rng.normal(size=x.shape).astype(np.float32), shapes)
-  return hf_import.export_hf_checkpoint(config, params, tmp_path_factory.mktemp('llama'))
+  return _export_random(
+      model_lib.ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1,
+                            head_dim=8, d_ff=24, tie_embeddings=False),
+      tmp_path_factory.mktemp('llama'))
 
 
 def _corrupt(src, dst, *, config_update=None, tensors_update=None, drop=()):
@@ -313,6 +311,7 @@ def _corrupt(src, dst, *, config_update=None, tensors_update=None, drop=()):
 
 
 KEY = 'model.layers.1.mlp.up_proj.weight'  # [F, D] = [24, 16]
+EXPERT = 'model.layers.1.mlp.experts.3.up_proj.weight'  # [F, D] = [8, 16] of a tiny Qwen3-MoE
 
 
 @pytest.mark.parametrize('corruption, patterns', [
@@ -386,3 +385,16 @@ def test_export_rejects_incomplete_params(llama_dir, tmp_path):
   del params['lm_head']
   with pytest.raises(ValueError, match='lm_head'):
     hf_import.export_hf_checkpoint(config, params, tmp_path / 'out')
+
+
+@pytest.mark.parametrize('corruption, patterns', [
+    (dict(drop=[EXPERT]), ['Missing tensor', re.escape(EXPERT)]),
+    (dict(tensors_update={EXPERT: np.zeros((16, 8), np.float32)}), [r'expected \[8, 16\]']),
+    (dict(tensors_update={EXPERT[:-16] + '4.up_proj.weight': np.zeros((8, 16), np.float32)}),
+     ['Unexpected', 'experts.4.up_proj']),
+])
+def test_bad_moe_checkpoint_raises_clear_error(tmp_path, corruption, patterns):
+  config = model_lib.ModelConfig.tiny_moe(32, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1,
+                                          head_dim=8, n_experts=4, d_expert=8, qk_norm=True)
+  test_bad_checkpoint_raises_clear_error(_export_random(config, tmp_path / 'moe'), tmp_path,
+                                         corruption, patterns)

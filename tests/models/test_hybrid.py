@@ -42,7 +42,7 @@ def test_kv_cache_forward_continues_the_sequence(setup):
   positions_RL = model_lib.positions_from_mask(mask_RL)
   full = model_lib.forward(params, CONFIG, tokens_RL, positions_RL, mask_RL).logits_BLV
   cache = model_lib.init_cache(CONFIG, 2 * G, P + T)
-  assert cache.k.shape[0] == 2 and cache.linear.ssm_BNHO.shape[0] == 2
+  assert cache.k.shape[0] == 2 and cache.linear.ssm_BNHH.shape[0] == 2
   got = []
   for lo, hi in ((0, 7), (7, P + T)):
     out = model_lib.forward(params, CONFIG, tokens_RL[:, lo:hi], positions_RL[:, lo:hi],
@@ -64,7 +64,7 @@ def test_prefill_and_decode_steps_equal_one_full_forward(setup, split):
   first_BV, cache = decode.prefill(params, CONFIG, prompt_BP, mask_BP, num_samples=G,
                                    max_new_tokens=T, block_size=4)
   # Each prompt's recurrent state, computed once, is in each of its G rows.
-  ssm = np.asarray(cache.linear.ssm_BNHO)
+  ssm = np.asarray(cache.linear.ssm_BNHH)
   np.testing.assert_array_equal(ssm[:, 0], ssm[:, 1])
   assert not np.allclose(ssm[:, 0], ssm[:, 2])
   p = params

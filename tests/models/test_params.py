@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jtc.models import axes
 from jtc.models import layers
 from jtc.models import params as params_lib
 from jtc.models.model_config import ModelConfig
@@ -51,14 +52,15 @@ def test_norms_start_at_the_identity_in_both_conventions(hybrid, dense):
 
 def test_every_parameter_has_logical_axes(hybrid):
   _, params = hybrid
-  axes = params_lib.param_logical_axes(params)
-  assert axes['layers']['linear_attn']['q']['kernel'] == ('layers', 'embed', 'kv_heads', 'head_dim')
-  assert axes['layers']['linear_attn']['v']['kernel'] == ('layers', 'embed', 'heads', 'head_dim')
-  assert axes['layers']['linear_attn']['a_log'] == ('layers', 'heads')
-  assert axes['layers']['attn']['q_gate']['kernel'] == ('layers', 'embed', 'heads', 'head_dim')
+  names = axes.param_logical_axes(params)
+  assert names['layers']['linear_attn']['q']['kernel'] == ('layers', 'embed', 'kv_heads',
+                                                           'head_dim')
+  assert names['layers']['linear_attn']['v']['kernel'] == ('layers', 'embed', 'heads', 'head_dim')
+  assert names['layers']['linear_attn']['a_log'] == ('layers', 'heads')
+  assert names['layers']['attn']['q_gate']['kernel'] == ('layers', 'embed', 'heads', 'head_dim')
   bad = {'layers': {'linear_attn': {'mystery': jnp.zeros((2, 3))}}}
-  with pytest.raises(ValueError, match='no logical axes.*mystery'):
-    params_lib.param_logical_axes(bad)
+  with pytest.raises(ValueError, match='no logical axes.*mystery.*below linear_attn'):
+    axes.param_logical_axes(bad)
 
 
 def test_the_per_layer_layout_is_refused_for_several_layer_kinds(hybrid):

@@ -1,5 +1,5 @@
-"""Tests of jtc.rl.evaluation: format shares, the sampling error of avg@k, and evaluation draws
-that depend on the evaluation's settings only."""
+"""Tests of jtc.rl.evaluation: format shares, the sampling error of avg@k, unbiased pass@k against
+its definition, and evaluation draws that depend on the evaluation's settings only."""
 
 import jax
 import numpy as np
@@ -72,8 +72,34 @@ def test_evaluation_draws_do_not_depend_on_the_training_batch(tmp_path):
       'rollout.sampling.num_samples': 2
   })
   assert a.keys() == b.keys()
+  assert a['eval/pass@1'] == pytest.approx(a['eval/avg@2']) and 'eval/pass@2' in a
   for k in a:
     assert k == 'time_eval' or a[k] == b[k], k
   c = _evaluate_at_step_0(tmp_path, 'c', **{'eval.batch_prompts': 3})
   assert c['eval/crn'] != a['eval/crn']
   assert any(c[k] != a[k] for k in a if k.startswith(('eval/avg', 'eval/format/')))
+
+
+def test_pass_at_k_is_the_mean_over_every_k_subset_of_the_samples():
+  """The estimator against its definition, by brute force: for each problem, the share of the
+  C(G, k) subsets of its G samples that hold a correct one; pass@1 = avg@G, pass@G = solved
+  at least once, and pass@k grows with k."""
+  import itertools  # pylint: disable=import-outside-toplevel
+  correct_MG = np.random.default_rng(0).random((7, 6)) < np.linspace(0.05, 0.9, 7)[:, None]
+  correct_MG[0] = False  # a problem never solved
+  correct_MG[-1] = True  # and one always solved
+  for k in range(1, 7):
+    brute = np.mean([
+        np.mean([row[list(s)].any()
+                 for s in itertools.combinations(range(6), k)])
+        for row in correct_MG
+    ])
+    assert evaluation.pass_at_k(correct_MG, k) == pytest.approx(brute, abs=1e-12)
+  assert evaluation.pass_at_k(correct_MG, 1) == pytest.approx(correct_MG.mean())
+  assert evaluation.pass_at_k(correct_MG, 6) == pytest.approx(correct_MG.any(-1).mean())
+  values = [evaluation.pass_at_k(correct_MG, k) for k in range(1, 7)]
+  assert np.all(np.diff(values) > 0)
+  with pytest.raises(ValueError, match=r'pass@7 needs 1 <= k <= 6'):
+    evaluation.pass_at_k(correct_MG, 7)
+  assert evaluation.pass_ks(16) == (1, 2, 4, 8, 16) and evaluation.pass_ks(6) == (1, 2, 4, 6)
+  assert evaluation.pass_ks(1) == (1,)

@@ -2,6 +2,7 @@
 resume only into the same config; incompatible checkpoints refused, unreadable ones moved aside;
 every step exactly once in every output; Ctrl-C checkpoints; bad input named before compute."""
 
+import fcntl
 import glob
 import os
 import shutil
@@ -252,3 +253,35 @@ def test_relative_config_paths_work_from_any_directory(policy, tmp_path):
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert 'step 1/1 reward' in proc.stderr  # a progress line: stderr is not a terminal
+
+
+def test_a_released_lock_leaves_no_file_and_a_lock_on_a_removed_file_is_retried(
+    tmp_path, monkeypatch):
+  """The workdir's .lock goes with its lock; a trainer that opened the file just before its
+  holder removed it, and locked it just after, locks the path's new file, not the removed one."""
+  workdir = str(tmp_path / 'w')
+  os.makedirs(workdir)
+  path = os.path.join(workdir, workdir_lib.LOCK_FILE)
+  held = workdir_lib.lock(workdir)
+  assert open(path).read() == f'pid {os.getpid()}'
+  with pytest.raises(workdir_lib.WorkdirError, match=f'in use by pid {os.getpid()}'):
+    workdir_lib.lock(workdir)  # another open file description: refused as another process is
+  held.close()
+  held.close()  # idempotent
+  assert not os.path.exists(path)
+  flock, calls = fcntl.flock, []
+
+  def holder_lets_go_first(f, op):  # between this trainer's open and its flock
+    calls.append(os.fstat(f.fileno()).st_ino)
+    if len(calls) == 1:
+      os.remove(path)
+    return flock(f, op)
+
+  monkeypatch.setattr(workdir_lib.fcntl, 'flock', holder_lets_go_first)
+  again = workdir_lib.lock(workdir)
+  monkeypatch.undo()
+  assert len(calls) == 2 and open(path).read() == f'pid {os.getpid()}'  # locked the new file
+  with pytest.raises(workdir_lib.WorkdirError):
+    workdir_lib.lock(workdir)  # the path's file is held
+  again.close()
+  assert os.listdir(workdir) == []

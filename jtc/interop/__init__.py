@@ -1,0 +1,3 @@
+"""Other frameworks' rollouts and losses through jtc's instruments: `jtc ledger import` (prime-rl,
+slime, verl and a neutral JSONL schema into a per-token ledger) and `jtc conform` (anyone's RL
+loss against jtc's per-token coefficients)."""

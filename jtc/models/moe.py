@@ -1,0 +1,207 @@
+"""The mixture-of-experts feed-forward of a decoder layer (Qwen3-MoE; the shared expert with its
+sigmoid gate of Qwen3-Next / Qwen3.5-MoE), as pure functions of one layer's parameters.
+
+A router picks W of X experts for every token and mixes their SwiGLU outputs; every token
+reaches all of its W experts (dropless: no capacity, nothing dropped):
+
+  probs_X = softmax(x R)                          (float32; R the router [D, X])
+  S = the W experts of largest probs_X            (or the replayed ones, `route`)
+  w_j = probs_j, / sum_{i in S} probs_i if norm_topk_prob
+  y = sum_{j in S} w_j down_j(silu(gate_j x) * up_j x)  [+ sigmoid(x g) shared(x)]
+
+The experts' weights are stacked: gate / up [X, D, F], down [X, F, D]. `MOE_IMPLS` computes the
+sum two exact ways: 'ragged' sorts the U * W (token, expert) pairs by expert and runs grouped
+matmuls (`jax.lax.ragged_dot`, the grouped GEMM of GPU/TPU; the pairs of an expert are one group),
+'dense' runs every expert on every token and weighs the outputs by w (0 off S): X / W times the
+FLOPs, simple, and fast for a few small experts on a CPU.
+
+The load-balancing auxiliary loss of Switch Transformer (Fedus et al. 2021, Eqs. 4-6) as
+Hugging Face's ``load_balancing_loss_func`` defines it (`load_balancing_loss`): the fraction of
+routed choices f_x and the mean router probability P_x of each expert, pooled over the layers
+and the real tokens, give X * sum_x f_x P_x (W when perfectly balanced; f counts the router's own
+top-W, not replayed experts, and carries no gradient).
+
+A layer's parameters (`init_ffn`; under 'layers' each leaf gets the stacked [Y, ...] axis):
+  {'router': {'kernel': [D, X]},
+   'expert_gate': {'kernel': [X, D, F]}, 'expert_up': {'kernel': [X, D, F]},
+   'expert_down': {'kernel': [X, F, D]},
+   'shared': {'gate': {'kernel': [D, F]}, 'up': {...}, 'down': {'kernel': [F, D]}},  # iff
+   'shared_gate': {'kernel': [D, 1]}}                               # d_shared_expert > 0
+(F is `ModelConfig.d_expert` for the routed experts and `d_shared_expert` for the shared one.)
+
+Dimension key (docs/dimensions.md): B batch, L tokens, U = B * L tokens flattened, D model dim,
+F an expert's MLP dim, X experts, W experts per token, Y layers.
+"""
+
+import math
+
+import chex
+import flax
+import jax
+import jax.numpy as jnp
+
+from jtc.models.model_config import ModelConfig
+
+# Logical axes of the MoE parameters (`jtc.models.model.param_logical_axes`, by the last two
+# path keys). The router and the shared expert's gate are small and never split over experts.
+PARAM_AXES = {
+    ('router', 'kernel'): ('embed', None),
+    ('expert_gate', 'kernel'): ('experts', 'embed', 'mlp'),
+    ('expert_up', 'kernel'): ('experts', 'embed', 'mlp'),
+    ('expert_down', 'kernel'): ('experts', 'mlp', 'embed'),
+    ('shared_gate', 'kernel'): ('embed', None),
+}
+
+
+@flax.struct.dataclass
+class Routed:
+  """One MoE layer's routing of a [B, L] call (stacked on a leading [Y] axis by the trunk).
+
+  experts_BLW: int32, the W experts the router itself ranks highest (largest probability first),
+    whether or not a replay replaced them: what the mismatch instruments compare.
+  load_X: float32, the counted tokens' choices of each expert by that top-W (sums to W n).
+  prob_X: float32, the router probabilities summed over the counted tokens (sums to n).
+  """
+  experts_BLW: jax.Array
+  load_X: jax.Array
+  prob_X: jax.Array
+
+
+def _normal(key, shape, fan_in, dtype):
+  return jax.random.normal(key, shape, dtype) * jnp.asarray(1.0 / math.sqrt(fan_in), dtype)
+
+
+def init_ffn(config: ModelConfig, key) -> dict:
+  """One layer's MoE parameters (no layer axis): kernels ~ N(0, 1/fan_in)."""
+  c = config
+  X, D, F, Fs = c.n_experts, c.d_model, c.d_expert, c.d_shared_expert
+  dt = c.jnp_param_dtype
+  keys = jax.random.split(key, 8)
+  p = {
+      'router': {
+          'kernel': _normal(keys[0], (D, X), D, dt)
+      },
+      'expert_gate': {
+          'kernel': _normal(keys[1], (X, D, F), D, dt)
+      },
+      'expert_up': {
+          'kernel': _normal(keys[2], (X, D, F), D, dt)
+      },
+      'expert_down': {
+          'kernel': _normal(keys[3], (X, F, D), F, dt)
+      },
+  }
+  if Fs:
+    p['shared'] = {
+        'gate': {
+            'kernel': _normal(keys[4], (D, Fs), D, dt)
+        },
+        'up': {
+            'kernel': _normal(keys[5], (D, Fs), D, dt)
+        },
+        'down': {
+            'kernel': _normal(keys[6], (Fs, D), Fs, dt)
+        }
+    }
+    p['shared_gate'] = {'kernel': _normal(keys[7], (D, 1), D, dt)}
+  return p
+
+
+def route(router_DX, x_BLD, *, experts_per_token: int, norm_topk_prob: bool, replay_BLW=None):
+  """The router: (experts_BLW used, weights_BLW float32, own top-W experts_BLW, probs_BLX f32).
+
+  The logits x R are computed in float32 whatever the compute dtype. ``replay_BLW`` (int, or
+  None): experts to use instead of the router's choice for every token whose first entry is
+  >= 0 (-1: the router decides); their weights are still the router's probabilities (so its
+  gradient flows through the chosen experts, as routing replay, R3, does)."""
+  W = experts_per_token
+  logits_BLX = jnp.einsum('BLD,DX->BLX', x_BLD.astype(jnp.float32), router_DX.astype(jnp.float32))
+  probs_BLX = jax.nn.softmax(logits_BLX, axis=-1)
+  _, own_BLW = jax.lax.top_k(probs_BLX, W)
+  experts_BLW = own_BLW
+  if replay_BLW is not None:
+    chex.assert_equal_shape([replay_BLW, own_BLW])
+    experts_BLW = jnp.where(replay_BLW[..., :1] >= 0, replay_BLW.astype(own_BLW.dtype), own_BLW)
+  weights_BLW = jnp.take_along_axis(probs_BLX, experts_BLW, axis=-1)
+  if norm_topk_prob:
+    weights_BLW = weights_BLW / jnp.sum(weights_BLW, axis=-1, keepdims=True)
+  return experts_BLW, weights_BLW, own_BLW, probs_BLX
+
+
+def _swiglu(x_UD, gate_DF, up_DF, down_FD, dtype):
+  h_UF = jax.nn.silu(x_UD @ gate_DF.astype(dtype)) * (x_UD @ up_DF.astype(dtype))
+  return h_UF @ down_FD.astype(dtype)
+
+
+def _experts_ragged(p, x_UD, experts_UW, weights_UW, dtype):
+  """sum_j w_j expert_j(x): the U * W (token, expert) pairs sorted by expert (stable), one
+  grouped matmul per projection over the X groups, then gathered back and mixed."""
+  U, W = experts_UW.shape
+  X = p['expert_gate']['kernel'].shape[0]
+  expert_of_pair = experts_UW.reshape(-1)  # [U * W], pair u * W + j
+  order = jnp.argsort(expert_of_pair, stable=True)  # pairs grouped by expert
+  sizes_X = jnp.bincount(expert_of_pair, length=X).astype(jnp.int32)
+  x_sorted = jnp.take(x_UD, order // W, axis=0)  # [U * W, D]
+  grouped = lambda a, name: jax.lax.ragged_dot(a, p[name]['kernel'].astype(dtype), sizes_X)
+  h_sorted = jax.nn.silu(grouped(x_sorted, 'expert_gate')) * grouped(x_sorted, 'expert_up')
+  y_sorted = grouped(h_sorted, 'expert_down')  # [U * W, D]
+  y_UWD = jnp.take(y_sorted, jnp.argsort(order), axis=0).reshape(U, W, -1)
+  return jnp.einsum('UWD,UW->UD', y_UWD, weights_UW.astype(dtype))
+
+
+def _experts_dense(p, x_UD, experts_UW, weights_UW, dtype):
+  """sum_j w_j expert_j(x) with every expert on every token and w = 0 off the chosen ones."""
+  X = p['expert_gate']['kernel'].shape[0]
+  combine_UX = jnp.sum(
+      jax.nn.one_hot(experts_UW, X, dtype=jnp.float32) * weights_UW[..., None],
+      axis=1).astype(dtype)
+  kernel = lambda name: p[name]['kernel'].astype(dtype)
+  h_XUF = jax.nn.silu(jnp.einsum('UD,XDF->XUF', x_UD, kernel('expert_gate'))) * jnp.einsum(
+      'UD,XDF->XUF', x_UD, kernel('expert_up'))
+  y_XUD = jnp.einsum('XUF,XFD->XUD', h_XUF, kernel('expert_down'))
+  return jnp.einsum('XUD,UX->UD', y_XUD, combine_UX)
+
+
+MOE_IMPLS = {'ragged': _experts_ragged, 'dense': _experts_dense}
+
+
+def feed_forward(p, x_BLD, config: ModelConfig, *, mask_BL=None, replay_BLW=None):
+  """The MoE block on normed inputs x [B, L, D]: (y_BLD in the compute dtype, `Routed`).
+
+  ``mask_BL``: the tokens the load statistics count (None: all); ``replay_BLW``: as `route`."""
+  c = config
+  B, L, D = x_BLD.shape
+  chex.assert_shape(p['router']['kernel'], (D, c.n_experts))
+  dt = c.jnp_dtype
+  x_BLD = x_BLD.astype(dt)
+  experts_BLW, weights_BLW, own_BLW, probs_BLX = route(p['router']['kernel'], x_BLD,
+                                                       experts_per_token=c.experts_per_token,
+                                                       norm_topk_prob=c.norm_topk_prob,
+                                                       replay_BLW=replay_BLW)
+  W = c.experts_per_token
+  y_UD = MOE_IMPLS[c.moe_impl](p, x_BLD.reshape(B * L, D), experts_BLW.reshape(B * L, W),
+                               weights_BLW.reshape(B * L, W), dt)
+  y_BLD = y_UD.reshape(B, L, D)
+  if 'shared' in p:
+    s = p['shared']
+    shared_UD = _swiglu(x_BLD.reshape(B * L, D), s['gate']['kernel'], s['up']['kernel'],
+                        s['down']['kernel'], dt)
+    gate_BL1 = jax.nn.sigmoid(x_BLD @ p['shared_gate']['kernel'].astype(dt))
+    y_BLD = y_BLD + gate_BL1 * shared_UD.reshape(B, L, D)
+  count_BL = jnp.ones((B, L), jnp.float32) if mask_BL is None else mask_BL.astype(jnp.float32)
+  load_X = jnp.einsum('BLWX,BL->X', jax.nn.one_hot(own_BLW, c.n_experts, dtype=jnp.float32),
+                      count_BL)
+  prob_X = jnp.einsum('BLX,BL->X', probs_BLX, count_BL)
+  return y_BLD, Routed(experts_BLW=own_BLW, load_X=load_X, prob_X=prob_X)
+
+
+def load_balancing_loss(routed: Routed, mask_BL):
+  """X * sum_x f_x P_x over the layers of ``routed`` (leaves [Y, ...]) and the real tokens of
+  ``mask_BL``, f_x = load_x / (Y n) and P_x = prob_x / (Y n) (n real tokens): Hugging Face's
+  ``load_balancing_loss_func`` with an attention mask (Switch Transformer Eqs. 4-6). Gradient
+  through P only (the top-W counts are piecewise constant). A float32 scalar."""
+  Y, X = routed.load_X.shape
+  rows = Y * jnp.maximum(jnp.sum(mask_BL.astype(jnp.float32)), 1.0)
+  f_X = jnp.sum(routed.load_X, axis=0) / rows
+  P_X = jnp.sum(routed.prob_X, axis=0) / rows
+  return X * jnp.sum(f_X * P_X)

@@ -1,0 +1,65 @@
+"""Tests of experiments/sweeps/bestlr.py: the grid brackets the shared rate a factor sqrt(2)
+apart, every method runs every rate at the table1_confirm setting, the declared rule picks the
+best score, breaks ties towards 1e-4 and asks for an extension at an edge."""
+import math
+
+import pytest
+
+from experiments import schedule
+from experiments import sweeps as sweeps_lib
+from experiments.sweeps import bestlr
+
+
+def test_the_grid_is_geometric_around_the_shared_rate():
+  rates = [bestlr.rate(k) for k in bestlr.GRID_STEPS]
+  assert bestlr.SHARED_LR in rates and min(rates) == 5e-5 and rates == sorted(rates)
+  for a, b in zip(rates, rates[1:]):
+    assert b / a == pytest.approx(math.sqrt(2), rel=1e-2)
+  assert bestlr.group_of(1.41e-4) == 'lr=1.41e-4' and bestlr.group_of(1e-4) == 'lr=1e-4'
+
+
+def test_every_method_runs_every_rate_on_seeds_0_to_7():
+  sweep = sweeps_lib.get_sweep('lr_grid')
+  assert (sweep.first_seed, sweep.seeds) == (0, 8)
+  cells = {(r.label, dict(r.overrides)['optim.learning_rate']) for r in sweep.runs}
+  assert cells == {(m.label, bestlr.rate(k)) for m in bestlr.METHODS for k in bestlr.GRID_STEPS}
+  # The confirmatory evaluation with common random numbers, the table1_confirm training.
+  shared = dict(sweep.shared)
+  assert shared['eval.problems'] == 500 and shared['eval.sampling.num_samples'] == 16
+  assert shared['eval.batch_prompts'] == 16
+
+
+def test_the_parts_cover_the_grid_once():
+  names = [n for steps in ((0, 1), (-1, 2), (-2, 3)) for n in bestlr.part_runs(*steps).split(',')]
+  assert sorted(names) == sorted(r.name for r in sweeps_lib.get_sweep('lr_grid').runs)
+  specs = schedule.make_specs(sweeps_lib.get_sweep('lr_grid'), 8)
+  assert len(specs) == 8 * len(bestlr.METHODS) * len(bestlr.GRID_STEPS)
+
+
+def test_the_rule_picks_the_best_and_breaks_ties_towards_the_shared_rate():
+  choose = bestlr.choose_rate
+  assert choose({5e-5: 60.0, 1e-4: 62.0, 2e-4: 61.0}) == (1e-4, '')
+  # 1.41e-4 and 7.07e-5 tie with 2e-4 within 0.1 points: the one nearest 1e-4 in log-rate;
+  # 7.07e-5 and 1.41e-4 are equally near, so the lower.
+  scores = {5e-5: 60.0, 7.07e-5: 63.0, 1e-4: 61.0, 1.41e-4: 63.0, 2e-4: 63.05, 2.83e-4: 59.0}
+  assert choose(scores) == (7.07e-5, '')
+  assert choose({5e-5: 60.0, 1e-4: 61.0, 2e-4: 62.0}) == (2e-4, 'above')
+  assert choose({5e-5: 63.0, 1e-4: 61.0, 2e-4: 62.0}) == (5e-5, 'below')
+  with pytest.raises(ValueError, match='at least one'):
+    choose({})
+
+
+def test_an_extension_runs_for_its_method_and_for_gspo(monkeypatch):
+  monkeypatch.setattr(bestlr, 'EXTENSIONS', {'DFPO (Min-Replace)': (-3,)})
+  assert bestlr.grid_steps('DFPO (Min-Replace)') == (-3,) + bestlr.GRID_STEPS
+  assert bestlr.grid_steps('GSPO') == (-3,) + bestlr.GRID_STEPS
+  assert bestlr.grid_steps('GRPO') == bestlr.GRID_STEPS
+  sweep = sweeps_lib.get_sweep('lr_grid')
+  assert {r.label for r in sweep.runs if r.group == bestlr.group_of(bestlr.rate(-3))
+         } == {'GSPO', 'DFPO (Min-Replace)'}
+  monkeypatch.setattr(bestlr, 'EXTENSIONS', {'GSPO': (4, 5, 6, 7)})
+  with pytest.raises(ValueError, match='at most 3 per side'):
+    bestlr.grid_steps('GSPO')
+  monkeypatch.setattr(bestlr, 'EXTENSIONS', {'PPO': (4,)})
+  with pytest.raises(ValueError, match="EXTENSIONS has 'PPO'; valid"):
+    bestlr.grid_steps('GSPO')
