@@ -8,6 +8,7 @@ __all__ = [
     'decode',
     'delta_rule',
     'gated_deltanet',
+    'hf_architectures',
     'hf_config',
     'hf_import',
     'hf_tensors',

@@ -38,7 +38,11 @@ Qwen3.5 (`Qwen3_5ForCausalLM`) adds its gated attention and Gated DeltaNet tenso
   linear_attn.norm.weight [Hv]        -> linear_attn/norm/scale[j]
   linear_attn.out_proj.weight [D, NHv] -> linear_attn/o/kernel[j] [N, Hv, D]
 
-Its zero-centred norms (``Qwen3_5RMSNorm``: y = norm(x) * (1 + w)) are stored as they are (w),
+Qwen3-Next (`Qwen3NextForCausalLM`, a mixture of experts in every layer) packs the same
+projections per key head instead: ``in_proj_qkvz`` [K (2H + 2 Q Hv), D] (each key head's q, k,
+then its Q value heads' v and z) and ``in_proj_ba`` [K 2Q, D] (`packed_qkvz`, `packed_ba`).
+
+The zero-centred norms (``Qwen3_5RMSNorm``: y = norm(x) * (1 + w)) are stored as they are (w),
 so an export round-trips exactly.
 
 Dimension key (docs/dimensions.md): V vocab, D model dim, Y layers, N heads (attention: query
@@ -110,6 +114,43 @@ def packed_conv(K: int, H: int, N: int, O: int, W: int):
   return to_jtc, to_hf
 
 
+def packed_qkvz(K: int, H: int, N: int, Hv: int):
+  """Qwen3-Next's in_proj_qkvz [K (2H + 2 Q Hv), D], grouped by key head (each group: its q, k,
+  then its Q value heads' v, then their z) <-> (q, k [D, K, H], v, z [D, N, Hv])."""
+  Q = N // K
+  cuts = _split_rows([H, H, Q * Hv, Q * Hv])
+
+  def to_jtc(w):
+    grouped = w.T.reshape(w.shape[1], K, 2 * H + 2 * Q * Hv)  # [D, K, group]
+    q, k, v, z = (_contiguous(grouped[..., cuts[i]:cuts[i + 1]]) for i in range(4))
+    return q, k, v.reshape(-1, N, Hv), z.reshape(-1, N, Hv)
+
+  def to_hf(q, k, v, z):
+    D = q.shape[0]
+    grouped = np.concatenate([q, k, v.reshape(D, K, Q * Hv), z.reshape(D, K, Q * Hv)], axis=-1)
+    return _contiguous(grouped.reshape(D, -1).T)
+
+  return to_jtc, to_hf
+
+
+def packed_ba(K: int, N: int):
+  """Qwen3-Next's in_proj_ba [K 2Q, D], grouped by key head (its Q value heads' b, then their
+  a) <-> (beta, decay [D, N])."""
+  Q = N // K
+
+  def to_jtc(w):
+    grouped = w.T.reshape(w.shape[1], K, 2 * Q)
+    return (_contiguous(grouped[..., :Q]).reshape(-1, N), _contiguous(grouped[...,
+                                                                              Q:]).reshape(-1, N))
+
+  def to_hf(beta, decay):
+    D = beta.shape[0]
+    grouped = np.concatenate([beta.reshape(D, K, Q), decay.reshape(D, K, Q)], axis=-1)
+    return _contiguous(grouped.reshape(D, -1).T)
+
+  return to_jtc, to_hf
+
+
 def linear_attention_tensors(config: ModelConfig) -> list:
   """(HF name below ``linear_attn.``, jtc paths below 'linear_attn', HF shape, to_jtc, to_hf)
   of one Gated DeltaNet layer; several paths: to_jtc returns one array per path and to_hf takes
@@ -118,12 +159,22 @@ def linear_attention_tensors(config: ModelConfig) -> list:
   K, H, N, O, W = (c.linear_n_k_heads, c.linear_k_head_dim, c.linear_n_v_heads, c.linear_v_head_dim,
                    c.linear_conv_width)
   D, channels = c.d_model, 2 * K * H + N * O
-  return [
-      ('in_proj_qkv.weight', (('q', 'kernel'), ('k', 'kernel'), ('v', 'kernel')), (channels, D),
-       *packed_qkv(K, H, N, O)),
-      ('in_proj_z.weight', (('z', 'kernel'),), (N * O, D), *_in_proj(N, O)),
-      ('in_proj_b.weight', (('beta', 'kernel'),), (N, D), _transpose, _transpose),
-      ('in_proj_a.weight', (('decay', 'kernel'),), (N, D), _transpose, _transpose),
+  if config.is_moe:  # Qwen3-Next: q, k, v, z in one projection and b, a in another
+    projections = [
+        ('in_proj_qkvz.weight', (('q', 'kernel'), ('k', 'kernel'), ('v', 'kernel'),
+                                 ('z', 'kernel')), (channels + N * O, D), *packed_qkvz(K, H, N, O)),
+        ('in_proj_ba.weight', (('beta', 'kernel'), ('decay', 'kernel')), (2 * N, D),
+         *packed_ba(K, N)),
+    ]
+  else:  # Qwen3.5
+    projections = [
+        ('in_proj_qkv.weight', (('q', 'kernel'), ('k', 'kernel'), ('v', 'kernel')), (channels, D),
+         *packed_qkv(K, H, N, O)),
+        ('in_proj_z.weight', (('z', 'kernel'),), (N * O, D), *_in_proj(N, O)),
+        ('in_proj_b.weight', (('beta', 'kernel'),), (N, D), _transpose, _transpose),
+        ('in_proj_a.weight', (('decay', 'kernel'),), (N, D), _transpose, _transpose),
+    ]
+  return projections + [
       ('conv1d.weight', (('conv_q', 'kernel'), ('conv_k', 'kernel'), ('conv_v', 'kernel')),
        (channels, 1, W), *packed_conv(K, H, N, O, W)),
       ('A_log', (('a_log',),), (N,), _same, _same),

@@ -337,8 +337,21 @@ class ModelConfig:
             **overrides
         })
 
+  @classmethod
+  def qwen3_next_80b_a3b(cls, **overrides) -> 'ModelConfig':
+    """Qwen/Qwen3-Next-80B-A3B: 48 layers in 12 x (3 Gated DeltaNet, 1 gated attention), hidden
+    2048, 16 heads / 2 kv heads of 256 (RoPE on 64); Gated DeltaNet 16 key / 32 value heads of
+    128; in every layer 512 experts of intermediate 512, 10 per token (norm_topk_prob), a shared
+    expert of 512 behind a sigmoid gate; vocab 151936, rope_theta 1e7, untied."""
+    return cls(
+        **{
+            **dict(vocab_size=151_936, d_model=2048, n_layers=48, n_heads=16, n_kv_heads=2, head_dim=256, d_ff=5120, linear_n_k_heads=16, linear_n_v_heads=32, n_experts=512, experts_per_token=10, d_expert=512, d_shared_expert=512, norm_topk_prob=True, **_QWEN3_5, tie_embeddings=False),
+            **_qwen3_5_flags(48),
+            **overrides
+        })
 
-# What every Qwen3.5 text model shares (Hugging Face `Qwen3_5TextConfig`, the published configs).
+
+# What every Qwen3.5 / Qwen3-Next text model shares (Hugging Face `Qwen3_5TextConfig`, the published configs).
 _QWEN3_5 = dict(rope_theta=10_000_000.0, norm_eps=1e-6, linear_k_head_dim=128,
                 linear_v_head_dim=128, linear_conv_width=4, param_dtype='bfloat16',
                 dtype='bfloat16', max_seq_len=262_144)

@@ -99,3 +99,10 @@ def test_an_unknown_form_is_named(layer):
   h, mask = _inputs(4, pads=[0])
   with pytest.raises(ValueError, match="form='parallel'"):
     gated_deltanet.mix(layer, h, mask, CONFIG, form='parallel')
+
+
+def test_the_tensor_axis_must_divide_the_heads(layer):
+  gated_deltanet.check_tensor_axis(layer, 2)  # 2 key / 4 value heads: fine
+  with pytest.raises(ValueError,
+                     match=r'config.mesh.tensor=4 does not divide .*linear_n_k_heads=2'):
+    gated_deltanet.check_tensor_axis(layer, 4)

@@ -172,3 +172,62 @@ def test_the_text_model_of_a_vision_language_checkpoint_loads(tmp_path):
   out = model_lib.forward(params, config, tokens_BL, model_lib.positions_from_mask(mask_BL),
                           mask_BL)
   assert np.max(np.abs(np.asarray(out.logits_BLV) - ref_BLV)) / np.max(np.abs(ref_BLV)) <= 1e-4
+
+
+@pytest.fixture(scope='module')
+def qwen3_next(tmp_path_factory):
+  """A tiny Qwen3-Next (the hybrid with a mixture of experts and a shared expert in every
+  layer): (HF model, jtc config with 4-token chunks, jtc params)."""
+  torch.manual_seed(2)
+  hf_config = transformers.Qwen3NextConfig(
+      vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+      num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+      linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12, num_experts=4,
+      num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+      layer_types=[L, L, F, L], tie_word_embeddings=False, initializer_range=0.1, rms_norm_eps=1e-5)
+  hf_config._attn_implementation = 'eager'
+  hf_model = transformers.Qwen3NextForCausalLM(hf_config).eval()
+  with torch.no_grad():
+    for key, p in hf_model.named_parameters():
+      if 'norm' in key or 'dt_bias' in key:
+        p.add_(0.3 * torch.randn_like(p))
+  directory = tmp_path_factory.mktemp('qwen3_next')
+  hf_model.save_pretrained(directory)
+  config, params = hf_import.load_hf_checkpoint(directory)
+  return hf_model, dataclasses.replace(config, linear_chunk=4), params
+
+
+def test_qwen3_next_matches_transformers_and_round_trips(qwen3_next, tmp_path):
+  """Logits on a left-padded batch, greedy decoding (20 tokens) and the exact round trip."""
+  hf_model, config, params = qwen3_next
+  assert config.is_moe and config.d_shared_expert == 24 and config.layer_types == (L, L, F, L)
+  rng = np.random.default_rng(5)
+  tokens_BL, mask_BL = _left_pad([rng.integers(0, 96, n) for n in (9, 4)], 9)
+  with torch.no_grad():
+    ref_BLV = hf_model(
+        torch.from_numpy(tokens_BL).long(),
+        attention_mask=torch.from_numpy(mask_BL).long()).logits.numpy()
+  out = model_lib.forward(params, config, tokens_BL, model_lib.positions_from_mask(mask_BL),
+                          mask_BL)
+  real = mask_BL.astype(bool)
+  err = np.max(np.abs(np.asarray(out.logits_BLV)[real] - ref_BLV[real]))
+  assert err / np.max(np.abs(ref_BLV[real])) <= 1e-4
+  P, T = 9, 20
+  with torch.no_grad():
+    ref = hf_model.generate(input_ids=torch.from_numpy(tokens_BL).long(),
+                            attention_mask=torch.from_numpy(mask_BL).long(), do_sample=False,
+                            max_new_tokens=T, min_new_tokens=T, eos_token_id=None, pad_token_id=0)
+  ref_BT = ref[:, P:].numpy()
+  eos_id = int(np.setdiff1d(np.arange(config.vocab_size), ref_BT)[0])
+  got = sampler.sample(params, config, tokens_BL, mask_BL, rng=jax.random.key(0), num_samples=1,
+                       max_new_tokens=T, eos_id=eos_id, pad_id=0, greedy=True)
+  np.testing.assert_array_equal(got.completion_RT, ref_BT)
+  config = dataclasses.replace(config, linear_chunk=64)
+  out_dir = hf_import.export_hf_checkpoint(config, params, tmp_path / 'export')
+  config2, params2 = hf_import.load_hf_checkpoint(out_dir)
+  assert config2 == config
+  jax.tree.map(np.testing.assert_array_equal, params2, params)
+  hf2 = transformers.AutoModelForCausalLM.from_pretrained(out_dir).float()
+  assert type(hf2) is type(hf_model)
+  for key, value in hf_model.state_dict().items():
+    assert torch.equal(hf2.state_dict()[key], value), key

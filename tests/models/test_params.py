@@ -79,3 +79,11 @@ def test_a_dense_model_keeps_its_values(dense):
                              jax.random.normal(kq, (16, 2, 8)) / 4.0, rtol=1e-6)
   np.testing.assert_allclose(dense['layers']['mlp']['down']['kernel'][1],
                              jax.random.normal(kd, (24, 16)) / np.sqrt(24), rtol=1e-6)
+
+
+def test_a_hybrid_shards_by_its_logical_axes(hybrid):
+  from jtc.rl import sharding  # pylint: disable=import-outside-toplevel
+  _, params = hybrid
+  mesh = sharding.make_mesh(fsdp=-1)
+  shardings = sharding.param_shardings(params, mesh)
+  assert jax.tree.structure(shardings) == jax.tree.structure(params)
