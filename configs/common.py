@@ -125,11 +125,18 @@ def get_config(arg=None):
   c.data.answer_field = ''
   c.data.data_dir = ''  # '' = $JTC_DATA_DIR or ~/.cache/jtc/data
   # A jtc.data.rewards verifier ('' = the task's own): exact_match | numeric_match | boxed_numeric
-  # | format | expression_match | math_verify (Math-Verify, the optional 'math' extra; a pool of
-  # processes, docs/verifiers.md).
+  # | format | expression_match | gsm8k_strict (verl's GSM8K rule) | math_verify (Math-Verify,
+  # the optional 'math' extra; a pool of processes, docs/verifiers.md).
   c.data.reward = ''
-  c.data.verify_workers = 4  # math_verify's worker processes (started once per run)
-  c.data.verify_timeout_s = 10.0  # math_verify: an answer not checked within this scores 0
+  # A function as verl or TRL define rewards, unchanged: data.reward='MODULE:FUNCTION' (a module
+  # on the path or path/to/file.py), called as verl | trl | trl_chat (jtc.data.custom_rewards;
+  # docs/verifiers.md); it runs in the verifier pool, a failure scores 0 and is counted.
+  c.data.reward_signature = 'verl'
+  # 'SOURCE=REWARD;SOURCE=REWARD': a verifier per data_source of the rows, as verl dispatches
+  # ('' = data.reward for every row), e.g. 'openai/gsm8k=gsm8k_strict;aime=math_verify'.
+  c.data.reward_by_source = ''
+  c.data.verify_workers = 4  # worker processes of math_verify / a user's function (per run)
+  c.data.verify_timeout_s = 10.0  # pooled verifiers: an answer not checked within this scores 0
   c.data.prompt_width = 20  # P: prompts (with BOS) are left-padded to this width
   c.data.prompt_suffix = ''  # appended to every question before the chat template
   c.data.chat_template = True  # wrap prompts with the tokenizer's chat template
@@ -235,6 +242,8 @@ def get_config(arg=None):
   c.mesh.data = -1  # devices on the data axis (-1 = all remaining)
   c.mesh.fsdp = 1  # devices sharding params + optimiser state (FSDP) and batch
   c.mesh.tensor = 1  # devices sharding heads / MLP / vocab (tensor parallel)
+  # devices sharding a mixture-of-experts policy's experts (expert parallel; must divide them)
+  c.mesh.expert = 1
 
   c.distributed = ConfigDict()  # several processes (JAX_COORDINATOR_ADDRESS, ...); else unused
   # Seconds the processes have to reach each other at start-up before failing with what was

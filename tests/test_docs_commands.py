@@ -89,7 +89,7 @@ def check_command(module_name, args):
     from jtc import cli  # pylint: disable=import-outside-toplevel
     if not args or args[0] not in cli.COMMANDS:
       raise ValueError(f'jtc {args[:1]}: not one of {list(cli.COMMANDS)}')
-    module_name, args = f'jtc.cli.{args[0]}', args[1:]
+    module_name, args = f'jtc.cli.{args[0].replace("-", "_")}', args[1:]
   module_name = COMMAND_MODULES.get(module_name, module_name)
   try:
     module = importlib.import_module(module_name)

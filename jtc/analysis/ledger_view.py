@@ -45,6 +45,7 @@ function shown(n, P, b, t) {  // the value a cell is coloured by: jtc's c, the f
   const by = document.getElementById('colour') ? document.getElementById('colour').value : 'jtc';
   const c = P[n].coef[b][t];
   if (by === 'jtc') return c;
+  if (by === 'routing') return D.routing[b][t] ? -1 : 0;  // red: the token's experts flipped
   const f = D.framework.coef[b][t];
   return by === 'framework' ? f : c - f;
 }
@@ -84,7 +85,8 @@ function render() {
             (P[n].clip_low[b][t] ? '  clipped-low' : '') +
             (P[n].clip_high[b][t] ? '  clipped-high' : '') + (P[n].gated[b] ? '  gated' : '') +
             (D.mask[b][t] ? '' : '  masked') + (D.truncated[b] ? '  truncated' : '') +
-            (D.weights ? `  weight=${D.weights[b][t].toFixed(3)}` : '');
+            (D.weights ? `  weight=${D.weights[b][t].toFixed(3)}` : '') +
+            (D.routing && D.routing[b][t] ? '  routing-flip' : '');
         row.appendChild(cell);
       }
       box.appendChild(row);
@@ -122,6 +124,8 @@ def page_data(ledger, replayed, names):
           'name': ledger.meta['source']['format'],
           'coef': _finite(c['framework_coef_BT'])
       } if 'framework_coef_BT' in c else None,
+      # A mixture-of-experts run's routing flips (sampler vs trainer experts differ, any layer).
+      'routing': (c['routing_flip_BT'] > 0).tolist() if 'routing_flip_BT' in c else None,
       'points': {
           p: {
               n: r['objectives'][n] for n in names
@@ -148,11 +152,16 @@ def html(ledger, replayed, names):
                    f'{" checked" if i == 0 else ""}>{html_lib.escape(n)}</label> '
                    for i, n in enumerate(names))
   radios += '<label><input type="radio" name="objective" value="*">side by side</label>'
+  colours = []
   if data['framework']:
     fw = html_lib.escape(data['framework']['name'])
-    radios += (f' <label>Colour by <select id="colour"><option value="jtc">jtc\'s coefficient'
-               f'</option><option value="framework">{fw}\'s coefficient</option><option '
-               f'value="diff">jtc - {fw}</option></select></label>')
+    colours += [('framework', f"{fw}'s coefficient"), ('diff', f'jtc - {fw}')]
+  if data['routing']:
+    colours.append(('routing', 'routing flip (red)'))
+  if colours:
+    radios += (' <label>Colour by <select id="colour"><option value="jtc">jtc\'s coefficient'
+               '</option>' + ''.join(f'<option value="{v}">{t}</option>' for v, t in colours) +
+               '</select></label>')
   legend = ''.join(
       f'<span style="background:{_css_colour(x)}">{x:+.1f}</span>' for x in np.linspace(-1, 1, 9))
   payload = json.dumps(data, allow_nan=False).replace('</', '<\\/')

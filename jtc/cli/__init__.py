@@ -8,6 +8,9 @@ r"""The commands, one thin module each over a library function: `jtc <command> .
   jtc data   PATH [--show N]                                             (jtc.data.formats)
   jtc conform --loss MODULE:FUNCTION --objective NAME --aggregation AGG   (jtc.interop.conform)
   jtc sweep  table1 [--tables-only]                                      (experiments.run)
+  jtc export WORKDIR OUT [--member N]                                    (jtc.rl.export)
+  jtc eval   --checkpoint DIR --dataset PATH [--k K]                     (jtc.rl.checkpoint_eval)
+  jtc tiny-checkpoint OUT --like qwen3                                   (jtc.models.tiny_checkpoint)
 
 `jtc` is the console script (setup.py); ``python -m jtc.<command>`` runs the same `main`.
 Each command module has ``main(argv=None, prog=...)`` (``argv`` without the program name) and
@@ -26,12 +29,15 @@ COMMANDS = {
     'data': 'how jtc reads a dataset file or directory (format, rows, parsed pairs)',
     'conform': "anyone's RL loss checked against jtc's per-token coefficients and invariances",
     'sweep': 'a sweep of experiments/ and its results file (python -m experiments.run)',
+    'export': "a run's trained policy as a Hugging Face directory",
+    'eval': "a checkpoint's avg@k and pass@k on a dataset, per data source",
+    'tiny-checkpoint': 'a random tiny Hugging Face checkpoint with a tokenizer, for smoke runs',
 }
 
 # The command modules, then the dispatcher.
 __all__ = [
-    'absl_program', 'conform', 'data', 'ledger', 'plan', 'plot', 'sft', 'sweep', 'train',
-    'COMMANDS', 'command_module', 'main'
+    'absl_program', 'conform', 'data', 'eval', 'export', 'ledger', 'plan', 'plot', 'sft', 'sweep',
+    'tiny_checkpoint', 'train', 'COMMANDS', 'command_module', 'main'
 ]
 
 
@@ -39,12 +45,12 @@ def command_module(name):
   """The module of command ``name``; ValueError naming the valid commands for another name."""
   if name not in COMMANDS:
     raise ValueError(f'unknown command {name!r}; valid: {", ".join(COMMANDS)}')
-  return importlib.import_module(f'jtc.cli.{name}')
+  return importlib.import_module(f'jtc.cli.{name.replace("-", "_")}')
 
 
 def _usage():
   return 'usage: jtc <command> [args]  (jtc <command> --help for its flags)\n\ncommands:\n' + ''.join(
-      f'  {name:8s}{what}\n' for name, what in COMMANDS.items())
+      f'  {name:16s}{what}\n' for name, what in COMMANDS.items())
 
 
 def main(argv=None):

@@ -29,6 +29,10 @@ from jtc.analysis import ledger as ledger_lib
 from jtc.analysis import ledger_view
 from jtc.analysis import replay as replay_lib
 
+# What `steps` says of a run without a ledger: the key that records one.
+NO_LEDGER = ('none: this run recorded no ledger; train with --config.log.ledger_every=N to record '
+             'one every N steps (docs/ledger.md)')
+
 
 def make_parser(prog='python -m jtc.ledger'):
   parser = argparse.ArgumentParser(prog=prog, description=__doc__.split('\n\n')[0])
@@ -121,7 +125,7 @@ def main(argv=None, prog='python -m jtc.ledger'):
   if args.command == 'steps':
     if not os.path.isdir(args.workdir):
       parser.error(f'no such workdir {args.workdir!r}')
-    print(' '.join(map(str, ledger_lib.steps(args.workdir))) or 'none')
+    print(' '.join(map(str, ledger_lib.steps(args.workdir))) or NO_LEDGER)
     return 0
   names = [n for n in args.objectives.split(',') if n]
   try:

@@ -1,13 +1,19 @@
-"""Prompts and verifiers: synthetic tasks, reward functions, the expression evaluator, dataset formats, prepared datasets, the grain pipeline."""
+"""Prompts and verifiers: synthetic tasks, reward functions (jtc's, verl's rules, users' own), the expression evaluator, dataset formats, prepared datasets, the grain pipeline."""
 
 # The submodules (``from jtc.data import *`` imports them).
 __all__ = [
+    'custom_rewards',
     'datasets',
+    'examples',
     'expressions',
     'formats',
     'math_verifier',
     'pipeline',
+    'preview',
     'rewards',
     'tasks',
+    'traps',
+    'verifiers',
     'verify_pool',
+    'verl_rules',
 ]

@@ -6,8 +6,8 @@ files with its numpy codecs):
 - ``JtcSynthetic``: a synthetic task of ``jtc.data.tasks`` (``'arithmetic'``, ``'countdown'``), with
   features ``prompt``, ``answer`` and ``solutions/<format>``.
 - ``JtcFiles``: a local dataset of `jtc.data.formats` (JSONL, verl-style parquet, a Hugging Face
-  ``save_to_disk`` directory), features ``prompt``, ``answer``, ``solution`` and ``messages``
-  (the records of `formats.read_files`).
+  ``save_to_disk`` directory), features ``formats.RECORD_FIELDS`` (the records of
+  `formats.read_files`).
 
 Prepared data lives in ``data_dir`` (default ``$JTC_DATA_DIR`` or ``~/.cache/jtc/data``) in a
 folder keyed by a hash of everything that defines it (task config, generation seed, sizes; for
@@ -131,8 +131,8 @@ class JtcFiles(_LocalBuilder):
         builder=self,
         disable_shuffling=True,
         description=f"jtc {self._spec['format']} dataset {self._spec['splits']}",
-        features=tfds.features.FeaturesDict(
-            {k: tfds.features.Text() for k in ('prompt', 'answer', 'solution', 'messages')}),
+        features=tfds.features.FeaturesDict({k: tfds.features.Text() for k in formats.RECORD_FIELDS
+                                            }),
     )
 
   def _split_generators(self, dl_manager):
@@ -168,7 +168,7 @@ def read_jsonl(path: str, *, question_key: str | None = None,
 
 _BUILDERS = {'jtc_synthetic': JtcSynthetic, 'jtc_files': JtcFiles}
 
-_LAYOUT_VERSION = 3  # bump when the stored layout/order changes, so old caches are not reused
+_LAYOUT_VERSION = 4  # bump when the stored layout/order changes, so old caches are not reused
 
 
 def _spec_key(spec: dict[str, Any]) -> str:

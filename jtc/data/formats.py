@@ -23,11 +23,13 @@ Row schemas, detected from the first row (``schema_of``):
   ``normalize_reference_answer`` of the answer field (GSM8K ``#### 42`` -> ``42``, MATH
   ``\\boxed{x}`` -> ``x``), the solution the raw field. Naming a field reads any file this way.
 
-A record is ``{'prompt', 'answer', 'solution', 'messages'}`` of str: a prompt of one user
-message is its content and ``messages`` is ``''``, so it reads exactly as a JSONL question; any
-other conversation keeps its messages as JSON in ``messages`` and its plain text (the contents
-joined by a blank line) in ``prompt``. `as_example` turns such a record into a `Conversation`
-prompt, which `jtc.data.pipeline.prompt_ids` renders with the tokenizer's chat template.
+A record is ``{'prompt', 'answer', 'solution', 'messages', 'data_source', 'row'}`` of str: a
+prompt of one user message is its content and ``messages`` is ``''``, so it reads exactly as a
+JSONL question; any other conversation keeps its messages as JSON in ``messages`` and its plain
+text (the contents joined by a blank line) in ``prompt``. ``data_source`` is the row's
+(``''`` without one) and ``row`` the JSON of the row's other fields (all but the question), which
+users' reward functions receive (`jtc.data.custom_rewards`). `jtc.data.examples.as_example`
+turns a record into what the trainer reads (a `Conversation` prompt, a `Reference` answer).
 
 Every malformed row (missing field, wrong type, empty answer or question, text that is not
 UTF-8) is a ``ValueError`` naming the file, the row (JSONL: its 1-based line; parquet/arrow: its
@@ -41,6 +43,7 @@ import os
 import re
 from typing import Any, Iterator
 
+from jtc.data import examples
 from jtc.data import rewards
 
 QUESTION_KEYS = ('question', 'problem', 'prompt', 'query')
@@ -48,6 +51,8 @@ ANSWER_KEYS = ('answer', 'solution', 'response')
 PARQUET_MAGIC = b'PAR1'
 SPLIT_SUFFIXES = {'.jsonl': 'jsonl', '.parquet': 'parquet'}
 ROLES = ('system', 'user', 'assistant')
+# The fields of a record (all str; see the module docstring).
+RECORD_FIELDS = ('prompt', 'answer', 'solution', 'messages', 'data_source', 'row')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,52 +61,6 @@ class Source:
   path: str
   format: str  # 'jsonl' | 'parquet' | 'arrow'
   splits: dict[str, tuple[str, ...]]
-
-
-class Conversation(str):
-  """A chat prompt of several messages (a system message, few-shot turns).
-
-  As a str it is its plain text, the message contents joined by a blank line: what reward
-  functions, ledgers and ``data.chat_template=False`` see. ``messages`` is what the chat template
-  renders. ``conversation + suffix`` appends the suffix to the last (user) message, as
-  ``data.prompt_suffix`` is appended to a question.
-  """
-
-  def __new__(cls, messages):
-    messages = tuple({'role': m['role'], 'content': m['content']} for m in messages)
-    self = super().__new__(cls, plain_text(messages))
-    self._messages = messages
-    return self
-
-  @property
-  def messages(self) -> list[dict[str, str]]:
-    return [dict(m) for m in self._messages]
-
-  def __add__(self, suffix):
-    if not isinstance(suffix, str):
-      return NotImplemented
-    *head, last = self.messages
-    return Conversation([*head, {**last, 'content': last['content'] + suffix}])
-
-  def __reduce__(self):
-    return Conversation, (self.messages,)
-
-  def __repr__(self):
-    return f'Conversation({self.messages!r})'
-
-
-def plain_text(messages) -> str:
-  """The contents of chat messages joined by a blank line."""
-  return '\n\n'.join(m['content'] for m in messages)
-
-
-def as_example(record: dict[str, Any]) -> dict[str, Any]:
-  """A decoded record as the trainer reads it: ``messages`` JSON -> a `Conversation` prompt."""
-  example = dict(record)
-  messages = example.pop('messages', '')
-  if messages:
-    example['prompt'] = Conversation(json.loads(messages))
-  return example
 
 
 def normalize_reference_answer(text: str) -> str:
@@ -295,15 +254,32 @@ def _qa_record(where, row, *, question_field, answer_field):
     if key is None or key not in row:
       looked = [named] if named else list(options)
       hint = " (a verl row needs 'reward_model')" if isinstance(row.get('prompt'), list) else ''
-      raise ValueError(f'{where}: no {role} field {key!r}; looked for {looked}, record has '
-                       f'{sorted(row)}{hint}')
+      flag = f'config.data.{role}_field (jtc data --{role}-field)'
+      what = f'{key!r} (named by {flag})' if named else f'among {looked} (name it with {flag})'
+      raise ValueError(f'{where}: no {role} field {what}; the record has {sorted(row)}{hint}')
     keys[role] = key
   prompt = _text(where, keys['question'], row[keys['question']])
   raw = _text(where, keys['answer'], row[keys['answer']])
   answer = normalize_reference_answer(raw)
   if not answer:
     raise ValueError(f'{where}: field {keys["answer"]!r} has an empty final answer ({raw!r})')
-  return {'prompt': prompt, 'answer': answer, 'solution': raw, 'messages': ''}
+  return {
+      'prompt': prompt,
+      'answer': answer,
+      'solution': raw,
+      'messages': '',
+      **_provenance(row, keys['question'])
+  }
+
+
+def _provenance(row: dict[str, Any], question: str) -> dict[str, str]:
+  """A record's ``data_source`` (the row's, '' without one) and ``row`` (its other fields, JSON)."""
+  source = row.get('data_source')
+  rest = {k: v for k, v in row.items() if k != question}
+  return {
+      'data_source': source if isinstance(source, str) else '',
+      'row': json.dumps(rest, ensure_ascii=False, default=str)
+  }
 
 
 def _messages(where: str, prompt: Any) -> list[dict[str, str]]:
@@ -341,10 +317,11 @@ def _verl_record(where, row):
   worked = extra.get('answer') if isinstance(extra, dict) else None
   single = len(messages) == 1
   return {
-      'prompt': messages[0]['content'] if single else plain_text(messages),
+      'prompt': messages[0]['content'] if single else examples.plain_text(messages),
       'answer': answer,
       'solution': worked if isinstance(worked, str) and worked.strip() else answer,
       'messages': '' if single else json.dumps(messages, ensure_ascii=False),
+      **_provenance(row, 'prompt')
   }
 
 

@@ -22,6 +22,7 @@ import grain
 import numpy as np
 
 from jtc.data import datasets
+from jtc.data import examples
 from jtc.data import formats
 
 
@@ -44,8 +45,8 @@ def load_examples(
 
 
 def _example(record: dict[str, Any]) -> dict[str, Any]:
-  """A stored record as the trainer reads it (str fields; a chat prompt as `formats.Conversation`)."""
-  return formats.as_example(datasets.decode(record))
+  """A stored record as the trainer reads it (str fields; a chat prompt as `examples.Conversation`)."""
+  return examples.as_example(datasets.decode(record))
 
 
 def _collate(examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -120,7 +121,7 @@ def make_prompt_iterator(
 
     Each batch is ``{'prompt': [str]*B, 'answer': [str]*B, ...}`` (synthetic tasks add
     ``'solutions': {format: [str]*B}``, a dataset adds ``'solution'``; a prompt of several chat
-    messages is a `formats.Conversation`). With ``tokenizer`` and
+    messages is a `examples.Conversation`). With ``tokenizer`` and
     ``prompt_width`` it also holds ``'prompt_tokens'``/``'prompt_mask'`` int32 ``[B, P]``
     (``encode_prompts``). ``batch_size`` is per process. ``iterator.get_state()`` /
     ``set_state()`` save and restore the position. Other kwargs go to ``prepare``.
@@ -156,11 +157,11 @@ def prompt_ids(tokenizer: Any, prompt: str, *, add_bos: bool = True,
   """``[bos] + encode(apply_chat_template(prompt))``: a prompt's tokens as the policy reads them
   (bos only if the tokenizer has one, ``add_bos`` is set and the template did not add it).
 
-  A `formats.Conversation` goes to the template as its messages; without the template
+  A `examples.Conversation` goes to the template as its messages; without the template
   (``chat_template=False``) it is its plain text."""
   if chat_template:
     text = tokenizer.apply_chat_template(
-        prompt.messages if isinstance(prompt, formats.Conversation) else prompt)
+        prompt.messages if isinstance(prompt, examples.Conversation) else prompt)
   else:
     text = str(prompt)
   ids = tokenizer.encode(text)
@@ -209,6 +210,17 @@ def _fields(data: Any) -> dict[str, str]:
   return {'question_field': data.question_field, 'answer_field': data.answer_field}
 
 
+def train_split(path: str) -> str:
+  """The split of a dataset that trains: ``'train'``, else its only split (a directory holding
+  one ``dapo-math-17k.parquet``); ValueError naming its splits otherwise."""
+  splits = sorted(formats.detect(path).splits)
+  if 'train' in splits:
+    return 'train'
+  if len(splits) == 1:
+    return splits[0]
+  raise ValueError(f'{path}: no train split to train on; its splits are {splits}')
+
+
 def held_out_split(path: str) -> str:
   """The split of a dataset that holds out problems: ``'test'``, else its only split."""
   splits = sorted(formats.detect(path).splits)
@@ -247,13 +259,13 @@ def run_data(
   data_dir = data.data_dir or None  # None: jtc's cache ($JTC_DATA_DIR or ~/.cache/jtc/data)
   source = data.dataset or data.task
   fields = _fields(data) if data.dataset else {}
+  split = train_split(data.dataset) if data.dataset else 'train'
   train_iters = [
-      make_prompt_iterator(source, split='train', batch_size=batch_size, seed=seed,
-                           data_dir=data_dir, shard_index=0, shard_count=1, **fields)
-      for seed in seeds
+      make_prompt_iterator(source, split=split, batch_size=batch_size, seed=seed, data_dir=data_dir,
+                           shard_index=0, shard_count=1, **fields) for seed in seeds
   ]
   eval_examples = held_out_examples(data, data_dir=data_dir, limit=eval_problems)
-  train_examples = load_examples(source, split='train', data_dir=data_dir, limit=2000, **fields)
+  train_examples = load_examples(source, split=split, data_dir=data_dir, limit=2000, **fields)
   return train_iters, eval_examples, [e['prompt'] for e in eval_examples + train_examples]
 
 
@@ -275,6 +287,6 @@ def check_config(data: Any, *, tasks: Any, reward_fns: Any) -> None:
     key = next(k for k in ('eval_dataset', 'question_field', 'answer_field') if data[k])
     raise ValueError(f'config.data.{key}={data[key]!r} needs config.data.dataset (a task has '
                      'no dataset file)')
-  if data.reward and data.reward not in reward_fns:
+  if data.reward and ':' not in data.reward and data.reward not in reward_fns:
     raise ValueError(f'config.data.reward={data.reward!r} is not valid; valid: '
                      f'{sorted(reward_fns)}')

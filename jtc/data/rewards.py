@@ -50,6 +50,7 @@ import numpy as np
 from jtc import checks
 from jtc.data import expressions
 from jtc.data import math_verifier
+from jtc.data import verl_rules
 
 RewardFn = Callable[[Sequence[str], Sequence[str], Sequence[str]], np.ndarray]
 
@@ -313,6 +314,7 @@ REWARD_FNS: dict[str, RewardFn] = {
     'boxed_numeric': boxed_numeric,
     'format': format_reward,
     'expression_match': expression_match,
+    'gsm8k_strict': verl_rules.gsm8k_strict,  # verl's strict GSM8K rule (jtc.data.verl_rules)
 }
 
 # Verifiers that run in worker processes (jtc.data.verify_pool), started once per run and closed

@@ -4,9 +4,13 @@ stalls training.
 ``VerifierPool(check, workers=4, timeout_s=10.0)`` starts ``workers`` Python processes once
 (``python -m jtc.data.verify_pool MODULE:FUNCTION``); ``pool.score(completions, answers)`` sends
 the answers one at a time to idle workers and returns ``check(completion, answer)`` of each as a
-``[B]`` float32 array. An answer whose check has not returned ``timeout_s`` after it was sent
-scores 0: its worker is killed (SIGKILL) and a fresh one started in its place; a worker that dies
-mid-check scores that answer 0 the same way. ``pool.close()`` (or leaving a ``with`` block) ends
+``[B]`` float32 array (``pool.score_items(items)``: ``check(*item)`` of each JSON list ``item``).
+With ``setup`` (a JSON list) a worker calls ``check(*setup)`` once and scores with the function
+it returns (e.g. a user's reward function loaded by name). An answer whose check has not returned
+``timeout_s`` after it was sent scores 0: its worker is killed (SIGKILL) and a fresh one started
+in its place; a worker that dies mid-check scores that answer 0 the same way. A check that raises,
+or returns what is not a finite number, scores 0 too; every such answer of the last call is in
+``pool.errors`` (row -> one line saying why), so a caller can count and report them. ``pool.close()`` (or leaving a ``with`` block) ends
 every worker and waits for it. Workers ignore SIGINT and SIGTERM (a Ctrl-C reaches the whole
 process group; the trainer finishes its step with them) and exit within a second of their
 parent's death.
@@ -19,8 +23,9 @@ without signal-based alarms, so it may be any thread-unsafe verifier.
 
 Protocol (one JSON value per line): the worker prints ``"ready"`` once ``check`` is imported and
 has checked ``WARM_UP`` (so lazily imported libraries load outside any answer's timeout);
-then for each ``[completion, answer]`` line on its stdin it prints the score. End of its stdin
-ends it; a worker whose parent has died exits within a second (its parent id changes).
+then for each JSON list of arguments on its stdin it prints ``[score, null]``, or ``[0.0, "why"]``
+when the check raised or returned no finite number. End of its stdin ends it; a worker whose
+parent has died exits within a second (its parent id changes).
 
 POSIX only (``select`` on pipes, ``os.getppid``), like the rest of jtc's process handling.
 
@@ -66,18 +71,25 @@ def _import_check(name: str) -> Callable:
   return getattr(importlib.import_module(module), function)
 
 
+def as_score(value) -> float:
+  """``value`` as a finite float; TypeError naming what it is otherwise (a string, None, NaN)."""
+  if isinstance(value, (bool, int, float, np.integer, np.floating)) and np.isfinite(value):
+    return float(value)
+  raise TypeError(f'returned {type(value).__name__} {value!r:.60}, not a finite number')
+
+
 class _Worker:
   """One worker process; ``pending``: (row, deadline) of the answer it is checking, or None."""
 
-  def __init__(self, check: str):
+  def __init__(self, check: str, setup: str):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    self.proc = subprocess.Popen([sys.executable, '-m', 'jtc.data.verify_pool', check],
+    self.proc = subprocess.Popen([sys.executable, '-m', 'jtc.data.verify_pool', check, setup],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     self.ready, self.pending, self._buffer = False, None, b''
     self.started = time.monotonic()
 
-  def send(self, row: int, completion: str, answer: str, deadline: float) -> None:
-    self.proc.stdin.write((json.dumps([completion, answer]) + '\n').encode())
+  def send(self, row: int, item: Sequence, deadline: float) -> None:
+    self.proc.stdin.write((json.dumps(list(item)) + '\n').encode())
     self.proc.stdin.flush()
     self.pending = (row, deadline)
 
@@ -108,13 +120,16 @@ def _kill_all(workers: list) -> None:
 
 class VerifierPool:
   """``workers`` verifier processes running ``check(completion, answer) -> float`` (a
-  module-level function); see the module docstring. Not thread-safe: call ``score`` from one
-  thread. ``timeouts``: how many answers have timed out so far."""
+  module-level function; with ``setup``, the function ``check(*setup)`` returns, called with each
+  item's arguments); see the module docstring. Not thread-safe: call ``score`` from one thread.
+  ``timeouts``: how many answers have timed out so far; ``errors``: row -> why, for each answer
+  of the last call scored 0 by a failure (raised, not a number, timed out, worker died)."""
 
-  def __init__(self, check: Callable, *, workers: int, timeout_s: float):
+  def __init__(self, check: Callable, *, workers: int, timeout_s: float, setup: Sequence = ()):
     checks.positive_int('workers', workers)
     checks.positive('timeout_s', timeout_s)
     self.check, self.timeout_s, self.timeouts = check_name(check), float(timeout_s), 0
+    self.setup, self.errors = json.dumps(list(setup)), {}
     self._workers: list[_Worker] = []
     self._finalizer = weakref.finalize(self, _kill_all, self._workers)
     self._selector = selectors.DefaultSelector()
@@ -134,7 +149,7 @@ class VerifierPool:
     return [w.proc.pid for w in self._workers]
 
   def _start_worker(self) -> None:
-    w = _Worker(self.check)
+    w = _Worker(self.check, self.setup)
     self._workers.append(w)
     self._selector.register(w.proc.stdout, selectors.EVENT_READ, w)
 
@@ -159,6 +174,8 @@ class VerifierPool:
           raise RuntimeError(f'a verifier worker ({self.check}) exited before it was ready '
                              f'(exit status {w.proc.wait()}); its error is above')
         what = 'while idle' if w.pending is None else f'checking answer {w.pending[0]} (scored 0)'
+        if w.pending is not None:
+          self.errors[w.pending[0]] = 'its worker process died'
         print(f'verify_pool: a worker died {what}; started another', file=sys.stderr)
         self._replace(w)
         continue
@@ -166,12 +183,15 @@ class VerifierPool:
         if value == 'ready':
           w.ready = True
         elif w.pending is not None:
-          scores_B[w.pending[0]] = float(value)
+          scores_B[w.pending[0]], error = value
+          if error is not None:
+            self.errors[w.pending[0]] = error
           w.pending = None
     now = time.monotonic()
     for w in list(self._workers):
       if w.pending is not None and now >= w.pending[1]:
         self.timeouts += 1
+        self.errors[w.pending[0]] = f'took over {self.timeout_s:g} s (timed out)'
         print(
             f'verify_pool: answer {w.pending[0]} took over {self.timeout_s:g} s to check (scored '
             f'0); its worker was killed and another started', file=sys.stderr)
@@ -181,20 +201,26 @@ class VerifierPool:
                            f'{START_TIMEOUT_S:g} s')
 
   def score(self, completions: Sequence[str], answers: Sequence[str]) -> np.ndarray:
-    """[B] float32: ``check(completion, answer)`` of each pair, 0 for one that timed out."""
-    if self.closed:
-      raise RuntimeError('the verifier pool is closed')
+    """[B] float32: ``check(completion, answer)`` of each pair, 0 for one that failed."""
     if len(completions) != len(answers):
       raise ValueError(f'completions and answers must have equal length, got '
                        f'{len(completions)}, {len(answers)}')
-    scores_B = np.zeros(len(completions), np.float32)
-    todo = list(range(len(completions)))[::-1]
+    return self.score_items([(str(c), str(a)) for c, a in zip(completions, answers)])
+
+  def score_items(self, items: Sequence[Sequence]) -> np.ndarray:
+    """[B] float32: the check of each item (a JSON-serialisable list of its arguments), 0 for one
+    that failed (``errors`` then says why)."""
+    if self.closed:
+      raise RuntimeError('the verifier pool is closed')
+    scores_B = np.zeros(len(items), np.float32)
+    self.errors = {}
+    todo = list(range(len(items)))[::-1]
     while todo or any(w.pending for w in self._workers):
       for w in self._workers:
         if todo and w.ready and w.pending is None:
           row = todo.pop()
           try:
-            w.send(row, str(completions[row]), str(answers[row]), time.monotonic() + self.timeout_s)
+            w.send(row, items[row], time.monotonic() + self.timeout_s)
           except OSError:  # died while idle: not this answer's doing, so it goes to another
             todo.append(row)
             self._replace(w)
@@ -241,9 +267,10 @@ def _exit_with_parent(parent: int) -> None:
       os._exit(0)  # pylint: disable=protected-access
 
 
-def worker_main(check: str) -> None:
-  """A worker's loop: ``[completion, answer]`` lines in, ``check(completion, answer)`` lines
-  out (0.0 when the check raises)."""
+def worker_main(check: str, setup: str = '[]') -> None:
+  """A worker's loop: JSON lists of arguments in, ``[score, error]`` lines out (``[0.0, why]``
+  when the check raises or returns no finite number); ``setup``: JSON arguments of a factory
+  ``check`` (none: ``check`` scores, after a warm-up on `WARM_UP`)."""
   threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
   # Ctrl-C or a SIGTERM to the process group is the trainer's to handle (it finishes the step,
   # checkpoints and closes the pool); a worker ends with its stdin, its parent, or SIGKILL.
@@ -253,21 +280,24 @@ def worker_main(check: str) -> None:
   out = os.fdopen(os.dup(1), 'w')  # the protocol's channel; what the check prints goes to stderr
   os.dup2(2, 1)
   sys.stdout = sys.stderr
-  try:  # libraries the check imports lazily load now, outside any answer's timeout
-    fn(*WARM_UP)
-  except Exception:  # pylint: disable=broad-except
-    pass
+  setup_args = json.loads(setup)
+  if setup_args:  # a user's function, loaded once (its import errors end the worker, unready)
+    fn = fn(*setup_args)
+  else:
+    try:  # libraries the check imports lazily load now, outside any answer's timeout
+      fn(*WARM_UP)
+    except Exception:  # pylint: disable=broad-except
+      pass
   out.write('"ready"\n')
   out.flush()
   for line in sys.stdin:
-    completion, answer = json.loads(line)
     try:
-      value = float(fn(completion, answer))
-    except Exception:  # pylint: disable=broad-except
-      value = 0.0
-    out.write(json.dumps(value) + '\n')
+      value, error = as_score(fn(*json.loads(line))), None
+    except Exception as e:  # pylint: disable=broad-except
+      value, error = 0.0, f'{type(e).__name__}: {e}'.splitlines()[0][:200]
+    out.write(json.dumps([value, error]) + '\n')
     out.flush()
 
 
 if __name__ == '__main__':
-  worker_main(sys.argv[1])
+  worker_main(*sys.argv[1:])

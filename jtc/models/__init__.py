@@ -4,6 +4,7 @@ Face import, tokenizers."""
 # The submodules (``from jtc.models import *`` imports them).
 __all__ = [
     'attention',
+    'axes',
     'bundles',
     'decode',
     'delta_rule',
@@ -19,6 +20,9 @@ __all__ = [
     'model',
     'model_config',
     'params',
+    'moe',
+    'safetensors_io',
     'sampler',
+    'tiny_checkpoint',
     'tokenizer',
 ]

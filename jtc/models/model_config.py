@@ -19,9 +19,9 @@ ATTENTIONS = ('dense', 'blockwise', 'splash')
 # n_experts > 0).
 LAYER_TYPES = ('full_attention', 'linear_attention')
 FFN_TYPES = ('mlp', 'moe')
-# How a mixture-of-experts layer computes its experts (`jtc.models.moe.MOE_IMPLS`): both exact
+# How a mixture-of-experts layer computes its experts (`jtc.models.moe.MOE_IMPLS`): all exact
 # and dropless (every token reaches its experts), different in FLOPs and speed.
-MOE_IMPLS = ('ragged', 'dense')
+MOE_IMPLS = ('ragged', 'dense', 'blocks')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,10 +308,10 @@ class ModelConfig:
   @classmethod
   def tiny_moe(cls, vocab_size: int = 64, **overrides) -> 'ModelConfig':
     """`tiny` with a mixture of experts in every layer: 8 experts of width 192, 2 per token (the
-    active MLP width 384 of `tiny`'s dense MLP), a 128-wide shared expert off."""
+    active MLP width 384 of `tiny`'s dense MLP), computed in blocks (the fast way on a CPU)."""
     return cls.tiny(
         vocab_size, **{
-            **dict(n_experts=8, experts_per_token=2, d_expert=192, norm_topk_prob=True),
+            **dict(n_experts=8, experts_per_token=2, d_expert=192, norm_topk_prob=True, moe_impl='blocks'),
             **overrides
         })
 

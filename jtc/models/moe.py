@@ -10,10 +10,13 @@ reaches all of its W experts (dropless: no capacity, nothing dropped):
   y = sum_{j in S} w_j down_j(silu(gate_j x) * up_j x)  [+ sigmoid(x g) shared(x)]
 
 The experts' weights are stacked: gate / up [X, D, F], down [X, F, D]. `MOE_IMPLS` computes the
-sum two exact ways: 'ragged' sorts the U * W (token, expert) pairs by expert and runs grouped
-matmuls (`jax.lax.ragged_dot`, the grouped GEMM of GPU/TPU; the pairs of an expert are one group),
-'dense' runs every expert on every token and weighs the outputs by w (0 off S): X / W times the
-FLOPs, simple, and fast for a few small experts on a CPU.
+sum three exact ways: 'ragged' sorts the U * W (token, expert) pairs by expert and runs grouped
+matmuls (`jax.lax.ragged_dot`, the grouped GEMM of GPU/TPU; the pairs of an expert are one group;
+XLA:CPU lowers it as a masked dense product over every group), 'blocks' sorts them likewise into
+blocks of one expert each and runs one batched matmul against the blocks' gathered weights (the
+fast one on a CPU; it also trains under `jax.vmap`, which `ragged_dot`'s weight gradient does
+not), 'dense' runs every expert on every token and weighs the outputs by w (0 off S): X / W
+times the FLOPs, the simplest, a reference.
 
 The load-balancing auxiliary loss of Switch Transformer (Fedus et al. 2021, Eqs. 4-6) as
 Hugging Face's ``load_balancing_loss_func`` defines it (`load_balancing_loss`): the fraction of
@@ -150,19 +153,56 @@ def _experts_ragged(p, x_UD, experts_UW, weights_UW, dtype):
 
 
 def _experts_dense(p, x_UD, experts_UW, weights_UW, dtype):
-  """sum_j w_j expert_j(x) with every expert on every token and w = 0 off the chosen ones."""
+  """sum_j w_j expert_j(x) with every expert on every token: each pair's output picked out of the
+  X outputs by a one-hot sum (exact: one non-zero term), then mixed over W. Split over a mesh's
+  expert axis, the pick becomes a sum across devices that is still exact, so the result does not
+  depend on the split."""
   X = p['expert_gate']['kernel'].shape[0]
-  combine_UX = jnp.sum(
-      jax.nn.one_hot(experts_UW, X, dtype=jnp.float32) * weights_UW[..., None],
-      axis=1).astype(dtype)
   kernel = lambda name: p[name]['kernel'].astype(dtype)
   h_XUF = jax.nn.silu(jnp.einsum('UD,XDF->XUF', x_UD, kernel('expert_gate'))) * jnp.einsum(
       'UD,XDF->XUF', x_UD, kernel('expert_up'))
   y_XUD = jnp.einsum('XUF,XFD->XUD', h_XUF, kernel('expert_down'))
-  return jnp.einsum('XUD,UX->UD', y_XUD, combine_UX)
+  y_UWD = jnp.einsum('XUD,UWX->UWD', y_XUD, jax.nn.one_hot(experts_UW, X, dtype=dtype))
+  return jnp.einsum('UWD,UW->UD', y_UWD, weights_UW.astype(dtype))
 
 
-MOE_IMPLS = {'ragged': _experts_ragged, 'dense': _experts_dense}
+def _experts_blocks(p, x_UD, experts_UW, weights_UW, dtype, block: int = 64):
+  """sum_j w_j expert_j(x) with the pairs sorted by expert and each expert's pairs padded to
+  whole blocks of C rows: n blocks (a static bound: U * W pairs + X * (C - 1) rows of padding at
+  most), each of one expert, as one batched matmul against the blocks' gathered weights. Nothing
+  is dropped; at most (1 + X C / (U W)) times the FLOPs of the chosen experts, C = ``block``, or
+  the power of two below U W / X when that is smaller (a decode step's few pairs)."""
+  U, W = experts_UW.shape
+  X, D, F = p['expert_gate']['kernel'].shape
+  n_pairs = U * W
+  C = min(block, 1 << max(0, (n_pairs // X).bit_length() - 1))
+  n = -(-(n_pairs + X * (C - 1)) // C)
+  expert_of_pair = experts_UW.reshape(-1)
+  order = jnp.argsort(expert_of_pair, stable=True)
+  sizes_X = jnp.bincount(expert_of_pair, length=X)
+  start_X = jnp.cumsum(sizes_X) - sizes_X  # first sorted pair of each expert
+  blocks_X = -(-sizes_X // C)
+  first_block_X = jnp.cumsum(blocks_X) - blocks_X
+  # Block j belongs to the last expert whose first block is <= j (experts without pairs own
+  # none); its row c is that expert's pair (j - first block) * C + c, if it has one.
+  expert_n = jnp.clip(jnp.searchsorted(first_block_X, jnp.arange(n), side='right') - 1, 0, X - 1)
+  rank_nC = (jnp.arange(n) - first_block_X[expert_n])[:, None] * C + jnp.arange(C)
+  real_nC = (rank_nC < sizes_X[expert_n][:, None]) & (jnp.arange(n) < jnp.sum(blocks_X))[:, None]
+  sorted_nC = jnp.where(real_nC, start_X[expert_n][:, None] + rank_nC, 0)
+  x_nCD = jnp.take(x_UD, jnp.take(order, sorted_nC) // W, axis=0)
+  kernel = lambda name: jnp.take(p[name]['kernel'].astype(dtype), expert_n, axis=0)
+  h_nCF = jax.nn.silu(jnp.einsum('nCD,nDF->nCF', x_nCD, kernel('expert_gate'))) * jnp.einsum(
+      'nCD,nDF->nCF', x_nCD, kernel('expert_up'))
+  y_nCD = jnp.einsum('nCF,nFD->nCD', h_nCF, kernel('expert_down'))
+  # Back to the pairs: sorted pair i sits in block first_block + rank // C, row rank % C.
+  rank = jnp.arange(n_pairs) - start_X[jnp.take(expert_of_pair, order)]
+  block_of = first_block_X[jnp.take(expert_of_pair, order)] + rank // C
+  y_sorted = y_nCD[block_of, rank % C]  # [U * W, D]
+  y_UWD = jnp.take(y_sorted, jnp.argsort(order), axis=0).reshape(U, W, D)
+  return jnp.einsum('UWD,UW->UD', y_UWD, weights_UW.astype(dtype))
+
+
+MOE_IMPLS = {'ragged': _experts_ragged, 'dense': _experts_dense, 'blocks': _experts_blocks}
 
 
 def feed_forward(p, x_BLD, config: ModelConfig, *, mask_BL=None, replay_BLW=None):

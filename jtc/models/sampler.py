@@ -24,7 +24,7 @@ every row is drawn with `fold_in(rng, t)`).
 
 Dimension key (docs/dimensions.md):
   B prompts, G samples per prompt, R = B * G rows, P prompt width, T max new tokens,
-  V vocab, D model dim, E population members (`sample_members`).
+  V vocab, D model dim, E population members (`sample_members`), Y layers, W experts per token.
 """
 
 import functools
@@ -53,6 +53,11 @@ class SampleOutput:
     logps_RT: float32, log-prob of each chosen token under the sampling distribution
       (0 where completion_mask_RT is 0).
     truncated_R: bool, True when no EOS was produced within T tokens.
+    experts_RLYW: int16, with `return_routing` (a mixture-of-experts model), the experts each
+      token of tokens_RL was routed to in each layer as the sampler ran it: the prompt's in the
+      prefill, completion token t's in the decode step that fed it ([:, P:] is [R, T, Y, W]);
+      -1 where no real token was fed: padding, and a row's last token when decoding stopped
+      before feeding it (its routing changes no log-prob).
   """
   tokens_RL: jax.Array
   input_mask_RL: jax.Array
@@ -60,6 +65,7 @@ class SampleOutput:
   completion_mask_RT: jax.Array
   logps_RT: jax.Array
   truncated_R: jax.Array
+  experts_RLYW: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -72,6 +78,7 @@ class _DecodeState:
   logps_RT: jax.Array
   done_R: jax.Array  # [R] bool, EOS already produced
   cache: decode.GroupCache
+  experts_RTYW: jax.Array | None = None  # int16, the fed tokens' experts (`return_routing`)
 
 
 # ----------------------------------------------------------------------------------------
@@ -146,13 +153,13 @@ def _choose(logits_RV, key, *, temperature, top_k, top_p, min_p, greedy):
 # The jitted sampler.
 
 _STATIC = ('config', 'num_samples', 'max_new_tokens', 'eos_ids', 'pad_id', 'temperature', 'top_k',
-           'top_p', 'min_p', 'greedy', 'block_size', 'layer_loop', 'row_sharding')
+           'top_p', 'min_p', 'greedy', 'block_size', 'layer_loop', 'row_sharding', 'return_routing')
 LAYER_LOOPS = ('auto', 'scan', 'unroll')
 
 
 def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_samples,
                  max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, min_p, greedy,
-                 block_size, layer_loop, row_sharding=None):
+                 block_size, layer_loop, row_sharding=None, return_routing=False):
   B, P = prompt_tokens_BP.shape
   G, T = num_samples, max_new_tokens
   R = B * G
@@ -162,9 +169,11 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
                              min_p=min_p, greedy=greedy)
 
   # Prefill once per prompt; the prompt cache stays [B, ...], shared by each group of G rows.
-  logits_BV, cache = decode.prefill(params, config, prompt_tokens_BP, prompt_mask_BP, num_samples=G,
-                                    max_new_tokens=T, block_size=block_size,
-                                    row_sharding=row_sharding)
+  logits_BV, cache, *prompt_experts = decode.prefill(params, config, prompt_tokens_BP,
+                                                     prompt_mask_BP, num_samples=G,
+                                                     max_new_tokens=T, block_size=block_size,
+                                                     row_sharding=row_sharding,
+                                                     return_routing=return_routing)
   # Per-layer weights and caches sliced once, outside the loop, for an unrolled layer loop.
   decode_params = params
   if layer_loop == 'unroll':
@@ -178,6 +187,9 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
                            (R, T), pad_id, jnp.int32), mask_RT=jnp.zeros(
                                (R, T), jnp.int32), logps_RT=jnp.zeros(
                                    (R, T), jnp.float32), done_R=jnp.zeros((R,), bool), cache=cache)
+  if return_routing:
+    Y, W = config.n_layers, config.experts_per_token
+    state = state.replace(experts_RTYW=jnp.full((R, T, Y, W), -1, jnp.int16))
 
   def sample_token(state):
     """Draw token `step` from `logits_RV` and write it (pad after EOS)."""
@@ -198,10 +210,17 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
     prev = lambda buf_RT: jax.lax.dynamic_index_in_dim(buf_RT, state.step - 1, axis=1, keepdims=
                                                        False)
     mask_R = prev(state.mask_RT)
-    logits_RV, cache = decode.decode_step(decode_params, config, prev(state.completion_RT),
-                                          state.positions_R, state.cache, block_size=block_size,
-                                          row_sharding=row_sharding)
+    logits_RV, cache, *experts = decode.decode_step(decode_params, config,
+                                                    prev(state.completion_RT), state.positions_R,
+                                                    state.cache, block_size=block_size,
+                                                    row_sharding=row_sharding,
+                                                    return_routing=return_routing)
     state = state.replace(logits_RV=logits_RV, positions_R=state.positions_R + mask_R, cache=cache)
+    if return_routing:  # the fed token is completion token step - 1
+      fed_R1YW = jnp.where(mask_R[:, None, None] > 0, experts[0], -1)[:, None].astype(jnp.int16)
+      state = state.replace(
+          experts_RTYW=jax.lax.dynamic_update_slice(state.experts_RTYW, fed_R1YW, (0, state.step -
+                                                                                   1, 0, 0)))
     return sample_token(state)
 
   def not_finished(state):
@@ -209,11 +228,16 @@ def _sample_impl(params, prompt_tokens_BP, prompt_mask_BP, rng, *, config, num_s
 
   state = jax.lax.while_loop(not_finished, decode_step, sample_token(state))
   prompt_RP = repeat(prompt_tokens_BP).astype(jnp.int32)
+  experts_RLYW = None
+  if return_routing:
+    prompt_BPYW = jnp.where(prompt_mask_BP[..., None, None] > 0, prompt_experts[0], -1)
+    experts_RLYW = jnp.concatenate([repeat(prompt_BPYW.astype(jnp.int16)), state.experts_RTYW],
+                                   axis=1)
   return SampleOutput(
       tokens_RL=jnp.concatenate([prompt_RP, state.completion_RT], axis=1),
-      input_mask_RL=jnp.concatenate([repeat(prompt_mask_BP), state.mask_RT],
-                                    axis=1), completion_RT=state.completion_RT,
-      completion_mask_RT=state.mask_RT, logps_RT=state.logps_RT, truncated_R=~state.done_R)
+      input_mask_RL=jnp.concatenate([repeat(prompt_mask_BP), state.mask_RT], axis=1),
+      completion_RT=state.completion_RT, completion_mask_RT=state.mask_RT, logps_RT=state.logps_RT,
+      truncated_R=~state.done_R, experts_RLYW=experts_RLYW)
 
 
 _sample_jit = jax.jit(_sample_impl, static_argnames=_STATIC)
@@ -223,7 +247,8 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
            rng: jax.Array, num_samples: int, max_new_tokens: int, eos_id: int | Sequence[int],
            pad_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            min_p: float = 0.0, greedy: bool = False, block_size: int | None = None,
-           layer_loop: str = 'auto', row_sharding=None) -> SampleOutput:
+           layer_loop: str = 'auto', row_sharding=None,
+           return_routing: bool = False) -> SampleOutput:
   """Sample `num_samples` completions for each of B left-padded prompts.
 
   Args:
@@ -249,6 +274,8 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
       (`jtc.rl.sharding.RowSharding`) that the activations' rows and the cache are constrained
       to: the completion cache's R rows then split over the mesh's batch axes even when the
       B prompts cannot (B smaller than the devices). Same samples either way.
+    return_routing: also return the experts every token was routed to in every layer
+      (`SampleOutput.experts_RLYW`; a mixture-of-experts model only). Same samples either way.
 
   Returns:
     `SampleOutput` with R = B * num_samples rows.
@@ -258,7 +285,7 @@ def sample(params, config: model_lib.ModelConfig, prompt_tokens_BP, prompt_mask_
                         max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
                         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                         greedy=greedy, block_size=block_size, layer_loop=layer_loop,
-                        row_sharding=row_sharding)
+                        row_sharding=row_sharding, return_routing=return_routing)
   chex.assert_equal_shape([prompt_tokens_BP, prompt_mask_BP])
   return _sample_jit(params, prompt_tokens_BP, prompt_mask_BP, rng, **static)
 
@@ -284,7 +311,7 @@ def sample_members(params, config: model_lib.ModelConfig, prompt_tokens_EBP, pro
 
 def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temperature=1.0,
                  top_k=0, top_p=1.0, min_p=0.0, greedy=False, block_size=None, layer_loop='auto',
-                 row_sharding=None, platform=None):
+                 row_sharding=None, platform=None, return_routing=False):
   """The sampler's static arguments, checked (a ValueError naming the bad one) and resolved."""
   V = config.vocab_size
   eos_ids = tuple(int(e) for e in (eos_id if isinstance(eos_id, (tuple, list)) else [eos_id]))
@@ -303,6 +330,8 @@ def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temp
       'block_size': (block_size, block_size is None or
                      isinstance(block_size, int) and block_size >= 1, 'a positive int or None'),
       'layer_loop': (layer_loop, layer_loop in LAYER_LOOPS, f'one of {list(LAYER_LOOPS)}'),
+      'return_routing': (return_routing, not return_routing or
+                         config.is_moe, 'False for a dense model (it routes nothing; n_experts=0)'),
   }
   for name, (value, ok, valid) in checks.items():
     if not ok:
@@ -311,7 +340,8 @@ def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temp
               eos_ids=eos_ids, pad_id=int(pad_id), temperature=float(temperature), top_k=int(top_k),
               top_p=float(top_p), min_p=float(min_p), greedy=bool(greedy),
               block_size=resolve_block_size(block_size, max_new_tokens, platform),
-              layer_loop=resolve_layer_loop(layer_loop, platform), row_sharding=row_sharding)
+              layer_loop=resolve_layer_loop(layer_loop, platform), row_sharding=row_sharding,
+              return_routing=bool(return_routing))
 
 
 def _sample_members_impl(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E, temperature_E,

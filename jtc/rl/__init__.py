@@ -1,17 +1,20 @@
-"""The RL loop: rollouts, the update, the trainer, workdirs, checkpoints, sharding, progress, SFT."""
+"""The RL loop: rollouts, the update, the trainer, workdirs, checkpoints, sharding, progress, SFT; a run's export and a checkpoint's evaluation."""
 
 # The submodules (``from jtc.rl import *`` imports them).
 __all__ = [
     'batch',
+    'checkpoint_eval',
     'checkpoints',
     'config_check',
     'distributed',
     'evaluation',
+    'export',
     'ledger_recorder',
     'loop',
     'population',
     'rendezvous',
     'rollout',
+    'routing',
     'sft',
     'sharding',
     'trainer',

@@ -16,8 +16,10 @@ from jtc import checks
 from jtc.data import pipeline as data_lib
 from jtc import objectives
 from jtc.data import rewards as rewards_lib
+from jtc.data import verifiers
 from jtc.rl import population as population_lib
 from jtc.rl import rollout as rollout_lib
+from jtc.rl import routing
 from jtc.rl import sharding as sharding_lib
 from jtc.objectives import registry
 from jtc.data import tasks as tasks_lib
@@ -55,11 +57,18 @@ def validate(c):
         'policy never writes \\boxed{}, so expect every reward to be 0', file=sys.stderr)
 
 
+def validate_policy(c, model_config, population_size=1):
+  """The keys that depend on the loaded policy, once it is known (still before any compute):
+  LoRA's rank against its dimensions, a mixture of experts' keys (`jtc.rl.routing`)."""
+  lora.check_config(c.lora, model_config)
+  routing.check_config(c, model_config, population_size)
+
+
 def _validate_run(c):
   """Every section of a single run's config but the mesh (the population's)."""
   checkpoints.check_policy_config(c.policy)
   data_lib.check_config(c.data, tasks=tasks_lib.TASKS, reward_fns=rewards_lib.reward_names())
-  rewards_lib.check_config(c.data)
+  verifiers.check_config(c.data)
   checks.positive_int('config.num_steps', c.num_steps)
   checks.choice('config.advantage.name', c.advantage.name, advantages_lib.ADVANTAGES)
   checks.choice('config.loss.name', c.loss.name, objectives.LOSSES)

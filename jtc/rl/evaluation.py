@@ -3,6 +3,9 @@ numbers (`crn_hash`), its sampling error (`sampling_se`), the unbiased pass@j es
 same k samples (`pass_at_k`, Chen et al. 2021), and the equivalent-format shares of the correct
 samples (`format_metrics`, also logged per training step).
 
+Problems with a ``data_source`` (verl rows) are also scored per source (`by_source`:
+``<source>/avg@k``, ``<source>/pass@j``; in the trainer ``eval/<source>/...``).
+
 Dimension key (docs/dimensions.md): M problems, G samples per problem (k), B rows, E population
 members.
 """
@@ -71,9 +74,24 @@ def evaluate(gen, params, examples, rng, *, sampling, batch_prompts, task=None):
             f'pass@{j}': pass_at_k(c_m.reshape(-1, k), j) for j in pass_ks(k)
         }, 'crn': crn_hash([e['prompt'] for e in examples], [key[m] for key in keys_M],
                            batch_prompts=batch_prompts, sampling=sampling),
-        **format_metrics(task, t_m, c_m)
+        **format_metrics(task, t_m, c_m),
+        **by_source([e.get('data_source', '') for e in examples], c_m.reshape(-1, k))
     })
   return results
+
+
+def by_source(sources, correct_MG):
+  """``{'<source>/avg@k', '<source>/pass@j'}`` of the problems of each ``data_source`` (verl's
+  per-source validation metrics), when the problems have any; {} otherwise. ``sources``: [M]."""
+  if not any(sources):
+    return {}
+  out, k = {}, correct_MG.shape[1]
+  for source in sorted(set(sources)):
+    rows_MG = correct_MG[[s == source for s in sources]]
+    name = source or '(none)'
+    out[f'{name}/avg@{k}'] = float(rows_MG.mean())
+    out.update({f'{name}/pass@{j}': pass_at_k(rows_MG, j) for j in pass_ks(k)})
+  return out
 
 
 def pass_ks(n):

@@ -37,6 +37,7 @@ class Progress:
 
   def __init__(self, total, start, *, every, show=True):
     self.total, self.start, self.t0 = total, start, time.perf_counter()
+    self.show = show
     self.every = every if show else 0
     self.bar = None
     if show and sys.stderr.isatty():
@@ -63,6 +64,25 @@ class Progress:
       print(
           f'step {step}/{self.total} reward {reward} accuracy {acc} '
           f'{rate:.2f} steps/s ETA {eta / 60:.1f} min{members}', file=sys.stderr, flush=True)
+
+  def evaluation(self, step, evals):
+    """One line per evaluation (``evals``: each member's ``eval/*`` metrics): avg@k with its
+    sampling error and pass@k, e.g. ``eval step 50: avg@4 0.512 (+-0.018) pass@4 0.703``."""
+    if not self.show or not evals:
+      return
+    keys = [k for k in evals[0] if k.startswith('eval/avg@') and not k.endswith('_se')]
+    keys += [k for k in evals[0] if k.startswith('eval/pass@')][-1:]  # the largest k
+    parts = []
+    for key in (k for k in keys if '/' not in k[len('eval/'):]):
+      part = f'{key[len("eval/"):]} {self.summary(evals, key)}'
+      if f'{key}_se' in evals[0] and len(evals) == 1:
+        part += f' (+-{evals[0][f"{key}_se"]:.3f})'
+      parts.append(part)
+    line = f'eval step {step}: ' + ' '.join(parts)
+    if self.bar is not None:
+      self.bar.write(line, file=sys.stderr)
+    else:
+      print(line, file=sys.stderr, flush=True)
 
   def close(self):
     if self.bar is not None:

@@ -25,6 +25,7 @@ from jtc.data import pipeline as data_lib
 from jtc.models import model as model_lib
 from jtc.models import logprobs
 from jtc.data import rewards as rewards_lib
+from jtc.data import verifiers
 from jtc.models import sampler as sampler_lib
 from jtc.objectives import corrections
 from jtc.rl import population as population_lib
@@ -97,17 +98,14 @@ class Generator:
   @classmethod
   def from_config(cls, c, model_config, tokenizer, task, *, to_device=jnp.asarray,
                   population=population_lib.SINGLE, mesh=None):
-    """The generator of a run config: its task's verifier (or `data.reward`; a dataset run
-    defaults to boxed_numeric), prompt encoding and chunking. A pooled verifier (math_verify)
-    starts its processes here: `close` ends them."""
-    reward = c.data.reward or ('' if task else 'boxed_numeric')
-    reward_fn = rewards_lib.make_reward_fn(
-        reward, workers=c.data.verify_workers,
-        timeout_s=c.data.verify_timeout_s) if reward else task.reward_fn
-    return cls(model_config=model_config, tokenizer=tokenizer, reward_fn=reward_fn,
-               prompt_width=c.data.prompt_width, chat_template=c.data.chat_template,
-               prompt_suffix=c.data.prompt_suffix, chunk_prompts=c.rollout.chunk_prompts,
-               to_device=to_device, population=population, mesh=mesh)
+    """The generator of a run config: its verifier (`jtc.data.verifiers.from_config`: the task's
+    own, `data.reward`, a user's function), prompt encoding and chunking. A pooled verifier
+    (math_verify, a user's function) starts its processes here: `close` ends them."""
+    return cls(model_config=model_config, tokenizer=tokenizer,
+               reward_fn=verifiers.from_config(c.data, task), prompt_width=c.data.prompt_width,
+               chat_template=c.data.chat_template, prompt_suffix=c.data.prompt_suffix,
+               chunk_prompts=c.rollout.chunk_prompts, to_device=to_device, population=population,
+               mesh=mesh)
 
   def close(self):
     """Ends the verifier's worker processes, if it has any."""

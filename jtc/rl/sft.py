@@ -60,19 +60,23 @@ def encode_pairs(tokenizer, prompts, completions, *, prompt_width, completion_wi
 
 
 def sft_step(params, opt_state, tokens_BL, input_mask_BL, mask_BT, *, model_config, optimizer,
-             prompt_width):
-  """One AdamW step on the mean completion-token negative log-likelihood."""
+             prompt_width, router_aux_coef=0.0):
+  """One AdamW step on the mean completion-token negative log-likelihood (+ ``router_aux_coef``
+  times a mixture-of-experts policy's load-balancing loss, `jtc.models.moe`, as Hugging Face
+  adds it); returns (params, opt_state, loss, router_aux or 0)."""
   chex.assert_rank([tokens_BL, input_mask_BL, mask_BT], 2)
   chex.assert_equal_shape([tokens_BL, input_mask_BL])
 
   def loss_fn(p):
     out = logprobs.sequence_logprobs(p, model_config, tokens_BL, input_mask_BL,
                                      completion_start=prompt_width)
-    return -jnp.sum(out['logps'] * mask_BT) / jnp.maximum(jnp.sum(mask_BT), 1.0)
+    nll = -jnp.sum(out['logps'] * mask_BT) / jnp.maximum(jnp.sum(mask_BT), 1.0)
+    aux = out.get('router_aux', jnp.zeros(()))
+    return nll + router_aux_coef * aux, (nll, aux)
 
-  loss, grads = jax.value_and_grad(loss_fn)(params)
+  (_, (loss, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
   updates, opt_state = optimizer.update(grads, opt_state, params)
-  return optax.apply_updates(params, updates), opt_state, loss
+  return optax.apply_updates(params, updates), opt_state, loss, aux
 
 
 def eval_sampling(k, max_new_tokens):
@@ -99,7 +103,8 @@ def train_sft(c, workdir):
   opt_state = jax.jit(optimizer.init, out_shardings=replicated)(params)
   step_fn = jax.jit(
       functools.partial(sft_step, model_config=model_config, optimizer=optimizer,
-                        prompt_width=c.prompt_width), donate_argnums=(0, 1))
+                        prompt_width=c.prompt_width, router_aux_coef=c.get('router_aux_coef', 0.0)),
+      donate_argnums=(0, 1))
   batched = lambda x: sharding_lib.to_device(x, sharding_lib.batch_sharding(mesh, x.shape))
   primary = distributed.is_primary()
   train = data_lib.load_examples(c.task, split='train', data_dir=os.path.join(workdir, 'data'),
@@ -117,10 +122,12 @@ def train_sft(c, workdir):
       sols.append(solutions[task.formats[rng.integers(len(task.formats))]])
     tokens, input_mask, mask = encode_pairs(tokenizer, prompts, sols, prompt_width=c.prompt_width,
                                             completion_width=c.max_new_tokens)
-    params, opt_state, loss = step_fn(params, opt_state, batched(tokens), batched(input_mask),
-                                      batched(mask))
+    params, opt_state, loss, aux = step_fn(params, opt_state, batched(tokens), batched(input_mask),
+                                           batched(mask))
     if (step % 50 == 0 or step == c.num_steps) and primary:
       rec = dict(step=step, loss=float(loss), time=time.time() - t0)
+      if model_config.is_moe:
+        rec['router_aux'] = float(aux)
       log.write(json.dumps(rec) + '\n')
       log.flush()
       print(rec, file=sys.stderr)

@@ -5,7 +5,11 @@ Mesh axes:
            whole members (their parameters, optimiser state and batches), size 1 for a run;
   'data'   pure data parallelism (parameters replicated);
   'fsdp'   data parallelism with parameters (and so optimiser state) sharded over 'embed';
-  'tensor' Megatron-style model parallelism over heads, MLP hidden units and vocabulary.
+  'tensor' Megatron-style model parallelism over heads, MLP hidden units and vocabulary;
+  'expert' expert parallelism: a mixture-of-experts layer's experts split over it (`jtc.models.moe`;
+           the tokens are not, so the rest of the model runs replicated along it and each device
+           computes its experts for all of its tokens; the chosen experts' outputs are summed
+           over the axis, one non-zero term each, so the sum is exact), size 1 for a dense model.
 
 The model names *logical* axes only (`jtc.models.model.param_logical_axes`, `model.CACHE_AXES`);
 `LOGICAL_AXIS_RULES` below maps them to mesh axes. A dimension whose size is not divisible by
@@ -45,7 +49,7 @@ from jtc.models import gated_deltanet
 from jtc.models import lora
 from jtc.models import model as model_lib
 
-MESH_AXES = ('population', 'data', 'fsdp', 'tensor')
+MESH_AXES = ('population', 'data', 'fsdp', 'expert', 'tensor')
 CPU_DEVICES_FLAG = re.compile(r'--xla_force_host_platform_device_count=(\d+)')
 
 # logical axis -> mesh axis / tuple of mesh axes / None (replicated).
@@ -68,15 +72,15 @@ LOGICAL_AXIS_RULES = {
     'mlp': 'tensor',
     'norm': None,
     # The experts of a mixture-of-experts layer ([X, ...] expert weights).
-    'experts': None,
+    'experts': 'expert',
 }
 
 
 def make_mesh(*, population: int = 1, data: int = 1, fsdp: int = -1, tensor: int = 1,
-              devices: Sequence[Any] | None = None) -> Mesh:
-  """A ('population', 'data', 'fsdp', 'tensor') mesh; at most one size may be -1 (= the rest)."""
+              expert: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
+  """A `MESH_AXES` mesh; at most one size may be -1 (= the rest)."""
   devices = list(jax.devices() if devices is None else devices)
-  sizes = {'population': population, 'data': data, 'fsdp': fsdp, 'tensor': tensor}
+  sizes = {'population': population, 'data': data, 'fsdp': fsdp, 'expert': expert, 'tensor': tensor}
   free = [k for k, v in sizes.items() if v == -1]
   if len(free) > 1 or any(v == 0 or v < -1 for v in sizes.values()):
     raise ValueError(f'mesh sizes {sizes} invalid: positive ints, at most one -1')
@@ -220,16 +224,16 @@ def to_host(tree):
   return jax.device_get(tree)
 
 
-def mesh_sizes(data: int, fsdp: int, tensor: int, population: int = 1,
+def mesh_sizes(data: int, fsdp: int, tensor: int, population: int = 1, expert: int = 1,
                n_devices: int | None = None) -> dict:
-  """{'population', 'data', 'fsdp', 'tensor'} sizes with a -1 resolved to the remaining devices;
-  a ValueError naming `config.mesh` when they do not fit the devices."""
+  """{'population', 'data', 'fsdp', 'expert', 'tensor'} sizes with a -1 resolved to the remaining
+  devices; a ValueError naming `config.mesh` when they do not fit the devices."""
   n = jax.device_count() if n_devices is None else n_devices
-  sizes = {'population': population, 'data': data, 'fsdp': fsdp, 'tensor': tensor}
+  sizes = {'population': population, 'data': data, 'fsdp': fsdp, 'expert': expert, 'tensor': tensor}
   free = [k for k, v in sizes.items() if v == -1]
   if len(free) > 1 or any(v == 0 or v < -1 for v in sizes.values()):
-    raise ValueError(f'config.mesh.population/data/fsdp/tensor = {list(sizes.values())} are '
-                     'invalid: positive ints, at most one -1 (= the remaining devices)')
+    raise ValueError(f'config.mesh.population/data/fsdp/expert/tensor = {list(sizes.values())} '
+                     'are invalid: positive ints, at most one -1 (= the remaining devices)')
   known = math.prod(v for v in sizes.values() if v != -1)
   if free:
     if n % known:

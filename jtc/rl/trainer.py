@@ -43,6 +43,8 @@ from jtc.analysis import probes
 from jtc.analysis import tracking
 from jtc.data import pipeline as data_lib
 from jtc.data import tasks as tasks_lib
+from jtc.data import traps
+from jtc.data import verifiers
 from jtc.models import lora as lora_lib
 from jtc.objectives import token_weights
 from jtc.rl import batch as batch_lib
@@ -84,7 +86,7 @@ class Trainer:
   def _build(self, schedule_steps, policy):
     c, pop = self.c, self.pop
     self.model_config, params, self.tokenizer = policy or checkpoints.load_policy(c.policy)
-    lora_lib.check_config(c.lora, self.model_config)  # the rank against the model's dimensions
+    config_check.validate_policy(c, self.model_config, pop.n)  # LoRA, MoE keys vs the model
     self.G, self.P = c.rollout.sampling.num_samples, c.data.prompt_width
     self.task = None if c.data.dataset else tasks_lib.get_task(c.data.task)
     self.updates_per_step = update_lib.updates_per_step(c.optim, c.rollout.prompts_per_step)
@@ -154,6 +156,8 @@ class Trainer:
         c.data, batch_size=c.rollout.prompts_per_step, seeds=[m.seed for m in pop.members],
         eval_problems=c.eval.problems)
     self.gen.check_prompt_width(prompts)
+    for line in traps.for_run(c.data, self.gen.reward_fn) if self.primary else ():
+      print(line, file=sys.stderr)  # two answer formats; a verifier that cannot read the data
     self.ckpt = checkpoints.TrainCheckpointer(os.path.join(self.workdir, 'checkpoints'),
                                               max_to_keep=c.log.keep_checkpoints)
     self._restore()
@@ -262,8 +266,9 @@ class Trainer:
     if recorder:  # every process takes part (gathers); process 0 writes
       recorder.write(step, run_dirs=self.member_dirs, rollouts=rollouts, tokenizer=self.tokenizer,
                      c=c, model_config=self.model_config, learning_rates=rates, files=self.primary)
+    failures = verifiers.take_metrics(self.gen.reward_fn)  # a user's reward function's
     for m in range(pop.n):
-      metrics[m].update(update_metrics[m])
+      metrics[m].update(update_metrics[m], **failures)
       metrics[m].update(dynamic_sampling_rounds=rounds[m], time_sample=t1 - t0, time_score=t2 - t1,
                         time_update=t3 - t2, tokens_per_s=n_tokens[m] / max(t3 - t0, 1e-9),
                         learning_rate=rates[m], **{
@@ -351,13 +356,17 @@ class Trainer:
     last = [{}] * self.pop.n
     with loop.StopOnSignal() as stop, metric_writer.closing(writers):
       if start == 0 and eval_every:
-        for writer, metrics in zip(writers, self.evaluate(0)):
+        evals = self.evaluate(0)
+        progress.evaluation(0, evals)
+        for writer, metrics in zip(writers, evals):
           writer.write(0, metrics)
       for step in range(start + 1, c.num_steps + 1):
         metrics = self.step(step)
         final = step == c.num_steps or self._budget_spent()
         if eval_every and (step % eval_every == 0 or final):
-          for m, e in zip(metrics, self.evaluate(step)):
+          evals = self.evaluate(step)
+          progress.evaluation(step, evals)
+          for m, e in zip(metrics, evals):
             m.update(e)
         last = [w.write(step, m) for w, m in zip(writers, metrics)]
         if jax.process_count() > 1 and distributed.any_process(stop.signal is not None):

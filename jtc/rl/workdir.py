@@ -43,7 +43,9 @@ ADDED_KEYS = {
     'lora.rank': 0,
     'lora.alpha': 8.0,
     'lora.targets': 'q,k,v,o,gate,up,down',
-    'lora.dropout': 0.0
+    'lora.dropout': 0.0,
+    'data.reward_signature': 'verl',
+    'data.reward_by_source': '',
 }
 
 

@@ -8,6 +8,7 @@ user can run, and CI still cannot pass without the browser."""
 import os
 import shutil
 
+import numpy as np
 import pytest
 from playwright.sync_api import sync_playwright
 
@@ -110,3 +111,33 @@ def test_the_viewer_opens_an_imported_ledger_and_colours_by_the_framework(chromi
     assert framework != jtc_colours and diff != framework and cells.count() == real_tokens
     browser.close()
   assert not errors, errors
+
+
+def test_the_viewer_colours_a_moe_run_by_its_routing_flips(chromium, run_with_ledger, tmp_path):
+  """A ledger with a routing-flip column (a mixture-of-experts run's, `jtc.rl.routing`; here set
+  on every other real token of a copy): 'Colour by routing flip' paints exactly those red, the
+  others white, and their hover text says so."""
+  run = tmp_path / 'run'
+  shutil.copytree(run_with_ledger, run)
+  path = run / ledger_lib.LEDGER_DIR / '2' / 'ledger.npz'
+  columns = dict(np.load(path))
+  flips = np.zeros_like(columns['completion_mask_BT'])
+  flips[:, ::2] = columns['completion_mask_BT'][:, ::2]
+  np.savez(path, **columns, routing_flip_BT=flips)
+  page_path = str(tmp_path / 'step.html')
+  assert ledger_cli.main(
+      ['html', str(run), '--step', '2', '--objectives', 'gspo', '--out', page_path]) == 0
+  G = ledger_lib.load(str(run), 2).meta['group_size']
+  real = columns['completion_mask_BT'][:G] > 0
+  expected = [bool(f) for f, r in zip(flips[:G].ravel(), real.ravel()) if r]
+  with sync_playwright() as p:
+    browser = p.chromium.launch(executable_path=chromium, args=FLAGS)
+    page = browser.new_page()
+    page.goto('file://' + page_path)
+    page.select_option('#colour', 'routing')
+    colours = page.eval_on_selector_all('#view .tok', 'els => els.map(e => e.style.background)')
+    titles = page.eval_on_selector_all('#view .tok', 'els => els.map(e => e.title)')
+    browser.close()
+  assert [c == 'rgb(255, 0, 0)' for c in colours] == expected
+  assert [c == 'rgb(255, 255, 255)' for c in colours] == [not e for e in expected]
+  assert ['routing-flip' in t for t in titles] == expected

@@ -76,3 +76,31 @@ def test_a_malformed_row_is_one_error_naming_file_row_and_field(tmp_path, capsys
   assert exit_info.value.code == 2
   err = capsys.readouterr().err.strip().splitlines()[-1]
   assert err.endswith(f"{path}: row 2: field 'reward_model.ground_truth' is empty"), err
+
+
+def test_with_a_config_it_shows_the_prompt_as_the_model_reads_it_and_the_traps(tmp_path, capsys):
+  """The GSM8K trap before a run: a prompt that asks for '####' gets a \\boxed{} suffix too, and
+  boxed_numeric scores the reference solution '... #### 4' as 0; both are warned."""
+  path = tmp_path / 'gsm.jsonl'
+  path.write_text(
+      json.dumps({
+          'question': 'Tom has 3 apples. Output the final answer after "####".',
+          'answer': '3+1=4\n#### 4'
+      }) + '\n')
+  assert data.main([
+      str(path), '--show', '1', '--config', 'configs/gspo.py',
+      '--config.data.prompt_suffix= Put the final answer in \\boxed{}.',
+      '--config.data.reward=boxed_numeric'
+  ]) == 0
+  out = capsys.readouterr().out
+  assert 'Tom has 3 apples. Output the final answer after "####". Put the final answer in' in out
+  assert 'tokens; config.data.prompt_width=20: DOES NOT FIT' in out
+  assert "the verifier scores the reference solution '3+1=4\\n#### 4': 0" in out
+  assert out.count('warning:') == 2
+  capsys.readouterr()
+  assert data.main([  # the fixes: no suffix, verl's rule; a wide prompt
+      str(path), '--show', '1', '--config', 'configs/gspo.py', '--config.data.prompt_suffix=',
+      '--config.data.reward=gsm8k_strict', '--config.data.prompt_width=80'
+  ]) == 0
+  out = capsys.readouterr().out
+  assert ': fits' in out and 'warning' not in out and "'3+1=4\\n#### 4': 1" in out

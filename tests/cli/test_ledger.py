@@ -37,3 +37,9 @@ def test_replay_command_writes_its_table_and_file(run_with_ledger, capsys):
   assert 'run objective gspo: loss' in out and 'cosine between the updates' in out
   with open(os.path.join(run_with_ledger, 'ledger', '1', 'replay.json')) as f:
     assert json.load(f)['objectives'] == ['grpo', 'gspo', 'dfpo_min_replace']
+
+
+def test_steps_of_a_run_without_a_ledger_names_the_key_that_records_one(tmp_path, capsys):
+  assert ledger_cli.main(['steps', str(tmp_path)]) == 0
+  out = capsys.readouterr().out
+  assert out.startswith('none') and '--config.log.ledger_every=N' in out

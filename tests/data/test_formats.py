@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from jtc.data import examples
 from jtc.data import formats
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -110,14 +111,22 @@ def write_jsonl(path, rows):
   return str(path)
 
 
+def core(records):
+  """Records (a list, or ``{split: list}``) without their ``row`` (the raw fields, JSON)."""
+  if isinstance(records, dict):
+    return {split: core(part) for split, part in records.items()}
+  return [{k: v for k, v in r.items() if k != 'row'} for r in records]
+
+
 def expected_verl(row):
-  """What jtc should read from a verl row, computed from the row as written."""
+  """What jtc should read from a verl row, computed from the row as written (but its ``row``)."""
   worked = (row.get('extra_info') or {}).get('answer')
   return {
       'prompt': row['prompt'][0]['content'],
       'answer': row['reward_model']['ground_truth'],
       'solution': worked or row['reward_model']['ground_truth'],
-      'messages': ''
+      'messages': '',
+      'data_source': row.get('data_source', ''),
   }
 
 
@@ -129,8 +138,12 @@ def test_verl_parquet_reads_back_as_written(tmp_path, name):
   source = formats.detect(str(tmp_path))
   assert source.format == 'parquet' and sorted(source.splits) == ['test', 'train']
   got = formats.read_source(source)
-  assert got == {split: [expected_verl(r) for r in part] for split, part in rows.items()}
+  assert core(got) == {split: [expected_verl(r) for r in part] for split, part in rows.items()}
   assert formats.describe_schema(source).startswith('verl')
+  for split, part in rows.items():  # every other field, for users' reward functions
+    for record, row in zip(got[split], part):
+      kept = json.loads(record['row'])
+      assert 'prompt' not in kept and kept['reward_model'] == row['reward_model']
   # A single file is split 'train'.
   single = formats.detect(str(tmp_path / 'test.parquet'))
   assert single.splits == {'train': (str(tmp_path / 'test.parquet'),)}
@@ -160,17 +173,17 @@ def test_a_conversation_keeps_its_messages(tmp_path):
   }])
   (record,) = formats.read_files('parquet', [path])
   assert record['prompt'] == 'Answer briefly.\n\nWhat is 2+2?' and record['answer'] == '4'
-  prompt = formats.as_example(record)['prompt']
-  assert isinstance(prompt, formats.Conversation) and prompt.messages == messages
+  prompt = examples.as_example(record)['prompt']
+  assert isinstance(prompt, examples.Conversation) and prompt.messages == messages
   assert prompt == record['prompt']  # as a str: the plain text
   suffixed = prompt + ' Think.'
-  assert isinstance(suffixed, formats.Conversation) and suffixed == record['prompt'] + ' Think.'
+  assert isinstance(suffixed, examples.Conversation) and suffixed == record['prompt'] + ' Think.'
   assert suffixed.messages[-1]['content'] == 'What is 2+2? Think.'
   assert suffixed.messages[0] == messages[0] and prompt.messages == messages  # prompt unchanged
   restored = pickle.loads(pickle.dumps(suffixed))
-  assert isinstance(restored, formats.Conversation) and restored.messages == suffixed.messages
+  assert isinstance(restored, examples.Conversation) and restored.messages == suffixed.messages
   # One user message is a plain question, as JSONL's.
-  assert formats.as_example({
+  assert examples.as_example({
       'prompt': 'q',
       'answer': 'a',
       'messages': ''
@@ -186,12 +199,13 @@ def test_a_saved_hf_dataset_reads_back_as_written(tmp_path):
   datasets.Dataset.from_dict(qa).save_to_disk(str(tmp_path / 'qa'))
   source = formats.detect(str(tmp_path / 'qa'))
   assert source.format == 'arrow' and list(source.splits) == ['train']
-  assert formats.read_source(source) == {
+  assert core(formats.read_source(source)) == {
       'train': [{
           'prompt': q,
           'answer': formats.normalize_reference_answer(a),
           'solution': a,
-          'messages': ''
+          'messages': '',
+          'data_source': ''
       } for q, a in zip(qa['question'], qa['answer'])]
   }
   rows = {split: gsm8k_rows(split, n) for split, n in (('train', 3), ('test', 2))}
@@ -201,7 +215,7 @@ def test_a_saved_hf_dataset_reads_back_as_written(tmp_path):
   source = formats.detect(str(tmp_path / 'verl'))
   assert source.format == 'arrow' and sorted(source.splits) == ['test', 'train']
   got = formats.read_source(source)
-  assert got == {split: [expected_verl(r) for r in part] for split, part in rows.items()}
+  assert core(got) == {split: [expected_verl(r) for r in part] for split, part in rows.items()}
 
 
 def test_jsonl_with_named_fields(tmp_path):
@@ -215,7 +229,10 @@ def test_jsonl_with_named_fields(tmp_path):
   assert [(r['prompt'], r['answer']) for r in got] == [(r['instruction'], r['target']) for r in rows
                                                       ]
   # Without the names, the default fields are looked for: 'question' is found, no answer field.
-  with pytest.raises(ValueError, match=r'custom\.jsonl:1: no answer field None'):
+  with pytest.raises(
+      ValueError, match=r"custom\.jsonl:1: no answer field among \['answer', "
+      r"'solution', 'response'\] \(name it with config\.data\.answer_field "
+      r'\(jtc data --answer-field\)\)'):
     formats.read_files('jsonl', [path])
   # Naming a field reads a verl file as question/answer rows.
   verl = write_parquet(tmp_path / 'v.parquet', [{**math_rows('train', 1)[0], 'q': 'x', 'a': '1'}])
@@ -275,7 +292,7 @@ MALFORMED = {
         'a': '1'
     }, {
         'q': 'b'
-    }]), r"m\.jsonl:2: no answer field 'a'"),
+    }]), r"m\.jsonl:2: no answer field 'a' \(named by config\.data\.answer_field"),
 }
 
 

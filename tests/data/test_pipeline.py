@@ -11,6 +11,7 @@ import pytest
 from configs import common
 from jtc.data import pipeline as data
 from jtc.data import datasets
+from jtc.data import examples
 from jtc.data import formats
 from jtc.models import tokenizer as tok_lib
 from jtc.data.tasks import get_task
@@ -208,7 +209,7 @@ def test_chat_messages_reach_the_chat_template(tmp_path, data_dir):
   assert batch['answer'] == ['2', '4'] and 'messages' not in batch
   plain, chat = batch['prompt']
   assert type(plain) is str and plain == 'What is 1+1?'
-  assert isinstance(chat, formats.Conversation) and chat.messages == rows[1]['prompt']
+  assert isinstance(chat, examples.Conversation) and chat.messages == rows[1]['prompt']
   tok_lib.write_byte_level_hf(str(tmp_path / 'tok'))
   tok = tok_lib.HFTokenizer.from_dir(str(tmp_path / 'tok'))
   suffix = ' Answer in \\boxed{}.'
@@ -263,3 +264,18 @@ def test_held_out_split(tmp_path):
   (splits / 'test.jsonl').unlink()
   with pytest.raises(ValueError, match=r"no test split.*\['train', 'validation'\]"):
     data.held_out_split(str(splits))
+
+
+def test_a_dataset_of_one_split_trains_on_it(tmp_path):
+  """A directory holding only dapo-math-17k.parquet trains on that split (it once passed
+  `jtc data` and failed in training for want of a 'train' split); several splits without
+  'train' are named."""
+  one = tmp_path / 'one'
+  one.mkdir()
+  (one / 'dapo-math-17k.jsonl').write_text('{"question": "q", "answer": "1"}\n')
+  assert data.train_split(str(one)) == 'dapo-math-17k'
+  (one / 'other.jsonl').write_text('{"question": "q", "answer": "1"}\n')
+  with pytest.raises(ValueError, match=r"no train split.*\['dapo-math-17k', 'other'\]"):
+    data.train_split(str(one))
+  (one / 'train.jsonl').write_text('{"question": "q", "answer": "1"}\n')
+  assert data.train_split(str(one)) == 'train'

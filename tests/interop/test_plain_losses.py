@@ -62,8 +62,8 @@ def test_jax_arrays_give_the_same_gradient_as_torch_tensors():
   kw = dict(aggregation='seq_mean_token_mean', group_size=b.group_size)
   with jax.enable_x64(True):
     args = [jnp.asarray(x) for x in (b.old_logp_BT, b.adv_B, b.mask_BT)]
-    g_jax = jax.grad(lambda lp: plain_losses.dfpo_pos_orth_proj(lp, *args, **kw))(jnp.asarray(
-        b.logp_BT))
+    g_jax = jax.jit(jax.grad(lambda lp: plain_losses.dfpo_pos_orth_proj(lp, *args, **kw)))(
+        jnp.asarray(b.logp_BT))
   t = lambda x: torch.tensor(x, dtype=torch.float64)
   lp = t(b.logp_BT).requires_grad_(True)
   (g_torch,) = torch.autograd.grad(

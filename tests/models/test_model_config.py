@@ -21,7 +21,8 @@ def test_config_validation_names_field(field, value):
     (dict(experts_per_token=0), r'experts_per_token=0'),
     (dict(d_expert=0), 'd_expert must be > 0'),
     (dict(n_experts=-1), 'n_experts must be an int >= 0'),
-    (dict(moe_impl='capacity'), r"moe_impl='capacity' is not one of \['ragged', 'dense'\]"),
+    (dict(moe_impl='capacity'),
+     r"moe_impl='capacity' is not one of \['ragged', 'dense', 'blocks'\]"),
     (dict(norm_topk_prob=1), 'norm_topk_prob must be a bool'),
 ])
 def test_moe_validation_names_field(overrides, pattern):

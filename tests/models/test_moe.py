@@ -14,6 +14,7 @@ from jtc.models.model_config import ModelConfig
 CONFIG = ModelConfig.tiny_moe(d_model=16, n_experts=6, experts_per_token=2, d_expert=8,
                               d_shared_expert=12)
 B, L = 3, 5
+ffn = jax.jit(moe.feed_forward, static_argnums=2)
 
 
 def _params(config, seed=0):
@@ -54,7 +55,7 @@ def test_feed_forward_matches_the_formula_token_by_token(impl, norm_topk_prob, s
   config = dataclasses.replace(CONFIG, moe_impl=impl, norm_topk_prob=norm_topk_prob,
                                d_shared_expert=shared)
   p, x_BLD = _params(config), _x()
-  y_BLD, routed = jax.jit(moe.feed_forward, static_argnums=2)(p, x_BLD, config)
+  y_BLD, routed = ffn(p, x_BLD, config)
   np.testing.assert_allclose(y_BLD, _reference(p, x_BLD, config), rtol=1e-5, atol=1e-5)
   assert routed.experts_BLW.shape == (B, L, 2) and routed.experts_BLW.dtype == jnp.int32
   # The counts: each token chooses W experts; the probabilities of a token sum to 1.
@@ -71,7 +72,7 @@ def test_dropless_when_every_token_picks_the_same_experts():
   p['router']['kernel'] = p['router']['kernel'].at[:, 4].set(1.0).at[:, 1].set(0.5)
   for impl in moe.MOE_IMPLS:
     config = dataclasses.replace(CONFIG, moe_impl=impl)
-    y_BLD, routed = moe.feed_forward(p, x_BLD, config)
+    y_BLD, routed = ffn(p, x_BLD, config)
     assert np.all(np.asarray(routed.experts_BLW) == [4, 1])
     np.testing.assert_allclose(y_BLD, _reference(p, x_BLD, config), rtol=1e-5, atol=1e-5)
 
@@ -90,17 +91,18 @@ def test_the_implementations_agree_in_value_and_gradient():
       impl: jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(p, x_BLD, impl)
       for impl in moe.MOE_IMPLS
   }
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads['ragged'],
-               grads['dense'])
+  for impl in ('ragged', 'blocks'):
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads[impl],
+                 grads['dense'])
   # Every parameter gets a gradient (the router through the weights and the auxiliary loss).
   assert all(float(jnp.max(jnp.abs(g))) > 0 for g in jax.tree.leaves(grads['ragged'][0]))
 
 
 def test_replay_of_the_own_choice_or_of_none_changes_nothing():
   p, x_BLD = _params(CONFIG), _x()
-  y_BLD, routed = moe.feed_forward(p, x_BLD, CONFIG)
-  same, _ = moe.feed_forward(p, x_BLD, CONFIG, replay_BLW=routed.experts_BLW)
-  off, _ = moe.feed_forward(p, x_BLD, CONFIG, replay_BLW=jnp.full((B, L, 2), -1))
+  y_BLD, routed = ffn(p, x_BLD, CONFIG)
+  same, _ = ffn(p, x_BLD, CONFIG, replay_BLW=routed.experts_BLW)
+  off, _ = ffn(p, x_BLD, CONFIG, replay_BLW=jnp.full((B, L, 2), -1))
   np.testing.assert_array_equal(same, y_BLD)
   np.testing.assert_array_equal(off, y_BLD)
 
@@ -110,19 +112,20 @@ def test_replay_uses_the_given_experts_weighted_by_the_router():
   experts and the router's renormalised probabilities of them; the router still sees the
   gradient of the replayed experts' weights; `Routed` keeps the router's own choice."""
   p, x_BLD = _params(CONFIG), _x()
-  _, own = moe.feed_forward(p, x_BLD, CONFIG)
+  _, own = ffn(p, x_BLD, CONFIG)
   replay_BLW = jnp.full((B, L, 2), -1).at[1, 2].set(jnp.array([5, 0])).at[2,
                                                                           0].set(jnp.array([3, 2]))
-  y_BLD, routed = moe.feed_forward(p, x_BLD, CONFIG, replay_BLW=replay_BLW)
+  y_BLD, routed = ffn(p, x_BLD, CONFIG, replay_BLW=replay_BLW)
   used_BLW = jnp.where(replay_BLW >= 0, replay_BLW, own.experts_BLW)
   np.testing.assert_allclose(y_BLD, _reference(p, x_BLD, CONFIG, used_BLW), rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(routed.experts_BLW, own.experts_BLW)
-  grad = jax.grad(lambda r: jnp.sum(
-      moe.feed_forward({
-          **p, 'router': {
-              'kernel': r
-          }
-      }, x_BLD[1:2, 2:3], CONFIG, replay_BLW=replay_BLW[1:2, 2:3])[0]))(p['router']['kernel'])
+  grad = jax.jit(
+      jax.grad(lambda r: jnp.sum(
+          moe.feed_forward({
+              **p, 'router': {
+                  'kernel': r
+              }
+          }, x_BLD[1:2, 2:3], CONFIG, replay_BLW=replay_BLW[1:2, 2:3])[0])))(p['router']['kernel'])
   assert float(jnp.max(jnp.abs(grad))) > 0
 
 
@@ -147,3 +150,16 @@ def test_load_balancing_loss_is_hugging_faces():
   even = moe.Routed(experts_BLW=top_YBLW, load_X=jnp.full((Y, X), W * 10.0 / X), prob_X=jnp.full(
       (Y, X), 10.0 / X))
   np.testing.assert_allclose(moe.load_balancing_loss(even, jnp.ones((2, 5))), W, rtol=1e-6)
+
+
+@pytest.mark.parametrize('block', [1, 2, 64])
+def test_blocks_of_any_size_hold_every_pair(block):
+  """Experts with no pair, with one and with several blocks' worth: the block layout drops and
+  duplicates nothing, whatever C."""
+  p, x_UD = _params(CONFIG), _x().reshape(B * L, -1)
+  experts_UW = jnp.stack([jnp.arange(B * L) % 3, jnp.full(B * L, 5)], axis=1)  # 3, 4 unused
+  weights_UW = jax.random.uniform(jax.random.key(2), (B * L, 2))
+  dense = moe._experts_dense(p, x_UD, experts_UW, weights_UW, jnp.float32)
+  blocks = jax.jit(moe._experts_blocks, static_argnums=(4, 5))(p, x_UD, experts_UW, weights_UW,
+                                                               jnp.float32, block)
+  np.testing.assert_allclose(blocks, dense, rtol=1e-5, atol=1e-6)

@@ -235,3 +235,36 @@ def test_several_eos_ids_each_end_a_row(params):
     np.testing.assert_array_equal(comp[r, :n], free[r, :n])
     assert bool(out.truncated_R[r]) == (len(hits) == 0)
   assert not out.truncated_R[0] and not out.truncated_R[1]
+
+
+@pytest.mark.parametrize('layer_loop', ['scan', 'unroll'])
+def test_routed_experts_are_those_of_a_full_forward_pass(layer_loop):
+  """A mixture-of-experts policy: the same samples with and without `return_routing`, and the
+  experts the sampler reports for every fed token (prompt in the prefill, completion in its
+  decode step) are those the full forward pass over the sampled rows routes it to; -1 on pads and
+  tokens after EOS, and on a row's last token when decoding stopped before feeding it."""
+  config = model_lib.ModelConfig.tiny_moe(vocab_size=23, n_layers=2, d_model=32, n_heads=4,
+                                          n_kv_heads=2, head_dim=8, n_experts=4, d_expert=16)
+  params = model_lib.init_params(config, jax.random.key(3))
+  tokens_BP, mask_BP = left_pad(PROMPTS, 6)
+  kw = dict(rng=jax.random.key(0), num_samples=2, max_new_tokens=7, eos_id=EOS, pad_id=PAD,
+            layer_loop=layer_loop)
+  out = sampler_lib.sample(params, config, tokens_BP, mask_BP, return_routing=True, **kw)
+  plain = sampler_lib.sample(params, config, tokens_BP, mask_BP, **kw)
+  np.testing.assert_array_equal(out.tokens_RL, plain.tokens_RL)
+  assert plain.experts_RLYW is None and out.experts_RLYW.shape == (6, 13, 2, 2)
+  routed = model_lib.forward(params, config, out.tokens_RL,
+                             model_lib.positions_from_mask(out.input_mask_RL),
+                             out.input_mask_RL).routed
+  full_RLYW = np.asarray(routed.experts_BLW).transpose(1, 2, 0, 3)
+  real_RL = np.asarray(out.input_mask_RL) > 0
+  got = np.asarray(out.experts_RLYW)
+  assert (got[~real_RL] == -1).all()
+  fed_RL = real_RL & (got[..., 0, 0] >= 0)
+  np.testing.assert_array_equal(got[fed_RL], full_RLYW[fed_RL])
+  last_R = 6 + np.asarray(out.completion_mask_RT).sum(-1) - 1
+  unfed_R, unfed_L = np.nonzero(real_RL & ~fed_RL)
+  np.testing.assert_array_equal(unfed_L, last_R[unfed_R])  # only a row's last token
+  assert not out.truncated_R.all() or len(unfed_R) == 6  # (then every row's)
+  with pytest.raises(ValueError, match='return_routing'):
+    sampler_lib.sample(params, CONFIG, tokens_BP, mask_BP, return_routing=True, **kw)

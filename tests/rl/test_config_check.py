@@ -56,3 +56,15 @@ def test_invalid_settings_fail_naming_the_key(key, value, needle):
     node[leaf] = value
   with pytest.raises(ValueError, match=needle):
     config_check.validate(c)
+
+
+def test_the_loaded_policy_checks_lora_and_moe_keys():
+  """validate_policy: LoRA's rank against the model and a mixture of experts' keys (jtc.rl.routing,
+  tested there) once the policy is known."""
+  from configs import common  # pylint: disable=import-outside-toplevel
+  from jtc.models.model_config import ModelConfig  # pylint: disable=import-outside-toplevel
+  c = common.get_config()
+  config_check.validate_policy(c, ModelConfig.tiny())
+  c.mesh.expert = 3
+  with pytest.raises(ValueError, match='mesh.expert=3 must divide'):
+    config_check.validate_policy(c, ModelConfig.tiny_moe())

@@ -103,3 +103,13 @@ def test_pass_at_k_is_the_mean_over_every_k_subset_of_the_samples():
     evaluation.pass_at_k(correct_MG, 7)
   assert evaluation.pass_ks(16) == (1, 2, 4, 8, 16) and evaluation.pass_ks(6) == (1, 2, 4, 6)
   assert evaluation.pass_ks(1) == (1,)
+
+
+def test_by_source_scores_each_sources_problems_alone():
+  correct_MG = np.array([[1, 1], [0, 0], [1, 0], [0, 1]], bool)
+  sources = ['gsm8k', 'gsm8k', 'math', '']
+  out = evaluation.by_source(sources, correct_MG)
+  assert out['gsm8k/avg@2'] == 0.5 and out['math/avg@2'] == 0.5 and out['(none)/avg@2'] == 0.5
+  assert out['gsm8k/pass@2'] == 0.5 and out['math/pass@2'] == 1.0  # math's one problem, once
+  assert out['math/pass@1'] == out['math/avg@2']
+  assert evaluation.by_source(['', '', '', ''], correct_MG) == {}  # no source: nothing extra

@@ -35,3 +35,21 @@ def test_a_signal_in_the_block_sets_the_flag_and_the_handler_comes_back(sig):
     os.kill(os.getpid(), sig)
     assert stop.signal == sig.name
   assert signal.getsignal(sig) is before
+
+
+def test_an_evaluation_is_one_line_with_avg_its_error_and_pass_at_k(capsys):
+  evals = [{
+      'eval/avg@4': 0.5,
+      'eval/avg@4_se': 0.02,
+      'eval/pass@1': 0.5,
+      'eval/pass@4': 0.75,
+      'eval/gsm8k/avg@4': 0.6,
+      'time_eval': 3.0
+  }]
+  loop.Progress(10, 0, every=5).evaluation(5, evals)
+  assert capsys.readouterr().err == 'eval step 5: avg@4 0.500 (+-0.020) pass@4 0.750\n'
+  members = [dict(evals[0]), {**evals[0], 'eval/avg@4': 0.7}]
+  loop.Progress(10, 0, every=5).evaluation(5, members)  # a population: mean [min, max]
+  assert capsys.readouterr().err.startswith('eval step 5: avg@4 0.600 [0.500, 0.700]')
+  loop.Progress(10, 0, every=5, show=False).evaluation(5, evals)  # not process 0: silent
+  assert capsys.readouterr().err == ''

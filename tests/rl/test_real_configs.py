@@ -26,9 +26,11 @@ import pyarrow.parquet as pq
 
 from jtc.rl import checkpoints
 from jtc.rl import config_check
+from jtc.data import examples
 from jtc.data import formats
 from jtc.data import pipeline as data_lib
 from jtc.models import hf_import
+from jtc.models import tiny_checkpoint
 from jtc.analysis import metric_writer
 from jtc.models import model as model_lib
 from jtc.models import logprobs
@@ -44,13 +46,9 @@ REAL = sorted(
 
 
 def write_tiny_hf_checkpoint(path, *, arch='qwen3'):
-  """A random tiny Qwen3 (or Llama) checkpoint + byte-level tokenizer in the HF layout."""
-  tokenizer_lib.write_byte_level_hf(path)
-  extra = dict(qk_norm=True) if arch == 'qwen3' else dict(qk_norm=False)
-  config = model_lib.ModelConfig.tiny(vocab_size=272, n_layers=2, d_ff=256, **extra)
-  params = model_lib.init_params(config, jax.random.key(0))
-  hf_import.export_hf_checkpoint(config, params, path, torch_dtype='bfloat16')
-  return config
+  """A random tiny Qwen3 (or Llama) checkpoint + byte-level tokenizer in the HF layout: what
+  `jtc tiny-checkpoint PATH --like ARCH` writes."""
+  return tiny_checkpoint.write(path, like=arch, seed=0)
 
 
 # (question, GSM8K answer) rows of the tiny dataset: train is all of them, test the first two.
@@ -285,7 +283,7 @@ def test_each_dataset_format_trains_a_smoke_config(fmt, tiny_hf, tmp_path, monke
   assert [(e['prompt'], e['answer']) for e in trainer.eval_examples
          ] == [(prompt_of(q), a.split('#### ')[1]) for q, a in TINY_GSM8K[:2]]
   assert all(
-      isinstance(e['prompt'], formats.Conversation) == (fmt == 'verl_parquet')
+      isinstance(e['prompt'], examples.Conversation) == (fmt == 'verl_parquet')
       for e in trainer.eval_examples)
   with c.unlocked():  # one step; the jitted step built for the smoke run's two (compile cache)
     c.num_steps = 1

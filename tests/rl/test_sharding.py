@@ -139,6 +139,68 @@ def test_sharded_equals_single_device_on_8_cpu_devices():
   assert proc.returncode == 0 and 'SHARDING_OK' in proc.stdout, proc.stderr[-5000:]
 
 
+EXPERT_CHILD = textwrap.dedent('''
+    import os
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import PartitionSpec as PS
+    from jtc.models import logprobs
+    from jtc.models import model as model_lib
+    from jtc.models import sampler as sampler_lib
+    from jtc.rl import sharding
+
+    assert len(jax.devices()) == 2, jax.devices()
+    config = model_lib.ModelConfig.tiny_moe(vocab_size=64, n_layers=2, d_model=32, n_heads=4,
+                                            n_kv_heads=2, head_dim=8, n_experts=4, d_expert=16,
+                                            d_shared_expert=8, moe_impl='dense')
+    params = model_lib.init_params(config, jax.random.key(0))
+    mesh = sharding.make_mesh(data=1, fsdp=1, expert=2, tensor=1)
+    p_sh = sharding.param_shardings(params, mesh)
+    sharded = sharding.shard_params(params, mesh)
+    spec = sharded['layers']['mlp']['expert_down']['kernel'].sharding.spec
+    assert spec[:2] == (None, 'expert'), spec  # [Y, X, F, D]: the experts split
+    rng = np.random.default_rng(0)
+    B, P, T = 4, 6, 5
+    prompt_mask = (np.arange(P)[None] >= P - rng.integers(1, P + 1, size=(B, 1))).astype(np.int32)
+    prompt = np.where(prompt_mask, rng.integers(2, 64, size=(B, P)), 0).astype(np.int32)
+    tokens = jnp.asarray(np.concatenate([prompt, rng.integers(2, 64, size=(B, T))], 1), jnp.int32)
+    mask = jnp.asarray(np.concatenate([prompt_mask, np.ones((B, T), np.int32)], 1))
+
+    def fwd(params):
+      out = model_lib.forward(params, config, tokens, model_lib.positions_from_mask(mask), mask)
+      return out.logits_BLV, out.routed.experts_BLW
+
+    one = jax.jit(fwd)(params)
+    two = jax.jit(fwd, in_shardings=(p_sh,))(sharded)
+    for a, b in zip(one, two):
+      np.testing.assert_array_equal(a, b)  # bit-identical: each pair's output is one device's
+    loss = lambda p: jnp.sum(logprobs.sequence_logprobs(p, config, tokens, mask,
+                                                        completion_start=P)['logps'])
+    g1 = jax.jit(jax.grad(loss))(params)
+    g2 = jax.jit(jax.grad(loss), in_shardings=(p_sh,), out_shardings=p_sh)(sharded)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), g2, g1)
+    kw = dict(rng=jax.random.key(4), num_samples=2, max_new_tokens=T, eos_id=1, pad_id=0,
+              return_routing=True)
+    s1 = sampler_lib.sample(params, config, jnp.asarray(prompt), jnp.asarray(prompt_mask), **kw)
+    s2 = sampler_lib.sample(sharded, config, jnp.asarray(prompt), jnp.asarray(prompt_mask), **kw)
+    for name in ('tokens_RL', 'logps_RT', 'experts_RLYW'):
+      np.testing.assert_array_equal(getattr(s2, name), getattr(s1, name))
+    print('EXPERT_OK')
+''')
+
+
+def test_expert_parallel_equals_one_device_bit_for_bit():
+  """A mixture-of-experts policy with its experts split over mesh.expert = 2 host devices: logits,
+  routed experts and samples bit-identical to one device; gradients to float rounding (the
+  input's gradient sums the experts' parts across devices)."""
+  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
+             XLA_FLAGS='--xla_force_host_platform_device_count=2', JAX_PLATFORMS='cpu')
+  proc = subprocess.run([sys.executable, '-c', EXPERT_CHILD], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0 and 'EXPERT_OK' in proc.stdout, proc.stderr[-5000:]
+
+
 def test_logical_to_spec_falls_back_when_not_divisible():
   mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
   assert sharding.logical_to_spec(('embed', 'mlp'), (6, 8), mesh) == PartitionSpec('fsdp', 'tensor')

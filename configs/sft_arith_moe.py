@@ -1,0 +1,20 @@
+"""Supervised training of the mixture-of-experts base policy (`ModelConfig.tiny_moe`: 8 experts
+of width 192, 2 per token, the dense policy's active MLP width) on arithmetic solutions: the
+dense policy's recipe (configs/sft_arith.py) plus Hugging Face's load-balancing loss at its
+default weight 0.001.
+
+Rebuild the policy that ships in jtc/assets/moe_policy:
+  python -m jtc.sft --config configs/sft_arith_moe.py --workdir /tmp/jtc/sft_moe \
+      --config.export_to=jtc/assets/moe_policy
+Smoke test:
+  python -m jtc.sft --config configs/sft_arith_moe.py:smoke --workdir /tmp/jtc/sft_moe_smoke
+"""
+
+from configs import sft_arith
+
+
+def get_config(arg=None):
+  c = sft_arith.get_config(arg)
+  c.model_preset = 'tiny_moe'  # a jtc.models.model.ModelConfig classmethod
+  c.router_aux_coef = 0.001  # HF's router_aux_loss_coef default
+  return c
