@@ -110,7 +110,10 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
                          (Y, R, K, H, T_pad), c.jnp_dtype), v_YRKTH=jnp.zeros(
                              (Y, R, K, T_pad, H), c.jnp_dtype), length=jnp.zeros(
                                  (), jnp.int32), linear=linear)
-  return logits_BV, model_lib.constrain_rows(cache, row_sharding)
+  cache = model_lib.constrain_rows(cache, row_sharding)
+  if return_routing:
+    return logits_BV, cache, None if routed is None else routed.experts_BLW.transpose(1, 2, 0, 3)
+  return logits_BV, cache
 
 
 def prompt_states_to_rows(linear, prompt_of_R):

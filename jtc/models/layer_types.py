@@ -26,8 +26,9 @@ each segment over its repeats with the pattern's layers unrolled in the body (a 
 decoding on XLA:CPU.
 
 To add a kind: a mixer or feed-forward name in `model_config.LAYER_TYPES` / `FFN_TYPES`, its
-stack name here (`MIXER_STACKS` / `FFN_STACKS`), its initialiser and logical axes in
-`jtc.models.model`, its function in the trunk / `layers.FFNS`, its tensors in `hf_import`.
+stack name here (`MIXER_STACKS` / `FFN_STACKS`), its initialiser in `params.STACK_INITS`, its
+logical axes in `jtc.models.axes`, its function in the trunk / `layers.FFNS`, its tensors in
+`hf_tensors.tensor_specs` (docs/models.md, "Layer kinds").
 
 Dimension key (docs/dimensions.md): Y layers.
 """
