@@ -125,6 +125,9 @@ def route(router_DX, x_BLD, *, experts_per_token: int, norm_topk_prob: bool, rep
   if replay_BLW is not None:
     chex.assert_equal_shape([replay_BLW, own_BLW])
     experts_BLW = jnp.where(replay_BLW[..., :1] >= 0, replay_BLW.astype(own_BLW.dtype), own_BLW)
+  # In ascending expert order: the same set of experts, replayed or chosen, is then the same
+  # arithmetic (a replay is bit-identical to the router's choice wherever the sets agree).
+  experts_BLW = jnp.sort(experts_BLW, axis=-1)
   weights_BLW = jnp.take_along_axis(probs_BLX, experts_BLW, axis=-1)
   if norm_topk_prob:
     weights_BLW = weights_BLW / jnp.sum(weights_BLW, axis=-1, keepdims=True)

@@ -23,7 +23,11 @@ def test_failed_run_reports_stderr_and_others_continue(tmp_path, monkeypatch):
   assert '## Failed runs' in md and 'something broke in broken' in md
   assert 'exit status 3' in md
 
-  # Rebuilding the tables keeps the sweep's own command (and the failures found on disk).
+  # Rebuilding the same tables leaves the file as it was; rebuilt from nothing, it keeps the
+  # sweep's own command (and the failures found on disk) and says which command rebuilt it.
+  run_lib.main(['fake', '--tables-only'], make_command=make, results_root=str(tmp_path / 'results'))
+  assert (tmp_path / 'results' / 'fake.md').read_text() == md
+  (tmp_path / 'results' / 'fake.md').unlink()
   run_lib.main(['fake', '--tables-only'], make_command=make, results_root=str(tmp_path / 'results'))
   md = (tmp_path / 'results' / 'fake.md').read_text()
   assert '- Command: `python -m experiments.run fake --seeds 2 --jobs 2 --workroot' in md

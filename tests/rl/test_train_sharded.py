@@ -120,9 +120,11 @@ def test_mesh_sizes_resolve_and_reject():
       'population': 1,
       'data': 2,
       'fsdp': 2,
+      'expert': 1,
       'tensor': 2
   }
   assert sharding.mesh_sizes(1, -1, 1, population=2, n_devices=8)['fsdp'] == 4
+  assert sharding.mesh_sizes(1, 1, 2, expert=-1, n_devices=8)['expert'] == 4
   with pytest.raises(ValueError, match='mesh'):
     sharding.mesh_sizes(3, 2, 2, n_devices=8)
   with pytest.raises(ValueError, match='at most one -1'):
