@@ -13,13 +13,13 @@ Reports, measured in one run: the seconds of one jitted call of
   backward  its gradient with respect to the parameters (forward + backward, the update's core),
 for each attention, `--rounds` times INTERLEAVED (dense, blockwise, dense, ...) after one
 compile call each, with the 1-minute load average and the cores other processes kept busy
-printed beside every figure (`common.OtherLoad`). The ratio blockwise / dense of the medians is
+printed beside every figure (`harness.OtherLoad`). The ratio blockwise / dense of the medians is
 printed only when no other process competed for the cores during any timed call; otherwise it
 says "LOADED: not a valid ratio". At L = 52 blockwise runs one block (`attention.BLOCK` = 512
 rows per block): the online softmax's bookkeeping on top of the same work as dense.
 """
 
-from benchmarks import common  # first: --cpu must act before jax is imported
+from benchmarks import harness  # first: --cpu must act before jax is imported
 
 import argparse
 import dataclasses
@@ -64,7 +64,7 @@ def programs(config, params, tokens, mask, P):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  common.add_cpu_flag(parser)
+  harness.add_cpu_flag(parser)
   parser.add_argument('--small', action='store_true', help='8 rows, 2 rounds: a quick check')
   parser.add_argument('--rounds', type=int, default=7)
   args = parser.parse_args()
@@ -75,7 +75,7 @@ def main():
   bundle = bundles.load_policy_bundle(c.policy.init)  # the shipped base policy
   config, params = bundle.model_config, bundle.params
   tokens, mask = inputs(rows, P, T, config.vocab_size)
-  print(f'# {common.device_line()}; {rows} rows x L = {P} + {T}, blocks of '
+  print(f'# {harness.device_line()}; {rows} rows x L = {P} + {T}, blocks of '
         f'{min(attention.BLOCK, P + T)}, {model_lib.num_params(params) / 1e6:.2f}M parameters, '
         f'{rounds} rounds interleaved')
   calls = programs(config, params, tokens, mask, P)
@@ -84,19 +84,19 @@ def main():
   seconds, loaded = {k: [] for k in calls}, False
   for r in range(rounds):
     for key, call in calls.items():
-      with common.OtherLoad() as other:
+      with harness.OtherLoad() as other:
         call()
       seconds[key].append(other.seconds)
-      loaded |= common.is_loaded(other)
+      loaded |= harness.is_loaded(other)
       print(f'round {r} {key[0]:9s} {key[1]:8s} {1e3 * other.seconds:8.2f} ms  '
-            f'({common.load_str(other)})')
+            f'({harness.load_str(other)})')
   for name in ('forward', 'backward'):
     med = {impl: statistics.median(seconds[impl, name]) for impl in IMPLS}
     ratio = ('LOADED: not a valid ratio'
              if loaded else f"blockwise / dense = {med['blockwise'] / med['dense']:.2f}")
     print(f"{name}: median dense {1e3 * med['dense']:.2f} ms, blockwise "
           f"{1e3 * med['blockwise']:.2f} ms; {ratio}")
-  print(f'# finished at {time.strftime("%H:%M:%S")}, load {common.load_average():.1f}')
+  print(f'# finished at {time.strftime("%H:%M:%S")}, load {harness.load_average():.1f}')
 
 
 if __name__ == '__main__':

@@ -22,7 +22,7 @@ loop (a full copy; try --mem_dtype bfloat16), so the CPU numbers use float32 hid
 Timings interleave the two functions over rounds and report the median.
 """
 
-from benchmarks import common  # first: --cpu must act before jax is imported
+from benchmarks import harness  # first: --cpu must act before jax is imported
 
 import argparse
 import resource
@@ -155,9 +155,9 @@ def main():
   parser.add_argument('--run_full', action='store_true',
                       help='also run the estimator at B*T=262,144, D=4,096')
   parser.add_argument('--skip_step', action='store_true', help='skip part 1')
-  common.add_cpu_flag(parser)
+  harness.add_cpu_flag(parser)
   args = parser.parse_args()
-  print(f'# {common.device_line()}')
+  print(f'# {harness.device_line()}')
   if args.small:
     args.model, args.batch, args.prompt_len, args.length, args.rounds = 'tiny', 16, 32, 256, 5
   if not args.skip_step:

@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import common  # noqa: E402  (first: --cpu acts before jax is imported)
+from benchmarks import harness  # noqa: E402  (first: --cpu acts before jax is imported)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -46,9 +46,9 @@ def main():
   ap.add_argument('--every', type=int, default=10)
   ap.add_argument('--repeats', type=int, default=5)
   ap.add_argument('--small', action='store_true', help='tiny shapes for a quick check')
-  common.add_cpu_flag(ap)
+  harness.add_cpu_flag(ap)
   a = ap.parse_args()
-  print(f'# {common.device_line()}')
+  print(f'# {harness.device_line()}')
   if a.small:
     a.groups, a.group_size, a.max_new_tokens, a.repeats = 2, 4, 16, 3
 

@@ -23,7 +23,7 @@ summary.json holds the numbers. The GPU's memory is JAX's pool (75 % of HBM unle
 XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise), which the preflight checks against.
 """
 
-from benchmarks import common  # first: --cpu must act before jax is imported
+from benchmarks import harness  # first: --cpu must act before jax is imported
 
 import argparse
 import contextlib
@@ -110,9 +110,9 @@ def _peak(device):
 def run_train(overrides, steps, workdir, log):
   """The trainer for ``steps`` steps, the device's running peak after each phase."""
   import jax  # pylint: disable=import-outside-toplevel
+  from jtc.cli import absl_program  # pylint: disable=import-outside-toplevel
   from jtc.plan import suggest  # pylint: disable=import-outside-toplevel
   from jtc.rl import batch as batch_lib  # pylint: disable=import-outside-toplevel
-  from jtc.rl import cli  # pylint: disable=import-outside-toplevel
   from jtc.rl import rollout as rollout_lib  # pylint: disable=import-outside-toplevel
   from jtc.rl import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
   from jtc.rl import update as update_lib  # pylint: disable=import-outside-toplevel
@@ -133,7 +133,7 @@ def run_train(overrides, steps, workdir, log):
   after(rollout_lib, 'collect', 'sample')
   after(batch_lib, 'make_batch', 'score')
   after(update_lib, 'run_updates', 'update')
-  c = suggest.apply(cli._load(os.path.join(cli.REPO, CONFIG)), overrides)  # pylint: disable=protected-access
+  c = suggest.apply(absl_program.load_config(os.path.join(absl_program.REPO, CONFIG)), overrides)
   t0 = time.perf_counter()
   with contextlib.redirect_stderr(_Tee(sys.stderr, log, 'preflight:')):
     trainer = trainer_lib.Trainer(c, workdir)
@@ -180,7 +180,7 @@ def _gib(x):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  common.add_cpu_flag(parser)
+  harness.add_cpu_flag(parser)
   parser.add_argument('--gpu', default='h100', choices=('h100', 'h200', 'a100'))
   parser.add_argument('--tiny', action='store_true', help='a tiny checkpoint: the CPU check')
   parser.add_argument('--steps', type=int, default=3)
@@ -198,7 +198,7 @@ def main():
   t0 = time.perf_counter()
   write_checkpoint(os.path.join(work, 'ckpt'), args.tiny)
   write_data(os.path.join(work, 'data'))
-  log(f'# {common.device_line()}; checkpoint and data written in {time.perf_counter() - t0:.1f} s')
+  log(f'# {harness.device_line()}; checkpoint and data written in {time.perf_counter() - t0:.1f} s')
   overrides = {
       **SHRINK,
       **(TINY if args.tiny else {}), 'num_steps': args.steps,

@@ -12,7 +12,7 @@ Run on its own (``--small`` for a quick check on a 2-core machine):
 """
 from __future__ import annotations
 
-from benchmarks import common  # first: --cpu must act before jax is imported
+from benchmarks import harness  # first: --cpu must act before jax is imported
 
 import argparse
 import os
@@ -79,7 +79,7 @@ def _seconds(fn):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--small', action='store_true', help='tiny sizes for a quick check')
-  common.add_cpu_flag(parser)
+  harness.add_cpu_flag(parser)
   args = parser.parse_args()
   import jax  # pylint: disable=g-import-not-at-top
   if args.small:

@@ -16,11 +16,11 @@ Reports, measured in one run, `--rounds` times interleaved after one compile cal
           gated attention) and of the same model with all 4 layers full attention, after a
           prompt of P_short and of P_long tokens: a full-attention layer reads the whole prompt
           at every step, a linear one only its constant-size state.
-A ratio is printed only when other processes used at most `common.MAX_OTHER_CORES` cores
+A ratio is printed only when other processes used at most `harness.MAX_OTHER_CORES` cores
 during every timed call it divides; otherwise "LOADED".
 """
 
-from benchmarks import common  # first: --cpu must act before jax is imported
+from benchmarks import harness  # first: --cpu must act before jax is imported
 
 import argparse
 import dataclasses
@@ -50,7 +50,7 @@ def _timed(fn, rounds):
   """[(seconds, other cores, load)] of ``rounds`` calls of fn (compiled already)."""
   out = []
   for _ in range(rounds):
-    with common.OtherLoad() as o:
+    with harness.OtherLoad() as o:
       machine.median_time(fn, 1)
     out.append((o.seconds, o.cores, o.load))
   return out
@@ -61,7 +61,7 @@ def _report(name, a, b, label_a, label_b):
   ma, mb = statistics.median(t for t, _, _ in a), statistics.median(t for t, _, _ in b)
   others = max(c for _, c, _ in a + b)
   load = max(l for _, _, l in a + b)
-  quiet = others <= common.MAX_OTHER_CORES
+  quiet = others <= harness.MAX_OTHER_CORES
   ratio = f'{mb / ma:.2f}x' if quiet else 'LOADED: not a valid ratio'
   print(f'{name}: {label_a} {ma * 1e3:.1f} ms, {label_b} {mb * 1e3:.1f} ms; {label_b} / {label_a} '
         f'= {ratio} (other processes <= {others:.2f} cores, load average <= {load:.2f})')
@@ -117,11 +117,11 @@ def decode(config, prompts, T, G, rounds):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  common.add_cpu_flag(parser)
+  harness.add_cpu_flag(parser)
   parser.add_argument('--small', action='store_true', help='tiny shapes, for a quick check')
   parser.add_argument('--rounds', type=int, default=5)
   args = parser.parse_args()
-  print(common.device_line())
+  print(harness.device_line())
   config = _config(args.small)
   print(f'model: d_model={config.d_model}, {config.n_layers} layers {config.layer_types}, '
         f'Gated DeltaNet {config.linear_n_k_heads} key / {config.linear_n_v_heads} value heads of '

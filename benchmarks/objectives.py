@@ -10,7 +10,7 @@ the [B, T] log-probs (the objective's own cost, no model). Timings interleave th
 several rounds and report the median, so machine load affects every loss alike.
 """
 
-from benchmarks import common  # first: --cpu must act before jax is imported
+from benchmarks import harness  # first: --cpu must act before jax is imported
 
 import argparse
 import statistics
@@ -67,9 +67,9 @@ def main():
   parser.add_argument('--group_size', type=int, default=16)
   parser.add_argument('--rounds', type=int, default=30)
   parser.add_argument('--inner', type=int, default=5, help='calls per timing sample')
-  common.add_cpu_flag(parser)
+  harness.add_cpu_flag(parser)
   args = parser.parse_args()
-  print(f'# {common.device_line()}')
+  print(f'# {harness.device_line()}')
   b, t = (32, 128) if args.small else (args.batch, args.length)
   inputs = make_inputs(b, t)
   fns = {}

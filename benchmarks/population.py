@@ -28,7 +28,7 @@ printed side by side (the members equal those runs at step 1 exactly; later they
 float rounding like any two runs, so this compares distributions, paired by seed).
 """
 
-from benchmarks import common  # first: --cpu must act before jax is imported
+from benchmarks import harness  # first: --cpu must act before jax is imported
 
 import argparse
 import concurrent.futures
@@ -117,8 +117,8 @@ def measure(name, fn, root):
   """Runs ``fn(root)`` in a fresh directory; (dirs, figures)."""
   shutil.rmtree(root, ignore_errors=True)
   os.makedirs(root)
-  load0, cpu0 = common.load_average(), _children_cpu()
-  with common.OtherLoad() as other:
+  load0, cpu0 = harness.load_average(), _children_cpu()
+  with harness.OtherLoad() as other:
     dirs, rss = fn(root)
   cpu = _children_cpu() - cpu0
   shared = name != 'processes'  # one program
@@ -133,7 +133,7 @@ def _line(name, m):
   rest = '' if np.isnan(m['rest']) else f' / rest {m["rest"]:.0f}'
   # OtherLoad counts this benchmark's children as other processes: subtract their CPU use.
   others = max(0.0, m['other'].cores - m['cpu'] / m['wall'])
-  loaded = '  LOADED' if others > common.MAX_OTHER_CORES else ''
+  loaded = '  LOADED' if others > harness.MAX_OTHER_CORES else ''
   return (f'{name:10s} wall {m["wall"]:7.1f} s  peak RSS {m["rss"] / 2**20:7.0f} MiB  cpu '
           f'{m["cpu"]:7.1f} s  (load {m["load0"]:.1f} -> {m["other"].load:.1f}, others '
           f'{others:.2f} cores)  phases: {split}{rest} (summed over '
@@ -142,7 +142,7 @@ def _line(name, m):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  common.add_cpu_flag(parser)
+  harness.add_cpu_flag(parser)
   parser.add_argument('--members', type=int, default=8)
   parser.add_argument('--steps', type=int, default=STEPS)
   parser.add_argument('--jobs', type=int, default=2, help='single processes at once')
@@ -155,7 +155,7 @@ def main():
   args = parser.parse_args()
   if args.lora_rank < 0:
     parser.error(f'--lora-rank={args.lora_rank} must be >= 0')
-  print(common.device_line())
+  print(harness.device_line())
   lora = f', LoRA rank {args.lora_rank} (and full-parameter members)' if args.lora_rank else ''
   print(f'{args.members} seeds x {args.steps} steps of table1 GSPO (lr 1e-4){lora}; processes at '
         f'--jobs {args.jobs}; {args.rounds} interleaved rounds')

@@ -10,10 +10,10 @@ Quick check: python -m benchmarks.sampler --small
 Reports, measured in one run on whatever backend JAX finds (`--cpu` forces CPU):
 1. Generated tokens/s of three systems, each run `--rounds` times INTERLEAVED (old jtc, new
    jtc, HF, old jtc, ...) after one compile/warm-up call each, with the 1-minute load average
-   and the cores OTHER processes kept busy during that call (`common.OtherLoad`: the host's CPU
+   and the cores OTHER processes kept busy during that call (`harness.OtherLoad`: the host's CPU
    time from /proc/stat minus this process's) printed beside every figure; the 1-minute load
    average counts the benchmark's own threads, so on a quiet 2-core host it reads about 2. If
-   other processes used more than `common.MAX_OTHER_CORES` during any timed call, the ratios
+   other processes used more than `harness.MAX_OTHER_CORES` during any timed call, the ratios
    say "LOADED: not a valid ratio". The systems:
      old jtc  the sampler before this design (tests/models/reference_sampler.py, frozen): prompt
               cache repeated G times, the whole [P + T] cache of every row read every step,
@@ -42,7 +42,7 @@ Reports, measured in one run on whatever backend JAX finds (`--cpu` forces CPU):
    old sampler's against the new one's, jitted alone and interleaved.
 Timings are wall clock; the machine peaks are best-of-10 (`benchmarks.machine`).
 """
-from benchmarks import common  # first: --cpu must act before jax is imported
+from benchmarks import harness  # first: --cpu must act before jax is imported
 
 import argparse
 import functools
@@ -160,7 +160,7 @@ def logprob_memory(B, T, D, V, chunk):
 
 
 def choice_seconds(old_choose, new_choose, R, V, sampling, rounds=5, calls=50):
-  """{'greedy' | 'sampled': ({'old': s, 'new': s}, common.OtherLoad)}: one token choice from
+  """{'greedy' | 'sampled': ({'old': s, 'new': s}, harness.OtherLoad)}: one token choice from
   [R, V] logits (token and its log-prob), each sampler's `_choose` jitted alone, interleaved,
   best of `rounds`, and the other processes' load during the timing."""
   logits_RV = jax.random.normal(jax.random.key(0), (R, V), jnp.float32)
@@ -175,7 +175,7 @@ def choice_seconds(old_choose, new_choose, R, V, sampling, rounds=5, calls=50):
     best = {n: float('inf') for n in fns}
     for fn in fns.values():
       jax.block_until_ready(fn(logits_RV, key))
-    with common.OtherLoad() as other:
+    with harness.OtherLoad() as other:
       for _ in range(rounds):
         for n, fn in fns.items():
           start = time.perf_counter()
@@ -200,7 +200,7 @@ def setups(args):
 
 def _parser():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  common.add_cpu_flag(parser)
+  harness.add_cpu_flag(parser)
   size = parser.add_mutually_exclusive_group()
   size.add_argument('--small', action='store_true', help='tiny sizes for a quick check')
   size.add_argument('--qwen3-0.6b', dest='qwen3_0_6b', action='store_true',
@@ -274,7 +274,7 @@ def _interleaved_runs(systems, rounds, n_rows, T):
   runs = {name: [] for name in order}
   for _ in range(rounds):
     for name in order:
-      with common.OtherLoad() as other:
+      with harness.OtherLoad() as other:
         jax.block_until_ready(systems[name]())
       runs[name].append((tokens[name] / other.seconds, other))
   return tokens, compile_s, runs
@@ -297,9 +297,9 @@ def _print_throughput(runs, compile_s, floor, n_tokens, param_bytes, rounds):
           (f' = {median[name] / floors[name]:5.1%} of its floor' if name in floors else '') +
           f'; compile+first run {compile_s[name]:.1f}s')
     for t, other in rs:
-      print(f'      {t:9.1f} ({common.load_str(other)})')
-  loaded = any(common.is_loaded(o) for rs in runs.values() for _, o in rs)
-  tag = (f'  LOADED: not a valid ratio (other processes used > {common.MAX_OTHER_CORES} cores '
+      print(f'      {t:9.1f} ({harness.load_str(other)})')
+  loaded = any(harness.is_loaded(o) for rs in runs.values() for _, o in rs)
+  tag = (f'  LOADED: not a valid ratio (other processes used > {harness.MAX_OTHER_CORES} cores '
          'during a timed call)' if loaded else '')
   for other in ('old jtc', 'HF generate'):
     if other in median:
@@ -343,8 +343,8 @@ def _print_choice(R, V, sampling):
   for s, (t, other) in choice_seconds(load_reference_sampler()._choose, sampler_lib._choose, R, V,
                                       sampling).items():  # pylint: disable=protected-access
     print(f'  {s:8s} old {t["old"] * 1e3:7.3f} ms   new {t["new"] * 1e3:7.3f} ms   ratio '
-          f'{t["old"] / t["new"]:5.2f}x ({common.load_str(other)})' +
-          ('  LOADED: not a valid ratio' if common.is_loaded(other) else ''))
+          f'{t["old"] / t["new"]:5.2f}x ({harness.load_str(other)})' +
+          ('  LOADED: not a valid ratio' if harness.is_loaded(other) else ''))
 
 
 def _print_memory(B=16, T=1024, D=256, V=151_936):
@@ -373,7 +373,7 @@ def main():
   print(f'# jtc sampler benchmark: {label}, {model_lib.num_params(params) / 1e6:.1f}M params, '
         f'{B} prompts x G={G}, P={P}, T={T}, {sampling}; new: block_size={block_size} '
         f'layer_loop={layer_loop}')
-  print(f'# {common.device_line()}')
+  print(f'# {harness.device_line()}')
   bandwidth, peak_flops = _machine_peaks(cpu)
 
   systems = _systems(args, params, config, prompt_BP, mask_BP, G=G, T=T, sampling=sampling,

@@ -11,8 +11,8 @@ sequences x 128 tokens, float32; about 2 minutes on 2 cores):
   python -m benchmarks.train_step --small
 
 0. MFU of the update step at a real model's shape (`--mfu_shape`, default qwen3_0_6b): random
-   weights (float32 master, bf16 compute; float32 on CPU), per-block remat, one jitted
-   `jtc.rl.update.update_step` (DFPO Min-Replace, AdamW) on 64 sequences (8 groups of G = 8) x
+   weights (float32 master, bf16 compute; float32 on CPU), per-block remat, the trainer's own
+   jitted update (`jtc.rl.step.build`: DFPO Min-Replace, AdamW) on 64 sequences (8 groups of G = 8) x
    640 tokens (P = 128, T = 512), median of `--repeats` after compilation (compile time
    printed). Model FLOPs per step (forward + backward, the usual MFU count; remat's extra
    forward is not counted):
@@ -25,8 +25,8 @@ sequences x 128 tokens, float32; about 2 minutes on 2 cores):
 Reports, measured in one run:
 1. The matmul peak of this machine (`benchmarks.machine.matmul_flops_per_s`: best FLOP/s of a
    jitted f32 [n, n] @ [n, n], best of 10; on a shared machine other jobs only slow a run down).
-2. The jitted, buffer-donating `jtc.rl.update.update_step` (loss, optimiser and mini-batch shape of
-   the config: minibatch_prompts * group_size sequences of L = prompt_width + max_new_tokens
+2. The trainer's jitted, buffer-donating update (`jtc.rl.step.build`; loss, optimiser and
+   mini-batch shape of the config: minibatch_prompts * group_size sequences of L = prompt_width + max_new_tokens
    tokens): seconds per step (median of `--repeats` after a compile call), tokens/s (all B * L
    tokens that go through forward + backward, and the B * T completion tokens), and FLOP/s as
    a fraction of the peak, with the FLOPs counted two ways:
@@ -48,11 +48,10 @@ Reports, measured in one run:
    they are not part of a plain RL step.
 """
 
-from benchmarks import common  # first: --cpu must act before jax is imported
+from benchmarks import harness  # first: --cpu must act before jax is imported
 
 import argparse
 import dataclasses
-import functools
 import os
 import statistics
 import tempfile
@@ -68,6 +67,8 @@ from jtc.models import bundles
 from jtc.rl import checkpoints
 from jtc.models import model as model_lib
 from jtc.rl import rollout
+from jtc.rl import sharding
+from jtc.rl import step as step_lib
 from jtc.models import tokenizer as tokenizer_lib
 from jtc.rl import trainer as trainer_lib
 from jtc.rl import update
@@ -178,25 +179,30 @@ def xla_flops(compiled):
 
 
 def compile_and_time_update(c, model_config, params, batch, *, P, G, repeats):
-  """Compiles `update.update_step` (config `c`'s loss and optimiser) and times it: the median of
-  `repeats` calls after one warm-up. Returns n_params, compile_s, seconds, loss, compiled."""
-  optimizer = update.make_optimizer(c.optim, total_updates=1000)
-  step_fn = jax.jit(
-      functools.partial(update.update_step, model_config=model_config, optimizer=optimizer,
-                        loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
-                        completion_start=P, group_size=G), donate_argnums=(0,))
-  state = update.TrainState(step=jnp.array(0, jnp.int32), params=params,
-                            opt_state=optimizer.init(params))
+  """Compiles the trainer's own update (`jtc.rl.step.build`'s, config `c`'s loss and optimiser,
+  on one device, for ``batch``'s [n, B / n, ...] shape) and times it: the median of `repeats`
+  calls after one warm-up. Returns n_params, compile_s, seconds, loss, compiled."""
+  n, rows = batch.tokens_BL.shape[:2]
+  c = c.copy_and_resolve_references()
+  with c.unlocked():
+    c.rollout.prompts_per_step = c.optim.minibatch_prompts = n * rows // G
+    c.optim.microbatch_prompts = rows // G
+    c.rollout.sampling.num_samples, c.data.prompt_width = G, P
+    c.rollout.sampling.max_new_tokens = batch.tokens_BL.shape[-1] - P
+    c.mesh.update(population=1, data=1, fsdp=1, tensor=1)
+  mesh = sharding.make_mesh(devices=jax.devices()[:1])
+  built = step_lib.build(c, mesh, model_config, params=params, schedule_steps=1000)
+  state, _, _ = built.materialise(jax.device_get(params))
   n_params = model_lib.num_params(params)
   start = time.perf_counter()
-  compiled = step_fn.lower(state, batch).compile()
+  compiled = built.update.lower(state, batch, {}).compile()
   compile_s = time.perf_counter() - start
-  state, metrics = compiled(state, batch)
+  state, metrics = compiled(state, batch, {})
   jax.block_until_ready((state, metrics))
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    state, metrics = compiled(state, batch)
+    state, metrics = compiled(state, batch, {})
     jax.block_until_ready((state, metrics))
     times.append(time.perf_counter() - start)
   return dict(n_params=n_params, compile_s=compile_s, seconds=statistics.median(times),
@@ -283,7 +289,7 @@ def _parser():
   parser.add_argument('--mfu_shape', default='qwen3_0_6b', choices=MFU_SHAPES,
                       help='model shape of the MFU section')
   parser.add_argument('--skip_mfu', action='store_true', help='no MFU section')
-  common.add_cpu_flag(parser)
+  harness.add_cpu_flag(parser)
   return parser
 
 
@@ -349,7 +355,7 @@ def main():
 
   print(f'# jtc train-step benchmark: configs/dfpo_min_replace.py{":smoke" if args.small else ""}'
         f' (loss {c.loss.name}), --model {args.model}')
-  print(f'# {common.device_line()}')
+  print(f'# {harness.device_line()}')
   n = 1024 if args.small else 2048
   peak = matmul_flops_per_s(n=n)
   print(f'matmul peak            {peak / 1e9:8.2f} GFLOP/s ({n}^3 f32 matmul, best of 10)')

@@ -7,18 +7,25 @@ to 0.2 of the peak learning rate, no entropy bonus) scaled to the tiny default p
 with jtc (`jtc/assets/base_policy`). Every field is overridable from the command line, e.g.
 `--config.optim.learning_rate=1e-4 --config.rollout.sampling.num_samples=16`.
 
-Sections and who reads them:
-  policy     where the weights come from and how they are held        (jtc.train)
+Sections and who reads them (each checked by its reader's `check_config`, before any compute;
+`jtc.rl.step.build` turns policy, lora, population, loss, delta, optim and mesh into the RL step):
+  seed, num_steps, token_budget                                        (jtc.rl.trainer)
+  policy     where the weights come from and how they are held        (jtc.rl.checkpoints)
   lora       low-rank adapters on the frozen policy (rank 0 = off)      (jtc.models.lora)
-  data       task or dataset, verifier, prompt encoding                (jtc.train, jtc.rl.rollout)
-  rollout    prompts per step, chunking; `sampling` goes straight to jtc.models.sampler.sample
+  data       task or dataset, verifier, prompt encoding                (jtc.data.pipeline,
+             jtc.data.rewards, jtc.rl.rollout)
+  rollout    prompts per step, chunking, policy lag, the sampler's dtype and mismatch correction;
+             `sampling` goes straight to jtc.models.sampler.sample      (jtc.rl.rollout,
+             jtc.rl.batch)
   advantage  group-relative advantages                                  (jtc.objectives.advantages)
   loss       the objective and its hyper-parameters                     (jtc.objectives)
-  delta      DelTA's options, used when token_weights == 'delta'        (jtc.objectives.delta)
+  token_weights, delta  a token-weight plug-in (DelTA's options)        (jtc.objectives.token_weights)
   optim      optimiser, PPO epochs, mini- and micro-batches             (jtc.rl.update)
-  dapo       DAPO's data-side options                                   (jtc.rl.rollout)
-  eval       held-out avg@k; `sampling` has the rollout's field names   (jtc.rl.rollout)
-  log        diagnostics and checkpoints                                 (jtc.train)
+  dapo       DAPO's data-side options                                   (jtc.rl.rollout, jtc.rl.batch)
+  eval       held-out avg@k; `sampling` has the rollout's field names   (jtc.rl.evaluation)
+  log        progress, diagnostics, the ledger, checkpoints, W&B        (jtc.rl.trainer,
+             jtc.analysis.tracking)
+  population seeds and varied hyper-parameters trained as one program   (jtc.rl.population)
   mesh       device mesh                                                 (jtc.rl.sharding)
   distributed  multi-process start-up                                    (jtc.rl.distributed)
 
@@ -108,7 +115,6 @@ def get_config(arg=None):
   c.lora.rank = 0  # r of every adapter (0 = full fine-tuning, no adapters)
   c.lora.alpha = 8.0  # the adapters' output is scaled by alpha / rank
   c.lora.targets = 'q,k,v,o,gate,up,down'  # adapted projections, comma separated
-  c.lora.dropout = 0.0  # adapter dropout: only 0 is implemented
 
   c.data = ConfigDict()
   c.data.task = 'arithmetic'  # a name from jtc.data.tasks

@@ -77,12 +77,6 @@ def _paired(x, y):
   return x, y
 
 
-def paired_bootstrap_ci(x, y, *, level=0.95, num_resamples=DEFAULT_RESAMPLES, seed=0):
-  """(mean, lo, hi) of the paired differences x - y (same-seed pairs)."""
-  x, y = _paired(x, y)
-  return bootstrap_ci(x - y, level=level, num_resamples=num_resamples, seed=seed)
-
-
 def paired_bootstrap_pvalue(x, y, *, num_resamples=DEFAULT_RESAMPLES, seed=0):
   """Two-sided paired bootstrap p-value of H0: E[x - y] = 0 (see the module docstring)."""
   x, y = _paired(x, y)

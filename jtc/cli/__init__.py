@@ -1,7 +1,7 @@
 r"""The commands, one thin module each over a library function: `jtc <command> ...`.
 
   jtc train  --config configs/<method>.py[:smoke|runlocal] --workdir W   (jtc.rl.trainer)
-  jtc sft    --config configs/sft_arith.py --workdir W                    (jtc.rl.sft)
+  jtc sft    --config configs/sft_arith.py --workdir W                    (jtc.rl.sft_trainer)
   jtc ledger steps|replay|html W ...                                     (jtc.analysis.replay)
   jtc plot   W1 [W2 ...] --out curves.png                                (jtc.analysis.curve_plots)
   jtc plan   --config configs/real/<config>.py --topology v5e-64          (jtc.plan.planner)

@@ -92,8 +92,8 @@ def run(argv):
   """Plans ``FLAGS.config`` for the command line's target; prints the table and exits 1 (with the
   reason) when a stage does not fit."""
   from jtc.plan import planner  # pylint: disable=import-outside-toplevel
-  from jtc.plan import stages as stages_lib  # pylint: disable=import-outside-toplevel
   from jtc.plan import suggest as suggest_lib  # pylint: disable=import-outside-toplevel
+  from jtc.plan import table  # pylint: disable=import-outside-toplevel
   from jtc.rl import population as population_lib  # pylint: disable=import-outside-toplevel
   from jtc.rl import rollout as rollout_lib  # pylint: disable=import-outside-toplevel
   from jtc.rl import update as update_lib  # pylint: disable=import-outside-toplevel
@@ -104,6 +104,7 @@ def run(argv):
   c = FLAGS.config
   log = lambda m: print(m, file=sys.stderr, flush=True)
   try:
+    planner.check_stages(FLAGS.stages)
     population_lib.check_config(c)
     rollout_lib.check_config(c)
     update_lib.check_config(c.optim, c.rollout.prompts_per_step)
@@ -112,6 +113,10 @@ def run(argv):
     plan_fn = lambda cfg, **kw: planner.plan(cfg, devices, platform=platform, chip=chip, target=
                                              where, compiled_for=compiled_for, only=FLAGS.stages,
                                              log=log, **kw)
+    absent = [n for n in FLAGS.stages if n not in planner.stage_names(c, devices, platform)]
+    if absent:  # a stage this config's step does not run (e.g. delta without DelTA)
+      raise ValueError(f'--stages: this config runs no {", ".join(map(repr, absent))} stage; its '
+                       f'stages: {", ".join(planner.stage_names(c, devices, platform))}')
     try:
       check_mesh(c, len(devices))
     except ValueError as e:  # --suggest searches the mesh: a configured one that cannot run here
@@ -123,21 +128,26 @@ def run(argv):
       result = plan_fn(c, stop_early=FLAGS.suggest)  # --suggest needs the verdict only
   except ValueError as e:
     sys.exit(f'error: {e}')
-  if result is not None:
-    print(planner.format_table(result))
-  if FLAGS.suggest:  # exits 0 with a setting that fits, whether or not the config does
-    model_config = stages_lib.model_config_for(c, platform)
-    overrides, best = suggest_lib.suggest(c, plan_fn, len(devices), model_config, chip, log=log)
-    if overrides is None:
-      sys.exit('suggest: no candidate setting fits; try a larger slice')
-    print(planner.format_table(best))
-    print(f'suggest: the cheapest fitting setting found ({best.step_seconds:.4g} s per step, '
-          f'estimate; peak {best.worst.peak / hardware.GIB:.2f} GiB per chip):\n  '
-          f'{suggest_lib.flags(overrides)}')
+  if not FLAGS.suggest:
+    if result.failure:  # the refusal, not a table of the stages it did not reach
+      sys.exit(table.refusal(result))
+    print(table.format_table(result))
+    if result.verdict():
+      sys.exit(result.verdict())
     return
-  verdict = result.verdict()
-  if verdict:
-    sys.exit(verdict)
+  # --suggest exits 0 with a setting that fits, whether or not the config does.
+  if result is not None:
+    print(
+        table.format_table(result) if result.
+        fits else f'as configured: {table.refusal(result) if result.failure else result.verdict()}')
+  model_config = planner.model_config_for(c, platform)
+  overrides, best = suggest_lib.suggest(c, plan_fn, len(devices), model_config, chip, log=log)
+  if overrides is None:
+    sys.exit('suggest: no candidate setting fits; try a larger slice')
+  print(table.format_table(best))
+  print(f'suggest: the cheapest fitting setting found ({best.step_seconds:.4g} s per step, '
+        f'roofline of its compiled stages; peak {best.worst.peak / hardware.GIB:.2f} GiB per '
+        f'chip):\n  {suggest_lib.flags(overrides)}')
 
 
 def check_mesh(c, n_devices):

@@ -1,4 +1,4 @@
-r"""`jtc sft` / `python -m jtc.sft`: supervised fine-tuning of the base policies (`jtc.rl.sft`).
+r"""`jtc sft` / `python -m jtc.sft`: supervised fine-tuning of the base policies (`jtc.rl.sft_trainer`).
 
   python -m jtc.sft --config configs/sft_arith.py --workdir W
 """
@@ -11,7 +11,7 @@ from ml_collections import config_flags
 
 from jtc.cli import absl_program
 from jtc.rl import distributed
-from jtc.rl import sft
+from jtc.rl import sft_trainer
 
 
 def define_flags(flag_values, argv=None):
@@ -27,14 +27,14 @@ def define_flags(flag_values, argv=None):
 
 
 def run(argv):
-  """`sft.train_sft` from the parsed flags; prints the final evaluation."""
+  """`sft_trainer.train_sft` from the parsed flags; prints the final evaluation."""
   try:
     absl_program.start(argv)
   except distributed.DistributedError as e:
     absl_program.fail(str(e))
   os.makedirs(flags.FLAGS.workdir, exist_ok=True)
   with distributed.exit_when_a_peer_is_lost():
-    result = sft.train_sft(flags.FLAGS.config, flags.FLAGS.workdir)
+    result = sft_trainer.train_sft(flags.FLAGS.config, flags.FLAGS.workdir)
   if distributed.is_primary():
     print(json.dumps(result))
 

@@ -9,7 +9,7 @@ it and what is valid, not a traceback; `jtc.cli.absl_program`):
     method config (configs/common.py, configs/sft_arith.py, configs/real/base.py), is named.
   * `--config.a.b=value`: an unknown key is named with the nearest valid ones.
 The errors a user can cause print one line; SIGINT / SIGTERM exit with 128 + the signal number
-after a checkpoint (`jtc.rl.loop.StopOnSignal`).
+after a checkpoint (`jtc.rl.progress.StopOnSignal`).
 """
 
 import glob

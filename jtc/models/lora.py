@@ -114,9 +114,6 @@ def check_config(lora, model_config=None):
     raise ValueError(f'config.lora.rank={rank!r} must be an int >= 0 (0 = full fine-tuning)')
   if rank == 0:
     return
-  if lora.dropout != 0:
-    raise ValueError(f'config.lora.dropout={lora.dropout!r}: only 0 is implemented (no adapter '
-                     'dropout)')
   if isinstance(lora.alpha, bool) or not isinstance(lora.alpha, (int, float)) or lora.alpha <= 0:
     raise ValueError(f'config.lora.alpha={lora.alpha!r} must be > 0 (the adapters are scaled by '
                      'alpha / rank)')

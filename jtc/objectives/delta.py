@@ -53,7 +53,14 @@ Array = jax.Array
 POS, NEG = geometry.POS, geometry.NEG
 
 
-def _validate(hidden_BTD, options, *, group_size, rng, unembed_VD, token_ids_BT):
+def _validate(hidden_BTD, token_logps_BT, advantages_B, mask_BT, options, *, group_size, rng,
+              unembed_VD, token_ids_BT):
+  """The inputs' ranks, shapes and dtypes, and what the options need (a ValueError)."""
+  chex.assert_rank([hidden_BTD, token_logps_BT, advantages_B, mask_BT], [3, 2, 1, 2])
+  chex.assert_equal_shape([token_logps_BT, mask_BT])
+  chex.assert_equal_shape_prefix([hidden_BTD, token_logps_BT], 2)
+  chex.assert_equal_shape_prefix([hidden_BTD, advantages_B], 1)
+  chex.assert_type([hidden_BTD, token_logps_BT, advantages_B], [float, float, float])
   batch = hidden_BTD.shape[0]
   if options.scope == 'group':
     if group_size is None or group_size < 1 or batch % group_size:
@@ -71,8 +78,8 @@ def _validate(hidden_BTD, options, *, group_size, rng, unembed_VD, token_ids_BT)
 def token_coefficients(hidden_BTD: Array, token_logps_BT: Array, advantages_B: Array,
                        mask_BT: Array, options: DeltaOptions = DeltaOptions(), *,
                        group_size: Optional[int] = None, rng: Optional[Array] = None,
-                       unembed_VD: Optional[Array] = None,
-                       token_ids_BT: Optional[Array] = None) -> tuple[Array, dict[str, Array]]:
+                       unembed_VD: Optional[Array] = None, token_ids_BT: Optional[Array] = None,
+                       row_sharding=None) -> tuple[Array, dict[str, Array]]:
   """DelTA token coefficients ``lam_BT`` (constants) and scalar diagnostics.
 
     Algorithm (DelTA Method / Implementation; eq labels from the paper):
@@ -90,8 +97,12 @@ def token_coefficients(hidden_BTD: Array, token_logps_BT: Array, advantages_B: A
     a positive and a negative side. Other valid tokens (A == 0, or the opposite side
     is empty: 'frac_one_sided') get the neutral lam = 1 before normalisation.
 
-    Passes over the hidden states: 2K + 2 chunked passes, each materialising one [chunk, D]
-    block of v (adaptive gamma needs all margins before any alpha is known).
+    Passes over the hidden states: 2K + 2 chunked passes, each materialising one [B, C, D]
+    block of v, C tokens of every row (adaptive gamma needs all margins before any alpha is
+    known). Sharded: rows split over devices stay on them. Centroids and gammas are sums over
+    segments (per row, then over the rows of a segment: one small reduction across the
+    devices), every per-token quantity is elementwise on the rows' own devices, and no device
+    gathers another's hidden states (only the hard selections of Figure 3 sort all tokens).
 
     Args:
       hidden_BTD: [B, T, D] final-normed hidden states that predicted each completion
@@ -103,6 +114,8 @@ def token_coefficients(hidden_BTD: Array, token_logps_BT: Array, advantages_B: A
       group_size: G, trajectories per prompt (consecutive rows); needed for scope 'group'.
       rng: PRNG key, needed by random_lambda and the random selections.
       unembed_VD [V, D], token_ids_BT [B, T]: for proxy='topk_hidden' only.
+      row_sharding: None, or a hashable function from [B, ...] values to their shardings
+        (`jtc.rl.sharding.RowSharding`) that the pass's per-row values are constrained to.
 
     Returns:
       lam_BT: [B, T] float32, stop-gradient constants.
@@ -112,13 +125,8 @@ def token_coefficients(hidden_BTD: Array, token_logps_BT: Array, advantages_B: A
         final mu+ and mu- over two-sided segments), 'frac_selected' and
         'selected_pos_share' (the share of kept tokens with A > 0).
     """
-  _validate(hidden_BTD, options, group_size=group_size, rng=rng, unembed_VD=unembed_VD,
-            token_ids_BT=token_ids_BT)
-  chex.assert_rank([hidden_BTD, token_logps_BT, advantages_B, mask_BT], [3, 2, 1, 2])
-  chex.assert_equal_shape([token_logps_BT, mask_BT])
-  chex.assert_equal_shape_prefix([hidden_BTD, token_logps_BT], 2)
-  chex.assert_equal_shape_prefix([hidden_BTD, advantages_B], 1)
-  chex.assert_type([hidden_BTD, token_logps_BT, advantages_B], [float, float, float])
+  _validate(hidden_BTD, token_logps_BT, advantages_B, mask_BT, options, group_size=group_size,
+            rng=rng, unembed_VD=unembed_VD, token_ids_BT=token_ids_BT)
   o = options
   tk = _token_classes(advantages_B, mask_BT, scope=o.scope, group_size=group_size)
   if o.random_lambda:  # the ablation: uniform scores, no geometry
@@ -127,7 +135,7 @@ def token_coefficients(hidden_BTD: Array, token_logps_BT: Array, advantages_B: A
     centroid_cos = jnp.float32(0.0)
   else:
     run = _proxy_pass(hidden_BTD, token_logps_BT, tk, o, unembed_VD=unembed_VD,
-                      token_ids_BT=token_ids_BT)
+                      token_ids_BT=token_ids_BT, row_sharding=row_sharding)
     alpha_U, margin_U, gamma_IZ, centroid_cos = _scores(run, tk, o)
   # Range map; valid tokens DelTA does not score get the neutral 1, masked ones 0.
   lam_mapped_U = o.lam_min + (o.lam_max - o.lam_min) * alpha_U if o.range_map else alpha_U
@@ -153,7 +161,8 @@ class _Tokens:
   valid: real tokens; adv: their trajectory's advantage; seg: scope segment; side: POS / NEG;
   seg2 = 2 seg + side; on_side: valid with A != 0; mass_IZ: |A| mass per segment side;
   two_sided_I: both sides present; scored: on_side in a two-sided segment; weight: |A|
-  where scored, else 0; num_seg: I (static)."""
+  where scored, else 0; seg2_B / seg_B: each row's (its tokens share them); num_seg: I
+  (static)."""
   valid_U: Array
   adv_U: Array
   seg_U: Array
@@ -164,7 +173,13 @@ class _Tokens:
   two_sided_I: Array
   scored_U: Array
   weight_U: Array
+  seg_B: Array
+  seg2_B: Array
   num_seg: int = flax.struct.field(pytree_node=False)
+
+  def rows(self, x_U):
+    """A [U] vector as [B, T]."""
+    return x_U.reshape(self.seg_B.shape[0], -1)
 
 
 def _token_classes(advantages_B, mask_BT, *, scope, group_size):
@@ -173,7 +188,9 @@ def _token_classes(advantages_B, mask_BT, *, scope, group_size):
   num_seg = batch // group_size if scope == 'group' else 1
   valid_U = (mask_BT > 0).reshape(-1)
   adv_U = jnp.repeat(advantages_B.astype(jnp.float32), length)
-  seg_U = jnp.repeat(jnp.arange(batch) // (batch // num_seg), length).astype(jnp.int32)
+  seg_B = (jnp.arange(batch) // (batch // num_seg)).astype(jnp.int32)
+  seg2_B = 2 * seg_B + jnp.where(advantages_B < 0, NEG, POS).astype(jnp.int32)
+  seg_U = jnp.repeat(seg_B, length)
   side_U = jnp.where(adv_U < 0, NEG, POS).astype(jnp.int32)
   seg2_U = 2 * seg_U + side_U
   on_side_U = valid_U & (adv_U != 0)
@@ -182,32 +199,31 @@ def _token_classes(advantages_B, mask_BT, *, scope, group_size):
   scored_U = on_side_U & two_sided_I[seg_U]
   return _Tokens(valid_U=valid_U, adv_U=adv_U, seg_U=seg_U, side_U=side_U, seg2_U=seg2_U,
                  on_side_U=on_side_U, mass_IZ=mass_IZ, two_sided_I=two_sided_I, scored_U=scored_U,
-                 weight_U=jnp.where(scored_U, jnp.abs(adv_U), 0.0), num_seg=num_seg)
+                 weight_U=jnp.where(scored_U, jnp.abs(adv_U),
+                                    0.0), seg_B=seg_B, seg2_B=seg2_B, num_seg=num_seg)
 
 
-def _proxy_pass(hidden_BTD, token_logps_BT, tk, o, *, unembed_VD, token_ids_BT):
+def _proxy_pass(hidden_BTD, token_logps_BT, tk, o, *, unembed_VD, token_ids_BT, row_sharding):
   """``run(**kwargs)``: one chunked pass over the token-gradient proxies v (the LM-head row
-  gradient (1 - p) h, or the top-k hidden proxy), `geometry.proxy_pass`."""
+  gradient (1 - p) h, or the top-k hidden proxy), `geometry.proxy_pass`: chunks of C tokens of
+  every row, C * B about ``o.chunk_size``."""
   batch, length, dim = hidden_BTD.shape
-  num_tokens = batch * length
-  chunk = min(o.chunk_size, num_tokens)
-  hidden_UD = hidden_BTD.reshape(num_tokens, dim)
-
-  def hidden_chunk(start):
-    # Note: XLA:CPU upcasts a bfloat16 loop operand to float32 once, before the loop
-    # (a float32 copy of all hidden states); pass float32 hidden states on CPU.
-    return jax.lax.dynamic_slice_in_dim(hidden_UD, start, chunk, axis=0)
-
+  chunk = min(length, max(1, o.chunk_size // batch))
+  # Note: XLA:CPU upcasts a bfloat16 loop operand to float32 once, before the loop (a float32
+  # copy of all hidden states); pass float32 hidden states on CPU.
+  hidden_chunk = lambda start: geometry.take_chunk(hidden_BTD, start, chunk)
   if o.proxy == 'lm_head':
-    logps_U = token_logps_BT.reshape(-1)
     v_fn = lambda start: geometry.lm_head_proxy(hidden_chunk(start),
-                                                geometry.take_chunk(logps_U, start, chunk))
+                                                geometry.take_chunk(token_logps_BT, start, chunk))
   else:
-    ids_U = token_ids_BT.reshape(-1)
-    v_fn = lambda start: geometry.topk_hidden_proxy(hidden_chunk(
-        start), geometry.take_chunk(ids_U, start, chunk), unembed_VD, topk=o.topk)
-  return functools.partial(geometry.proxy_pass, v_fn, tk.seg_U, tk.side_U, num_tokens=num_tokens,
-                           chunk=chunk, num_seg=tk.num_seg, dim=dim)
+    # Row by row (vmap), so that sharded rows stay where they are.
+    topk = jax.vmap(
+        functools.partial(geometry.topk_hidden_proxy, unembed_VD=unembed_VD, topk=o.topk))
+    v_fn = lambda start: topk(hidden_chunk(start), geometry.take_chunk(token_ids_BT, start, chunk))
+  constrain = lambda x: (x if row_sharding is None else jax.lax.with_sharding_constraint(
+      x, row_sharding(x)))
+  return functools.partial(geometry.proxy_pass, v_fn, tk.seg2_B, length=length, chunk=chunk,
+                           num_seg=tk.num_seg, dim=dim, constrain=constrain)
 
 
 def _scores(run, tk, o):
@@ -216,7 +232,7 @@ def _scores(run, tk, o):
   gamma_side) (eq:DelTA-alpha) and the alpha-weighted centroids. Returns (alpha_U, margin_U,
   gamma_IZ, centroid_cos: mean cosine of the final mu+ and mu- over two-sided segments)."""
   num_seg = tk.num_seg
-  first = run(weight_U=tk.weight_U, want_sq=o.within_side_only or o.gamma is not None)
+  first = run(weight_BT=tk.rows(tk.weight_U), want_sq=o.within_side_only or o.gamma is not None)
   sq_U = first.get('sq_U')
   unit_I = None
   if o.gamma is not None:  # a fixed gamma is stated in units of the mean ||v||^2
@@ -227,7 +243,7 @@ def _scores(run, tk, o):
         jnp.maximum(n_scored_I, 1.0))
   mu_IZD = first['sums_IZD'] / jnp.maximum(tk.mass_IZ, 1e-30)[..., None]
   for k in range(o.num_refine + 1):
-    proj_UZ = run(mu_IZD=mu_IZD)['proj_UZ']
+    proj_UZ = run(mu_BZD=mu_IZD[tk.seg_B])['proj_UZ']
     margin_U = geometry.margins(proj_UZ, sq_U, mu_IZD, tk.seg_U, tk.side_U, tk.scored_U,
                                 within_side_only=o.within_side_only, num_seg=num_seg)
     alpha_U, gamma_IZ = geometry.assign(margin_U, tk.scored_U, tk.seg2_U, num_seg=num_seg,
@@ -236,7 +252,7 @@ def _scores(run, tk, o):
     if k < o.num_refine:
       w_alpha_U = tk.weight_U * alpha_U
       den_IZ = geometry.seg_sum(w_alpha_U, tk.seg2_U, num_seg)
-      sums_IZD = run(weight_U=w_alpha_U)['sums_IZD']
+      sums_IZD = run(weight_BT=tk.rows(w_alpha_U))['sums_IZD']
       # A side whose scores are all zero (possible with hard assignment) keeps its centroid.
       mu_IZD = jnp.where((den_IZ > 0)[..., None], sums_IZD / jnp.maximum(den_IZ, 1e-30)[..., None],
                          mu_IZD)

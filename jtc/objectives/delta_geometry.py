@@ -3,10 +3,12 @@ them, and the per-token margins, assignments and selections of `jtc.objectives.d
 
 The proxy of a token's gradient ``v_{i,t}`` is the LM-head output-row gradient
 ``grad_{W_y} log p(y) = (1 - p(y)) h`` (DelTA Implementation), computed chunk by chunk from the
-hidden states of the behaviour pass: only one [chunk, D] block of v ever exists.
+hidden states of the behaviour pass: only one [B, chunk, D] block of v ever exists, and the
+chunks run along every row's tokens, so rows sharded over devices stay where they are.
 
 Dimension key (docs/dimensions.md):
-  U: flattened tokens B*T  C: tokens per chunk  D: model dim  V: vocabulary  W: top-k candidates
+  B: rows  T: completion length  U: flattened tokens B*T  C: tokens per chunk (of every row)
+  D: model dim  V: vocabulary  W: top-k candidates
   I: scope segments (1 for scope='batch', B // G for scope='group')
   Z: side (0 = positive advantage, 1 = negative advantage)
 """
@@ -69,17 +71,18 @@ def topk_hidden_proxy(hidden_CD: Array, token_ids_C: Array, unembed_VD: Array, *
 # ----------------------------------------------------------------------------------
 
 
-def scan_chunks(num_tokens: int, chunk: int, body: Callable, init: Any) -> Any:
-  """Runs ``carry = body(carry, start, fresh_C)`` over chunks of ``chunk`` tokens.
+def scan_chunks(length: int, chunk: int, body: Callable, init: Any) -> Any:
+  """Runs ``carry = body(carry, start, fresh_C)`` over chunks of ``chunk`` positions of an axis
+  of ``length``.
 
-    Chunks start at ``min(i * chunk, U - chunk)`` so every slice is in bounds without
-    padding (which would copy the hidden states); ``fresh_C`` marks tokens not already
-    covered by a previous chunk, so accumulations count each token once.
+    Chunks start at ``min(i * chunk, length - chunk)`` so every slice is in bounds without
+    padding (which would copy the hidden states); ``fresh_C`` marks positions not already
+    covered by a previous chunk, so accumulations count each position once.
     """
-  num_chunks = -(-num_tokens // chunk)
+  num_chunks = -(-length // chunk)
 
   def step(carry, i):
-    start = jnp.minimum(i * chunk, num_tokens - chunk)
+    start = jnp.minimum(i * chunk, length - chunk)
     fresh_C = (start + jnp.arange(chunk)) >= i * chunk
     return body(carry, start, fresh_C), None
 
@@ -87,54 +90,65 @@ def scan_chunks(num_tokens: int, chunk: int, body: Callable, init: Any) -> Any:
   return carry
 
 
-def take_chunk(x_U: Array, start: Array, chunk: int) -> Array:
-  return jax.lax.dynamic_slice_in_dim(x_U, start, chunk, axis=0)
+def take_chunk(x_BT: Array, start: Array, chunk: int) -> Array:
+  """Positions [start, start + chunk) of axis 1 of [B, T, ...] (every row's)."""
+  return jax.lax.dynamic_slice_in_dim(x_BT, start, chunk, axis=1)
 
 
-def proxy_pass(v_fn: Callable, seg_U: Array, side_U: Array, *, num_tokens: int, chunk: int,
-               num_seg: int, dim: int, mu_IZD: Optional[Array] = None,
-               weight_U: Optional[Array] = None, want_sq: bool = False) -> dict:
-  """One chunked pass over v = v_fn(start) computing any of:
+def proxy_pass(v_fn: Callable, seg2_B: Array, *, length: int, chunk: int, num_seg: int, dim: int,
+               mu_BZD: Optional[Array] = None, weight_BT: Optional[Array] = None,
+               want_sq: bool = False, constrain: Callable = lambda x: x) -> dict:
+  """One pass over v = v_fn(start) [B, C, D] (positions [start, start + C) of every row),
+    computing any of:
 
-    * ``proj_UZ``: v . mu_{seg, Z} for both sides of the token's own scope segment;
-    * ``sums_IZD``: sum_t weight_t v_t per (segment, side of the token);
+    * ``proj_UZ``: v . mu_{seg, Z} for both sides of the row's own scope segment (``mu_BZD``:
+      each row's two centroids);
+    * ``sums_IZD``: sum_t weight_t v_t per (segment, side) of the row (``seg2_B`` = 2 seg +
+      side);
     * ``sq_U``: ||v_t||^2.
+
+    The rows stay whole on their devices: the chunks run along the tokens of every row, the
+    per-token outputs are [B, T, ...] and the sums are accumulated per row, then summed over
+    the rows of each segment once (a reduction across the devices that hold them); no chip
+    ever holds another chip's rows. ``constrain``: the [B, ...] values constrained to the
+    rows' sharding (`jtc.models.model.constrain_rows`).
     """
   init = {}
-  if mu_IZD is not None:
-    init['proj_UZ'] = jnp.zeros((num_tokens, 2), jnp.float32)
-  if weight_U is not None:
-    init['sums_IZD'] = jnp.zeros((num_seg, 2, dim), jnp.float32)
+  num_rows = seg2_B.shape[0]
+  if mu_BZD is not None:
+    init['proj_BTZ'] = jnp.zeros((num_rows, length, 2), jnp.float32)
+  if weight_BT is not None:
+    init['sums_BD'] = jnp.zeros((num_rows, dim), jnp.float32)
   if want_sq:
-    init['sq_U'] = jnp.zeros((num_tokens,), jnp.float32)
+    init['sq_BT'] = jnp.zeros((num_rows, length), jnp.float32)
+  init = constrain(init)
 
   def body(carry, start, fresh_C):
-    v_CD = v_fn(start)
+    v_BCD = constrain(v_fn(start))
     out = dict(carry)
-    seg_C = take_chunk(seg_U, start, chunk)
-    if mu_IZD is not None:
-      if num_seg == 1:
-        proj_CZ = jnp.einsum('CD,ZD->CZ', v_CD, mu_IZD[0])
-      else:
-        proj_CZ = jnp.einsum('CD,CZD->CZ', v_CD, mu_IZD[seg_C])
-      out['proj_UZ'] = jax.lax.dynamic_update_slice_in_dim(carry['proj_UZ'], proj_CZ, start, axis=0)
-    if weight_U is not None:
-      w_C = jnp.where(fresh_C, take_chunk(weight_U, start, chunk), 0.0)
-      side_C = take_chunk(side_U, start, chunk)
-      if num_seg == 1:
-        w_CZ = w_C[:, None] * jax.nn.one_hot(side_C, 2, dtype=jnp.float32)
-        add_IZD = jnp.einsum('CZ,CD->ZD', w_CZ, v_CD)[None]
-      else:
-        add_IZD = jax.ops.segment_sum(w_C[:, None] * v_CD, 2 * seg_C + side_C,
-                                      num_segments=2 * num_seg).reshape(num_seg, 2, dim)
-      out['sums_IZD'] = carry['sums_IZD'] + add_IZD
+    if mu_BZD is not None:
+      proj_BCZ = jnp.einsum('BCD,BZD->BCZ', v_BCD, mu_BZD)
+      out['proj_BTZ'] = jax.lax.dynamic_update_slice_in_dim(carry['proj_BTZ'], proj_BCZ, start,
+                                                            axis=1)
+    if weight_BT is not None:
+      w_BC = jnp.where(fresh_C, take_chunk(weight_BT, start, chunk), 0.0)
+      out['sums_BD'] = carry['sums_BD'] + jnp.einsum('BC,BCD->BD', w_BC, v_BCD)
     if want_sq:
-      out['sq_U'] = jax.lax.dynamic_update_slice_in_dim(carry['sq_U'],
-                                                        jnp.sum(v_CD * v_CD,
-                                                                axis=-1), start, axis=0)
-    return out
+      out['sq_BT'] = jax.lax.dynamic_update_slice_in_dim(carry['sq_BT'],
+                                                         jnp.sum(v_BCD * v_BCD, axis=-1), start,
+                                                         axis=1)
+    return constrain(out)
 
-  return scan_chunks(num_tokens, chunk, body, init)
+  carry = scan_chunks(length, chunk, body, init)
+  out = {}
+  if mu_BZD is not None:
+    out['proj_UZ'] = carry['proj_BTZ'].reshape(-1, 2)
+  if weight_BT is not None:  # rows -> their (segment, side): the one sum across devices
+    onehot_BIZ = jax.nn.one_hot(seg2_B, 2 * num_seg, dtype=jnp.float32).reshape(-1, num_seg, 2)
+    out['sums_IZD'] = jnp.einsum('BIZ,BD->IZD', onehot_BIZ, carry['sums_BD'])
+  if want_sq:
+    out['sq_U'] = carry['sq_BT'].reshape(-1)
+  return out
 
 
 # ----------------------------------------------------------------------------------
@@ -171,7 +185,8 @@ def margins(proj_UZ: Array, sq_U: Array, mu_IZD: Array, seg_U: Array, side_U: Ar
   musq_UZ = musq_IZ[seg_U]
   own_U = side_U
   opp_U = 1 - side_U
-  take = lambda x_UZ, z_U: jnp.take_along_axis(x_UZ, z_U[:, None], axis=1)[:, 0]
+  # Column z_U of each row (a select: elementwise, so the tokens stay on their devices).
+  take = lambda x_UZ, z_U: jnp.where(z_U == POS, x_UZ[:, POS], x_UZ[:, NEG])
   if not within_side_only:
     return (2.0 * (take(proj_UZ, own_U) - take(proj_UZ, opp_U)) + take(musq_UZ, opp_U) -
             take(musq_UZ, own_U))

@@ -298,6 +298,16 @@ def clip_flags(name, *, logps, old_logps, advantages, mask, group_size, token_we
   return sur.clip_low_BT, sur.clip_high_BT
 
 
+def _kl(logps_BT, ref_logps, mask_BT, kl_estimator, aggregate):
+  """The aggregated KL estimate of the policy against the frozen reference ``ref_logps``."""
+  # The reference policy is frozen.
+  ref_logps_BT = jax.lax.stop_gradient(jnp.asarray(ref_logps, jnp.float32))
+  # Padding may hold arbitrary values: evaluate the estimator at (0, 0) there (KL term 0).
+  kl_BT = kl_estimator(jnp.where(mask_BT > 0, logps_BT, 0.0),
+                       jnp.where(mask_BT > 0, ref_logps_BT, 0.0))
+  return aggregate(kl_BT, mask_BT)
+
+
 def compute_loss(name, *, logps, old_logps, advantages, mask, group_size, ref_logps=None,
                  token_weights=None, entropy=None, is_weights=None, **hparams):
   """The loss (to minimise) and metrics of intra-group objective ``name``.
@@ -324,24 +334,24 @@ def compute_loss(name, *, logps, old_logps, advantages, mask, group_size, ref_lo
     ValueError: unknown name / hyper-parameter / aggregation / kl_estimator / solver, bad
       shapes, B not divisible by group_size, missing inputs the hyper-parameters need.
   """
-  hp = check_hparams(name, hparams)
+  hparams = check_hparams(name, hparams)
   _check_arrays(name, logps, old_logps, advantages, mask, group_size, ref_logps, token_weights,
                 entropy)
-  if (_is_traced(hp['kl_coef']) or hp['kl_coef'] != 0) and ref_logps is None:
-    raise ValueError(f'kl_coef={hp["kl_coef"]} needs ref_logps')
-  if (_is_traced(hp['entropy_coef']) or hp['entropy_coef'] != 0) and entropy is None:
-    raise ValueError(f'entropy_coef={hp["entropy_coef"]} needs entropy [B, T]')
+  for coef, given, need in (('kl_coef', ref_logps, 'ref_logps'), ('entropy_coef', entropy,
+                                                                  'entropy [B, T]')):
+    if (_is_traced(hparams[coef]) or hparams[coef] != 0) and given is None:
+      raise ValueError(f'{coef}={hparams[coef]} needs {need}')
 
-  aggregate = AGGREGATIONS[hp.pop('aggregation')]
-  kl_coef = hp.pop('kl_coef')
-  kl_estimator = KL_ESTIMATORS[hp.pop('kl_estimator')]
-  entropy_coef = hp.pop('entropy_coef')
+  aggregate = AGGREGATIONS[hparams.pop('aggregation')]
+  kl_coef = hparams.pop('kl_coef')
+  kl_estimator = KL_ESTIMATORS[hparams.pop('kl_estimator')]
+  entropy_coef = hparams.pop('entropy_coef')
 
   logps_BT = jnp.asarray(logps, jnp.float32)
   inp = loss_inputs(logps=logps_BT, old_logps=old_logps, advantages=advantages, mask=mask,
                     group_size=group_size, token_weights=token_weights)
   mask_BT = inp.mask_BT
-  sur = LOSSES[name].surrogate(inp, **hp)
+  sur = LOSSES[name].surrogate(inp, **hparams)
   obj_BT = sur.obj_BT
   if is_weights is not None:
     # The mismatch correction's weights are constants (importance weights of the behaviour
@@ -356,15 +366,10 @@ def compute_loss(name, *, logps, old_logps, advantages, mask, group_size, ref_lo
   inp_sg = jax.tree.map(jax.lax.stop_gradient, inp)
   metrics = _metrics(sur_sg, inp_sg, jnp.exp(inp_sg.log_ratio_BT),
                      jnp.exp(surrogates.seq_log_ratio(inp_sg)))
-  metrics.update(_effective_step(name, hp, inp_sg, aggregate))
+  metrics.update(_effective_step(name, hparams, inp_sg, aggregate))
   metrics['pg_loss'] = pg_loss
   if ref_logps is not None:
-    # The reference policy is frozen.
-    ref_logps_BT = jax.lax.stop_gradient(jnp.asarray(ref_logps, jnp.float32))
-    # Padding may hold arbitrary values: evaluate the estimator at (0, 0) there (KL term 0).
-    kl_BT = kl_estimator(jnp.where(mask_BT > 0, logps_BT, 0.0),
-                         jnp.where(mask_BT > 0, ref_logps_BT, 0.0))
-    kl = aggregate(kl_BT, mask_BT)
+    kl = _kl(logps_BT, ref_logps, mask_BT, kl_estimator, aggregate)
     metrics['kl'] = kl
     if _is_traced(kl_coef) or kl_coef != 0:
       loss = loss + kl_coef * kl

@@ -109,11 +109,15 @@ class DeltaWeighter:
 
   needs_hidden = True
 
-  def __init__(self, options: delta.DeltaOptions, *, group_size: int, model_config: Any):
+  def __init__(self, options: delta.DeltaOptions, *, group_size: int, model_config: Any,
+               row_sharding=None):
     self.options = options
     self.model_config = model_config
+    # row_sharding: the rows' sharding the coefficient pass keeps (`delta.token_coefficients`).
+    self.row_sharding = row_sharding
     self._coefficients = jax.jit(
-        functools.partial(delta.token_coefficients, options=options, group_size=group_size))
+        functools.partial(delta.token_coefficients, options=options, group_size=group_size,
+                          row_sharding=row_sharding))
 
   @staticmethod
   def check_config(section: Any) -> delta.DeltaOptions:
@@ -129,9 +133,11 @@ class DeltaWeighter:
       raise ValueError(f'config.delta: {e}') from None
 
   @classmethod
-  def from_config(cls, section: Any, *, group_size: int, model_config: Any) -> 'DeltaWeighter':
+  def from_config(cls, section: Any, *, group_size: int, model_config: Any,
+                  row_sharding=None) -> 'DeltaWeighter':
     """From a config's `delta` section."""
-    return cls(cls.check_config(section), group_size=group_size, model_config=model_config)
+    return cls(cls.check_config(section), group_size=group_size, model_config=model_config,
+               row_sharding=row_sharding)
 
   def init_state(self) -> TokenCloudState:
     return init_token_cloud(self.model_config.vocab_size)

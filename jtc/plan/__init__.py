@@ -7,8 +7,7 @@ __all__ = [
     'hardware',
     'hlo',
     'planner',
-    'preflight',
     'scaling_table',
-    'stages',
     'suggest',
+    'table',
 ]

@@ -1,19 +1,23 @@
-"""An analytic memory and step-time estimate of one RL step from the config alone (no compile):
-`--suggest`'s pre-filter, which compiles only the settings that can fit, cheapest first.
+"""An analytic memory and step-time estimate of one RL step without a compile: `--suggest`'s
+pre-filter, which compiles only the settings that can fit, cheapest first.
 
-Memory per chip of each stage = the resident state (parameters, AdamW's two moments, the KL
-reference, a policy lag's copies: exact, from the parameter shapes and the logical-axis rules
-of `jtc.rl.sharding`; under LoRA the trained parameters are the adapters, the frozen base is one
-copy whatever the population and the reference is the base) + what the stage adds:
+It reads the trainer's own step (`jtc.rl.step.build` on a `jax.sharding.AbstractMesh` of the
+candidate's sizes: no devices): each stage's arguments and the state it holds meanwhile are the
+`jtc.rl.stages.Stage`'s, exact to the byte (the parameters, AdamW's moments, a LoRA run's base,
+the KL reference, a policy lag's copies, a population's members, the batches); only what the
+compiler adds inside each program is modelled, per member on a chip:
   sample     the KV cache: Y layers x (R/r rows x T' completion slots + B/b prompts x P slots)
              x K/t kv heads x H x 2 (keys, values) in the compute dtype, plus the [R/r, V]
              float32 logits and the sampling filters' copies of them (4);
   behaviour  one layer's forward on rows/r sequences of L = P + T tokens (`_layer_bytes`), the
-             residual stream, and the vocabulary chunk's [T, C/t] float32 logits (3 live copies);
+             residual stream, the vocabulary chunk's [T, C/t] float32 logits (3 live copies)
+             and its outputs (log-probs, entropies and, for DelTA, the hidden states);
+  delta      DelTA's per-token [B/r, T] float32 vectors (margins, scores, weights, ...: 12),
+             a chunk of the token-gradient proxies and a copy of the hidden states;
   update     the saved activations (remat: one [L, D] residual per layer and row; without:
              every layer's forward), one layer's backward (2 forwards), the vocabulary chunk
              forward and backward (4 copies), float32 gradients, their accumulator over
-             micro-batches and AdamW's updates, the mini-batch's arrays;
+             micro-batches and AdamW's updates;
 with r the rows' shards over (data, fsdp) and t the tensor shards where they divide (as
 `sharding.logical_to_spec` places them). Each stage also all-gathers one layer's weights.
 
@@ -25,6 +29,9 @@ every decode step) and tensor parallelism's two all-reduces of [tokens, D] per l
 
 These are estimates to rank and filter candidates, not a verdict: the planner compiles the
 winner (`planner.plan`), whose `memory_analysis()` decides. docs/scaling.md compares the two.
+
+Dimension key (docs/dimensions.md): B prompts, G group size, R = B G rows, P prompt width, T new
+tokens, L = P + T, D model width, V vocabulary, C vocabulary chunk, Y layers.
 """
 
 import dataclasses
@@ -35,15 +42,22 @@ import types
 import jax
 import numpy as np
 
-from jtc.models import lora as lora_lib
 from jtc.models import model as model_lib
-from jtc.plan import stages
-from jtc.rl import population as population_lib
-from jtc.rl import rollout as rollout_lib
 from jtc.rl import sharding as sharding_lib
-from jtc.rl import update as update_lib
+from jtc.rl import stages as stages_lib
+from jtc.rl import step as step_lib
 
 VOCAB_CHUNK = 8192  # `logprobs.token_logprobs`'s default chunk
+# Calibrated on the 14 compiled update stages of the generated table (docs/scaling.md; the
+# mean error of the update's estimate fell from 21 % to 10 % of the compiled peak): without
+# remat XLA keeps about this many times one layer's forward working set (`_layer_bytes`) per
+# layer for the backward pass (3.9 to 4.7 times the estimate's per-layer bytes on
+# Llama-3.2-1B and Qwen3-0.6B at tensor 4 and 8); besides the gradients' accumulator the
+# update holds this many float32 gradient-sized buffers (the gradients, the clipped gradients,
+# AdamW's updates: the data-parallel Llama-3.2-1B on v5p-64 holds one more than two).
+SAVED_WITHOUT_REMAT = 3.5
+GRAD_COPIES = 3
+STAGES = ('sample', 'behaviour', 'reference', 'delta', 'update', 'eval')
 
 
 @dataclasses.dataclass
@@ -58,26 +72,22 @@ class Estimate:
 
 
 @functools.lru_cache(maxsize=8)
-def _param_shapes(model_config):
-  """[(shape, logical axes)] of one member's parameters."""
-  shapes = jax.eval_shape(lambda: model_lib.init_params(model_config, jax.random.key(0)))
-  axes = model_lib.param_logical_axes(shapes)
-  return [(tuple(x.shape), a) for x, a in zip(
-      jax.tree.leaves(shapes), jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple)))]
+def param_shapes(model_config):
+  """One member's parameters as ShapeDtypeStructs (`model.init_params`, traced once)."""
+  return jax.eval_shape(lambda: model_lib.init_params(model_config, jax.random.key(0)))
 
 
-@functools.lru_cache(maxsize=8)
-def _adapter_shapes(model_config, rank, targets):
-  """[(shape, logical axes)] of one member's LoRA adapters (`lora.init_adapters`)."""
-  shapes = jax.eval_shape(lambda: lora_lib.init_adapters(model_config, rank=rank, targets=lora_lib.
-                                                         parse_targets(targets)))
-  axes = lora_lib.logical_axes(shapes)
-  return [(tuple(x.shape), a) for x, a in zip(
-      jax.tree.leaves(shapes), jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple)))]
+def abstract_step(c, model_config, sizes):
+  """The trainer's `jtc.rl.step.Step` of config ``c`` on a mesh of ``sizes`` without devices."""
+  mesh = jax.sharding.AbstractMesh(tuple(sizes.get(a, 1) for a in sharding_lib.MESH_AXES),
+                                   sharding_lib.MESH_AXES)
+  return step_lib.build(c, mesh, model_config, params=param_shapes(model_config))
 
 
 def shard_elements(shape, logical_axes, sizes):
-  """Elements per chip of an array with these logical axes on a mesh of ``sizes``."""
+  """Elements per chip of an array with these logical axes on a mesh of ``sizes`` (an axis it
+  does not name has size 1)."""
+  sizes = {a: sizes.get(a, 1) for a in sharding_lib.MESH_AXES}
   spec = sharding_lib.logical_to_spec(logical_axes, shape, types.SimpleNamespace(shape=sizes))
   n = 1
   for dim, axes in zip(shape, spec):
@@ -106,39 +116,16 @@ def _div(n, t):
   return t if n % t == 0 else 1
 
 
-def state_bytes(c, model_config, sizes):
-  """{'base', 'params', 'opt_state', 'reference', 'lagged'} bytes per chip of config ``c``'s
-  state: under LoRA (lora.rank > 0) 'params' are the adapters and 'base' the frozen policy, one
-  copy for every member, which is also the reference; without, 'base' is 0."""
-  pop = population_lib.Population.of(c)
-  members = pop.n // sizes['population'] if pop.batched else 1
-  p = np.dtype(model_config.jnp_param_dtype).itemsize
-  policy = sum(shard_elements(s, a, sizes) for s, a in _param_shapes(model_config))
-  trained = policy
-  if c.lora.rank:
-    trained = sum(
-        shard_elements(s, a, sizes)
-        for s, a in _adapter_shapes(model_config, c.lora.rank, c.lora.targets))
-  elems = members * trained
-  kl = stages.keeps_reference(c, pop) and not c.lora.rank
-  ref = np.dtype(c.policy.ref_param_dtype or model_config.param_dtype).itemsize
-  return {
-      'base': policy * p if c.lora.rank else 0,
-      'params': elems * p,
-      'opt_state': 2 * elems * p,  # AdamW: mu and nu, like the params
-      'reference': elems * ref if kl else 0,
-      'lagged': c.rollout.policy_lag * elems * p
-  }
-
-
 @dataclasses.dataclass
 class Context:
-  """What every stage's estimate needs: the model, mesh sizes, chip and derived constants."""
+  """What every stage's estimate needs: the model, mesh sizes, chip, prompt width, DelTA's
+  options and derived constants."""
   m: object
   sizes: dict
   chip: object
-  resident: float  # the state per chip
   n_params: int
+  P: int = 0
+  delta_options: object = None
 
   @property
   def t(self):
@@ -200,19 +187,19 @@ def kv_cache_bytes(x, B, G, P, T):
   return m.n_layers * kv * m.head_dim * 2 * x.d * (r * T_pad + b * P)
 
 
-def context(c, model_config, sizes, chip):
-  """The `Context` of config ``c`` on a mesh of ``sizes`` of ``chip``s."""
-  return Context(model_config, sizes, chip, sum(state_bytes(c, model_config, sizes).values()),
-                 _n_params(model_config))
+def context(c, model_config, sizes, chip, weighter=None):
+  """The `Context` of config ``c`` on a mesh of ``sizes`` of ``chip``s (``weighter``: the
+  step's token-weight plug-in, DelTA's options)."""
+  return Context(model_config, sizes, chip, model_lib.num_params(param_shapes(model_config)),
+                 P=c.data.prompt_width,
+                 delta_options=weighter.options if weighter is not None else None)
 
 
-def _n_params(model_config):
-  return sum(math.prod(s) for s, _ in _param_shapes(model_config))
-
-
-def _sampler(x, B, G, P, T):
-  """(bytes per chip without the state, seconds) of one sampler call of B prompts x G."""
+def _sampler(x, stage):
+  """(bytes per member, seconds per call) of a sampler stage: B prompts x G rows, T tokens."""
   m = x.m
+  B, P = stage.args[1].shape[-2:]
+  G, T = stage.kwargs['num_samples'], stage.kwargs['max_new_tokens']
   r, b = _rows(B * G, x.sizes), _rows(B, x.sizes)
   cache = kv_cache_bytes(x, B, G, P, T)
   nbytes = cache + r * m.vocab_size * 4 * 4 + _layer_bytes(m, b, P, x.t)
@@ -221,61 +208,94 @@ def _sampler(x, B, G, P, T):
   return nbytes, T * per_token + x.roof(x.flops(B * P, P), 0, x.gather + x.activations(B * P))
 
 
-def _scoring(x, c, rows):
-  """(bytes, seconds) of one behaviour (or reference) pass over all the step's rows."""
+def _scoring(x, stage, hidden):
+  """(bytes per member, seconds per call) of one behaviour (or reference) pass of rows x L
+  tokens; ``hidden``: it also returns the hidden states (DelTA)."""
   m = x.m
-  P, T = c.data.prompt_width, c.rollout.sampling.max_new_tokens
-  r, C = _rows(rows, x.sizes), x.vocab_chunk
-  nbytes = _layer_bytes(m, r, P + T, x.t) + r * (P + T) * m.d_model * x.d * 2 + 3 * r * T * C * 4
-  all_rows = c.rollout.prompts_per_step * c.rollout.sampling.num_samples
-  return nbytes, x.roof(x.flops(all_rows * (P + T), P + T), 0,
-                        x.gather * all_rows / rows + x.activations(all_rows * (P + T)))
+  rows, L = stage.args[1].shape[-2:]
+  r, C, T = _rows(rows, x.sizes), x.vocab_chunk, L - x.P
+  outputs = r * T * (2 * 4 + (m.d_model * x.d if hidden else 0))
+  nbytes = (_layer_bytes(m, r, L, x.t) + r * L * m.d_model * x.d * 2 + 3 * r * T * C * 4 + outputs)
+  return nbytes, x.roof(x.flops(rows * L, L), 0, x.gather + x.activations(rows * L))
 
 
-def _update(x, c, grads):
-  """(bytes, seconds) of the update: every mini-batch's micro-batches."""
+def _delta(x, stage):
+  """(bytes per member, seconds) of DelTA's coefficient pass over the step's B x T tokens: its
+  per-token float32 vectors and one chunk of [rows, C, D] proxies (three live copies)."""
+  B, T, D = stage.args[2]['hidden'].shape[-3:]
+  r = _rows(B, x.sizes)
+  options = x.delta_options
+  chunk_T = max(1, min(T, -(-options.chunk_size // B)))
+  hidden = r * T * D * x.d
+  # A copy of the hidden states (the compiled pass takes one for its loops: 8.05 GiB of
+  # temporaries beside 8.0 GiB of hidden states, Qwen3-8B on v5p-64).
+  nbytes = hidden + 12 * r * T * 4 + 3 * r * chunk_T * D * 4
+  passes = 2 * options.num_refine + 2
+  return nbytes, x.roof(passes * 8 * B * T * D, passes * hidden, 0)
+
+
+def _update(x, stage, grads):
+  """(bytes per member, seconds per call) of the update of one mini-batch of n micro-batches
+  (``grads``: the float32 gradients' bytes per member)."""
   m = x.m
-  P, T = c.data.prompt_width, c.rollout.sampling.max_new_tokens
-  L, C = P + T, x.vocab_chunk
-  mb = update_lib.microbatch_prompts(c.optim) * c.rollout.sampling.num_samples
-  n_micro = update_lib.num_microbatches(c.optim)
+  n, mb, L = stage.args[1].tokens_BL.shape[-3:]
+  C, T = x.vocab_chunk, L - x.P
   r = _rows(mb, x.sizes)
-  saved = m.n_layers * (r * L * m.d_model * x.d if m.remat else _layer_bytes(m, r, L, x.t))
-  batch = n_micro * r * (2 * L * 4 + 5 * T * 4)
-  nbytes = saved + 2 * _layer_bytes(m, r, L, x.t) + 4 * r * T * C * 4 + batch
+  saved = m.n_layers * (r * L * m.d_model * x.d if m.remat else SAVED_WITHOUT_REMAT *
+                        _layer_bytes(m, r, L, x.t))
+  nbytes = saved + 2 * _layer_bytes(m, r, L, x.t) + 4 * r * T * C * 4
   passes = 4 if m.remat else 3  # forward, backward (2), the remat forward
-  calls = update_lib.updates_per_step(c.optim, c.rollout.prompts_per_step) * n_micro
-  seconds = calls * x.roof(
+  seconds = n * x.roof(
       x.flops(mb * L, L) * passes, 0,
       x.gather * (passes - 1) + x.activations(mb * L) * passes)
-  # Gradients, their float32 accumulator over micro-batches, AdamW's updates.
-  return nbytes + grads * (3 if n_micro > 1 else 2), seconds
+  # Gradients, their float32 accumulator over micro-batches, AdamW's updates and the clipped
+  # gradients.
+  return nbytes + grads * (GRAD_COPIES + (n > 1)), seconds
 
 
-def estimate(c, model_config, sizes, chip) -> Estimate:
-  """The `Estimate` of config ``c`` (with ``model_config``) on a mesh of ``sizes`` of ``chip``s:
-  per stage the members' own bytes + the state; the step's seconds, every member's work."""
-  pop = population_lib.Population.of(c)
-  members = pop.n // sizes['population'] if pop.batched else 1
-  state = state_bytes(c, model_config, sizes)
-  x = Context(model_config, sizes, chip, sum(state.values()), _n_params(model_config))
-  G, P = c.rollout.sampling.num_samples, c.data.prompt_width
-  B = c.rollout.chunk_prompts or c.rollout.prompts_per_step
-  out, seconds = {}, 0.0
-  nbytes, s = _sampler(x, B, G, P, c.rollout.sampling.max_new_tokens)
-  out['sample'] = members * nbytes
-  seconds += s * c.rollout.prompts_per_step / B
-  rows = (rollout_lib.score_chunk_prompts(c.rollout) or c.rollout.prompts_per_step) * G
-  nbytes, s = _scoring(x, c, rows)
-  out['behaviour'] = members * nbytes
-  seconds += s * ((2 if c.rollout.policy_lag else 1) + stages.keeps_reference(c, pop))
-  grads = state['params'] / x.p * 4  # float32 gradients
-  nbytes, s = _update(x, c, grads / members)
-  out['update'] = members * nbytes
-  seconds += s
-  if c.eval.every:
-    B = c.eval.batch_prompts
-    nbytes, s = _sampler(x, B, c.eval.sampling.num_samples, P, c.eval.sampling.max_new_tokens)
-    out['eval'] = members * nbytes
-    seconds += s * -(-c.eval.problems // B) / c.eval.every
-  return Estimate({k: v + x.resident + x.layer for k, v in out.items()}, seconds * members)
+def stage_estimate(x, stage, step):
+  """(bytes per chip, seconds per RL step) of ``stage`` (a `jtc.rl.stages.Stage` of ``step``):
+  its arguments and the state it holds meanwhile, exact; what it adds, per member, estimated."""
+  members = step.pop.n // x.sizes['population'] if step.pop.batched else 1
+  if stage.name in ('sample', 'eval'):
+    nbytes, seconds = _sampler(x, stage)
+  elif stage.name in ('behaviour', 'reference'):
+    nbytes, seconds = _scoring(x, stage, hidden=step.delta is not None)
+  elif stage.name == 'delta':
+    nbytes, seconds = _delta(x, stage)
+  elif stage.name == 'update':
+    grads = stages_lib.chip_bytes(step.state.params) / x.p * 4 / members  # float32 gradients
+    nbytes, seconds = _update(x, stage, grads)
+  else:
+    raise ValueError(f'no estimate of stage {stage.name!r}; valid: {list(STAGES)}')
+  args = stages_lib.chip_bytes(stage.args)
+  return (members * nbytes + args + stage.resident_other + x.layer, members * seconds * stage.calls)
+
+
+def estimate(c, model_config, sizes, chip, *, step=None, memo=None, key=None) -> Estimate:
+  """The `Estimate` of config ``c`` (with ``model_config``) on a mesh of ``sizes`` of
+  ``chip``s: per stage its bytes per chip; the step's seconds, every member's work.
+
+  ``step``: an `abstract_step` of a config with ``c``'s state on this mesh (a search varies
+  only chunks, micro-batches and remat: one step per mesh); ``memo`` with ``key(stage)``: a
+  dict of stage estimates shared by the candidates of one search (a stage's estimate depends
+  on the keys its program does, `suggest.STAGE_KEYS`)."""
+  step = dataclasses.replace(step or abstract_step(c, model_config, sizes), c=c,
+                             model_config=model_config)
+  x = context(c, model_config, sizes, chip, step.weighter)
+  keys = {name: None if memo is None else key(name) for name in STAGES}
+  todo = [name for name, k in keys.items() if k is None or k not in memo]
+  fresh = {
+      stage.name: stage_estimate(x, stage, step)
+      for stage in stages_lib.build(step, chip.platform, only=todo)
+      if stage.in_total
+  }
+  for name, k in keys.items():
+    if k is not None and name in fresh:
+      memo[k] = fresh[name]
+  results = {
+      name: fresh[name] if name in fresh else memo[keys[name]]
+      for name in STAGES
+      if name in fresh or (keys[name] is not None and keys[name] in memo)
+  }
+  return Estimate({k: v[0] for k, v in results.items()}, sum(v[1] for v in results.values()))

@@ -1,5 +1,5 @@
-"""Chips, slices and their published roofline constants; the topology's devices without the
-hardware; and the check a program's compiled memory against a device's capacity.
+"""Chips, slices and their published roofline constants, and the topology's devices without the
+hardware (the check of a program's memory against a device's is `jtc.rl.preflight`'s).
 
 Every constant is per chip and cites the vendor page it comes from. Times computed from them are
 estimates (a roofline: the slowest of compute, HBM and interconnect at their peak rates).
@@ -119,43 +119,3 @@ def topology_devices(topology: str, num_slices: int = 1):
   desc = topologies.get_topology_desc(topology_name=topology, platform='tpu', **kwargs)
   del jax
   return list(desc.devices)
-
-
-class DoesNotFit(ValueError):
-  """A stage whose memory per chip exceeds the chip's capacity."""
-
-
-def does_not_fit(stage: str, need: float, capacity: float, where: str) -> str:
-  return (f'does not fit: stage {stage!r} needs {need / GIB:.2f} GiB per chip, capacity '
-          f'{capacity / GIB:.2f} GiB ({where})')
-
-
-def device_capacity(device) -> float | None:
-  """The bytes a program may use on ``device``: $JTC_DEVICE_MEMORY_BYTES when set (tests; a
-  stated capacity), else `memory_stats()['bytes_limit']`, else None (unknown: a CPU)."""
-  stated = os.environ.get('JTC_DEVICE_MEMORY_BYTES')
-  if stated:
-    return float(stated)
-  stats = device.memory_stats() if hasattr(device, 'memory_stats') else None
-  return float(stats['bytes_limit']) if stats and 'bytes_limit' in stats else None
-
-
-def peak_bytes(memory) -> float:
-  """A compiled program's peak per device from `memory_analysis()`: arguments + outputs -
-  aliased + temporaries + generated code."""
-  return float(memory.argument_size_in_bytes + memory.output_size_in_bytes -
-               memory.alias_size_in_bytes + memory.temp_size_in_bytes +
-               memory.generated_code_size_in_bytes)
-
-
-def check_fits(compiled: dict, device, resident: float = 0.0):
-  """Raises `DoesNotFit` for the first of ``compiled`` ({stage: compiled program}) whose peak
-  plus the ``resident`` bytes it does not take as arguments exceeds ``device``'s capacity; a
-  no-op when the capacity is unknown."""
-  capacity = device_capacity(device)
-  if capacity is None:
-    return
-  for stage, program in compiled.items():
-    need = peak_bytes(program.memory_analysis()) + resident
-    if need > capacity:
-      raise DoesNotFit(does_not_fit(stage, need, capacity, f'{device.device_kind}'))

@@ -73,11 +73,6 @@ def _arrays(type_text):
   return out
 
 
-def type_bytes(type_text):
-  """Bytes of every array in a type text (a tuple's elements summed)."""
-  return sum(DTYPE_BYTES[t] * math.prod(d) for t, d in _arrays(type_text))
-
-
 def parse(text):
   """{name: Computation} and the entry computation's name, from `compiled.as_text()`."""
   comps, entry, cur = {}, None, None

@@ -1,5 +1,5 @@
 """Compile every stage of one RL step for a target and report memory, FLOPs, collectives and
-estimated times per chip (`plan`), the fit verdict, and the table (`format_table`).
+estimated times per chip (`plan`) and the fit verdict (the text a user reads: `jtc.plan.table`).
 
 Time per call is a roofline *estimate*: max(FLOPs / peak FLOP/s, HBM bytes / HBM bandwidth,
 collective bytes / interconnect bandwidth), with the chip's published constants
@@ -7,13 +7,19 @@ collective bytes / interconnect bandwidth), with the chip's published constants
 """
 
 import dataclasses
+import json
+import os
 import time
 
 import jax
 
+from jtc.models.model_config import ModelConfig
 from jtc.plan import hardware
 from jtc.plan import hlo
-from jtc.plan import stages as stages_lib
+from jtc.rl import checkpoints
+from jtc.rl import preflight
+from jtc.rl import sharding as sharding_lib
+from jtc.rl import step as step_lib
 
 GIB = hardware.GIB
 
@@ -34,6 +40,7 @@ class Row:
   compile_s: float
   seconds: float  # estimated per call
   in_total: bool = True
+  bound: str = ''  # the roofline term that sets ``seconds``: 'compute', 'HBM' or 'link'
 
   @property
   def peak(self):
@@ -52,6 +59,15 @@ class Plan:
   compiled_for: str  # what compiled the programs
   failure: str = ''  # the compiler's refusal, if any
   refused_stage: str = ''  # the stage the compiler refused
+  compile_s: float = 0.0  # every compile of this plan, a refused one included
+  stages: tuple = ()  # the names of every stage of the step, compiled or not
+
+  @property
+  def complete(self):
+    """Every stage the step's time counts compiled (not limited by --stages, not ended early
+    by a stage that does not fit or that the compiler refused)."""
+    done = {r.stage for r in self.rows}
+    return not self.failure and all(n in done for n in self.stages if n != 'prefill')
 
   @property
   def capacity(self):
@@ -63,7 +79,7 @@ class Plan:
 
   @property
   def fits(self):
-    return not self.failure and all(r.peak <= self.capacity for r in self.rows)
+    return not self.failure and bool(self.rows) and all(r.peak <= self.capacity for r in self.rows)
 
   @property
   def step_seconds(self):
@@ -88,25 +104,81 @@ class Plan:
     """'' when every stage fits, else the `does not fit` line naming the worst stage."""
     if self.failure:
       return self.failure
+    if not self.rows:
+      return 'nothing compiled (no stage of --stages in this step)'
     worst = self.worst
     if worst.peak > self.capacity:
-      return hardware.does_not_fit(worst.stage, worst.peak, self.capacity,
-                                   f'{self.chip.name}, {self.target}')
+      return preflight.does_not_fit(worst.stage, worst.peak, self.capacity,
+                                    f'{self.chip.name}, {self.target}')
     return ''
+
+
+def model_config_for(c, platform: str) -> ModelConfig:
+  """The policy's architecture without its weights: a Hugging Face directory's config.json,
+  else `policy.preset`, else the jtc bundle's model.json; then the policy section's dtypes,
+  remat and attention for ``platform`` (`checkpoints.policy_model_config`)."""
+  from jtc.models import hf_config  # pylint: disable=import-outside-toplevel
+  if c.policy.checkpoint:
+    with open(os.path.join(c.policy.checkpoint, 'config.json')) as f:
+      base = hf_config.config_from_hf(json.load(f))
+  elif c.policy.preset:
+    if not hasattr(ModelConfig, c.policy.preset):
+      presets = [k for k, v in vars(ModelConfig).items() if isinstance(v, classmethod)]
+      raise ValueError(f'config.policy.preset={c.policy.preset!r} is not a ModelConfig preset; '
+                       f'valid: {presets}')
+    base = getattr(ModelConfig, c.policy.preset)()
+  elif c.policy.init:
+    from jtc.models import bundles  # pylint: disable=import-outside-toplevel
+    with open(os.path.join(bundles.resolve_policy_path(c.policy.init), 'model.json')) as f:
+      base = ModelConfig(**json.load(f))
+  else:
+    raise ValueError('planning needs the architecture: config.policy.preset (e.g. qwen3_8b), '
+                     'config.policy.checkpoint or config.policy.init')
+  return checkpoints.policy_model_config(c.policy, base, platform)
+
+
+def build_step(c, devices, platform: str, model_config=None):
+  """The trainer's `jtc.rl.step.Step` of config ``c`` on ``devices``, abstract (nothing is
+  loaded or allocated); ``model_config`` defaults to `model_config_for`."""
+  sizes = sharding_lib.mesh_sizes(**c.mesh, n_devices=len(devices))
+  mesh = sharding_lib.make_mesh(**sizes, devices=devices)
+  return step_lib.build(c, mesh, model_config or model_config_for(c, platform))
+
+
+# Every stage a step can have, in the order it runs (`jtc.rl.stages.build`).
+STAGES = ('prefill', 'sample', 'behaviour', 'reference', 'delta', 'update', 'eval')
+
+
+def stage_names(c, devices, platform: str, model_config=None):
+  """The names of the stages config ``c``'s step runs on ``devices`` (nothing compiles)."""
+  step = build_step(c, devices, platform, model_config)
+  return tuple(s.name for s in step.stages(platform))
+
+
+def roofline(costs: hlo.Costs, chip: hardware.Chip):
+  """(estimated seconds of one call, what bounds it): the slowest of compute ('compute'), HBM
+  traffic ('HBM') and collectives over the chips' links ('link')."""
+  terms = {
+      'compute': costs.flops / chip.peak_flops,
+      'HBM': costs.hbm_bytes / chip.hbm_bandwidth,
+      'link': costs.total_collective_bytes / chip.link_bandwidth
+  }
+  bound = max(terms, key=terms.get)
+  return terms[bound], bound
 
 
 def roofline_seconds(costs: hlo.Costs, chip: hardware.Chip) -> float:
   """Estimated seconds of one call: the slowest of compute, HBM traffic and collectives."""
-  return max(costs.flops / chip.peak_flops, costs.hbm_bytes / chip.hbm_bandwidth,
-             costs.total_collective_bytes / chip.link_bandwidth)
+  return roofline(costs, chip)[0]
 
 
-def compile_stage(stage):
-  """(lowered, compiled, seconds) of a `stages.Stage`; the compiler's errors pass through."""
-  t0 = time.perf_counter()
-  lowered = stage.fn.trace(*stage.args, **stage.kwargs).lower()
-  compiled = lowered.compile()
-  return lowered, compiled, time.perf_counter() - t0
+def check_stages(names):
+  """A ValueError naming each of ``names`` (a --stages list) that is no stage, with the valid
+  ones."""
+  unknown = [n for n in names if n not in STAGES]
+  if unknown:
+    raise ValueError(f'--stages: unknown stage{"s" * (len(unknown) > 1)} '
+                     f'{", ".join(map(repr, unknown))}; valid: {", ".join(STAGES)}')
 
 
 def stage_costs(lowered, compiled, n_devices, unknown_trips=(), decode_steps=0):
@@ -129,10 +201,11 @@ def _row(stage, lowered, compiled, seconds, chip, n_devices):
   mem = compiled.memory_analysis()
   costs = stage_costs(lowered, compiled, n_devices, stage.unknown_trips,
                       stage.unknown_trips[0] if stage.unknown_trips else 0)
+  per_call, bound = roofline(costs, chip)
   return Row(stage.name, stage.calls, mem.argument_size_in_bytes, mem.output_size_in_bytes,
-             mem.temp_size_in_bytes, mem.generated_code_size_in_bytes,
-             mem.alias_size_in_bytes, stage.resident_other, costs, stage.flops_note, seconds,
-             roofline_seconds(costs, chip), in_total=stage.name != 'prefill')
+             mem.temp_size_in_bytes, mem.generated_code_size_in_bytes, mem.alias_size_in_bytes,
+             stage.resident_other, costs, stage.flops_note, seconds, per_call,
+             in_total=stage.in_total, bound=bound)
 
 
 def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=None,
@@ -140,33 +213,33 @@ def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=Non
   """Compiles the stages of config ``c`` on ``devices`` and returns a `Plan`. A stage the
   compiler refuses for memory ends the plan with that refusal as its verdict; with
   ``stop_early`` so does the first stage that does not fit (`--suggest`: the rest need not
-  compile)."""
-  setup, stages = stages_lib.build(c, devices, platform)
-  resident = {
-      **({
-          'frozen base': setup.base_bytes
-      } if setup.frozen is not None else {}), 'params':
-          setup.params_bytes,
-      'opt_state':
-          setup.opt_bytes,
-      'reference':
-          setup.ref_bytes,
-      'lagged params':
-          setup.lagged_bytes
-  }
-  result = Plan(target, chip, len(devices), dict(setup.mesh.shape), [], resident, compiled_for)
+  compile). ``only``: these stages alone, among those the step runs (a ValueError names one
+  that is no stage; `stage_names` says which the step runs)."""
+  check_stages(only or ())
+  step = build_step(c, devices, platform)
+  parts = step.resident_parts()
+  resident = {'params': parts['params'], 'opt_state': parts['opt_state']}
+  if step.frozen is not None:
+    resident = {'frozen base': parts['base'], **resident}
+  resident.update({'reference': parts['reference'], 'lagged params': parts['lagged']})
+  stages = step.stages(platform)
+  result = Plan(target, chip, len(devices), dict(step.mesh.shape), [], resident, compiled_for,
+                stages=tuple(s.name for s in stages))
   for stage in stages:
     if only and stage.name not in only:
       continue
+    t0 = time.perf_counter()
     try:
-      lowered, compiled, seconds = compile_stage(stage)
+      lowered, compiled, seconds = stage.compile()
     except jax.errors.JaxRuntimeError as e:
+      result.compile_s += time.perf_counter() - t0
       if 'RESOURCE_EXHAUSTED' not in str(e):
         raise
       result.failure = (f'does not fit: stage {stage.name!r}: the compiler refused it: '
                         f'{str(e).splitlines()[0][:300]}')
       result.refused_stage = stage.name
       break
+    result.compile_s += seconds
     row = _row(stage, lowered, compiled, seconds, chip, len(devices))
     result.rows.append(row)
     if log:
@@ -174,46 +247,3 @@ def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=Non
     if stop_early and row.peak > result.capacity:
       break
   return result
-
-
-def _gib(x):
-  return f'{x / GIB:.2f}'
-
-
-def format_table(p: Plan) -> str:
-  """The per-stage table, the resident state and the RL-step totals, as text."""
-  head = (f'plan: {p.target} ({p.n_devices} x {p.chip.name}, {_gib(p.capacity)} GiB HBM each), '
-          f'mesh {p.mesh}; {p.compiled_for}')
-  cols = ('stage', 'calls/step', 'args GiB', 'out GiB', 'temp GiB', 'code MiB', '+resident GiB',
-          'peak GiB', 'HBM %', 'TFLOP/chip', 'flops', 'AG GiB', 'RS GiB', 'AR GiB', 'A2A GiB',
-          'est. s/call', 'compile s')
-  lines = [head, ' | '.join(cols), ' | '.join('---' for _ in cols)]
-  for r in p.rows:
-    cb = r.costs.collective_bytes
-    lines.append(' | '.join([
-        r.stage if r.in_total else f'{r.stage} (inside sample)', f'{r.calls:g}',
-        _gib(r.arguments),
-        _gib(r.outputs),
-        _gib(r.temporaries), f'{r.code / 2**20:.0f}',
-        _gib(r.resident_other),
-        _gib(r.peak), f'{100 * r.peak / p.capacity:.0f}', f'{r.costs.flops / 1e12:.3g}',
-        r.flops_note,
-        _gib(cb['all-gather']),
-        _gib(cb['reduce-scatter']),
-        _gib(cb['all-reduce']),
-        _gib(cb['all-to-all']), f'{r.seconds:.3g}', f'{r.compile_s:.1f}'
-    ]))
-  res = ', '.join(f'{k} {_gib(v)} GiB' for k, v in p.resident.items())
-  lines.append(f'resident per chip across stages: {res}')
-  lines.append(f'RL step (estimate, roofline at published peaks: {p.chip.source}): '
-               f'{p.step_seconds:.4g} s per step, MFU {100 * p.mfu:.1f} % '
-               f'({p.step_flops / 1e12:.4g} TFLOP per chip per step)')
-  lines.append('flops: matmul FLOPs of the lowered HLO / chips, each loop body counted as often '
-               "as it runs ('loops at T tokens': the decode loop at max_new_tokens); bytes and "
-               'collectives (AG all-gather, RS reduce-scatter, AR all-reduce, A2A all-to-all) '
-               'from the compiled HLO, per chip; HBM traffic from the compiled sizes (a decode '
-               'loop reads the weights and the live half of its cache every step)')
-  verdict = p.verdict()
-  lines.append(verdict if verdict else f'fits: the largest stage peaks at {_gib(p.worst.peak)} '
-               f'GiB of {_gib(p.capacity)} GiB per chip ({p.worst.stage})')
-  return '\n'.join(lines)

@@ -4,9 +4,10 @@ r"""The generated table of docs/scaling.md: every real config planned on the sli
   nice -n 5 python -m jtc.plan.scaling_table 0_6b llama   # only the rows whose config or slice
                                                           # contains one of these (the rest kept)
 
-Rows: every `configs/real/*` config on v5e-8, v5e-64, v5p-64 and v6e-16; Qwen3-32B on v5p-128
-and v5p-256; the largest seed population of Qwen3-0.6B that fits one v5e-8 (8, 4, 2 members
-tried in that order, each member on its own chips). A row is planned as configured when the
+Rows: every `configs/real/*` config on v5e-8, v5e-64, v5p-64 and v6e-16; Qwen3-32B and the
+Qwen3-14B DelTA config (30k tokens) on v5p-128 and v5p-256; the largest seed population of
+Qwen3-0.6B that fits one v5e-8 (8, 4, 2 members tried in that order, each member on its own
+chips). A row is planned as configured when the
 analytic estimate (`estimate.estimate`) says it can fit; otherwise, or when its compiled plan
 does not fit, `suggest.suggest` compiles the cheapest settings that can. A row where no setting
 passes the estimate says so with the estimate's numbers (nothing compiled). Finished rows are
@@ -25,7 +26,6 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 from jtc.plan import estimate as estimate_lib  # noqa: E402
 from jtc.plan import hardware  # noqa: E402
 from jtc.plan import planner  # noqa: E402
-from jtc.plan import stages as stages_lib  # noqa: E402
 from jtc.plan import suggest as suggest_lib  # noqa: E402
 from jtc.cli import absl_program  # noqa: E402
 from jtc.rl import sharding as sharding_lib  # noqa: E402
@@ -52,7 +52,7 @@ def rows():
       for p in configs
       if os.path.basename(p) not in ('__init__.py', 'base.py')
   ]
-  big = [p for p in configs if '32b' in p]
+  big = [p for p in configs if '32b' in p or '14b' in p]  # the papers' largest: whole pods
   out = [(p, s, {}) for p in big for s in ('v5p-256', 'v5p-128')]
   out += [(p, s, {}) for p in big + [q for q in configs if q not in big] for s in SLICES]
   return out
@@ -78,11 +78,13 @@ def _estimate(c, model_config, n_devices, chip):
   return estimate_lib.estimate(c, model_config, sizes, chip)
 
 
-def _result(p, setting, note, est):
+def _result(p, setting, note, est, compile_s):
+  """The row of plan ``p``; ``compile_s``: every compile the row took (refused and
+  non-fitting settings included)."""
   return dict(fits=p.fits, peak=p.worst.peak if p.rows else None, mesh=p.mesh, setting=setting,
-              step_s=p.step_seconds, mfu=p.mfu, note=note,
-              compile_s=sum(r.compile_s for r in p.rows), stages={r.stage: r.peak for r in p.rows},
-              est_peak=est.peak if est else None, est_stages=est.stage_bytes if est else None)
+              step_s=p.step_seconds, mfu=p.mfu, note=note, compile_s=compile_s,
+              stages={r.stage: r.peak for r in p.rows}, est_peak=est.peak if est else None,
+              est_stages=est.stage_bytes if est else None)
 
 
 def plan_row(path, slice_name, overrides, log):
@@ -91,19 +93,21 @@ def plan_row(path, slice_name, overrides, log):
   name = hardware.topology_name(slice_name)
   devices = hardware.topology_devices(name)
   chip = hardware.chip_of(name)
-  model_config = stages_lib.model_config_for(c, 'tpu')
+  model_config = planner.model_config_for(c, 'tpu')
   plan_fn = lambda cfg, **kw: planner.plan(cfg, devices, platform='tpu', chip=chip, target=
                                            slice_name, compiled_for='libtpu', log=log, only=STAGES,
                                            **kw)
   est = _estimate(c, model_config, len(devices), chip)
+  search = suggest_lib.Search()
   if est is None:
     note = 'as configured: its mesh or batch does not split over the slice'
   elif est.peak > chip.hbm_bytes:
     note = f'as configured: estimated {est.peak / hardware.GIB:.0f} GiB per chip'
   else:
     p = plan_fn(c, stop_early=True)
+    search.compile_s += p.compile_s
     if p.fits:
-      return _result(p, '', 'as configured', est)
+      return _result(p, '', 'as configured', est, search.compile_s)
     note = f'as configured: {p.verdict()}'
   everything = suggest_lib.candidates(c, len(devices), model_config, chip, fit_only=False)
   if not any(e.peak <= chip.hbm_bytes for e, _ in everything):
@@ -113,14 +117,14 @@ def plan_row(path, slice_name, overrides, log):
         f'{low / hardware.GIB:.0f} GiB per chip)')
   log(f'{note}; suggesting')
   best, bp = suggest_lib.suggest(c, plan_fn, len(devices), model_config, chip,
-                                 max_compiles=MAX_COMPILES, log=log)
+                                 max_compiles=MAX_COMPILES, log=log, search=search)
   if best is None:
     return dict(
         fits=False, note=f'{note}; the {MAX_COMPILES} cheapest settings that can fit '
-        'did not compile to a fit')
+        'did not compile to a fit', compile_s=search.compile_s)
   c = suggest_lib.apply(c, best)
   return _result(bp, suggest_lib.flags(best), f'suggested ({note})',
-                 _estimate(c, model_config, len(devices), chip))
+                 _estimate(c, model_config, len(devices), chip), search.compile_s)
 
 
 def _row_markdown(key, r):

@@ -13,6 +13,7 @@ without a compile.
 
 import dataclasses
 import itertools
+import math
 
 from jtc.plan import estimate as estimate_lib
 from jtc.rl import sharding as sharding_lib
@@ -44,38 +45,43 @@ def _divisors(n):
 
 def candidates(c, n_devices, model_config, chip, fit_only=True):
   """[(estimate, {override: value})] of the settings that can fit ``chip`` (all of them without
-  ``fit_only``), cheapest (estimated step time) first."""
+  ``fit_only``), cheapest (estimated step time) first. The estimate reads the trainer's step
+  built once per mesh (`estimate.abstract_step`); a stage's estimate is computed once per value
+  of the keys its program depends on (`STAGE_KEYS`)."""
   G = c.rollout.sampling.num_samples
   tensors = [t for t in (1, 2, 4, 8) if n_devices % t == 0 and model_config.n_kv_heads % t == 0]
   prompts = _divisors(c.rollout.prompts_per_step)
   work = apply(c, {})  # a copy each candidate is written into (cheaper than a copy each)
-  out = []
-  for tensor, fsdp, mb, remat in itertools.product(tensors, _divisors(n_devices),
-                                                   _divisors(c.optim.minibatch_prompts),
-                                                   (False, True)):
-    data = n_devices // (tensor * fsdp * c.mesh.population)
-    sizes = {'population': c.mesh.population, 'data': data, 'fsdp': fsdp, 'tensor': tensor}
-    if data * fsdp * tensor * c.mesh.population != n_devices:
+  out, memo = [], {}
+  for tensor, fsdp in itertools.product(tensors, _divisors(n_devices)):
+    fixed = {'population': c.mesh.population, 'expert': c.mesh.get('expert', 1)}  # not searched
+    data = n_devices // (tensor * fsdp * math.prod(fixed.values()))
+    sizes = {**fixed, 'data': data, 'fsdp': fsdp, 'tensor': tensor}
+    if data * fsdp * tensor * math.prod(fixed.values()) != n_devices:
       continue
-    try:
-      sharding_lib.check_batch_rows(mb * G, sizes)
-    except ValueError:
-      continue
-    m = dataclasses.replace(model_config, remat=remat)
-    for chunk, score in itertools.product(prompts, prompts):
-      overrides = {
-          'mesh.data': data,
-          'mesh.fsdp': fsdp,
-          'mesh.tensor': tensor,
-          'optim.microbatch_prompts': mb,
-          'rollout.chunk_prompts': chunk,
-          'rollout.score_chunk_prompts': score,
-          'policy.remat': remat
-      }
-      set_in(work, overrides)
-      est = estimate_lib.estimate(work, m, sizes, chip)
-      if est.peak <= chip.hbm_bytes or not fit_only:
-        out.append((est, overrides))
+    step = None
+    for mb, remat in itertools.product(_divisors(c.optim.minibatch_prompts), (False, True)):
+      try:
+        sharding_lib.check_batch_rows(mb * G, sizes)
+      except ValueError:
+        continue
+      m = dataclasses.replace(model_config, remat=remat)
+      for chunk, score in itertools.product(prompts, prompts):
+        overrides = {
+            'mesh.data': data,
+            'mesh.fsdp': fsdp,
+            'mesh.tensor': tensor,
+            'optim.microbatch_prompts': mb,
+            'rollout.chunk_prompts': chunk,
+            'rollout.score_chunk_prompts': score,
+            'policy.remat': remat
+        }
+        set_in(work, overrides)
+        step = step or estimate_lib.abstract_step(work, m, sizes)
+        est = estimate_lib.estimate(work, m, sizes, chip, step=step, memo=memo,
+                                    key=lambda stage, o=overrides: _stage_program(stage, o))
+        if est.peak <= chip.hbm_bytes or not fit_only:
+          out.append((est, overrides))
   # Ties (the same estimated time) go to the smaller estimated peak: the likelier to fit.
   return sorted(out, key=lambda x: (x[0].seconds, x[0].peak))
 
@@ -105,14 +111,29 @@ def flags(overrides):
   return ' '.join(f'--config.{k}={v}' for k, v in overrides.items())
 
 
-def suggest(c, plan_fn, n_devices, model_config, chip, *, max_compiles=4, log=print):
+@dataclasses.dataclass
+class Search:
+  """What a search compiled: plans, how many fit (the estimate's hit rate: of the settings it
+  admitted and the search compiled, the share that fit), and the seconds of every compile."""
+  compiled: int = 0
+  fit: int = 0
+  compile_s: float = 0.0
+
+  def summary(self):
+    rate = f'{100 * self.fit / self.compiled:.0f} %' if self.compiled else 'n/a'
+    return (f'{self.compiled} settings compiled in {self.compile_s:.0f} s, {self.fit} fit (hit '
+            f'rate of the estimate: {rate})')
+
+
+def suggest(c, plan_fn, n_devices, model_config, chip, *, max_compiles=4, log=print, search=None):
   """(overrides, plan) of the first candidate, in estimated-time order, whose compiled plan
   fits, or (None, None) after ``max_compiles`` plans. ``plan_fn(c)`` compiles config c's stages
-  (`planner.plan`)."""
+  (`planner.plan`); ``search``: a `Search` that counts the compiles (its summary is logged)."""
+  search = search if search is not None else Search()
   found = candidates(c, n_devices, model_config, chip)
   log(f'suggest: {len(found)} settings can fit by the analytic estimate; compiling the '
       f'cheapest (at most {max_compiles})')
-  refused, compiles = set(), 0
+  refused, compiles, best = set(), 0, (None, None)
   for est, overrides in found:
     if compiles == max_compiles:
       break
@@ -120,10 +141,18 @@ def suggest(c, plan_fn, n_devices, model_config, chip, *, max_compiles=4, log=pr
       continue
     p = plan_fn(apply(c, overrides), stop_early=True)
     compiles += 1
-    log(f'suggest: {flags(overrides)}: estimated {est.peak / 2**30:.2f} GiB, {est.seconds:.4g} s; '
-        + ('compiled: fits' if p.fits else f'compiled: {p.verdict()}'))
+    search.compiled += 1
+    search.fit += p.fits
+    search.compile_s += p.compile_s
+    # One time per setting: the compiled plan's (the estimate's own only ranks candidates).
+    said = (f'fits, peak {p.worst.peak / 2**30:.2f} GiB, {p.step_seconds:.4g} s per step'
+            if p.fits else p.verdict())
+    log(f'suggest: {flags(overrides)}: estimated peak {est.peak / 2**30:.2f} GiB; compiled in '
+        f'{p.compile_s:.0f} s: {said}')
     if p.fits:
-      return overrides, p
+      best = overrides, p
+      break
     if p.failed_stage in STAGE_KEYS:
       refused.add(_stage_program(p.failed_stage, overrides))
-  return None, None
+  log(f'suggest: {search.summary()}')
+  return best

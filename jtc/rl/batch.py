@@ -20,86 +20,67 @@ from jtc.rl import sharding as sharding_lib
 from jtc.rl.update import Batch
 
 
-def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params, to_device,
-               weighter=None, rng=None, population=population_lib.SINGLE, proximal_params=None):
+def make_batch(config, rollouts, params, run_state, *, task, behaviour_fn, ref_params, to_device,
+               weights_fn=None, rng=None, population=population_lib.SINGLE, proximal_params=None):
   """Rollouts (one per member) -> `Batch` on the device; returns (batch, each member's rollout
   metrics, run_state).
 
   ``params`` is the policy that sampled the rollouts (the behaviour policy). Under a policy lag
   (config.rollout.policy_lag > 0) that is an older policy than the one about to be updated,
   ``proximal_params``: its log-probs are then measured too (`lag_metrics`) and, with
-  ``c.rollout.policy_lag_mode == 'decoupled'``, they centre the clip while pi_prox / pi_behav
+  ``config.rollout.policy_lag_mode == 'decoupled'``, they centre the clip while pi_prox / pi_behav
   weighs every token (`decoupled_weights`).
 
-  Rewards (+ DAPO overlong shaping) -> advantages (``c.advantage``) -> the token mask (minus
-  truncated completions with ``c.dapo.mask_truncated``) -> behaviour log-probs of ``params``
+  Rewards (+ DAPO overlong shaping) -> advantages (``config.advantage``) -> the token mask (minus
+  truncated completions with ``config.dapo.mask_truncated``) -> behaviour log-probs of ``params``
   (``behaviour_fn``, a jitted `rollout.behaviour_pass`, `rollout.score_chunk_prompts` groups at a
-  time; or the sampler's, by ``c.rollout.behaviour_logps``) -> the KL reference's (when
-  ``ref_params``) -> token weights of the ``weighter`` plug-in (DelTA), from the behaviour pass
-  -> the rollout-training mismatch against the sampler's log-probs (`mismatch/*` metrics) and
-  its correction's weights (``c.rollout.correction``, `jtc.objectives.corrections`).
-  ``run_state`` comes back with the plug-in's state and the token counts updated. Every device
-  value carries the population's member axis (`population.Population.stack`).
+  time; or the sampler's, by ``config.rollout.behaviour_logps``) -> the KL reference's (when
+  ``ref_params``) -> the rollout-training mismatch against the sampler's log-probs (`mismatch/*`
+  metrics) and its correction's weights (``config.rollout.correction``, `jtc.objectives.corrections`)
+  -> token weights of ``weights_fn`` (a token-weight plug-in's, e.g. DelTA's `Step.delta`) from
+  the behaviour pass. ``run_state`` comes back with the plug-in's state and the token counts
+  updated. Every device value carries the population's member axis
+  (`population.Population.stack`).
   """
-  pop = population
-  host = [_host_batch(c, r) for r in rollouts]
-  stack = lambda key: pop.stack([h[key] for h in host])
-  tokens, input_mask = pop.stack([r.tokens_BL for r in rollouts
-                                 ]), pop.stack([r.input_mask_BL for r in rollouts])
+  host = [_host_batch(config, r) for r in rollouts]
+  stack = lambda key: population.stack([h[key] for h in host])
+  tokens, input_mask = population.stack([r.tokens_BL for r in rollouts
+                                        ]), population.stack([r.input_mask_BL for r in rollouts])
   tokens_BL, input_mask_BL = to_device(tokens), to_device(input_mask)
   score = functools.partial(
       rollout_lib.behaviour_logps, behaviour_fn, tokens_BL=tokens_BL, input_mask_BL=input_mask_BL,
       host_tokens_BL=tokens, host_input_mask_BL=input_mask, to_device=to_device,
-      chunk_rows=rollout_lib.score_chunk_prompts(c.rollout) * c.rollout.sampling.num_samples,
-      axis=1 if pop.batched else 0)
+      chunk_rows=rollout_lib.score_chunk_prompts(config.rollout) *
+      config.rollout.sampling.num_samples, axis=1 if population.batched else 0)
   # The trainer's behaviour log-probs: the ratios' denominator (behaviour_logps='recompute'), the
   # mismatch measured against the sampler's, DelTA's hidden states.
   behaviour = score(params)
-  sampler_logps = to_device(pop.stack([r.sampler_logps_BT for r in rollouts]))
-  recompute = c.rollout.behaviour_logps == 'recompute'
+  sampler_logps = to_device(population.stack([r.sampler_logps_BT for r in rollouts]))
+  recompute = config.rollout.behaviour_logps == 'recompute'
   batch = Batch(tokens_BL=tokens_BL, input_mask_BL=input_mask_BL,
                 mask_BT=to_device(stack('mask_BT')), advantages_B=to_device(stack('adv_B')),
                 old_logps_BT=behaviour['logps'] if recompute else sampler_logps,
                 ref_logps_BT=None if ref_params is None else score(ref_params)['logps'])
   metrics = [h['metrics'] for h in host]
-  real_BT = to_device(pop.stack([r.completion_mask_BT for r in rollouts]))
-  step_metrics = {
-      f'mismatch/{k}': v for k, v in pop.map(
-          functools.partial(corrections.mismatch_metrics, cap=c.rollout.correction_cap))(
-              behaviour['logps'], sampler_logps, real_BT).items()
-  }
-  if c.rollout.correction != 'none':
-    is_weights, correction_metrics = pop.map(
-        functools.partial(corrections.weights, c.rollout.correction, cap=c.rollout.correction_cap,
-                          icepop_low=c.rollout.icepop_low,
-                          icepop_high=c.rollout.icepop_high))(behaviour['logps'], sampler_logps,
-                                                              batch.mask_BT)
-    batch = batch.replace(is_weights_BT=is_weights)
-    step_metrics.update({f'correction/{k}': v for k, v in correction_metrics.items()})
-  if proximal_params is not None:
-    proximal_logps = score(proximal_params)['logps']
-    step_metrics.update({
-        f'lag/{k}': v
-        for k, v in pop.map(lag_metrics)(proximal_logps, behaviour['logps'], real_BT).items()
-    })
-    if c.rollout.policy_lag_mode == 'decoupled':
-      weights_BT = pop.map(decoupled_weights)(proximal_logps, behaviour['logps'], batch.mask_BT)
-      if batch.is_weights_BT is not None:
-        weights_BT = weights_BT * batch.is_weights_BT
-      batch = batch.replace(old_logps_BT=proximal_logps, is_weights_BT=weights_BT)
-  for m, values in zip(metrics, pop.unstack(sharding_lib.to_host(step_metrics))):
+  real_BT = to_device(population.stack([r.completion_mask_BT for r in rollouts]))
+  batch, step_metrics = _off_policy(
+      config, batch, behaviour['logps'], sampler_logps, real_BT,
+      proximal_logps=None if proximal_params is None else score(proximal_params)['logps'],
+      population=population)
+  for m, values in zip(metrics, population.unstack(sharding_lib.to_host(step_metrics))):
     m.update({k: float(v) for k, v in values.items()})
-  completion_BT = jnp.asarray(pop.stack([r.completion_BT for r in rollouts]))
-  if weighter is not None:
-    weights_BT, weight_metrics, weighter_state = pop.map(weighter.weights)(
-        run_state.weighter, params, behaviour, completion_BT, jnp.asarray(stack('adv_B')),
-        jnp.asarray(stack('mask_BT')), rng)
+  completion_BT = population.stack([r.completion_BT for r in rollouts])
+  if weights_fn is not None:
+    weights_BT, weight_metrics, weighter_state = weights_fn(run_state.weighter, params, behaviour,
+                                                            to_device(completion_BT),
+                                                            to_device(stack('adv_B')),
+                                                            to_device(stack('mask_BT')), rng)
     batch = batch.replace(token_weights_BT=weights_BT)
-    for m, wm in zip(metrics, pop.unstack(sharding_lib.to_host(weight_metrics))):
-      m.update({f'{c.token_weights}/{k}': float(v) for k, v in wm.items()})
+    for m, wm in zip(metrics, population.unstack(sharding_lib.to_host(weight_metrics))):
+      m.update({f'{config.token_weights}/{k}': float(v) for k, v in wm.items()})
     run_state = run_state.replace(weighter=weighter_state)
-  run_state = run_state.replace(token_counts_V=pop.map(diagnostics.update_token_counts)(
-      run_state.token_counts_V, completion_BT, batch.mask_BT))
+  run_state = run_state.replace(token_counts_V=population.map(diagnostics.update_token_counts)(
+      run_state.token_counts_V, jnp.asarray(completion_BT), batch.mask_BT))
   for m, r in zip(metrics, rollouts):
     m.update(accuracy=float(r.correct_B.mean()), response_length=float(r.lengths_B.mean()),
              frac_truncated=float(r.truncated_B.mean()),
@@ -107,18 +88,49 @@ def make_batch(c, rollouts, params, run_state, *, task, behaviour_fn, ref_params
   return batch, metrics, run_state
 
 
-def _host_batch(c, rollout):
-  """One member's host-side batch: shaped rewards -> advantages (``c.advantage``) and the token
+def _off_policy(config, batch, behaviour_logps, sampler_logps, real_BT, *, proximal_logps,
+                population):
+  """The rollout-training mismatch (`mismatch/*`), its correction's weights
+  (``config.rollout.correction``) and, under a policy lag, the lag's metrics and the decoupled
+  weights; returns (batch, metrics on the device)."""
+  step_metrics = {
+      f'mismatch/{k}': v for k, v in population.map(
+          functools.partial(corrections.mismatch_metrics, cap=config.rollout.correction_cap))(
+              behaviour_logps, sampler_logps, real_BT).items()
+  }
+  if config.rollout.correction != 'none':
+    is_weights, correction_metrics = population.map(
+        functools.partial(corrections.weights, config.rollout.correction,
+                          cap=config.rollout.correction_cap, icepop_low=config.rollout.icepop_low,
+                          icepop_high=config.rollout.icepop_high))(behaviour_logps, sampler_logps,
+                                                                   batch.mask_BT)
+    batch = batch.replace(is_weights_BT=is_weights)
+    step_metrics.update({f'correction/{k}': v for k, v in correction_metrics.items()})
+  if proximal_logps is not None:
+    step_metrics.update({
+        f'lag/{k}': v
+        for k, v in population.map(lag_metrics)(proximal_logps, behaviour_logps, real_BT).items()
+    })
+    if config.rollout.policy_lag_mode == 'decoupled':
+      weights_BT = population.map(decoupled_weights)(proximal_logps, behaviour_logps, batch.mask_BT)
+      if batch.is_weights_BT is not None:
+        weights_BT = weights_BT * batch.is_weights_BT
+      batch = batch.replace(old_logps_BT=proximal_logps, is_weights_BT=weights_BT)
+  return batch, step_metrics
+
+
+def _host_batch(config, rollout):
+  """One member's host-side batch: shaped rewards -> advantages (``config.advantage``) and the token
   mask; {'adv_B', 'mask_BT', 'metrics'}."""
   rewards_B = rollout.rewards_B + rollout_lib.overlong_shaping(
-      rollout.lengths_B, max_new_tokens=c.rollout.sampling.max_new_tokens,
-      buffer=c.dapo.overlong_buffer, penalty=c.dapo.overlong_penalty)
+      rollout.lengths_B, max_new_tokens=config.rollout.sampling.max_new_tokens,
+      buffer=config.dapo.overlong_buffer, penalty=config.dapo.overlong_penalty)
   adv_B, adv_metrics = advantages_lib.compute_advantages(
-      c.advantage.name, jnp.asarray(rewards_B), group_size=c.rollout.sampling.num_samples,
-      eps=c.advantage.eps, std_ddof=c.advantage.std_ddof,
-      batch_normalize=c.advantage.batch_normalize)
+      config.advantage.name, jnp.asarray(rewards_B), group_size=config.rollout.sampling.num_samples,
+      eps=config.advantage.eps, std_ddof=config.advantage.std_ddof,
+      batch_normalize=config.advantage.batch_normalize)
   mask_BT = rollout.completion_mask_BT.astype(np.float32)
-  if c.dapo.mask_truncated:
+  if config.dapo.mask_truncated:
     mask_BT = mask_BT * (~rollout.truncated_B)[:, None]
   metrics = {f'adv/{k}': float(v) for k, v in adv_metrics.items()}
   metrics.update(reward_mean=float(rewards_B.mean()), reward_std=float(rewards_B.std()))

@@ -222,6 +222,12 @@ class Population:
     """{key: `values(key)`} of the varied keys starting with ``prefix``."""
     return {k: self.values(k) for k, _ in self.members[0].values if k.startswith(prefix)}
 
+  @staticmethod
+  def value(member, key, default):
+    """``member``'s value of ``key``: its own where the population varies it, else ``default``
+    (the config's)."""
+    return dict(member.values).get(key, default)
+
   def member(self, tree, m, sharding):
     """Member ``m``'s slice of a stacked pytree, placed with ``sharding`` (e.g. replicated, so
     that every process of a multi-process run holds it whole); the tree itself for one run."""
@@ -237,6 +243,14 @@ class Population:
   def keys(self, fn):
     """Every member's key ``fn(member)``, stacked."""
     return self.stack([fn(m) for m in self.members])
+
+
+def loss_hparams(base, hparams):
+  """The loss's hyper-parameters of one member: ``base`` (the config's `loss.hparams`) with the
+  member's traced values of the varied 'loss.hparams.<k>' keys of ``hparams`` (`varied`) in
+  place of theirs (the update and the diagnostics read them so)."""
+  prefix = 'loss.hparams.'
+  return dict(base, **{k[len(prefix):]: v for k, v in hparams.items() if k.startswith(prefix)})
 
 
 SINGLE = Population((Member(index=0, seed=0),))  # a single run (no member axis)

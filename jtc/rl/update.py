@@ -270,8 +270,7 @@ def update_step(state, batch, hparams=None, frozen=None, *, model_config, optimi
   chex.assert_rank([batch.tokens_BL, batch.input_mask_BL, batch.mask_BT], 3)  # [n, B/n, ...]
   chex.assert_rank(batch.advantages_B, 2)
   hparams = hparams or {}
-  varied = {k: v for k, v in hparams.items() if k.startswith('loss.hparams.')}
-  loss_hparams = dict(loss_hparams, **{k.split('.', 2)[2]: v for k, v in varied.items()})
+  loss_hparams = population_lib.loss_hparams(loss_hparams, hparams)
   if 'optim.learning_rate' in hparams:
     optimizer = optimizer(hparams['optim.learning_rate'])
 

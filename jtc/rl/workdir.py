@@ -43,10 +43,12 @@ ADDED_KEYS = {
     'lora.rank': 0,
     'lora.alpha': 8.0,
     'lora.targets': 'q,k,v,o,gate,up,down',
-    'lora.dropout': 0.0,
     'data.reward_signature': 'verl',
     'data.reward_by_source': '',
 }
+# Keys removed since runs were recorded, with the one value every recorded run had (a recorded
+# config with another value is a run this version cannot continue).
+REMOVED_KEYS = {'lora.dropout': 0.0}
 
 
 class WorkdirError(RuntimeError):
@@ -140,6 +142,7 @@ def check_identity(workdir, config, *, allow_changes=False, has_checkpoint):
     return config.num_steps
   stored = files.read_json(path, keys=('config',), expected='the config of the run in this workdir')
   old = {**ADDED_KEYS, **checks.flatten(stored['config'])}
+  old = {k: v for k, v in old.items() if not (k in REMOVED_KEYS and v == REMOVED_KEYS[k])}
   new = checks.flatten(json.loads(config.to_json_best_effort()))
   differing = sorted(
       k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS)

@@ -1,5 +1,5 @@
 """Tests of jtc.cli.sft (`jtc sft`): its flags, and a bad config or override named before anything
-runs. An SFT run itself is tests/rl/test_sft.py's step and `jtc sft --config
+runs. An SFT run itself is tests/rl/test_sft_trainer.py's step and `jtc sft --config
 configs/sft_arith.py:smoke` (docs/training.md)."""
 from absl import flags
 import pytest

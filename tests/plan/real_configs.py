@@ -1,4 +1,4 @@
-"""Real configs shrunk for the planner's tests (2 layers), and their setup on a deviceless v5e:2x2
+"""Real configs shrunk for the planner's tests (2 layers), and their abstract step on a deviceless v5e:2x2
 (libtpu)."""
 import importlib.util
 import os
@@ -24,9 +24,10 @@ def config(path='configs/real/qwen3_0_6b_gsm8k_dfpo.py', model=None, **overrides
   return c
 
 
-def setup(c):
-  from jtc.plan import hardware, stages  # pylint: disable=import-outside-toplevel
-  return stages.setup(c, hardware.topology_devices('v5e:2x2'), 'tpu')
+def step(c):
+  """The trainer's abstract step of ``c`` on a deviceless v5e:2x2."""
+  from jtc.plan import hardware, planner  # pylint: disable=import-outside-toplevel
+  return planner.build_step(c, hardware.topology_devices('v5e:2x2'), 'tpu')
 
 
 def n_params(s):

@@ -9,7 +9,7 @@ def test_update_flops_are_trip_count_corrected():
   """Update FLOPs against a closed form: 6 N_trunk per token of the L-token rows, 8 D V per
   completion token (the LM head's vocabulary scan recomputes its logits in the backward).
   Negative control: every loop body counted once (as XLA's cost_analysis does) falls far short."""
-  from jtc.plan import hardware, hlo, stages  # pylint: disable=import-outside-toplevel
+  from jtc.plan import hardware, hlo, planner  # pylint: disable=import-outside-toplevel
   # A narrow model (compiles in seconds) whose vocabulary takes two chunks of the LM head's scan.
   small = dict(d_model=256, d_ff=512, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=16_384)
   c = real_configs.config(
@@ -25,8 +25,8 @@ def test_update_flops_are_trip_count_corrected():
           'mesh.fsdp': 4
       })
   devices = hardware.topology_devices('v5e:2x2')
-  s, all_stages = stages.build(c, devices, 'tpu')
-  update = [st for st in all_stages if st.name == 'update'][0]
+  s = planner.build_step(c, devices, 'tpu')
+  (update,) = [st for st in s.stages('tpu') if st.name == 'update']
   # The FLOPs come from the lowered program (the planner reads them there), so nothing compiles.
   text = update.fn.trace(*update.args).lower().as_text(dialect='hlo')
   flops = hlo.program_costs(text).flops / len(devices)

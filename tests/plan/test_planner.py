@@ -26,15 +26,19 @@ def test_lora_update_arguments_are_the_base_the_adapters_and_adamw():
   """The compiler's argument bytes of a LoRA update (the trainer's jitted function, the base as
   its fourth argument) are the planner's resident accounting: base + adapters + AdamW + the
   mini-batch, and nothing else resident meanwhile."""
-  from jtc.plan import hardware, planner, stages  # pylint: disable=import-outside-toplevel
+  from jtc.plan import hardware, planner  # pylint: disable=import-outside-toplevel
+  from jtc.rl import stages  # pylint: disable=import-outside-toplevel
   c = real_configs.config(**{'lora.rank': 4, 'loss.hparams.kl_coef': 0.01})
   devices = hardware.topology_devices('v5e:2x2')
   p = planner.plan(c, devices, platform='tpu', chip=hardware.CHIPS['v5e'], target='v5e:2x2',
                    compiled_for='test', only=('update',))
-  s, built = stages.build(c, devices, 'tpu')
-  update = next(st for st in built if st.name == 'update')
-  want = s.base_bytes + s.params_bytes + s.opt_bytes + stages.chip_bytes(update.args[1:3])
+  s = planner.build_step(c, devices, 'tpu')
+  update = next(st for st in s.stages('tpu') if st.name == 'update')
+  parts = s.resident_parts()
+  want = parts['base'] + parts['params'] + parts['opt_state'] + stages.chip_bytes(update.args[1:3])
   (row,) = p.rows
   assert row.arguments == pytest.approx(want, rel=1e-3)
-  assert row.resident_other == 0 and p.resident['frozen base'] == s.base_bytes
+  # Held meanwhile: the step's batch alone (the state is among its arguments).
+  assert row.resident_other == stages.chip_bytes(stages.step_batch(s))
+  assert p.resident['frozen base'] == parts['base']
   assert p.fits

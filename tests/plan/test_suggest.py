@@ -61,7 +61,7 @@ def test_a_failed_stage_is_not_compiled_again_in_the_same_program(monkeypatch):
       return planner.Plan('t', chip, 8, {}, [], {}, 'test', 'does not fit: sample', 'sample')
     update_peak = chip.hbm_bytes + 1 if o['optim.microbatch_prompts'] == 1 else 1.0
     rows = [
-        types.SimpleNamespace(stage=s, peak=b)
+        types.SimpleNamespace(stage=s, peak=b, calls=1, seconds=1.0, in_total=True)
         for s, b in [('sample', 1.0), ('update', update_peak)]
     ]
     p = planner.Plan('t', chip, 8, {}, rows, {}, 'test')

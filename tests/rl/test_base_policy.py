@@ -17,7 +17,7 @@ from jtc.models import bundles
 from jtc.data import pipeline as data_lib
 from jtc.rl import evaluation
 from jtc.rl import rollout
-from jtc.rl import sft
+from jtc.rl import sft_trainer as sft
 from jtc.data import tasks as tasks_lib
 
 SHIPPED = {'base': sft_arith, 'phrasing': sft_phrasing}

@@ -119,9 +119,6 @@ def test_each_lora_member_is_the_single_lora_run_of_its_seed(tmp_path):
         'lora.targets': 'q,lm_head'
     }, "unknown target 'lm_head'; valid"),
     ({
-        'lora.dropout': 0.05
-    }, 'dropout=0.05: only 0'),
-    ({
         'population.size': 2,
         'population.vary': 'lora.rank=4,8'
     }, "'lora.rank' cannot vary"),

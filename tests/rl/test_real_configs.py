@@ -120,7 +120,7 @@ def even_length_reward(prompts, completions, answers):
 # the 8B DelTA config covers the 8B math task and the 0.6B config DFPO Min-Replace (the 32B's).
 SMOKE = [
     pytest.param(n, marks=pytest.mark.slow) if n in ('llama3_1b_gsm8k_grpo', 'qwen3_8b_math_dapo',
-                                                     'qwen3_8b_math_delta',
+                                                     'qwen3_8b_math_delta', 'qwen3_14b_math_delta',
                                                      'qwen3_32b_aime_dfpo') else n for n in REAL
 ]
 

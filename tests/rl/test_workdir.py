@@ -128,6 +128,22 @@ def test_a_run_recorded_before_the_verifier_pool_keys_resumes(tmp_path):
     workdir_lib.check_identity(str(tmp_path), c, has_checkpoint=True)
 
 
+def test_a_run_recorded_with_a_removed_key_at_its_only_value_resumes(tmp_path):
+  """lora.dropout (removed: only 0 was ever accepted) in an older config.json does not stop a
+  resume; known positive: a recorded 0.1, which no run of this version reproduces, does."""
+  c = common.get_config('smoke')
+  for dropout, resumes in ((0.0, True), (0.1, False)):
+    old = ml_collections.ConfigDict(c.to_dict())
+    with old.unlocked():
+      old.lora.dropout = dropout
+    workdir_lib.record_config(str(tmp_path), old, c.num_steps)
+    if resumes:
+      assert workdir_lib.check_identity(str(tmp_path), c, has_checkpoint=True) == c.num_steps
+    else:
+      with pytest.raises(workdir_lib.WorkdirError, match=r"lora.dropout: 0.1 -> '\(absent\)'"):
+        workdir_lib.check_identity(str(tmp_path), c, has_checkpoint=True)
+
+
 def _files(workdir):
   return {
       p: open(p, 'rb').read()

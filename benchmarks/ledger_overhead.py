@@ -1,7 +1,7 @@
 r"""What the per-token ledger costs: RL steps of the default config with `log.ledger_every = k`
 against the same steps without it, interleaved in blocks of k steps.
 
-  python -m benchmarks.ledger [--every 10] [--blocks 4]
+  python -m benchmarks.ledger_overhead [--every 10] [--blocks 4]
 
 Two trainers of configs/dfpo_min_replace.py (the shipped base policy), one with the ledger every
 k steps, one without, take the same steps; after k warm-up steps each (every function compiled,
@@ -11,7 +11,7 @@ printed beside it. The overhead is the ratio of the summed block times minus 1 (
 k = 10).
 """
 
-from benchmarks import common  # first: --cpu must act before jax is imported
+from benchmarks import harness  # first: --cpu must act before jax is imported
 
 import argparse
 import os
@@ -32,11 +32,11 @@ def _trainer(workdir, every):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  common.add_cpu_flag(parser)
+  harness.add_cpu_flag(parser)
   parser.add_argument('--every', type=int, default=10)
   parser.add_argument('--blocks', type=int, default=4)
   args = parser.parse_args()
-  print(common.device_line())
+  print(harness.device_line())
   k = args.every
   with tempfile.TemporaryDirectory() as root:
     trainers = {
@@ -51,14 +51,14 @@ def main():
     for b in range(args.blocks):
       steps = range(k * (b + 1) + 1, k * (b + 2) + 1)
       for name in (('ledger', 'plain') if b % 2 == 0 else ('plain', 'ledger')):
-        with common.OtherLoad() as other:
+        with harness.OtherLoad() as other:
           for step in steps:
             trainers[name].step(step)
         total[name] += other.seconds
-        loaded |= common.is_loaded(other)
+        loaded |= harness.is_loaded(other)
         print(
             f'block {b + 1} {name:6s}: {other.seconds / k * 1e3:7.1f} ms per step '
-            f'({common.load_str(other)})', flush=True)
+            f'({harness.load_str(other)})', flush=True)
     for t in trainers.values():
       t.close()
   ratio = total['ledger'] / total['plain']

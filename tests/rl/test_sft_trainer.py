@@ -1,4 +1,4 @@
-"""Tests of jtc.rl.sft: the SFT pairs (left-padded prompt, right-padded EOS-terminated
+"""Tests of jtc.rl.sft_trainer: the SFT pairs (left-padded prompt, right-padded EOS-terminated
 completion, the loss mask on the completion only) and one SFT step lowering the completion
 negative log-likelihood it is the gradient of."""
 import functools
@@ -12,7 +12,7 @@ import pytest
 from jtc.models import logprobs
 from jtc.models import model as model_lib
 from jtc.models import tokenizer as tokenizer_lib
-from jtc.rl import sft
+from jtc.rl import sft_trainer as sft
 
 P, T = 10, 5
 

@@ -1,0 +1,94 @@
+"""The stages of one RL step (`jtc.rl.stages`): which programs a config runs, their arguments
+as the trainer passes them, and the state each holds meanwhile (abstract meshes, nothing
+compiles)."""
+import jax
+import pytest
+
+from jtc.models import lora
+from jtc.rl import stages
+from tests.rl import test_step
+
+
+def _stages(**overrides):
+  step = test_step._step(test_step._config(**overrides), fsdp=4)  # pylint: disable=protected-access
+  return step, {s.name: s for s in stages.build(step, 'tpu')}
+
+
+def test_a_config_runs_the_stages_its_keys_ask_for():
+  _, plain = _stages(**{'eval.every': 0})
+  assert list(plain) == ['prefill', 'sample', 'behaviour', 'update']
+  _, every = _stages(**{
+      'eval.every': 5,
+      'loss.hparams.kl_coef': 0.01,
+      'token_weights': 'delta',
+      'loss.name': 'delta'
+  })
+  assert list(every) == ['prefill', 'sample', 'behaviour', 'reference', 'delta', 'update', 'eval']
+  assert every['reference'].fn is every['behaviour'].fn  # one function for both passes
+  assert not every['prefill'].in_total and every['sample'].in_total
+  step, _ = _stages()
+  assert [s.name for s in stages.build(step, 'tpu', only=('update', 'eval'))] == ['update', 'eval']
+
+
+def test_calls_per_step_follow_the_chunks_the_lag_and_eval_every():
+  step, s = _stages(
+      **{
+          'rollout.prompts_per_step': 32,
+          'rollout.chunk_prompts': 8,
+          'rollout.score_chunk_prompts': 4,
+          'rollout.policy_lag': 1,
+          'optim.minibatch_prompts': 16,
+          'optim.ppo_epochs': 2,
+          'eval.every': 4,
+          'eval.problems': 100,
+          'eval.batch_prompts': 32
+      })
+  assert s['sample'].calls == 4 and s['behaviour'].calls == 2 * 8  # behaviour + proximal
+  assert s['update'].calls == 2 * 2 and s['eval'].calls == 4 / 4  # ceil(100 / 32) per 4 steps
+  G = step.c.rollout.sampling.num_samples
+  L = step.c.data.prompt_width + step.c.rollout.sampling.max_new_tokens
+  assert s['behaviour'].args[1].shape == (4 * G, L)
+
+
+def test_the_update_takes_the_mini_batch_and_a_lora_base_and_holds_the_step_batch():
+  """The update's arguments: the state, one mini-batch of n micro-batches (the fields the
+  config fills), the varied hyper-parameters and under LoRA the base; it holds meanwhile the
+  whole step's batch and nothing of the state."""
+  step, s = _stages(**{'lora.rank': 4, 'optim.microbatch_prompts': 2, 'rollout.correction': 'tis'})
+  state, batch, hparams, frozen = s['update'].args
+  assert state is step.state and isinstance(frozen, lora.Adapted) and hparams == {}
+  n = step.c.optim.minibatch_prompts // 2
+  assert batch.tokens_BL.shape[:2] == (n, 2 * step.c.rollout.sampling.num_samples)
+  assert batch.is_weights_BT is not None and batch.ref_logps_BT is None
+  assert s['update'].resident_other == pytest.approx(stages.chip_bytes(stages.step_batch(step)))
+  assert isinstance(s['behaviour'].args[0], lora.Adapted)
+
+
+def test_a_scoring_pass_holds_its_earlier_calls_outputs_and_their_concatenation():
+  """Scoring in 4 calls holds 3 calls' log-probs and entropies (and for DelTA hidden states)
+  when the last runs and then the 4 parts and their concatenation: 7 calls' outputs; one call
+  holds none. Known positive: DelTA's hidden states dominate."""
+  held = {}
+  for chunk, delta in ((0, False), (8, False), (8, True)):
+    extra = {'token_weights': 'delta', 'loss.name': 'delta'} if delta else {}
+    step, s = _stages(
+        **{
+            'rollout.prompts_per_step': 32,
+            'rollout.score_chunk_prompts': chunk,
+            'rollout.chunk_prompts': chunk,
+            **extra
+        })
+    held[chunk, delta] = s['behaviour'].resident_other - step.resident('params', 'base')
+  G, T = step.c.rollout.sampling.num_samples, step.c.rollout.sampling.max_new_tokens
+  one_call = 8 * G * T * 2 * 4 / 4  # logps and entropies of 8 prompts, rows over fsdp = 4
+  assert held[8, False] - held[0, False] == pytest.approx(7 * one_call)
+  hidden = 8 * G * T * step.model_config.d_model * 2 / 4  # bfloat16
+  assert held[8, True] - held[8, False] == pytest.approx(7 * hidden)
+
+
+def test_chip_bytes_reads_each_shard():
+  mesh = jax.sharding.AbstractMesh((1, 2, 2, 1), ('population', 'data', 'fsdp', 'tensor'))
+  spec = jax.sharding.PartitionSpec(('data', 'fsdp'))
+  x = jax.ShapeDtypeStruct((8, 3), 'float32', sharding=jax.sharding.NamedSharding(mesh, spec))
+  assert stages.chip_bytes([x, None]) == 2 * 3 * 4
+  assert stages.chip_bytes(jax.ShapeDtypeStruct((8, 3), 'int8')) == 24  # no sharding: whole
