@@ -122,8 +122,18 @@ def get_config(arg=None):
   # is read): a JSONL or verl-style parquet file, a dir of <split>.jsonl / <split>.parquet, or a
   # Hugging Face dataset saved with save_to_disk. verl rows: chat messages in 'prompt', answer
   # reward_model.ground_truth; question/answer rows: GSM8K '#### x', MATH '\boxed{x}' understood.
+  # Several files, as verl's lists: 'a.parquet,b.parquet' or a glob 'dapo/part-*.parquet' (one
+  # split, the files read in that order; jtc.data.file_lists).
   c.data.dataset = ''
-  c.data.eval_dataset = ''  # held-out dataset (its test split, or a file) ('' = dataset's test)
+  c.data.eval_dataset = ''  # held-out dataset (a path, list or glob as data.dataset) (docs/data.md)
+  c.data.train_split = ''  # the dataset's split that trains ('' = 'train', else its only split)
+  # The held-out split: of eval_dataset ('' = its 'test', else its only split), else of dataset
+  # ('' = its 'test' split when it has one).
+  c.data.eval_split = ''
+  # Without a held-out split: hold out this fraction of the training rows (0 = none: no
+  # evaluation), drawn by a permutation of data.split_seed, the same for every run seed.
+  c.data.eval_fraction = 0.0
+  c.data.split_seed = 0
   # Question/answer field names of the dataset's rows ('' = the first present of
   # question/problem/prompt/query and answer/solution/response); naming one reads even a verl
   # file as question/answer rows.
@@ -144,6 +154,9 @@ def get_config(arg=None):
   c.data.verify_workers = 4  # worker processes of math_verify / a user's function (per run)
   c.data.verify_timeout_s = 10.0  # pooled verifiers: an answer not checked within this scores 0
   c.data.prompt_width = 20  # P: prompts (with BOS) are left-padded to this width
+  # A prompt longer than prompt_width (jtc.data.overlong): error | drop (left out, counted before
+  # the run) | truncate (its first tokens after BOS cut, never its last user turn; counted).
+  c.data.overlong = 'error'
   c.data.prompt_suffix = ''  # appended to every question before the chat template
   c.data.chat_template = True  # wrap prompts with the tokenizer's chat template
 
@@ -167,6 +180,10 @@ def get_config(arg=None):
   # is centred on the current parameters while pi_current / pi_behaviour weighs each token.
   c.rollout.policy_lag = 0
   c.rollout.policy_lag_mode = 'behaviour'
+  # A mixture-of-experts policy's routing replay (jtc.rl.routing): none | behaviour (the
+  # completion tokens go to the sampler's experts in the behaviour pass and every update) | all
+  # (the prompt's too, to the prefill's).
+  c.rollout.routing_replay = 'none'
   c.rollout.sampling = sampling(8, 32)  # G completions per prompt, T new tokens, temperature 1
 
   c.advantage = ConfigDict()
@@ -174,10 +191,16 @@ def get_config(arg=None):
   c.advantage.eps = 1e-6
   c.advantage.std_ddof = 0
   c.advantage.batch_normalize = False
+  # both | positive | negative: train on the advantages of one sign only (positive: the
+  # Cancellation Hypothesis's positive-only control; jtc.objectives.advantages.keep_sign).
+  c.advantage.sign = 'both'
 
   c.loss = ConfigDict()  # jtc.objectives.compute_loss: name + hyper-parameters
   c.loss.name = 'grpo'
   c.loss.hparams = ConfigDict()
+  # A mixture-of-experts policy's load-balancing loss (jtc.models.moe) added with this weight
+  # (Hugging Face's router_aux_loss_coef; 0: logged as router_aux, not trained on).
+  c.loss.router_aux_coef = 0.0
 
   c.token_weights = ''  # '' | 'delta': a plug-in producing per-token loss weights
   c.delta = ConfigDict()  # its options (jtc.objectives.delta.options_for)
@@ -197,6 +220,10 @@ def get_config(arg=None):
   c.optim.grad_clip = 1.0  # global-norm clip (0 = off)
   c.optim.ppo_epochs = 1  # mu: passes over each rollout batch
   c.optim.minibatch_prompts = 8  # groups per optimiser step (whole groups stay together)
+  # Which rollouts share a mini-batch (jtc.rl.minibatch_order): group (whole groups, the
+  # Cancellation Hypothesis's query-preserved batching) | shuffled (rows, a group spread over the
+  # mini-batches) | reward_balanced (rows, positive and negative advantages split evenly).
+  c.optim.minibatch_order = 'group'
   c.optim.microbatch_prompts = 0  # groups per micro-batch (gradient accumulation; 0 = off)
 
   c.dapo = ConfigDict()
@@ -225,6 +252,12 @@ def get_config(arg=None):
   # The per-token ledger (jtc.analysis.ledger) every N steps (0 = never): each token's
   # coefficient, ratio, flags, and the parameters before each update (for replay).
   c.log.ledger_every = 0
+  # Sample generations (jtc.analysis.samples) every N steps (0 = never): the first completion of
+  # the step's first log.samples prompts (prompt, completion, reward, answer, data_source) in
+  # <run dir>/samples.jsonl and a W&B table. On by default: they are rollouts already sampled and
+  # scored (nothing drawn or computed; results unchanged), a few KB each time.
+  c.log.samples_every = 50
+  c.log.samples = 4
   # Weights & Biases (jtc.analysis.tracking; pip install -e ".[wandb]"): every metrics.jsonl
   # record at its step, the config and the code revision, W&B's files in <workdir>/wandb (a
   # population: one run per member, grouped under the run name). '' = off.
@@ -278,4 +311,5 @@ def get_config(arg=None):
     c.eval.probe_problems = 4
     c.log.ckpt_every = 1
     c.log.diagnostics_every = 1
+    c.log.samples_every = 1
   return c

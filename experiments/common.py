@@ -155,6 +155,22 @@ def code_revision():
   return f'{sha} (dirty)' if dirty else sha
 
 
+def platform():
+  """'GPU (<name>)' when `nvidia-smi` names a GPU, else 'CPU' ($JTC_PLATFORM overrides): where a
+  sweep's runs ran, for its invocation.json. The runner never initialises jax itself (on a GPU
+  that would take device memory from the trainers)."""
+  if os.environ.get('JTC_PLATFORM'):
+    return os.environ['JTC_PLATFORM']
+  try:
+    names = subprocess.run(['nvidia-smi', '--query-gpu=name', '--format=csv,noheader'],
+                           capture_output=True, text=True, check=True,
+                           timeout=30).stdout.split('\n')
+  except (OSError, subprocess.SubprocessError):
+    return 'CPU'
+  names = [n.strip() for n in names if n.strip()]
+  return f'GPU ({names[0]})' if names else 'CPU'
+
+
 def fmt_value(value):
   """How a config value is written on a command line (floats by repr: 1e-4 stays 1e-4)."""
   return repr(value) if isinstance(value, float) else str(value)

@@ -1,5 +1,5 @@
-"""The curves figure of a sweep's results file: mean over seeds +- one standard error per run
-(titles and styles from `jtc.analysis.curve_plots`)."""
+"""The figures of the results files: a sweep's curves (mean over seeds +- one standard error per
+run; titles and styles from `jtc.analysis.curve_plots`) and the claims' forest plot."""
 
 import os
 
@@ -68,3 +68,55 @@ def plot_curves(sweep, summaries, out_path):
   fig.savefig(out_path, dpi=100)
   plt.close(fig)
   return out_path
+
+
+_COLORS = {'agrees': 'tab:green', 'disagrees': 'tab:red', 'equivalent': 'tab:blue'}
+
+
+def forest(rows, path, title):
+  """Delta and 95% CI per claim, one panel per family (its own units), the paper's delta as a
+  cross, each claim's +-SESOI band shaded, 0 as a line; a claim without data says so."""
+  plt = curve_plots.plt
+  families = list(dict.fromkeys(r['family'] for r in rows))
+  heights = [max(1.2, 0.42 * sum(r['family'] == f for r in rows) + 0.8) for f in families]
+  fig, axes = plt.subplots(len(families), 1, figsize=(8.5, sum(heights)), squeeze=False,
+                           gridspec_kw={'height_ratios': heights})
+  for ax, family in zip(axes[:, 0], families):
+    members = [r for r in rows if r['family'] == family][::-1]
+    y = np.arange(len(members))
+    ax.axvline(0, color='0.4', lw=0.8)
+    for i, r in enumerate(members):
+      if np.isfinite(r['sesoi']):
+        ax.add_patch(plt.Rectangle((-r['sesoi'], i - 0.4), 2 * r['sesoi'], 0.8, color='0.85', lw=0))
+      if not r['n_seeds']:
+        ax.text(0, i, ' no data (not run) ', ha='center', va='center', fontsize=7, color='0.3')
+      color = _COLORS.get(r['verdict'].split(' ')[0].rstrip(':'), 'tab:gray')
+      if np.isfinite(r['ci_low']):
+        ax.plot([r['ci_low'], r['ci_high']], [i, i], color=color, lw=2)
+      ax.plot(r['delta'], i, 'o', color=color, ms=5)
+      if np.isfinite(r['paper_delta']):
+        ax.plot(r['paper_delta'], i, 'x', color='k', ms=7, mew=1.5)
+    ax.set_yticks(y)
+    ax.set_yticklabels([
+        f'{r["claim"]}: {r["comparison"]}' + (f' [{r["platform"]}]' if r.get('platform') else '')
+        for r in members
+    ], fontsize=8)
+    unit = members[0]['unit']
+    ax.set_title(family + (f' ({unit})' if unit else ''), fontsize=9, loc='left')
+    ax.tick_params(axis='x', labelsize=8)
+    ax.grid(axis='x', alpha=0.3)
+    ax.set_ylim(-0.7, len(members) - 0.3)
+  handles = [
+      plt.Line2D([], [], color='tab:green', marker='o', label='agrees (the predicted sign)'),
+      plt.Line2D([], [], color='tab:red', marker='o', label='disagrees'),
+      plt.Line2D([], [], color='tab:blue', marker='o', label='equivalent (within +-SESOI)'),
+      plt.Line2D([], [], color='tab:gray', marker='o', label='inconclusive'),
+      plt.Line2D([], [], color='k', marker='x', ls='', label="paper's delta (another scale)"),
+      plt.Rectangle((0, 0), 1, 1, color='0.85', label='+-SESOI')
+  ]
+  fig.legend(handles=handles, loc='lower center', ncol=3, fontsize=8)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout(rect=(0, 0.06, 1, 0.97))
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path

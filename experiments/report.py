@@ -86,7 +86,9 @@ def build_table(sweep, table, summaries, declared=None):
       3 if table.normalize or table.scale == 1.0 else 1)
   lines = [f'### {table.title}', '']
   if table.prediction:
-    lines += [f'Prediction (from the paper, written before the run): {table.prediction}', '']
+    lines += [
+        f'Prediction (written before the run; its source named first): {table.prediction}', ''
+    ]
   if threshold is not None:
     lines += [
         f'Threshold: {table.metric.partition(":")[2]} >= {threshold:.4g} '

@@ -54,6 +54,7 @@ import sys
 import time
 
 from experiments import common
+from experiments import credit_probe
 from experiments import report
 from experiments import schedule
 from experiments import sweeps as sweeps_lib
@@ -178,6 +179,8 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR,
                  '--tables-only')
   launch = Launch(processes=args.processes, prefix=tuple(shlex.split(args.launcher)))
   sweep = sweeps_lib.get_sweep(args.sweep, smoke=args.smoke, num_steps=args.num_steps)
+  if sweep.blocked and not args.tables_only:
+    parser.error(sweep.blocked)
   resized = sweep.num_steps != sweeps_lib.get_sweep(args.sweep, smoke=args.smoke).num_steps
   seeds = args.seeds or sweep.seeds
   part = sweep
@@ -216,9 +219,13 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR,
     if args.no_population and make_command is None:
       make_command = schedule.trainer_command
     first_seed = sweep.first_seed if args.first_seed is None else args.first_seed
-    results = schedule.run_sweep(part, seeds=seeds, first_seed=first_seed, jobs=args.jobs,
-                                 results_dir=results_dir, workroot=args.workroot,
-                                 make_command=make_command, replace=args.replace, launch=launch)
+    if sweep.engine == 'probe':  # measured in this process, no trainer (credit_probe.py)
+      results = credit_probe.run_probe(part, seeds=seeds, first_seed=first_seed,
+                                       results_dir=results_dir, replace=args.replace)
+    else:
+      results = schedule.run_sweep(part, seeds=seeds, first_seed=first_seed, jobs=args.jobs,
+                                   results_dir=results_dir, workroot=args.workroot,
+                                   make_command=make_command, replace=args.replace, launch=launch)
     failures = {k: d for k, (s, d) in results.items() if s == 'failed'}
     if all(status == 'skipped' for status, _ in results.values()) and os.path.exists(md_path):
       print(f'nothing new: every run was already summarised; {md_path} left as it is')
@@ -230,7 +237,8 @@ def main(argv=None, *, make_command=None, results_root=RESULTS_DIR,
     parts.append({
         'command': command,
         'wall_time_s': time.time() - t0,
-        'revision': common.code_revision()
+        'revision': common.code_revision(),
+        'platform': common.platform()
     })
     write_json(invocation_path, {'parts': parts})
 

@@ -19,7 +19,8 @@ CURVE_KEYS = ('reward_mean', 'reward_std', 'accuracy', 'entropy', 'asym', 'forma
               'coef_mass_vs_gspo', 'frac_traj_gated', 'coef_mass', 'update_norm', 'adam_step_norm',
               'grad_norm', 'learning_rate', 'compute/generated_tokens', 'compute/update_steps',
               'compute/rollouts', 'compute/prompts', 'time_sample', 'time_update')
-CURVE_PATTERNS = ('eval/', 'energy', 'diag/', 'delta/', 'mismatch/', 'correction/', 'lag/')
+CURVE_PATTERNS = ('eval/', 'energy', 'diag/', 'delta/', 'mismatch/', 'correction/', 'lag/',
+                  'credit/', 'flip/', 'mass/')
 
 
 def read_metrics(workdir):

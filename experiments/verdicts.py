@@ -17,33 +17,44 @@ equivalence at this scale, never of sizes: the paper's delta was measured in ano
   agrees in sign /     Holm p < 0.05 in the predicted sign / the opposite one.
   disagrees in sign
   equivalent (+-SESOI) TOST p < 0.05 and no Holm-significant difference: "equivalent within
-                       +-SESOI at this scale". Where '=' was predicted that is 'agrees', and a
-                       significant difference 'disagrees'.
+                       +-SESOI at this scale".
+  '=' predicted        'agrees' when equivalent (TOST p < 0.05; a smaller difference may also be
+                       significant), 'disagrees' when the difference is significant and at
+                       least the SESOI, 'not shown equivalent' when it is significant but
+                       smaller than the SESOI and TOST fails.
   inconclusive         anything else (with the sign it showed).
+  not yet run          a declared claim whose sweep has no runs: no verdict, not tallied.
 Implementation checks (kind 'check': arms identical by construction) are judged alone (holds /
-fails), outside the corrections and the tallies. Claims whose arms are bit-identical to an
+fails), outside the corrections and the tallies; so are descriptive checks (kind 'descriptive':
+one quantity against a declared threshold, judged by the same rules without correction). Claims
+on jtc's own accounts (``subject`` 'jtc') are listed apart from the verdicts on the papers and
+not tallied with them. Every row names the platform its sweep ran on (`platform_of`: CPU or the
+GPU), since the same seed and settings differ across platforms. Claims whose arms are bit-identical to an
 earlier claim's of the family on every seed (e.g. two corrections that reduce to the same weights)
 are one test: they are marked ``same_as`` and counted once by Holm and by BH.
 """
 
 import argparse
 import csv
+import json
 import os
+import re
 
 import numpy as np
 
 from experiments import common
+from experiments import figures
 from experiments import stats
 from experiments.sweeps import claims as claims_lib
 from jtc import files
-from jtc.analysis import curve_plots
 
 RESULTS_DIR = common.results_dir()
 ALPHA = 0.05
-COLUMNS = ('claim', 'family', 'kind', 'sweep', 'metric', 'arm', 'baseline', 'group', 'comparison',
-           'n_seeds', 'first_seed', 'delta', 'ci_low', 'ci_high', 'p_exact', 'p_holm', 'q_bh',
-           'tost_p', 'sesoi', 'paper_delta', 'paper_setting', 'predicted', 'unit', 'crn', 'same_as',
-           'verdict')
+COUNTED = ('confirmatory', 'exploratory')  # kinds the corrections and the tallies count
+COLUMNS = ('claim', 'family', 'kind', 'subject', 'platform', 'sweep', 'metric', 'arm', 'baseline',
+           'group', 'comparison', 'n_seeds', 'first_seed', 'delta', 'ci_low', 'ci_high', 'p_exact',
+           'p_holm', 'q_bh', 'tost_p', 'sesoi', 'paper_delta', 'paper_setting', 'predicted', 'unit',
+           'crn', 'same_as', 'verdict')
 
 
 def _by_seed(summaries, label, group, claim):
@@ -57,8 +68,32 @@ def _by_seed(summaries, label, group, claim):
   return out
 
 
+def platform_of(results_dir):
+  """Where a sweep's runs ran, from its invocation.json: each part's 'platform' (written by
+  experiments/run.py since issue 54) or, for earlier parts, the note the device runs put after
+  the revision ('<sha> (on one NVIDIA H200, jax 0.11.2)'); 'CPU' without a note; 'not run'
+  without parts. Several platforms are joined with ' + '."""
+  path = os.path.join(results_dir, 'invocation.json')
+  if not os.path.exists(path):
+    return 'not run'
+  with open(path) as f:
+    parts = json.load(f).get('parts', [])
+  found = []
+  for part in parts:
+    name = part.get('platform')
+    if not name:
+      note = re.search(r'\(on (?:one )?([^,)]+)', part.get('revision', ''))
+      name = f'GPU ({note.group(1)})' if note else 'CPU'
+    if name not in found:
+      found.append(name)
+  return ' + '.join(found) or 'not run'
+
+
 def comparison(claim):
-  """'arm - baseline (group)'; for a difference of differences, '(...) - (...)'."""
+  """'arm - baseline (group)' ('arm (against 0)' without a baseline); for a difference of
+  differences, '(...) - (...)'."""
+  if not claim.baseline:
+    return f'{claim.arm} (against 0)' + (f' ({claim.group})' if claim.group else '')
   text = f'{claim.arm} - {claim.baseline}' + (f' ({claim.group})' if claim.group else '')
   if not claim.minus:
     return text
@@ -66,10 +101,13 @@ def comparison(claim):
   return f'({text}) - ({arm} - {base}' + (f' ({group}))' if group else ')')
 
 
-def measure(claim, summaries):
+def measure(claim, summaries, platform=''):
   """The row of ``claim`` before the corrections: paired differences and their statistics."""
   arm = _by_seed(summaries, claim.arm, claim.group, claim)
-  base = _by_seed(summaries, claim.baseline, claim.group, claim)
+  if claim.baseline:
+    base = _by_seed(summaries, claim.baseline, claim.group, claim)
+  else:  # against 0: the arm's own values, the "baseline" 0 on the same seeds
+    base = {s: (0.0, crn) for s, (_, crn) in arm.items()}
   pairs = [(arm, base)]
   if claim.minus:  # a difference of differences, paired by seed
     arm2, base2, group2 = claim.minus
@@ -85,10 +123,11 @@ def measure(claim, summaries):
     crn = 'same' if all(a == b for a, b in crns) else 'DIFFERENT'
   mean, lo, hi = stats.t_ci(d) if len(d) else (np.nan,) * 3
   arms = tuple((s, tuple(v[s][0] for pair in pairs for v in pair)) for s in seeds)
-  return dict(claim=claim.name, family=claim.family, kind=claim.kind, sweep=claim.sweep,
-              metric=claim.metric, arm=claim.arm, baseline=claim.baseline, group=claim.group,
-              comparison=comparison(claim), n_seeds=len(d), first_seed=min(seeds) if seeds else '',
-              delta=mean, ci_low=lo, ci_high=hi,
+  return dict(claim=claim.name, family=claim.family, kind=claim.kind, subject=claim.subject,
+              platform=platform, sweep=claim.sweep, metric=claim.metric, arm=claim.arm,
+              baseline=claim.baseline, group=claim.group, comparison=comparison(claim),
+              n_seeds=len(d), first_seed=min(seeds) if seeds else '', delta=mean, ci_low=lo,
+              ci_high=hi,
               p_exact=stats.paired_signflip_pvalue(d, np.zeros_like(d)) if len(d) else np.nan,
               tost_p=stats.tost_pvalue(d, claim.sesoi) if claim.sesoi and len(d) else np.nan,
               sesoi=claim.sesoi if claim.sesoi else np.nan,
@@ -118,7 +157,7 @@ def correct(rows):
   declared, not over those that happened to run; its own p_holm / q_bh stay NaN. A row marked
   ``same_as`` another is not counted again and takes that row's corrected values; checks are
   not corrected at all."""
-  counted = [i for i, r in enumerate(rows) if r['kind'] != 'check' and not r.get('same_as')]
+  counted = [i for i, r in enumerate(rows) if r['kind'] in COUNTED and not r.get('same_as')]
   declared = {i: rows[i]['p_exact'] if np.isfinite(rows[i]['p_exact']) else 1.0 for i in counted}
   for r in rows:
     r['p_holm'] = r['q_bh'] = np.nan
@@ -154,17 +193,25 @@ def _fmt(x, digits=2):
 
 def verdict(row, alpha=ALPHA):
   """The verdict of a corrected row (module docstring)."""
-  delta, p_holm, tost = row['delta'], row['p_holm'], row['tost_p']
+  delta, tost = row['delta'], row['tost_p']
+  # A descriptive check is one test, judged alone: its own p, no family to correct over.
+  p_holm = row['p_holm'] if row['kind'] in COUNTED else row['p_exact']
   if not np.isfinite(delta) or row['n_seeds'] < 2:
-    return 'inconclusive (no data)'
+    return 'not yet run (declared)'
   predicted = row['predicted']
   significant = np.isfinite(p_holm) and p_holm < alpha
   equivalent = np.isfinite(tost) and tost < alpha
   band = f'equivalent within +-{row["sesoi"]:g} {row["unit"]}'.rstrip() + ' at this scale'
   if predicted == '=':
+    if equivalent:
+      return f'agrees: {band}' + ('; a smaller difference is significant' if significant else '')
     if significant:
-      return 'disagrees: the arms differ'
-    return f'agrees: {band}' if equivalent else 'inconclusive'
+      if abs(delta) >= row['sesoi']:
+        return 'disagrees: the arms differ'
+      return (
+          f'not shown equivalent: a difference inside +-{row["sesoi"]:g} {row["unit"]}'.rstrip() +
+          ' is significant')
+    return 'inconclusive'
   if significant:
     if predicted not in '<>' or not predicted:
       return 'differs'
@@ -183,8 +230,10 @@ def build(claims, results_dir=RESULTS_DIR):
   rows = []
   for claim in claims:
     if claim.sweep not in cache:
-      cache[claim.sweep] = common.load_summaries(os.path.join(results_dir, claim.sweep))
-    rows.append(measure(claim, cache[claim.sweep]))
+      sweep_dir = os.path.join(results_dir, claim.sweep)
+      cache[claim.sweep] = (common.load_summaries(sweep_dir), platform_of(sweep_dir))
+    summaries, platform = cache[claim.sweep]
+    rows.append(measure(claim, summaries, platform))
   return correct(mark_duplicates(rows))
 
 
@@ -211,19 +260,22 @@ def read_csv(path):
 
 
 def tally(rows):
-  """'N claims: a agree in sign, ...' over the claims of ``rows`` that count (no checks, a
-  bit-identical repeat once)."""
-  counted = [r for r in rows if r['kind'] != 'check' and not r.get('same_as')]
+  """'N claims: a agree in sign, ...' over the claims of ``rows`` that count and ran (no
+  checks, a bit-identical repeat once), then how many are declared and not yet run."""
+  counted = [r for r in rows if r['kind'] in COUNTED and not r.get('same_as') and r['n_seeds']]
+  unrun = sum(r['kind'] in COUNTED and not r['n_seeds'] for r in rows)
   words = {
       'agrees': 'agree',
       'disagrees': 'disagree',
       'equivalent': 'equivalent',
+      'not shown equivalent': 'not shown equivalent',
       'inconclusive': 'inconclusive',
       'differs': 'differ'
   }
   counts = {label: sum(r['verdict'].startswith(w) for r in counted) for w, label in words.items()}
   parts = [f'{n} {label}' for label, n in counts.items() if n]
-  return f'{len(counted)} claims: ' + ', '.join(parts)
+  return f'{len(counted)} claims: ' + ', '.join(parts) + (f'; {unrun} declared, not yet run'
+                                                          if unrun else '')
 
 
 def _paper(r):
@@ -233,8 +285,8 @@ def _paper(r):
 
 
 def _family_table(members):
-  head = ('claim', 'comparison', 'seeds', 'delta [95% CI]', 'p', 'Holm', 'BH', 'TOST', 'verdict',
-          "paper's delta (its setting)")
+  head = ('claim', 'comparison', 'platform', 'seeds', 'delta [95% CI]', 'p', 'Holm', 'BH', 'TOST',
+          'verdict', "paper's delta (its setting)")
   unit = members[0]['unit']
   lines = [
       f'### {members[0]["family"]}' + (f' ({unit})' if unit else ''), '',
@@ -247,7 +299,8 @@ def _family_table(members):
     notes = ('' if r['crn'] in ('same', 'n/a') else ' CRN broken') + (
         f' (the same runs as {r["same_as"]}: counted once)' if r.get('same_as') else '')
     lines.append('| ' + ' | '.join([
-        r['claim'], r['comparison'], seeds, ci,
+        r['claim'], r['comparison'],
+        r.get('platform', ''), seeds, ci,
         common.p_str(r['p_exact']),
         common.p_str(r['p_holm']),
         common.p_str(r['q_bh']),
@@ -274,18 +327,31 @@ def markdown(rows, *, forest_paths=()):
       'own column) and is not compared with ours. Implementation checks (arms identical by '
       'construction) are listed apart and counted nowhere; bit-identical repeats are counted '
       'once. Exploratory claims come from the runs (seeds 0-7) that chose the confirmatory '
-      'settings and are never the headline.', ''
+      'settings and are never the headline. Claims on jtc\'s own accounts are listed apart '
+      'from the verdicts on the papers. Every row names the platform its runs ran on (CPU or '
+      'the GPU): the same seed and settings are not bit-identical across platforms (per run sd '
+      'about 0.7 points for GSPO, 2.6 for DAPO, 2.1 for DelTA across a code change too), so a '
+      'difference is only read '
+      'within a platform.', ''
   ]
   lines += [f'![forest]({os.path.basename(p)})' for p in forest_paths] + ['']
-  sections = (('confirmatory', 'Confirmatory claims'),
-              ('check', 'Implementation checks (identical by construction; not counted)'),
-              ('exploratory', 'Exploratory claims'))
-  for kind, title in sections:
-    of_kind = [r for r in rows if r['kind'] == kind]
+  sections = (('confirmatory', 'paper', 'Confirmatory claims: verdicts on the papers'), (
+      'confirmatory', 'jtc',
+      "Confirmatory claims on jtc's own accounts (tested like the others; not verdicts on the "
+      'papers, not tallied with them)'),
+              ('descriptive', None,
+               'Descriptive checks (one quantity against a declared threshold; '
+               'not corrected, not counted)'),
+              ('check', None, 'Implementation checks (identical by construction; not counted)'),
+              ('exploratory', None, 'Exploratory claims'))
+  for kind, subject, title in sections:
+    of_kind = [
+        r for r in rows if r['kind'] == kind and subject in (None, r.get('subject', 'paper'))
+    ]
     if not of_kind:
       continue
     lines += [f'## {title}', '']
-    if kind != 'check':
+    if kind in COUNTED:
       lines += [tally(of_kind) + '.', '']
     for family in dict.fromkeys(r['family'] for r in of_kind):
       lines += _family_table([r for r in of_kind if r['family'] == family])
@@ -298,58 +364,6 @@ def markdown(rows, *, forest_paths=()):
   return '\n'.join(lines) + '\n'
 
 
-_COLORS = {'agrees': 'tab:green', 'disagrees': 'tab:red', 'equivalent': 'tab:blue'}
-
-
-def forest(rows, path, title):
-  """Delta and 95% CI per claim, one panel per family (its own units), the paper's delta as a
-  cross, each claim's +-SESOI band shaded, 0 as a line; a claim without data says so."""
-  plt = curve_plots.plt
-  families = list(dict.fromkeys(r['family'] for r in rows))
-  heights = [max(1.2, 0.42 * sum(r['family'] == f for r in rows) + 0.8) for f in families]
-  fig, axes = plt.subplots(len(families), 1, figsize=(8.5, sum(heights)), squeeze=False,
-                           gridspec_kw={'height_ratios': heights})
-  for ax, family in zip(axes[:, 0], families):
-    members = [r for r in rows if r['family'] == family][::-1]
-    y = np.arange(len(members))
-    ax.axvline(0, color='0.4', lw=0.8)
-    for i, r in enumerate(members):
-      if np.isfinite(r['sesoi']):
-        ax.add_patch(plt.Rectangle((-r['sesoi'], i - 0.4), 2 * r['sesoi'], 0.8, color='0.85', lw=0))
-      if not r['n_seeds']:
-        ax.text(0, i, ' no data (not run) ', ha='center', va='center', fontsize=7, color='0.3')
-      color = _COLORS.get(r['verdict'].split(' ')[0].rstrip(':'), 'tab:gray')
-      if np.isfinite(r['ci_low']):
-        ax.plot([r['ci_low'], r['ci_high']], [i, i], color=color, lw=2)
-      ax.plot(r['delta'], i, 'o', color=color, ms=5)
-      if np.isfinite(r['paper_delta']):
-        ax.plot(r['paper_delta'], i, 'x', color='k', ms=7, mew=1.5)
-    ax.set_yticks(y)
-    ax.set_yticklabels([
-        f'{r["claim"]}: {r["arm"]} - {r["baseline"]}' + (f' ({r["group"]})' if r['group'] else '')
-        for r in members
-    ], fontsize=8)
-    unit = members[0]['unit']
-    ax.set_title(family + (f' ({unit})' if unit else ''), fontsize=9, loc='left')
-    ax.tick_params(axis='x', labelsize=8)
-    ax.grid(axis='x', alpha=0.3)
-    ax.set_ylim(-0.7, len(members) - 0.3)
-  handles = [
-      plt.Line2D([], [], color='tab:green', marker='o', label='agrees (the predicted sign)'),
-      plt.Line2D([], [], color='tab:red', marker='o', label='disagrees'),
-      plt.Line2D([], [], color='tab:blue', marker='o', label='equivalent (within +-SESOI)'),
-      plt.Line2D([], [], color='tab:gray', marker='o', label='inconclusive'),
-      plt.Line2D([], [], color='k', marker='x', ls='', label="paper's delta (another scale)"),
-      plt.Rectangle((0, 0), 1, 1, color='0.85', label='+-SESOI')
-  ]
-  fig.legend(handles=handles, loc='lower center', ncol=3, fontsize=8)
-  fig.suptitle(title, fontsize=10)
-  fig.tight_layout(rect=(0, 0.06, 1, 0.97))
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
-
-
 def write(rows, results_dir=RESULTS_DIR):
   """claims.csv, claims.md and the two forest plots in ``results_dir``; returns their paths."""
   csv_path = write_csv(rows, os.path.join(results_dir, 'claims.csv'))
@@ -358,12 +372,13 @@ def write(rows, results_dir=RESULTS_DIR):
   plots = []
   if confirmatory:
     plots.append(
-        forest(confirmatory, os.path.join(results_dir, 'claims_forest.png'),
-               'Confirmatory claims: arm - baseline, mean and 95% CI over 16 fresh seeds'))
+        figures.forest(
+            confirmatory, os.path.join(results_dir, 'claims_forest.png'),
+            'Confirmatory claims: arm - baseline, mean and 95% CI over 16 seeds [platform]'))
   if exploratory:
     plots.append(
-        forest(exploratory, os.path.join(results_dir, 'claims_forest_exploratory.png'),
-               'Exploratory accuracy claims (seeds 0-7): arm - baseline, mean and 95% CI'))
+        figures.forest(exploratory, os.path.join(results_dir, 'claims_forest_exploratory.png'),
+                       'Exploratory accuracy claims (seeds 0-7): arm - baseline, mean and 95% CI'))
   md_path = os.path.join(results_dir, 'claims.md')
   with open(md_path, 'w') as f:
     f.write(markdown(rows, forest_paths=plots))

@@ -8,7 +8,9 @@ import nbformat
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOTEBOOKS = ['per_token_gradients.ipynb', 'toy_appendix_a.ipynb', 'delta_tokens.ipynb']
+NOTEBOOKS = [
+    'per_token_gradients.ipynb', 'toy_appendix_a.ipynb', 'delta_tokens.ipynb', 'credit_tokens.ipynb'
+]
 
 
 @pytest.fixture(scope='module')
@@ -45,11 +47,13 @@ def test_committed_executed_with_outputs(name):
   assert any('image/png' in o.get('data', {}) for c in code for o in c.outputs), name
 
 
-# per_token_gradients.ipynb takes ~2 min: slow set only (its committed outputs are checked above).
-@pytest.mark.parametrize('name', [
-    pytest.param(n, marks=pytest.mark.slow) if n == 'per_token_gradients.ipynb' else n
-    for n in NOTEBOOKS
-])
+# per_token_gradients.ipynb and credit_tokens.ipynb take minutes: slow set only (their committed
+# outputs are checked above).
+SLOW = ('per_token_gradients.ipynb', 'credit_tokens.ipynb')
+
+
+@pytest.mark.parametrize(
+    'name', [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in NOTEBOOKS])
 def test_notebook_runs(name, kernel_env):
   del kernel_env
   from nbclient import NotebookClient  # pylint: disable=import-outside-toplevel

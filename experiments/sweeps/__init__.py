@@ -8,12 +8,14 @@ they carry (`CLAIMS`, experiments/sweeps/claims.py).
   lag.py      the policy-lag axis (asynchronous RL's off-policy data), exploratory
   lora.py     GSPO vs literal DFPO under LoRA ranks 1, 4, 16 (rates chosen on seeds 0-3)
   bestlr.py   best-vs-best: each method's learning rate chosen on seeds 0-7 by a declared rule
+  credit.py   the Cancellation Hypothesis's batching prediction (GRPO, whole groups vs rows)
   claims.py   every claim: comparison, family, the paper's delta and sign, SESOI, kind
 """
 import dataclasses
 
 from experiments.sweeps import bestlr
 from experiments.sweeps import confirm
+from experiments.sweeps import credit
 from experiments.sweeps import lag
 from experiments.sweeps import lora
 from experiments.sweeps import mismatch
@@ -37,6 +39,7 @@ SWEEPS = {
     **lag.SWEEPS,
     **lora.SWEEPS,
     **bestlr.SWEEPS,
+    **credit.SWEEPS,
 }
 
 

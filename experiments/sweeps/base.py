@@ -69,9 +69,14 @@ class Sweep:
   plot_x: str = 'step'  # or 'compute/generated_tokens'
   smoke: bool = False
   first_seed: int = 0  # seeds first_seed .. first_seed + seeds - 1 (confirmatory sweeps: 8)
+  # 'train': every run x seed is a `python -m jtc.train` run; 'probe': the runs are measured in
+  # process by experiments/credit_probe.py (one update per objective, no training run).
+  engine: str = 'train'
+  blocked: str = ''  # why it cannot run yet (experiments/run.py refuses it; tables still build)
 
 
-KINDS = ('confirmatory', 'exploratory', 'check')
+KINDS = ('confirmatory', 'exploratory', 'check', 'descriptive')
+SUBJECTS = ('paper', 'jtc')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,9 +87,15 @@ class Claim:
 
   family: the claims that answer one paper table or question (Holm corrects within it).
   kind: 'confirmatory' (fresh seeds, settings fixed in this file before they ran),
-    'exploratory' (the runs that chose the settings; shown, never the headline) or 'check' (an
+    'exploratory' (the runs that chose the settings; shown, never the headline), 'check' (an
     implementation check whose arms are identical by construction, e.g. DFPO = GSPO on-policy:
-    listed apart, outside every multiplicity correction and every tally).
+    listed apart, outside every multiplicity correction and every tally) or 'descriptive' (a
+    declared threshold on one measured quantity, ``sesoi`` the threshold: judged alone, outside
+    the corrections and the tallies).
+  subject: whose account the claim tests: 'paper' (a paper's prediction) or 'jtc' (an account
+    jtc wrote from its own results, e.g. the step-size account): only 'paper' claims are
+    tallied as verdicts on the papers.
+  baseline: '' compares ``arm`` against 0 (a quantity of one arm, e.g. a descriptive check).
   predicted: the predicted sign of arm - baseline: '>' / '<', '=' for no difference (a control,
     or an account that predicts none), '' where nothing is predicted.
   paper_delta: the paper's difference in the same units (None: not stated), measured in
@@ -114,10 +125,14 @@ class Claim:
   # paired by seed (e.g. does a correction change DFPO - GSPO?).
   minus: tuple = ()
   note: str = ''  # what a reader must know about the runs (claims.md prints it under the table)
+  subject: str = 'paper'
 
   def __post_init__(self):
     if self.kind not in KINDS:
       raise ValueError(f'claim {self.name!r}: kind={self.kind!r}; valid: {", ".join(KINDS)}')
+    if self.subject not in SUBJECTS:
+      raise ValueError(f'claim {self.name!r}: subject={self.subject!r}; valid: '
+                       f'{", ".join(SUBJECTS)}')
     if self.predicted not in ('>', '<', '=', ''):
       raise ValueError(
           f"claim {self.name!r}: predicted={self.predicted!r}; valid: '>', '<', '=', ''")

@@ -128,8 +128,11 @@ def offpolicy_gated_confirm(smoke=False):
 def table4_crn(smoke=False):
   """Issue 38: Table 4's growth claim, margin(G=16) - margin(G=2), decided on evaluations that
   are paired across G (table4_confirm evaluated G = 2 and G = 16 in batches of their training
-  shape, so its draws differed across G). Same seeds and settings as table4_confirm: the training
-  is that sweep's, only the evaluation's random numbers are now shared."""
+  shape, so its draws differed across G). The same seeds (8-23) and settings as table4_confirm,
+  but run on the H200 where table4_confirm ran on the CPU: the training is not bit-identical
+  across the two platforms (per run sd 0.7-1.0 points), and the per-seed growth of the two sweeps
+  correlates r = 0.01, so this is a second measurement on reused seeds, not the same training
+  re-evaluated (issue 54)."""
   gs, default, sequences = ((2, 4), 4, 8) if smoke else ((2, 16), 8, paper.SEQUENCES_PER_STEP)
   runs = tuple(
       at(r, f'G={g}', LR, *paper.group_size_overrides(g, default, sequences))
@@ -149,11 +152,16 @@ def table4_crn(smoke=False):
 def delta_reconfirm(smoke=False):
   """Issue 38: delta_confirm again at the current code. delta_confirm ran at 2095676, before
   b40ffc8 changed DelTA's 1 - p from 1 - exp(log p) to -expm1(log p) in the training
-  coefficients; both arms are re-run so that they share the evaluation's random numbers."""
+  coefficients; both arms are re-run so that they share the evaluation's random numbers. No
+  claim reads it (D.delta is delta_confirm's): it is an exploratory re-run on the seeds 8-23
+  that delta_confirm used, on the H200."""
   sweep = delta_confirm(smoke)
   shared = sweep.shared + (() if smoke else EVAL_CRN)
-  return dataclasses.replace(sweep, name='delta_reconfirm', shared=shared,
-                             description=sweep.description + ' Re-run at the current code.')
+  return dataclasses.replace(
+      sweep, name='delta_reconfirm', shared=shared,
+      description=('Exploratory re-run of delta_confirm at the current code (no claim reads it; '
+                   'seeds 8-23, which delta_confirm used): DelTA vs DAPO with the delta sweep\'s '
+                   'settings (dynamic sampling off, overlong shaping on).'))
 
 
 SWEEPS = {

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 
 from jtc import checks
 from jtc.analysis import grad_norms
+from jtc.analysis import gradient_mass
 from jtc.models import model as model_lib
 from jtc.models import logprobs
 from jtc import objectives
@@ -255,7 +256,8 @@ def step_diagnostics(params, model_config, batch, *, loss_name, loss_hparams, gr
   'diag/frac_traj_gated', 'diag/approx_kl' (from the loss's metrics at this point: how far
   off-policy it is), 'diag/energy_b{k}' (Eq. 24 share of bucket k; b0 = high frequency),
   'diag/shared_residual', 'diag/shared_net_share', 'diag/shared_energy', 'diag/shared_frac'
-  (`shared_token_residual`), 'diag/coef_abs_mean'.
+  (`shared_token_residual`), 'diag/coef_abs_mean', 'diag/mass_sign_balance' and
+  'diag/mass_mean_p' (FADE's gradient mass, `gradient_mass`).
 
   Cost: mode='proxy' is one forward pass of the batch (no backward pass) plus one extra
   chunked LM-head pass and O(B T) work, i.e. about a third of an update step on the same
@@ -300,6 +302,13 @@ def step_diagnostics(params, model_config, batch, *, loss_name, loss_hparams, gr
       'diag/coef_abs_mean': jnp.sum(jnp.abs(coef_BT)) / jnp.maximum(jnp.sum(real_BT), 1)
   }
   diag.update({f'diag/energy_b{k}': energy_O[k] for k in range(num_buckets)})
+  # FADE's gradient mass (jtc.analysis.gradient_mass): the sign axis and the mass-weighted
+  # success rate of the groups (the difficulty axis), from the same coefficients.
+  mass = gradient_mass.gradient_mass(coef_BT, mask_BT, batch.advantages_B, group_size=group_size)
+  diag.update({
+      'diag/mass_sign_balance': mass['sign_balance'],
+      'diag/mass_mean_p': mass['mass_mean_p']
+  })
   diag.update({
       f'diag/shared_{k}' if not k.startswith('shared') else f'diag/{k}': v for k, v in res.items()
   })

@@ -23,6 +23,8 @@ On disk, ``<run dir>/ledger/<step>/`` (a population member's run dir for a popul
                  shared_BT, mismatch_BT (log pi_train - log pi_sampler at the behaviour
                  policy), token_weights_BT (token-weighted losses only), ref_logps_BT (runs
                  with a KL term only), is_weights_BT (runs with a mismatch correction only),
+                 routing_flip_BT (mixture-of-experts runs only: the token's experts differ
+                 between the sampler and the behaviour pass's router in some layer),
                  prompt_BP,
                  prompt_mask_BP, and per point p in POINTS: logps_{p}_BT, coef_{p}_BT,
                  clip_low_{p}_BT, clip_high_{p}_BT, gated_{p}_B

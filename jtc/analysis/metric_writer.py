@@ -1,6 +1,7 @@
-"""Per-step metrics to `<workdir>/metrics.jsonl` and TensorBoard event files.
+"""Per-step metrics to `<workdir>/metrics.jsonl` and TensorBoard event files, sample generations
+to `<workdir>/samples.jsonl` (`jtc.analysis.samples`).
 
-On resume from step s, lines of the JSONL file with `step >= s` are dropped first (they are
+On resume from step s, lines of the JSONL files with `step >= s` are dropped first (they are
 recomputed identically) and TensorBoard purges its events from step s on, so a killed and resumed
 run leaves exactly one record per step in both, as an uninterrupted run would. A `tracking.Tracker`
 (Weights & Biases, when the config asks for it) is handed every record written, the kept ones
@@ -15,6 +16,7 @@ import os
 import numpy as np
 
 from jtc import files
+from jtc.analysis import samples as samples_lib
 
 
 def _to_python(value):
@@ -57,13 +59,17 @@ def last_record(workdir):
 class MetricWriter:
   """Writes scalar metrics to JSONL (and TensorBoard, when tensorboardX is installed)."""
 
-  def __init__(self, workdir, *, resume_step=0, files=True, tracker=None):
+  def __init__(self, workdir, *, resume_step=0, files=True, tracker=None, log=None, group_size=1):
     self.files = files  # False: records are made but nothing is written (not process 0)
     self.tracker = tracker  # a tracking.Tracker that logs every record too, or None
+    # The config's `log` section (its samples_every, samples) and G: the sample generations of
+    # the rollouts given to `write` (None: none are written).
+    self.log, self.group_size = log, group_size
     if not files:
       return
     os.makedirs(workdir, exist_ok=True)
-    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self.run_dir, self.path = workdir, os.path.join(workdir, 'metrics.jsonl')
+    samples_lib.keep_before(workdir, resume_step)
     kept = [r for r in read_jsonl(self.path) if r.get('step', -1) < resume_step]
     tmp = self.path + '.tmp'
     with open(tmp, 'w') as f:
@@ -82,7 +88,14 @@ class MetricWriter:
     except ImportError:
       self._tb = None
 
-  def write(self, step, metrics):
+  def write(self, step, metrics, rollout=None):
+    """Writes the step's record and, at a step `samples.due` under ``log.samples_every``, the
+    sample generations of its ``rollout`` (`samples.records`: to samples.jsonl and as the
+    tracker's table `samples.TABLE`, at the same step)."""
+    samples = None
+    if rollout is not None and self.log is not None and samples_lib.due(
+        step, self.log.samples_every):
+      samples = samples_lib.records(rollout, step, n=self.log.samples, group_size=self.group_size)
     record = {'step': int(step)}
     record.update({k: _to_python(v) for k, v in metrics.items()})
     if not self.files:
@@ -93,8 +106,11 @@ class MetricWriter:
       for k, v in record.items():
         if k != 'step' and isinstance(v, (int, float)):
           self._tb.add_scalar(k, v, int(step))
+    if samples:
+      samples_lib.append(self.run_dir, samples)
     if self.tracker is not None:
-      self.tracker.log(record)
+      self.tracker.log(record,
+                       tables={samples_lib.TABLE: samples_lib.table(samples)} if samples else None)
     return record
 
   def close(self, failed=False):

@@ -184,13 +184,19 @@ class Tracker:
         file=sys.stderr)
     return cls(run, held)
 
-  def log(self, record):
-    """Logs a metrics.jsonl record at its step, unless the W&B run already holds that step (a
-    step recomputed after a resume)."""
+  def log(self, record, tables=None):
+    """Logs a metrics.jsonl record at its step, with ``tables`` ({name: {'columns', 'data'}}) as
+    W&B tables, unless the W&B run already holds that step (a step recomputed after a resume)."""
     step = record['step']
     if step <= self.held_through:
       return
-    self.run.log(for_wandb(record), step=step, commit=True)
+    payload = for_wandb(record)
+    if tables:
+      import wandb  # pylint: disable=import-outside-toplevel
+      payload.update({
+          k: wandb.Table(columns=t['columns'], data=t['data']) for k, t in tables.items()
+      })
+    self.run.log(payload, step=step, commit=True)
     self.held_through = step
 
   def finish(self, exit_code=0):
@@ -261,17 +267,52 @@ def offline_records(run_dir, run_id=None):
   return [r for path in offline_dirs(run_dir, run_id) for r in read_run_log(path)]
 
 
+def _media(item):
+  """The W&B media objects of a history item (tables), {key: {'_type', 'path', ...}}: wandb's log
+  holds a table's fields flattened ('samples._type', 'samples.path', ...) or as one dict."""
+  out = {k: v for k, v in item.items() if isinstance(v, dict) and '_type' in v}
+  for k in item:
+    if k.endswith('._type'):
+      key = k[:-len('._type')]
+      out[key] = {f[len(key) + 1:]: x for f, x in item.items() if f.startswith(key + '.')}
+  return out
+
+
 def history(records):
   """The metrics of W&B records (`offline_records`): {'step': s, **metrics} per step logged,
-  without W&B's '_' keys, non-finite values as floats."""
+  without W&B's '_' keys and its tables (`offline_tables`), non-finite values as floats."""
   out = []
   for r in records:
     if r.get('type') == 'history':
       record = {'step': int(r['history'].get('step', {}).get('num', 0))}
-      for k, v in r['history']['item'].items():
-        if not k.startswith('_'):
+      item = r['history']['item']
+      media = _media(item)
+      for k, v in item.items():
+        if not k.startswith('_') and k not in media and not any(
+            k.startswith(m + '.') for m in media):
           record[k] = WANDB_NONFINITE.get(v, v) if isinstance(v, str) else v
       out.append(record)
+  return out
+
+
+def offline_tables(run_dir, name, run_id=None):
+  """The W&B tables ``name`` of ``run_dir``'s offline run, read back from the files wandb wrote:
+  ``[{'step', 'columns', 'data'}, ...]`` in the order logged."""
+  run_id = run_id or files.read_json(_state_path(run_dir), keys=('id',))['id']
+  out = []
+  for path in offline_dirs(run_dir, run_id):
+    for r in read_run_log(path):
+      if r.get('type') != 'history':
+        continue
+      value = _media(r['history']['item']).get(name)
+      if value:
+        with open(os.path.join(path, 'files', value['path']), encoding='utf-8') as f:
+          logged = json.load(f)
+        out.append({
+            'step': int(r['history'].get('step', {}).get('num', 0)),
+            'columns': logged['columns'],
+            'data': logged['data']
+        })
   return out
 
 

@@ -8,7 +8,8 @@ rows, the prompt exactly as the model reads it (chat template and suffix), its t
 against data.prompt_width and the configured verifier's score of the reference solution, and
 warns of the traps before a run (`jtc.data.preview`).
 
-PATH is what `config.data.dataset` would name: a JSONL or parquet file, a directory of
+PATH is what `config.data.dataset` would name: a JSONL or parquet file (or a comma-separated
+list and glob patterns of them: 'a.parquet,b.parquet', 'part-*.parquet'), a directory of
 <split>.jsonl / <split>.parquet files, or a Hugging Face dataset saved with save_to_disk. It
 prints the detected format and row schema, every split's row count, and the first N parsed
 (prompt, reference answer) pairs of each split. Every row is read and checked as a training run
@@ -42,6 +43,7 @@ def make_parser(prog='python -m jtc.data'):
 def config_lines(args):
   """The --config part: `jtc.data.preview` of the first --show rows of the train split."""
   from jtc.data import preview  # pylint: disable=import-outside-toplevel
+  from jtc.data import selection  # pylint: disable=import-outside-toplevel
   from jtc.data import verifiers  # pylint: disable=import-outside-toplevel
   from jtc.models import bundles  # pylint: disable=import-outside-toplevel
   from jtc.models import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
@@ -54,7 +56,7 @@ def config_lines(args):
                if c.policy.checkpoint else bundles.load_policy_bundle(c.policy.init).tokenizer)
   verifiers.check_config(c.data)
   source = formats.detect(args.path)
-  split = 'train' if 'train' in source.splits else sorted(source.splits)[0]
+  split = selection.train_split(args.path, c.data.train_split)
   rows = formats.read_files(source.format, source.splits[split],
                             question_field=c.data.question_field,
                             answer_field=c.data.answer_field)[:max(args.show, 1)]

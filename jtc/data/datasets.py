@@ -38,6 +38,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from jtc import files as files_lib
+from jtc.data import file_lists
 from jtc.data import formats
 from jtc.data import tasks as tasks_lib
 
@@ -200,7 +201,7 @@ def _resolve(
         'num_examples': sizes,
     }
     return 'jtc_synthetic', source, json.dumps(spec, sort_keys=True)
-  if os.path.exists(source):
+  if os.path.exists(source) or file_lists.is_list(source):
     found = formats.detect(source)
     files = [p for paths in found.splits.values() for p in paths]
     spec = {
@@ -213,11 +214,13 @@ def _resolve(
         'question_field': question_field,
         'answer_field': answer_field,
     }
-    slug = re.sub(r'[^A-Za-z0-9_]+', '_', os.path.basename(found.path))
+    first = os.path.basename(files[0] if len(files) > 1 else found.path)
+    slug = re.sub(r'[^A-Za-z0-9_]+', '_',
+                  first + (f'_and_{len(files) - 1}' if ',' in found.path else ''))
     return 'jtc_files', f'{found.format}_{slug}', json.dumps(spec, sort_keys=True)
   raise ValueError(
       f'unknown task or dataset {source!r}; valid: tasks {sorted(tasks_lib.TASKS)} or a path to a '
-      'JSONL or parquet file, a directory of <split>.jsonl / <split>.parquet files or a Hugging '
+      'JSONL or parquet file (or a comma-separated list and glob patterns of them), a directory of <split>.jsonl / <split>.parquet files or a Hugging '
       'Face dataset saved with save_to_disk')
 
 

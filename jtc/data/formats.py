@@ -8,7 +8,8 @@ File formats, detected from the path (``detect``):
   and ``data-*.arrow`` Arrow stream files; a ``DatasetDict``: ``dataset_dict.json`` and one such
   folder per split), read with pyarrow (``datasets`` is not needed).
 
-A file is split ``'train'``; a directory of ``<split>.jsonl`` or ``<split>.parquet`` files and a
+A file is split ``'train'``, and so is a list of files or glob patterns of one format
+(`file_lists`: ``'a.parquet,b.parquet'``, ``'part-*.parquet'``, read in that order); a directory of ``<split>.jsonl`` or ``<split>.parquet`` files and a
 ``DatasetDict`` have their splits; a saved ``Dataset`` is split ``'train'``.
 
 Row schemas, detected from the first row (``schema_of``):
@@ -44,6 +45,7 @@ import re
 from typing import Any, Iterator
 
 from jtc.data import examples
+from jtc.data import file_lists
 from jtc.data import rewards
 
 QUESTION_KEYS = ('question', 'problem', 'prompt', 'query')
@@ -127,6 +129,12 @@ def _split_files(path: str) -> tuple[str, dict[str, tuple[str, ...]]]:
 def detect(path: str) -> Source:
   """The `Source` at ``path`` (file or directory; see the module docstring); ValueError naming
     the path and what a dataset should be when it is none of them."""
+  if file_lists.is_list(path):  # several files, one split (verl's lists of files)
+    files = file_lists.expand(path)
+    found = {f: _file_format(f) for f in files}
+    if len(set(found.values())) > 1:
+      raise ValueError(f'{path!r}: files of several formats ({found}); a list names files of one')
+    return Source(','.join(files), found[files[0]], {'train': files})
   path = os.path.abspath(os.fspath(path))
   if os.path.isfile(path):
     return Source(path, _file_format(path), {'train': (path,)})

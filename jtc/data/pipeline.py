@@ -4,6 +4,7 @@
 The pipeline (``make_dataset`` / ``make_prompt_iterator``)::
 
     grain.MapDataset.source(tfds.data_source(...))  # random access over array_record
+      -> the rows kept (`selection.Rows.keep`: a held-out fraction, overlong prompts dropped)
       -> equal-size shard per process (index::count)
       -> seeded shuffle, re-shuffled every epoch
       -> repeat(num_epochs) -> batch -> to_iter_dataset()
@@ -16,7 +17,8 @@ Dimension key (docs/dimensions.md): B prompts, P prompt width.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Sequence
+from collections.abc import Sequence
+from typing import Any, Iterable, NamedTuple
 
 import grain
 import numpy as np
@@ -24,6 +26,27 @@ import numpy as np
 from jtc.data import datasets
 from jtc.data import examples
 from jtc.data import formats
+from jtc.data import overlong as overlong_lib
+from jtc.data import selection
+
+
+class Subset(Sequence):
+  """The records of a split at ``keep`` (indices in stored order; `selection.Rows.keep`)."""
+
+  def __init__(self, records, keep: Sequence[int]):
+    self._records, self._keep = records, keep
+
+  def __len__(self):
+    return len(self._keep)
+
+  def __getitem__(self, i):
+    return self._records[self._keep[i]]
+
+
+def _records(source: str, *, split: str, data_dir: str | None, keep: Sequence[int] | None,
+             **prepare_kwargs: Any):
+  records = datasets.data_source(source, split=split, data_dir=data_dir, **prepare_kwargs)
+  return records if keep is None else Subset(records, keep)
 
 
 def load_examples(
@@ -32,16 +55,25 @@ def load_examples(
     split: str,
     data_dir: str | None = None,
     limit: int | None = None,
+    keep: Sequence[int] | None = None,
     **prepare_kwargs: Any,
 ) -> list[dict[str, Any]]:
-  """The first ``limit`` (default all) examples of a split, in stored order, as dicts of str.
+  """The first ``limit`` (default all) examples of a split (of its rows at ``keep``, when given),
+    in stored order, as dicts of str.
 
     For evaluation loops and SFT that want plain lists rather than an iterator; reads the same
     prepared array_record files as ``make_prompt_iterator``.
     """
-  records = datasets.data_source(source, split=split, data_dir=data_dir, **prepare_kwargs)
+  records = _records(source, split=split, data_dir=data_dir, keep=keep, **prepare_kwargs)
   n = len(records) if limit is None else min(int(limit), len(records))
   return [_example(records[i]) for i in range(n)]
+
+
+def load_rows(rows: selection.Rows, *, data_dir: str | None,
+              limit: int | None = None) -> list[dict[str, Any]]:
+  """`load_examples` of a `selection.Rows`."""
+  return load_examples(rows.source, split=rows.split, data_dir=data_dir, limit=limit,
+                       keep=rows.keep, **dict(rows.fields))
 
 
 def _example(record: dict[str, Any]) -> dict[str, Any]:
@@ -71,6 +103,7 @@ def make_dataset(
     num_epochs: int | None = None,
     shard_index: int | None = None,
     shard_count: int | None = None,
+    keep: Sequence[int] | None = None,
     **prepare_kwargs: Any,
 ) -> grain.MapDataset:
   """Per-example ``grain.MapDataset`` of ``{'prompt', 'answer', ...}`` dicts of str.
@@ -78,7 +111,8 @@ def make_dataset(
     Shards (default ``jax.process_index()`` of ``jax.process_count()``) are contiguous-strided
     slices of equal size (the last ``len % count`` records are dropped so every process sees
     the same number of batches); then a ``seed``-ed shuffle, re-drawn every epoch, and
-    ``num_epochs`` repeats (``None`` = forever).
+    ``num_epochs`` repeats (``None`` = forever). ``keep``: only the split's rows at these indices
+    (`selection.Rows.keep`).
     """
   if shard_index is None or shard_count is None:
     import jax
@@ -89,7 +123,7 @@ def make_dataset(
     raise ValueError(f'shard_index must be in [0, {shard_count}), got {shard_index}')
   if num_epochs is not None and num_epochs < 1:
     raise ValueError(f'num_epochs must be >= 1 or None, got {num_epochs}')
-  records = datasets.data_source(source, split=split, data_dir=data_dir, **prepare_kwargs)
+  records = _records(source, split=split, data_dir=data_dir, keep=keep, **prepare_kwargs)
   n = len(records) // shard_count * shard_count
   if n == 0:
     raise ValueError(
@@ -152,22 +186,43 @@ def make_prompt_iterator(
   return iter(ds.to_iter_dataset())
 
 
+def rendered(tokenizer: Any, prompt: str, *, chat_template: bool = True) -> str:
+  """A prompt's text as the policy reads it: the chat template applied (a `examples.Conversation`
+  goes to it as its messages), or, ``chat_template=False``, its plain text."""
+  if not chat_template:
+    return str(prompt)
+  return tokenizer.apply_chat_template(
+      prompt.messages if isinstance(prompt, examples.Conversation) else prompt)
+
+
 def prompt_ids(tokenizer: Any, prompt: str, *, add_bos: bool = True,
                chat_template: bool = True) -> list[int]:
-  """``[bos] + encode(apply_chat_template(prompt))``: a prompt's tokens as the policy reads them
-  (bos only if the tokenizer has one, ``add_bos`` is set and the template did not add it).
-
-  A `examples.Conversation` goes to the template as its messages; without the template
-  (``chat_template=False``) it is its plain text."""
-  if chat_template:
-    text = tokenizer.apply_chat_template(
-        prompt.messages if isinstance(prompt, examples.Conversation) else prompt)
-  else:
-    text = str(prompt)
-  ids = tokenizer.encode(text)
+  """``[bos] + encode(rendered(prompt))``: a prompt's tokens as the policy reads them (bos only if
+  the tokenizer has one, ``add_bos`` is set and the template did not add it)."""
+  ids = tokenizer.encode(rendered(tokenizer, prompt, chat_template=chat_template))
   if add_bos and tokenizer.bos_id is not None and (not ids or ids[0] != tokenizer.bos_id):
     ids = [tokenizer.bos_id] + ids
   return ids
+
+
+def fitted_ids(tokenizer: Any, prompt: str, *, width: int, add_bos: bool = True,
+               chat_template: bool = True) -> list[int]:
+  """`prompt_ids`, cut on the left to ``width`` tokens when longer (``data.overlong='truncate'``,
+  `overlong.cut_left`): the tokens right after BOS go, never those of the last user turn
+  (ValueError naming the prompt when the cut would reach them)."""
+  ids = prompt_ids(tokenizer, prompt, add_bos=add_bos, chat_template=chat_template)
+  if len(ids) <= width:
+    return ids
+  text = rendered(tokenizer, prompt, chat_template=chat_template)
+  text_ids = tokenizer.encode(text)
+  before = tokenizer.encode(text[:overlong_lib.last_turn_start(text, prompt)])
+  head = int(tokenizer.bos_id is not None and ids[0] == tokenizer.bos_id)
+  added = len(ids) - len(text_ids)  # 1 when BOS was put before the text
+  cuttable = max(0, added + overlong_lib.common_prefix(text_ids, before) - head)
+  try:
+    return overlong_lib.cut_left(ids, width=width, head=head, cuttable=cuttable)
+  except ValueError as e:
+    raise ValueError(f'prompt {str(prompt)!r:.100}: {e}') from None
 
 
 def encode_prompts(
@@ -177,10 +232,12 @@ def encode_prompts(
     width: int,
     add_bos: bool = True,
     chat_template: bool = True,
+    truncate: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
   """Tokenizes prompts and LEFT-pads them to ``width`` (the prompt bucket P).
 
-    Each prompt becomes its `prompt_ids`, right-aligned so every completion starts at column P.
+    Each prompt becomes its `prompt_ids` (``truncate``: its `fitted_ids`), right-aligned so every
+    completion starts at column P.
 
     Returns:
       tokens_BP: int32 ``[B, P]``, ``pad_id`` on the left.
@@ -195,7 +252,9 @@ def encode_prompts(
   tokens_BP = np.full((len(prompts), width), tokenizer.pad_id, dtype=np.int32)
   mask_BP = np.zeros((len(prompts), width), dtype=np.int32)
   for b, prompt in enumerate(prompts):
-    ids = prompt_ids(tokenizer, prompt, add_bos=add_bos, chat_template=chat_template)
+    kwargs = dict(add_bos=add_bos, chat_template=chat_template)
+    ids = (fitted_ids(tokenizer, prompt, width=width, **kwargs) if truncate else prompt_ids(
+        tokenizer, prompt, **kwargs))
     if len(ids) > width:
       raise ValueError(
           f'prompt {prompt!r} has {len(ids)} tokens, more than the prompt width {width}')
@@ -205,74 +264,88 @@ def encode_prompts(
   return tokens_BP, mask_BP
 
 
-def _fields(data: Any) -> dict[str, str]:
-  """The field names of a config's `data` section, as `datasets.prepare` takes them."""
-  return {'question_field': data.question_field, 'answer_field': data.answer_field}
+def fit_rows(rows: selection.Rows, data: Any, *, tokenizer: Any, data_dir: str | None,
+             what: str) -> tuple[selection.Rows, str]:
+  """``rows`` under ``data.overlong`` drop / truncate (`jtc.data.overlong`), every prompt measured
+  (suffix and chat template included): (the rows kept, the line that says how many prompts were
+  dropped or truncated). A prompt truncation cannot fit is a ValueError naming its row."""
+  width, mode = data.prompt_width, data.overlong
+  prompts = [e['prompt'] + data.prompt_suffix for e in load_rows(rows, data_dir=data_dir)]
+  kwargs = dict(chat_template=data.chat_template)
+  over = [i for i, p in enumerate(prompts) if len(prompt_ids(tokenizer, p, **kwargs)) > width]
+  if mode == 'drop':
+    kept = sorted(set(range(len(prompts))) - set(over))
+    if not kept:
+      raise ValueError(f'config.data.overlong=\'drop\' drops every {what} prompt of '
+                       f'{rows.source!r} (split {rows.split!r}): none fits in '
+                       f'config.data.prompt_width={width}')
+    rows = rows.subset(kept)
+  else:
+    for i in over:
+      try:
+        fitted_ids(tokenizer, prompts[i], width=width, **kwargs)
+      except ValueError as e:
+        raise ValueError(f'{rows.where(i)}: {e}') from None
+  return rows, overlong_lib.note(mode, over=len(over), total=len(prompts), what=what, width=width)
 
 
-def train_split(path: str) -> str:
-  """The split of a dataset that trains: ``'train'``, else its only split (a directory holding
-  one ``dapo-math-17k.parquet``); ValueError naming its splits otherwise."""
-  splits = sorted(formats.detect(path).splits)
-  if 'train' in splits:
-    return 'train'
-  if len(splits) == 1:
-    return splits[0]
-  raise ValueError(f'{path}: no train split to train on; its splits are {splits}')
+class RunData(NamedTuple):
+  """What a run of a config's `data` section reads (`run_data`)."""
+  train_iters: list  # a training prompt iterator per seed (one per population member)
+  eval_examples: list  # the held-out problems ([]: evaluation is skipped)
+  width_prompts: list  # prompts to check the prompt width on: held-out and <= 2,000 training
+  notes: list  # lines to print before the run (data.overlong's counts)
 
 
-def held_out_split(path: str) -> str:
-  """The split of a dataset that holds out problems: ``'test'``, else its only split."""
-  splits = sorted(formats.detect(path).splits)
-  if 'test' in splits:
-    return 'test'
-  if len(splits) == 1:
-    return splits[0]
-  raise ValueError(f'{path}: no test split to evaluate on; its splits are {splits}')
+def held_out_examples(data: Any, *, limit: int, tokenizer: Any = None,
+                      whole_dataset: bool = False) -> tuple[str, list[dict[str, Any]], list[str]]:
+  """(the held-out split, its first ``limit`` problems, notes) of a config's `data` section
+  (`selection.held_out_rows`; ``whole_dataset``: `jtc eval`'s rows), overlong prompts dropped or
+  checked first under ``data.overlong`` drop / truncate (with ``tokenizer``)."""
+  data_dir = data.data_dir or None
+  held = selection.held_out_rows(data, whole_dataset=whole_dataset)
+  if held is None:
+    return '', [], []
+  notes = []
+  if data.overlong != 'error' and tokenizer is not None:
+    held, note = fit_rows(held, data, tokenizer=tokenizer, data_dir=data_dir, what='held-out')
+    notes.append(note)
+  return held.split, load_rows(held, data_dir=data_dir, limit=limit), notes
 
 
-def held_out_examples(data: Any, *, data_dir: str | None, limit: int) -> list[dict[str, Any]]:
-  """The held-out problems of a config's `data` section: the task's test split, the
-    `eval_dataset`'s test split (or its only split: a file), or the dataset's test split; []
-    when there is none (evaluation is then skipped)."""
-  if not data.dataset:
-    return load_examples(data.task, split='test', data_dir=data_dir, limit=limit)
-  if data.eval_dataset:
-    return load_examples(data.eval_dataset, split=held_out_split(data.eval_dataset),
-                         data_dir=data_dir, limit=limit, **_fields(data))
-  if 'test' in formats.detect(data.dataset).splits:
-    return load_examples(data.dataset, split='test', data_dir=data_dir, limit=limit,
-                         **_fields(data))
-  return []
-
-
-def run_data(
-    data: Any, *, batch_size: int, seeds: Sequence[int],
-    eval_problems: int) -> tuple[list[grain.DatasetIterator], list[dict[str, Any]], list[str]]:
-  """What a run of a config's `data` section reads: (a training prompt iterator per seed (one per
-  member of a population), held-out examples, prompts to size the prompt width on: the held-out
-  ones and up to 2,000 training ones).
+def run_data(data: Any, *, batch_size: int, seeds: Sequence[int], eval_problems: int,
+             tokenizer: Any = None) -> RunData:
+  """What a run of a config's `data` section reads (`RunData`): its rows (`selection`),
+  overlong prompts dropped or checked under ``data.overlong`` drop / truncate (``tokenizer``
+  measures them).
 
   Every process reads the same global batch (shard 0 of 1): host-side logic (rewards,
   advantages) is replicated, the device work is sharded over the mesh.
   """
   data_dir = data.data_dir or None  # None: jtc's cache ($JTC_DATA_DIR or ~/.cache/jtc/data)
-  source = data.dataset or data.task
-  fields = _fields(data) if data.dataset else {}
-  split = train_split(data.dataset) if data.dataset else 'train'
+  train = selection.train_rows(data)
+  notes = []
+  if data.overlong != 'error':
+    if tokenizer is None:
+      raise ValueError(f'config.data.overlong={data.overlong!r} measures every prompt: pass the '
+                       'tokenizer')
+    train, note = fit_rows(train, data, tokenizer=tokenizer, data_dir=data_dir, what='training')
+    notes.append(note)
   train_iters = [
-      make_prompt_iterator(source, split=split, batch_size=batch_size, seed=seed, data_dir=data_dir,
-                           shard_index=0, shard_count=1, **fields) for seed in seeds
+      make_prompt_iterator(train.source, split=train.split, batch_size=batch_size, seed=seed,
+                           data_dir=data_dir, shard_index=0, shard_count=1, keep=train.keep,
+                           **dict(train.fields)) for seed in seeds
   ]
-  eval_examples = held_out_examples(data, data_dir=data_dir, limit=eval_problems)
-  train_examples = load_examples(source, split=split, data_dir=data_dir, limit=2000, **fields)
-  return train_iters, eval_examples, [e['prompt'] for e in eval_examples + train_examples]
+  _, eval_examples, held_notes = held_out_examples(data, limit=eval_problems, tokenizer=tokenizer)
+  train_examples = load_rows(train, data_dir=data_dir, limit=2000)
+  return RunData(train_iters, eval_examples, [e['prompt'] for e in eval_examples + train_examples],
+                 notes + held_notes)
 
 
 def check_config(data: Any, *, tasks: Any, reward_fns: Any) -> None:
   """A config's `data` section, before any compute (``tasks``, ``reward_fns``: the valid
-    task and verifier names): a dataset's format is detected here (its rows are checked when it
-    is prepared, also before any compute)."""
+    task and verifier names): a dataset's format and splits are detected here (its rows are
+    checked when it is prepared, also before any compute)."""
   for key in ('dataset', 'eval_dataset'):
     if data[key]:
       try:
@@ -290,3 +363,5 @@ def check_config(data: Any, *, tasks: Any, reward_fns: Any) -> None:
   if data.reward and ':' not in data.reward and data.reward not in reward_fns:
     raise ValueError(f'config.data.reward={data.reward!r} is not valid; valid: '
                      f'{sorted(reward_fns)}')
+  overlong_lib.check(data.overlong)
+  selection.check_config(data)

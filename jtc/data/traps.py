@@ -58,8 +58,7 @@ def for_run(data: Any, reward_fn: Callable) -> list[str]:
   if not data.dataset:
     return []
   from jtc.data import pipeline  # pylint: disable=import-outside-toplevel
-  examples = pipeline.load_examples(data.dataset, split=pipeline.train_split(data.dataset),
-                                    data_dir=data.data_dir or None, limit=ROWS,
-                                    question_field=data.question_field,
-                                    answer_field=data.answer_field)
+  from jtc.data import selection  # pylint: disable=import-outside-toplevel
+  examples = pipeline.load_rows(selection.train_rows(data), data_dir=data.data_dir or None,
+                                limit=ROWS)
   return warnings(data, reward_fn, examples)

@@ -24,6 +24,7 @@ string is returned unchanged.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
@@ -267,20 +268,12 @@ class HFTokenizer:
       raise ValueError('this tokenizer has no chat_template (tokenizer_config.json or '
                        'chat_template.jinja) to render messages with')
     try:
-      import jinja2.sandbox
+      template = _compiled_template(self.chat_template)
     except ImportError:  # documented fallback
       if isinstance(prompt, str):
         return prompt
       raise
-
-    def raise_exception(message):
-      raise ValueError(f'chat template error: {message}')
-
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.filters['tojson'] = lambda x, indent=None, **_: json.dumps(x, indent=indent, ensure_ascii=
-                                                                   False)
-    env.globals['raise_exception'] = raise_exception
-    return env.from_string(self.chat_template).render(
+    return template.render(
         messages=messages,
         add_generation_prompt=add_generation_prompt,
         bos_token=self.bos_token or '',
@@ -288,6 +281,21 @@ class HFTokenizer:
         pad_token=self.pad_token,
         **template_kwargs,
     )
+
+
+def _raise_exception(message):
+  raise ValueError(f'chat template error: {message}')
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled_template(source: str):
+  """A chat template compiled once (measuring every prompt of a dataset renders it per row)."""
+  import jinja2.sandbox  # pylint: disable=import-outside-toplevel
+  env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+  env.filters['tojson'] = lambda x, indent=None, **_: json.dumps(x, indent=indent, ensure_ascii=
+                                                                 False)
+  env.globals['raise_exception'] = _raise_exception
+  return env.from_string(source)
 
 
 def _char_from_spec(spec: dict[str, Any]) -> CharTokenizer:

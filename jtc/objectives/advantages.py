@@ -15,6 +15,12 @@ A zero-variance group (all rewards identical, tested exactly with max == min) ge
 exactly 0, never NaN, and is counted in the ``frac_zero_std`` metric. All three estimators give
 zero-mean advantages in each group, the premise of the token-cancellation argument (paper Eq. 6).
 
+``sign`` keeps the advantages of one sign only (`keep_sign`): 'positive' trains on the rollouts
+that beat their group's baseline and nothing else (the positive-only control of the Cancellation
+Hypothesis, Cheng et al. 2026, arXiv 2605.08666), 'negative' on the others; 'both' (default) is
+every estimator as written. One sign breaks the zero group mean on purpose: nothing is left to
+cancel.
+
 ``batch_normalize=True`` then divides by the standard deviation of the advantages over the whole
 batch (no re-centring: the group means are already zero, and zero-variance groups stay exactly 0).
 """
@@ -53,6 +59,18 @@ def rloo(rewards_MG, *, eps, std_ddof):
 
 
 ADVANTAGES = {'grpo': grpo, 'dr_grpo': dr_grpo, 'rloo': rloo}
+SIGNS = ('both', 'positive', 'negative')
+
+
+def keep_sign(adv_B, sign):
+  """The advantages with the other sign set to 0: ``sign`` 'positive' keeps A > 0, 'negative'
+  keeps A < 0, 'both' keeps everything (the array itself)."""
+  if sign not in SIGNS:
+    raise ValueError(f'advantage sign={sign!r}; valid: {", ".join(SIGNS)}')
+  if sign == 'both':
+    return adv_B
+  keep = adv_B > 0 if sign == 'positive' else adv_B < 0
+  return jnp.where(keep, adv_B, 0.0)
 
 
 def _check_args(name, rewards_B, group_size, eps, std_ddof):

@@ -10,6 +10,7 @@ __all__ = [
     'evaluation',
     'export',
     'ledger_recorder',
+    'minibatch_order',
     'population',
     'preflight',
     'progress',

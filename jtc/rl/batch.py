@@ -16,6 +16,7 @@ from jtc.objectives import corrections
 from jtc.rl import evaluation
 from jtc.rl import population as population_lib
 from jtc.rl import rollout as rollout_lib
+from jtc.rl import routing
 from jtc.rl import sharding as sharding_lib
 from jtc.rl.update import Batch
 
@@ -47,26 +48,40 @@ def make_batch(config, rollouts, params, run_state, *, task, behaviour_fn, ref_p
   tokens, input_mask = population.stack([r.tokens_BL for r in rollouts
                                         ]), population.stack([r.input_mask_BL for r in rollouts])
   tokens_BL, input_mask_BL = to_device(tokens), to_device(input_mask)
+  # A MoE policy's sampled experts; those the behaviour pass and the updates replay (`routing`).
+  experts = None if rollouts[0].experts_BLYW is None else population.stack(
+      [r.experts_BLYW for r in rollouts])
+  replay = routing.replay_experts(experts, config.rollout.routing_replay, config.data.prompt_width)
   score = functools.partial(
       rollout_lib.behaviour_logps, behaviour_fn, tokens_BL=tokens_BL, input_mask_BL=input_mask_BL,
       host_tokens_BL=tokens, host_input_mask_BL=input_mask, to_device=to_device,
       chunk_rows=rollout_lib.score_chunk_prompts(config.rollout) *
-      config.rollout.sampling.num_samples, axis=1 if population.batched else 0)
+      config.rollout.sampling.num_samples, axis=1 if population.batched else 0,
+      host_replay_BLYW=replay)
   # The trainer's behaviour log-probs: the ratios' denominator (behaviour_logps='recompute'), the
   # mismatch measured against the sampler's, DelTA's hidden states.
   behaviour = score(params)
   sampler_logps = to_device(population.stack([r.sampler_logps_BT for r in rollouts]))
   recompute = config.rollout.behaviour_logps == 'recompute'
-  batch = Batch(tokens_BL=tokens_BL, input_mask_BL=input_mask_BL,
-                mask_BT=to_device(stack('mask_BT')), advantages_B=to_device(stack('adv_B')),
-                old_logps_BT=behaviour['logps'] if recompute else sampler_logps,
-                ref_logps_BT=None if ref_params is None else score(ref_params)['logps'])
+  batch = Batch(
+      tokens_BL=tokens_BL, input_mask_BL=input_mask_BL, mask_BT=to_device(stack('mask_BT')),
+      advantages_B=to_device(stack('adv_B')),
+      old_logps_BT=behaviour['logps'] if recompute else sampler_logps, ref_logps_BT=None
+      if ref_params is None else score(ref_params, host_replay_BLYW=None)['logps'],
+      replay_BLYW=None if replay is None else to_device(replay))
   metrics = [h['metrics'] for h in host]
   real_BT = to_device(population.stack([r.completion_mask_BT for r in rollouts]))
   batch, step_metrics = _off_policy(
       config, batch, behaviour['logps'], sampler_logps, real_BT,
       proximal_logps=None if proximal_params is None else score(proximal_params)['logps'],
       population=population)
+  if experts is not None:  # routing flips: the sampler's experts vs the behaviour pass's router
+    step_metrics.update({
+        f'mismatch/{k}': v
+        for k, v in population.map(routing.step_metrics)(to_device(experts[
+            ..., config.data.prompt_width:, :, :]), behaviour['experts'], behaviour['logps'] -
+                                                         sampler_logps, real_BT).items()
+    })
   for m, values in zip(metrics, population.unstack(sharding_lib.to_host(step_metrics))):
     m.update({k: float(v) for k, v in values.items()})
   completion_BT = population.stack([r.completion_BT for r in rollouts])
@@ -129,6 +144,7 @@ def _host_batch(config, rollout):
       config.advantage.name, jnp.asarray(rewards_B), group_size=config.rollout.sampling.num_samples,
       eps=config.advantage.eps, std_ddof=config.advantage.std_ddof,
       batch_normalize=config.advantage.batch_normalize)
+  adv_B = advantages_lib.keep_sign(adv_B, config.advantage.sign)
   mask_BT = rollout.completion_mask_BT.astype(np.float32)
   if config.dapo.mask_truncated:
     mask_BT = mask_BT * (~rollout.truncated_B)[:, None]

@@ -18,6 +18,7 @@ from jtc import objectives
 from jtc.data import rewards as rewards_lib
 from jtc.data import verifiers
 from jtc.rl import population as population_lib
+from jtc.rl import minibatch_order
 from jtc.rl import rollout as rollout_lib
 from jtc.rl import routing
 from jtc.rl import sharding as sharding_lib
@@ -71,6 +72,10 @@ def _validate_run(c):
   verifiers.check_config(c.data)
   checks.positive_int('config.num_steps', c.num_steps)
   checks.choice('config.advantage.name', c.advantage.name, advantages_lib.ADVANTAGES)
+  checks.choice('config.advantage.sign', c.advantage.sign, advantages_lib.SIGNS)
+  if c.advantage.sign != 'both' and c.token_weights:
+    raise ValueError(f'config.advantage.sign={c.advantage.sign!r} with config.token_weights='
+                     f"{c.token_weights!r}: DelTA's token classes need both signs; use 'both'")
   checks.choice('config.loss.name', c.loss.name, objectives.LOSSES)
   objectives.check_hparams(c.loss.name, c.loss.hparams.to_dict())
   if objectives.LOSSES[c.loss.name].token_weighted != bool(c.token_weights):
@@ -82,6 +87,7 @@ def _validate_run(c):
     token_weights.PLUGINS[c.token_weights].check_config(c.delta)
   rollout_lib.check_config(c)
   update_lib.check_config(c.optim, c.rollout.prompts_per_step)
+  minibatch_order.check_config(c)
   checks.choice('config.log.diagnostics_mode', c.log.diagnostics_mode, ('proxy', 'exact'))
   checks.in_range('config.log.diagnostics_every', c.log.diagnostics_every, low=0, integer=True)
   checks.in_range('config.log.ledger_every', c.log.ledger_every, low=0, integer=True)

@@ -12,6 +12,7 @@ import numpy as np
 
 from jtc.analysis import ledger as ledger_lib
 from jtc.models import logprobs
+from jtc.rl import routing
 from jtc.rl import sharding as sharding_lib
 
 
@@ -19,16 +20,19 @@ def make_columns_fn(c, model_config, population):
   """The jitted (params, batch) -> ledger columns of the config's loss, mapped over members."""
 
   def columns(params, batch):
-    logps_BT = logprobs.sequence_logprobs(params, model_config, batch.tokens_BL,
-                                          batch.input_mask_BL,
-                                          completion_start=c.data.prompt_width)['logps']
-    return ledger_lib.token_ledger(
-        logps_BT, tokens_BL=batch.tokens_BL, input_mask_BL=batch.input_mask_BL,
+    out = logprobs.sequence_logprobs(params, model_config, batch.tokens_BL, batch.input_mask_BL,
+                                     completion_start=c.data.prompt_width,
+                                     replay_BLYW=batch.replay_BLYW)
+    cols = ledger_lib.token_ledger(
+        out['logps'], tokens_BL=batch.tokens_BL, input_mask_BL=batch.input_mask_BL,
         old_logps_BT=batch.old_logps_BT, advantages_B=batch.advantages_B, mask_BT=batch.mask_BT,
         group_size=c.rollout.sampling.num_samples, completion_start=c.data.prompt_width,
         loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
         token_weights_BT=batch.token_weights_BT, ref_logps_BT=batch.ref_logps_BT,
         is_weights_BT=batch.is_weights_BT)
+    if 'experts' in out:  # a MoE policy's own routing, for the routing-flip column
+      cols['experts'] = out['experts']
+    return cols
 
   return jax.jit(population.map(columns))
 
@@ -78,6 +82,11 @@ class LedgerRecorder:
         columns['is_weights_BT'] = member(batch.is_weights_BT)
       for point, cols in self.points.items():
         cols = member(cols)
+        if point == 'behaviour' and rollout.experts_BLYW is not None:  # a MoE run's (`routing`)
+          columns['routing_flip_BT'] = np.asarray(
+              routing.token_flips(rollout.experts_BLYW[:, c.data.prompt_width:],
+                                  cols.pop('experts'), rollout.completion_mask_BT))
+        cols.pop('experts', None)
         columns['shared_BT'] = cols['shared']
         if point == 'behaviour':
           columns['mismatch_BT'] = np.where(columns['completion_mask_BT'] > 0,

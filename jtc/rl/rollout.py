@@ -54,6 +54,10 @@ class Rollout:
   truncated_B: no EOS within T tokens.
   rewards_B: verifier rewards (before any shaping).
   texts: the decoded completions.
+  prompts / answers: each row's prompt and reference answer (a `Reference`, with its
+    ``data_source``), for the sample generations a run logs (`jtc.analysis.samples`).
+  experts_BLYW: a mixture-of-experts policy's experts of every token in every layer as the
+    sampler routed them (`SampleOutput.experts_RLYW`; `jtc.rl.routing`), else None.
   """
   tokens_BL: np.ndarray
   input_mask_BL: np.ndarray
@@ -63,6 +67,9 @@ class Rollout:
   truncated_B: np.ndarray
   rewards_B: np.ndarray
   texts: tuple = flax.struct.field(pytree_node=False)
+  prompts: tuple = flax.struct.field(pytree_node=False, default=())
+  answers: tuple = flax.struct.field(pytree_node=False, default=())
+  experts_BLYW: np.ndarray | None = None
 
   @property
   def lengths_B(self):
@@ -90,10 +97,12 @@ class Generator:
   prompt_width: int
   chat_template: bool = True
   prompt_suffix: str = ''
+  overlong: str = 'error'  # data.overlong: 'truncate' cuts a longer prompt (jtc.data.overlong)
   chunk_prompts: int = 0
   to_device: Callable = jnp.asarray
   population: population_lib.Population = population_lib.SINGLE
   mesh: Any = None
+  return_routing: bool = False  # keep a MoE sampler's routed experts (`Rollout.experts_BLYW`)
 
   @classmethod
   def from_config(cls, c, model_config, tokenizer, task, *, to_device=jnp.asarray,
@@ -104,8 +113,8 @@ class Generator:
     return cls(model_config=model_config, tokenizer=tokenizer,
                reward_fn=verifiers.from_config(c.data, task), prompt_width=c.data.prompt_width,
                chat_template=c.data.chat_template, prompt_suffix=c.data.prompt_suffix,
-               chunk_prompts=c.rollout.chunk_prompts, to_device=to_device, population=population,
-               mesh=mesh)
+               overlong=c.data.overlong, chunk_prompts=c.rollout.chunk_prompts, to_device=to_device,
+               population=population, mesh=mesh, return_routing=model_config.is_moe)
 
   def close(self):
     """Ends the verifier's worker processes, if it has any."""
@@ -113,7 +122,13 @@ class Generator:
 
   def check_prompt_width(self, prompts):
     """ValueError naming config.data.prompt_width when the longest of ``prompts`` (suffix and
-    chat template included) does not fit, before any compute."""
+    chat template included) does not fit, before any compute (under data.overlong='truncate',
+    when one cannot be cut to fit)."""
+    if self.overlong == 'truncate':
+      for p in prompts:
+        data_lib.fitted_ids(self.tokenizer, p + self.prompt_suffix, width=self.prompt_width,
+                            chat_template=self.chat_template)
+      return
     need, longest = max(((len(
         data_lib.prompt_ids(self.tokenizer, p + self.prompt_suffix,
                             chat_template=self.chat_template)), p)
@@ -129,10 +144,9 @@ class Generator:
     population that varies it."""
     pop = self.population
     encoded = [
-        data_lib.encode_prompts(self.tokenizer, [p + self.prompt_suffix
-                                                 for p in prompts], width=self.prompt_width,
-                                chat_template=self.chat_template)
-        for prompts in prompts_M
+        data_lib.encode_prompts(self.tokenizer, [p + self.prompt_suffix for p in prompts],
+                                width=self.prompt_width, chat_template=self.chat_template,
+                                truncate=self.overlong == 'truncate') for prompts in prompts_M
     ]
     tokens_BP = self.to_device(pop.stack([t for t, _ in encoded]))
     mask_BP = self.to_device(pop.stack([m for _, m in encoded]))
@@ -140,6 +154,8 @@ class Generator:
                   row_sharding=None if self.mesh is None else sharding_lib.RowSharding(self.mesh))
     if temperature is not None:
       kwargs['temperature'] = temperature if pop.batched else float(temperature)
+    if self.return_routing:
+      kwargs['return_routing'] = True
     sample = sampler_lib.sample_members if pop.batched else sampler_lib.sample
     out = sample(params, self.model_config, tokens_BP, mask_BP, rng=rng, **kwargs)
     return pop.unstack(sharding_lib.to_host(out))
@@ -175,13 +191,17 @@ def generate(gen, params, prompts_M, answers_M, rng, sampling, temperature=None)
         Rollout(tokens_BL=out.tokens_RL, input_mask_BL=out.input_mask_RL,
                 completion_BT=out.completion_RT, completion_mask_BT=out.completion_mask_RT,
                 sampler_logps_BT=out.logps_RT, truncated_B=out.truncated_R, rewards_B=rewards_B,
-                texts=texts))
+                texts=texts, prompts=tuple(p for p in prompts for _ in range(G)),
+                answers=tuple(a for a in answers for _ in range(G)), experts_BLYW=out.experts_RLYW))
   return rollouts
 
 
 # ---------------------------------------------------------------------------------------------
 # Training rollouts: DAPO dynamic sampling (refill zero-variance groups), overlong shaping.
 # ---------------------------------------------------------------------------------------------
+
+# The fields of a `Rollout` that are not arrays (one Python value per row).
+STATIC_FIELDS = ('texts', 'prompts', 'answers')
 
 
 def informative_groups(rewards_B, group_size):
@@ -198,9 +218,9 @@ def refill(rollout, donor, keep_M, group_size):
   arrays = {
       f.name: np.array(getattr(rollout, f.name))
       for f in dataclasses.fields(rollout)
-      if f.name != 'texts'
+      if f.name not in STATIC_FIELDS and getattr(rollout, f.name) is not None
   }
-  texts = list(rollout.texts)
+  static = {name: list(getattr(rollout, name)) for name in STATIC_FIELDS}
   for g in np.flatnonzero(~keep_M):
     if not donors:
       break
@@ -208,8 +228,9 @@ def refill(rollout, donor, keep_M, group_size):
     dst, src = slice(g * G, (g + 1) * G), slice(d * G, (d + 1) * G)
     for name, x in arrays.items():
       x[dst] = np.asarray(getattr(donor, name))[src]
-    texts[dst] = donor.texts[src]
-  return rollout.replace(texts=tuple(texts), **arrays)
+    for name, values in static.items():
+      values[dst] = getattr(donor, name)[src]
+  return rollout.replace(**{k: tuple(v) for k, v in static.items()}, **arrays)
 
 
 def collect(gen, params, next_examples_M, rng, *, sampling, dynamic_sampling, max_rounds,
@@ -260,21 +281,22 @@ def overlong_shaping(lengths_B, *, max_new_tokens, buffer, penalty):
   return -penalty * over / buffer
 
 
-def behaviour_pass(params, tokens_BL, input_mask_BL, *, model_config, completion_start,
-                   return_hidden, row_sharding=None):
+def behaviour_pass(params, tokens_BL, input_mask_BL, replay_BLYW=None, *, model_config,
+                   completion_start, return_hidden, row_sharding=None):
   """Log-probs [B, T] (and hidden states [B, T, D] when asked) of the rollouts: one forward
-  pass, no gradient. Jit with everything but the arrays static."""
+  pass, no gradient; a MoE policy routes by ``replay_BLYW`` (`jtc.rl.routing`) when given. Jit
+  with everything but the arrays static."""
   chex.assert_equal_shape([tokens_BL, input_mask_BL])
   return logprobs.sequence_logprobs(params, model_config, tokens_BL, input_mask_BL,
                                     completion_start=completion_start, return_hidden=return_hidden,
-                                    row_sharding=row_sharding)
+                                    row_sharding=row_sharding, replay_BLYW=replay_BLYW)
 
 
 def jit_behaviour(model_config, *, completion_start, return_hidden,
                   population=population_lib.SINGLE, mesh=None):
   """`behaviour_pass` jitted (and mapped over a population's members): fn(params, tokens_BL,
-  input_mask_BL) -> {'logps', 'entropy'(, 'hidden')}; with a ``mesh``, the activations' rows
-  over its batch axes (`sharding_lib.RowSharding`)."""
+  input_mask_BL[, replay_BLYW]) -> {'logps', 'entropy'(, 'hidden')(, 'experts', 'router_aux')};
+  with a ``mesh``, the activations' rows over its batch axes (`sharding_lib.RowSharding`)."""
   row_sharding = None if mesh is None else sharding_lib.RowSharding(mesh)
   return jax.jit(
       population.map(
@@ -289,17 +311,21 @@ def score_chunk_prompts(rollout):
 
 
 def behaviour_logps(behaviour_fn, params, *, tokens_BL, input_mask_BL, host_tokens_BL,
-                    host_input_mask_BL, chunk_rows, to_device, axis=0):
+                    host_input_mask_BL, chunk_rows, to_device, axis=0, host_replay_BLYW=None):
   """``behaviour_fn`` (a jitted `behaviour_pass`) over the rollouts already on the device, or
   ``chunk_rows`` rows at a time from their host copies (0 = all at once); the rows are on
-  ``axis`` (1 behind a population's member axis)."""
+  ``axis`` (1 behind a population's member axis). ``host_replay_BLYW``: the experts a MoE
+  policy replays (`jtc.rl.routing`), or None."""
   B = tokens_BL.shape[axis]
+  replay = () if host_replay_BLYW is None else (host_replay_BLYW,)
   if not chunk_rows or chunk_rows >= B:
-    return behaviour_fn(params, tokens_BL, input_mask_BL)
+    return behaviour_fn(params, tokens_BL, input_mask_BL, *map(to_device, replay))
   rows = lambda x, s: x[(slice(None),) * axis + (slice(s, s + chunk_rows),)]
   parts = [
-      behaviour_fn(params, to_device(rows(host_tokens_BL, s)),
-                   to_device(rows(host_input_mask_BL, s))) for s in range(0, B, chunk_rows)
+      behaviour_fn(params,
+                   *(to_device(rows(x, s))
+                     for x in (host_tokens_BL, host_input_mask_BL, *replay)))
+      for s in range(0, B, chunk_rows)
   ]
   return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=axis), *parts)
 

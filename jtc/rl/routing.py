@@ -58,6 +58,16 @@ def check_config(c, model_config, population_size=1):
                        "its experts take no adapters; valid targets: 'q', 'k', 'v', 'o'")
 
 
+def add_router_aux(loss_and_metrics, out, coef):
+  """An objective's (loss, metrics) plus ``coef`` x a MoE policy's load-balancing loss
+  (`sequence_logprobs`'s 'router_aux'), which the metrics log as 'router_aux' (a dense policy's
+  pass through unchanged)."""
+  loss, metrics = loss_and_metrics
+  if 'router_aux' not in out:
+    return loss, metrics
+  return loss + coef * out['router_aux'], {**metrics, 'router_aux': out['router_aux']}
+
+
 def needs_routing(c, model_config) -> bool:
   """Whether the rollouts keep the sampler's experts: every MoE run (the flip metrics)."""
   return model_config.is_moe
@@ -65,22 +75,27 @@ def needs_routing(c, model_config) -> bool:
 
 def replay_experts(experts_BLYW, mode, prompt_width):
   """The experts the passes replay for ``mode`` (`REPLAYS`): None ('none'), the sampler's for the
-  completion tokens and -1 (the router decides) for the prompt ('behaviour'), or all of them."""
+  completion tokens and -1 (the router decides) for the prompt ('behaviour'), or all of them
+  (host arrays [(E,) B, L, Y, W])."""
   if mode == 'none' or experts_BLYW is None:
     return None
   if mode == 'behaviour':
     experts_BLYW = np.array(experts_BLYW)
-    experts_BLYW[:, :prompt_width] = -1
+    experts_BLYW[..., :prompt_width, :, :] = -1
   return experts_BLYW
 
 
 def step_metrics(sampler_experts_BTYW, trainer_experts_BTYW, delta_BT, mask_BT):
   """The routing flips of a step's completion tokens as flat metrics: 'routing_flip_rate',
-  'routing_flip_rate_layer<y>', 'routing_abs_delta_share' (jit-able), and the per-token flag
-  'routing_flip_BT' (a flip in some layer; for the ledger)."""
+  'routing_flip_rate_layer<y>', 'routing_abs_delta_share' (jit-able)."""
   flips_BTY = mismatch.routing_flips(sampler_experts_BTYW, trainer_experts_BTYW)
   m = mismatch.routing_metrics(flips_BTY, delta_BT, mask_BT)
   out = {'routing_flip_rate': m['flip_rate'], 'routing_abs_delta_share': m['abs_delta_share']}
   out.update({f'routing_flip_rate_layer{y}': r for y, r in enumerate(m['flip_rate_layer'])})
-  out['routing_flip_BT'] = jnp.any(flips_BTY, axis=-1) & (mask_BT > 0)
   return out
+
+
+def token_flips(sampler_experts_BTYW, trainer_experts_BTYW, mask_BT):
+  """[B, T] bool: the real tokens whose experts differ in some layer (the ledger's column)."""
+  flips_BTY = mismatch.routing_flips(sampler_experts_BTYW, trainer_experts_BTYW)
+  return jnp.any(flips_BTY, axis=-1) & (mask_BT > 0)

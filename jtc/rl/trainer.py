@@ -113,14 +113,16 @@ class Trainer:
                                                  to_device=self._to_device, population=population,
                                                  mesh=self.mesh)
     # Held-out evaluation samples from the policy as trained, whatever the rollouts' sampler.
-    self.eval_gen = dataclasses.replace(self.gen, model_config=self.rl_step.infer_config)
+    self.eval_gen = dataclasses.replace(self.gen, model_config=self.rl_step.infer_config,
+                                        return_routing=False)
     self.run_state = self._initial_run_state()
-    self.train_iters, self.eval_examples, prompts = data_lib.run_data(
+    self.train_iters, self.eval_examples, prompts, notes = data_lib.run_data(
         config.data, batch_size=config.rollout.prompts_per_step,
-        seeds=[m.seed for m in population.members], eval_problems=config.eval.problems)
+        seeds=[m.seed for m in population.members], eval_problems=config.eval.problems,
+        tokenizer=self.tokenizer)
     self.gen.check_prompt_width(prompts)
-    for line in traps.for_run(config.data, self.gen.reward_fn) if self.primary else ():
-      print(line, file=sys.stderr)  # two answer formats; a verifier that cannot read the data
+    for line in notes + traps.for_run(config.data, self.gen.reward_fn) if self.primary else ():
+      print(line, file=sys.stderr)  # data.overlong's counts; the traps of jtc.data.traps
     self.ckpt = checkpoints.TrainCheckpointer(os.path.join(self.workdir, 'checkpoints'),
                                               max_to_keep=config.log.keep_checkpoints)
     self._restore()
@@ -219,7 +221,7 @@ class Trainer:
         self.state, batch, k_order, self.hparams, update_fn=update_fn,
         minibatch_fn=self.rl_step.minibatch, num_groups=config.rollout.prompts_per_step,
         minibatch_prompts=config.optim.minibatch_prompts, ppo_epochs=config.optim.ppo_epochs,
-        group_size=self.G,
+        group_size=self.G, minibatch_order=config.optim.minibatch_order,
         population=population, diagnose_fn=(lambda params, mb, hparams: self._diagnostics(
             self._policy(params), mb, hparams, token_counts=counts_V)) if diagnose else None,
         before_update=self._ledger_hook(recorder))
@@ -320,7 +322,7 @@ class Trainer:
                                    revision=distributed.code_revision, workdir=self.workdir)
     writers = [
         metric_writer.MetricWriter(d, resume_step=start + 1 if start else 0, files=self.primary,
-                                   tracker=t)
+                                   tracker=t, log=config.log, group_size=self.G)
         for d, t in itertools.zip_longest(self.member_dirs, trackers)
     ]
     progress = progress_lib.Progress(config.num_steps, start, every=config.log.progress_every,
@@ -343,7 +345,7 @@ class Trainer:
           progress.evaluation(step, evals)
           for m, e in zip(metrics, evals):
             m.update(e)
-        last = [w.write(step, m) for w, m in zip(writers, metrics)]
+        last = [w.write(step, m, rollout=r) for w, m, r in zip(writers, metrics, self.rollouts)]
         if jax.process_count() > 1 and distributed.any_process(stop.signal is not None):
           stop.signal = stop.signal or 'SIGTERM (of another process)'
         if step % config.log.ckpt_every == 0 or final or stop.signal:

@@ -21,7 +21,9 @@ import optax
 from jtc import checks
 from jtc.models import logprobs
 from jtc import objectives
+from jtc.rl import minibatch_order as minibatch_order_lib
 from jtc.rl import population as population_lib
+from jtc.rl import routing
 from jtc.rl import sharding as sharding_lib
 
 
@@ -71,8 +73,8 @@ class Batch:
 
   tokens_BL / input_mask_BL: the rollouts (prompt then completion); mask_BT: the tokens that
   carry gradient; advantages_B; old_logps_BT: behaviour log-probs; ref_logps_BT (KL reference),
-  token_weights_BT (e.g. DelTA's) and is_weights_BT (the rollout-mismatch correction's,
-  `jtc.objectives.corrections`) or None.
+  token_weights_BT (DelTA's), is_weights_BT (the correction's, `jtc.objectives.corrections`),
+  replay_BLYW (a MoE policy's replayed experts, `jtc.rl.routing`) or None.
   """
   tokens_BL: jax.Array
   input_mask_BL: jax.Array
@@ -82,6 +84,7 @@ class Batch:
   ref_logps_BT: jax.Array | None = None
   token_weights_BT: jax.Array | None = None
   is_weights_BT: jax.Array | None = None
+  replay_BLYW: jax.Array | None = None
 
 
 # --- Optimiser.
@@ -237,22 +240,17 @@ def microbatch_weights(mask_nBT, *, aggregation):
 
 def _combine_metrics(metrics_n, w_n):
   """Per-micro-batch metrics -> mini-batch metrics: max of *_max, min of *_min, else sum w m."""
-  out = {}
-  for k, v_n in metrics_n.items():
-    if k.endswith('_max'):
-      out[k] = jnp.max(v_n)
-    elif k.endswith('_min'):
-      out[k] = jnp.min(v_n)
-    else:
-      out[k] = jnp.sum(w_n * v_n)
-  return out
+  combine = lambda k, v_n: (jnp.max(v_n) if k.endswith('_max') else jnp.min(v_n)
+                            if k.endswith('_min') else jnp.sum(w_n * v_n))
+  return {k: combine(k, v_n) for k, v_n in metrics_n.items()}
 
 
 # --- The update.
 
 
 def update_step(state, batch, hparams=None, frozen=None, *, model_config, optimizer, loss_name,
-                loss_hparams, completion_start, group_size, optim=None, row_sharding=None):
+                loss_hparams, completion_start, group_size, optim=None, row_sharding=None,
+                router_aux_coef=0.0):
   """One optimiser step on a mini-batch of whole groups; returns (state, metrics).
 
   ``batch`` is a `Batch` with leaves [n, B/n, ...]: n micro-batches of whole groups. Their
@@ -266,6 +264,7 @@ def update_step(state, batch, hparams=None, frozen=None, *, model_config, optimi
   'optim.learning_rate' is passed to ``optimizer``, then a function learning_rate ->
   optimiser, e.g. a partial `make_optimizer`). ``frozen``: a LoRA run's base
   (`lora.Adapted` without adapters); the state's params are then its adapters, trained alone.
+  ``router_aux_coef``: a MoE policy's load-balancing loss weight (`routing.add_router_aux`).
   """
   chex.assert_rank([batch.tokens_BL, batch.input_mask_BL, batch.mask_BT], 3)  # [n, B/n, ...]
   chex.assert_rank(batch.advantages_B, 2)
@@ -277,12 +276,14 @@ def update_step(state, batch, hparams=None, frozen=None, *, model_config, optimi
   def loss_fn(params, mb):
     policy = params if frozen is None else frozen.replace(adapters=params)
     out = logprobs.sequence_logprobs(policy, model_config, mb.tokens_BL, mb.input_mask_BL,
-                                     completion_start=completion_start, row_sharding=row_sharding)
-    return objectives.compute_loss(loss_name, logps=out['logps'], old_logps=mb.old_logps_BT,
-                                   advantages=mb.advantages_B, mask=mb.mask_BT,
-                                   group_size=group_size, ref_logps=mb.ref_logps_BT,
-                                   token_weights=mb.token_weights_BT, is_weights=mb.is_weights_BT,
-                                   entropy=out['entropy'], **loss_hparams)
+                                     completion_start=completion_start, row_sharding=row_sharding,
+                                     replay_BLYW=mb.replay_BLYW)
+    return routing.add_router_aux(
+        objectives.compute_loss(loss_name, logps=out['logps'], old_logps=mb.old_logps_BT,
+                                advantages=mb.advantages_B, mask=mb.mask_BT, group_size=group_size,
+                                ref_logps=mb.ref_logps_BT, token_weights=mb.token_weights_BT,
+                                is_weights=mb.is_weights_BT, entropy=out['entropy'],
+                                **loss_hparams), out, router_aux_coef)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   n = batch.tokens_BL.shape[0]
@@ -339,7 +340,8 @@ def jit_minibatch_and_update(c, model_config, optimizer, mesh, state_shardings,
                             loss_name=c.loss.name, loss_hparams=c.loss.hparams.to_dict(),
                             completion_start=c.data.prompt_width,
                             group_size=c.rollout.sampling.num_samples, optim=c.optim,
-                            row_sharding=sharding_lib.RowSharding(mesh)),
+                            row_sharding=sharding_lib.RowSharding(mesh),
+                            router_aux_coef=c.loss.get('router_aux_coef', 0.0)),
           spmd=True), in_shardings=(state_shardings, minibatch_sh, state_shardings.step) +
       ((frozen_shardings,) if frozen_shardings is not None else
        ()), out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=(0,))
@@ -354,9 +356,10 @@ def _flat(minibatch_batch, batched):
 
 def run_updates(state, batch, rng, hparams=None, *, update_fn, minibatch_fn, num_groups,
                 minibatch_prompts, ppo_epochs, group_size, diagnose_fn=None, before_update=None,
-                population=population_lib.SINGLE):
-  """ppo_epochs x mini-batches of whole groups (a fresh permutation of the groups per epoch,
-  fold_in(member's key, epoch)); returns (state, each member's mean metrics over the updates).
+                population=population_lib.SINGLE, minibatch_order='group'):
+  """ppo_epochs x mini-batches (a fresh draw per epoch, fold_in(member's key, epoch)) of whole
+  groups, or of rows for another ``minibatch_order`` (`jtc.rl.minibatch_order`); returns
+  (state, each member's mean metrics over the updates).
 
   ``diagnose_fn(params, batch, hparams)``, when given, is measured where the update is taken
   off-policy: on every mini-batch after the first, with the parameters about to be updated (at
@@ -371,11 +374,11 @@ def run_updates(state, batch, rng, hparams=None, *, update_fn, minibatch_fn, num
   n_updates = ppo_epochs * (num_groups // minibatch_prompts)
   update_metrics, diags = [], []
   for epoch in range(ppo_epochs):
-    orders = [
-        np.asarray(jax.random.permutation(jax.random.fold_in(k, epoch), num_groups)) for k in keys
-    ]
-    for start in range(0, num_groups, minibatch_prompts):
-      rows = pop.stack([minibatch_rows(o, start, minibatch_prompts, group_size) for o in orders])
+    orders = minibatch_order_lib.members_rows(minibatch_order, keys, epoch, batch, pop,
+                                              num_groups=num_groups, group_size=group_size,
+                                              num_minibatches=num_groups // minibatch_prompts)
+    for rows_M in zip(*orders):
+      rows = pop.stack(list(rows_M))
       mb = minibatch_fn(batch, jnp.asarray(rows))
       if diagnose_fn is not None and (update_metrics or n_updates == 1):
         diags.append(diagnose_fn(state.params, _flat(mb, pop.batched), hparams))

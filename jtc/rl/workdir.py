@@ -28,9 +28,9 @@ MEMBER_FILE = 'member.json'  # marks a population member's directory
 # and runs written before they existed lack them.
 RESUMABLE_KEYS = ('num_steps', 'token_budget', 'eval.every', 'eval.problems', 'eval.probe_problems',
                   'log.ckpt_every', 'log.keep_checkpoints', 'log.diagnostics_every',
-                  'log.progress_every', 'log.ledger_every', 'log.wandb_project', 'log.wandb_entity',
-                  'log.wandb_run_name', 'log.wandb_tags', 'log.wandb_mode',
-                  'distributed.coordinator_timeout_s', 'data.verify_workers',
+                  'log.progress_every', 'log.ledger_every', 'log.samples_every', 'log.samples',
+                  'log.wandb_project', 'log.wandb_entity', 'log.wandb_run_name', 'log.wandb_tags',
+                  'log.wandb_mode', 'distributed.coordinator_timeout_s', 'data.verify_workers',
                   'data.verify_timeout_s')
 SCHEDULE_KEY = 'schedule_num_steps'  # in config.json: the num_steps the schedule was built for
 # Keys that define which members a population has: never changed on resume, even with
@@ -45,6 +45,16 @@ ADDED_KEYS = {
     'lora.targets': 'q,k,v,o,gate,up,down',
     'data.reward_signature': 'verl',
     'data.reward_by_source': '',
+    'data.question_field': '',
+    'data.answer_field': '',
+    'data.train_split': '',
+    'data.eval_split': '',
+    'data.eval_fraction': 0.0,
+    'data.split_seed': 0,
+    'data.overlong': 'error',
+    'mesh.expert': 1,
+    'optim.minibatch_order': 'group',
+    'advantage.sign': 'both',
 }
 # Keys removed since runs were recorded, with the one value every recorded run had (a recorded
 # config with another value is a run this version cannot continue).

@@ -202,6 +202,9 @@ def test_step_diagnostics_tell_the_methods_apart_only_off_policy(setup):
   for other in on[1:]:
     for k in on[0]:
       assert other[k] == pytest.approx(on[0][k], rel=1e-6, abs=1e-9), k
+  # On-policy the group's pushes up and down balance (sum_i A_i = 0, equal lengths).
+  assert on[0]['diag/mass_sign_balance'] == pytest.approx(0.5, abs=1e-6)
+  assert on[0]['diag/mass_mean_p'] == pytest.approx(0.5)
   gspo = _step_diag(params, cfg, batch, 'gspo')
   dfpo = _step_diag(params, cfg, batch, 'dfpo_min_replace')
   assert gspo['diag/coef_mass_vs_gspo'] == pytest.approx(1.0)

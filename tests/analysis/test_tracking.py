@@ -1,7 +1,8 @@
 """Tests of jtc.analysis.tracking (Weights & Biases), offline, never reaching the network: the
 records logged, read back with wandb's own reader, equal metrics.jsonl step by step (non-finite
-values too); a resumed run continues its W&B run without logging a step twice, and W&B switched
-on for a resumed run logs the earlier records first; a population's members are grouped runs with
+values too), the sample generations' tables equal samples.jsonl; a resumed run continues its
+W&B run without logging a step twice, and W&B switched on for a resumed run logs the earlier
+records first; a population's members are grouped runs with
 their own streams; the mode's resolution, a missing package and importing jtc without wandb.
 
 The trainer's runs with W&B: tests/rl/test_trainer.py (a single run) and
@@ -17,10 +18,12 @@ import pytest
 
 from configs import common
 from jtc.analysis import metric_writer
+from jtc.analysis import samples
 from jtc.analysis import tracking
 from jtc.rl import config_check
 from jtc.rl import trainer as trainer_lib
 from tests import procs
+from tests.analysis import test_samples
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -65,11 +68,14 @@ def _record(step, scale=1.0):
   }
 
 
-def _write(run_dir, steps, *, tracker, resume_step=0, scale=1.0):
-  writer = metric_writer.MetricWriter(run_dir, resume_step=resume_step, tracker=tracker)
+def _write(run_dir, steps, *, tracker, resume_step=0, scale=1.0, samples_every=0):
+  log = common.get_config().log
+  log.samples_every = samples_every
+  writer = metric_writer.MetricWriter(run_dir, resume_step=resume_step, tracker=tracker, log=log,
+                                      group_size=2)
   try:
     for step in steps:
-      writer.write(step, _record(step, scale))
+      writer.write(step, _record(step, scale), rollout=test_samples.rollout(3, G=2, step=step))
   finally:
     writer.close()
 
@@ -103,10 +109,16 @@ def _jsonl(run_dir):
 def test_a_run_logs_the_metrics_config_and_revision_of_its_stream(offline, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   run_dir = _run_dir(tmp_path / 'run', {'seed': 3, 'optim': {'learning_rate': 2e-4}})
-  _write(run_dir, range(4), tracker=_start(run_dir, _log(wandb_tags='a, b', wandb_run_name='x')))
+  _write(run_dir, range(4), tracker=_start(run_dir, _log(wandb_tags='a, b', wandb_run_name='x')),
+         samples_every=2)
   records = tracking.offline_records(run_dir)
   logged = tracking.history(records)
   assert_equal_streams(logged, _jsonl(run_dir))
+  # The sample generations: a W&B table at each step that logs them, equal to samples.jsonl's.
+  tables = tracking.offline_tables(run_dir, samples.TABLE)
+  assert [t['step'] for t in tables] == [0, 2] and tables[0]['columns'] == list(samples.COLUMNS)
+  assert [row for t in tables for row in t['data']
+         ] == [[r[k] for k in samples.COLUMNS] for r in samples.read(run_dir)]
   assert math.isnan(logged[2]['grad_norm']) and logged[1]['ratio_min'] == -math.inf
   run, = [r['run'] for r in records if r['type'] == 'run']
   config = run['config']['update']

@@ -253,29 +253,108 @@ def test_check_config_detects_the_dataset_before_any_compute(tmp_path):
     check(question_field='q')
 
 
-def test_held_out_split(tmp_path):
-  path, _ = _chat_dataset(tmp_path)
-  assert data.held_out_split(path) == 'train'  # a file: its only split
-  splits = tmp_path / 'splits'
-  splits.mkdir()
-  for split in ('train', 'test', 'validation'):
-    _write(splits / f'{split}.jsonl', [json.dumps({'question': 'q', 'answer': '1'})])
-  assert data.held_out_split(str(splits)) == 'test'
-  (splits / 'test.jsonl').unlink()
-  with pytest.raises(ValueError, match=r"no test split.*\['train', 'validation'\]"):
-    data.held_out_split(str(splits))
+def test_a_list_of_files_is_one_split_in_the_order_named(tmp_path, data_dir):
+  for name, n in (('part-1.jsonl', 2), ('part-0.jsonl', 3), ('extra.jsonl', 1)):
+    _write(tmp_path / name,
+           [json.dumps({
+               'question': f'{name}:{i}',
+               'answer': str(i)
+           }) for i in range(n)])
+  spec = f'{tmp_path}/part-*.jsonl,{tmp_path}/extra.jsonl'
+  got = data.load_examples(spec, split='train', data_dir=data_dir)
+  assert [e['prompt'] for e in got] == [
+      'part-0.jsonl:0', 'part-0.jsonl:1', 'part-0.jsonl:2', 'part-1.jsonl:0', 'part-1.jsonl:1',
+      'extra.jsonl:0'
+  ]
+  assert data.load_examples(spec, split='train', data_dir=data_dir, keep=[5, 0]) == [got[5], got[0]]
+  parquet = tmp_path / 'x.parquet'
+  pq.write_table(pa.Table.from_pylist([{'question': 'q', 'answer': '1'}]), str(parquet))
+  with pytest.raises(ValueError, match='files of several formats'):
+    formats.detect(f'{tmp_path}/extra.jsonl,{parquet}')
 
 
-def test_a_dataset_of_one_split_trains_on_it(tmp_path):
-  """A directory holding only dapo-math-17k.parquet trains on that split (it once passed
-  `jtc data` and failed in training for want of a 'train' split); several splits without
-  'train' are named."""
-  one = tmp_path / 'one'
-  one.mkdir()
-  (one / 'dapo-math-17k.jsonl').write_text('{"question": "q", "answer": "1"}\n')
-  assert data.train_split(str(one)) == 'dapo-math-17k'
-  (one / 'other.jsonl').write_text('{"question": "q", "answer": "1"}\n')
-  with pytest.raises(ValueError, match=r"no train split.*\['dapo-math-17k', 'other'\]"):
-    data.train_split(str(one))
-  (one / 'train.jsonl').write_text('{"question": "q", "answer": "1"}\n')
-  assert data.train_split(str(one)) == 'train'
+def _byte_tokenizer(tmp_path):
+  tok_lib.write_byte_level_hf(str(tmp_path / 'tok'))
+  return tok_lib.HFTokenizer.from_dir(str(tmp_path / 'tok'))
+
+
+def test_truncation_cuts_before_the_last_turn_only(tmp_path):
+  """A system message loses its first tokens; the last user turn and the template's end stay
+  whole; a cut that would reach them, and any cut of a one-message prompt, is refused."""
+  tok = _byte_tokenizer(tmp_path)
+  chat = examples.Conversation([{
+      'role': 'system',
+      'content': 'S' * 30
+  }, {
+      'role': 'user',
+      'content': 'What is 2+2?'
+  }])
+  ids = data.prompt_ids(tok, chat)
+  tail = tok.encode('<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n')
+  for width in (len(ids), len(ids) - 1, len(tail) + 1, len(tail)):
+    got = data.fitted_ids(tok, chat, width=width)
+    assert len(got) == width and got == ids[len(ids) - width:]  # no BOS: a plain left cut
+  with pytest.raises(ValueError, match=r'What is 2\+2.*cut into its question'):
+    data.fitted_ids(tok, chat, width=len(tail) - 1)
+  with pytest.raises(ValueError, match='only 0 tokens precede its last user turn'):
+    data.fitted_ids(tok, 'What is 2+2?', width=5)
+  tokens_BP, mask_BP = data.encode_prompts(tok, [chat, 'Hi'], width=len(tail), truncate=True)
+  assert tokens_BP[0].tolist() == ids[len(ids) - len(tail):] and mask_BP.sum(-1)[1] < len(tail)
+
+
+def test_truncation_keeps_the_bos(tmp_path):
+  tok = tok_lib.CharTokenizer()
+  chat = examples.Conversation([{
+      'role': 'system',
+      'content': 'abcdef'
+  }, {
+      'role': 'user',
+      'content': 'xy'
+  }])
+  ids = data.prompt_ids(tok, chat, chat_template=False)  # [bos] 'abcdef\n\nxy'
+  got = data.fitted_ids(tok, chat, width=7, chat_template=False)
+  assert got == [tok.bos_id] + ids[-6:] and tok.decode(got) == 'ef\n\nxy'
+
+
+def _overlong_data(tmp_path, mode, rows):
+  path = _write(tmp_path / f'{mode}.jsonl',
+                [json.dumps({
+                    'question': q,
+                    'answer': '1'
+                }) for q in rows])
+  c = common.get_config(None).data
+  with c.unlocked():
+    c.update(task='', dataset=str(path), eval_dataset=str(path), overlong=mode, prompt_width=12,
+             data_dir=str(tmp_path / 'cache'), chat_template=False)
+  return c
+
+
+def test_drop_leaves_out_the_overlong_prompts_and_counts_them(tmp_path):
+  tok = tok_lib.CharTokenizer()
+  rows = ['1+1', '9' * 20, '2+2', '3+3', '8' * 30, '4+4']
+  got = data.run_data(_overlong_data(tmp_path, 'drop', rows), batch_size=4, seeds=[0],
+                      eval_problems=10, tokenizer=tok)
+  assert sorted(next(got.train_iters[0])['prompt']) == ['1+1', '2+2', '3+3', '4+4']
+  assert [e['prompt'] for e in got.eval_examples] == ['1+1', '2+2', '3+3', '4+4']
+  assert got.notes == [
+      "config.data.overlong='drop': dropped 2 of 6 training prompts longer than "
+      'config.data.prompt_width=12 tokens', "config.data.overlong='drop': dropped 2 of 6 held-out "
+      'prompts longer than config.data.prompt_width=12 tokens'
+  ]
+  with pytest.raises(ValueError, match="'drop' drops every training prompt"):
+    data.run_data(_overlong_data(tmp_path, 'drop', ['9' * 20]), batch_size=1, seeds=[0],
+                  eval_problems=1, tokenizer=tok)
+  with pytest.raises(ValueError, match='pass the tokenizer'):
+    data.run_data(_overlong_data(tmp_path, 'drop', rows), batch_size=1, seeds=[0], eval_problems=1)
+
+
+def test_truncate_refuses_a_question_before_the_run_naming_its_row(tmp_path):
+  rows = ['1+1', '2+2', '9' * 20]
+  with pytest.raises(
+      ValueError, match=r"split 'train' row 2 of .*truncate\.jsonl'.*9999.*cut "
+      'into its question'):
+    data.run_data(_overlong_data(tmp_path, 'truncate', rows), batch_size=1, seeds=[0],
+                  eval_problems=1, tokenizer=tok_lib.CharTokenizer())
+  got = data.run_data(_overlong_data(tmp_path, 'truncate', rows[:2]), batch_size=1, seeds=[0],
+                      eval_problems=1, tokenizer=tok_lib.CharTokenizer())
+  assert got.notes[0].startswith("config.data.overlong='truncate': truncated on the left 0 of 2")

@@ -63,7 +63,8 @@ def test_tables_rebuild_from_summaries_alone(tmp_path):
   md = open(md_path).read()
   assert os.path.exists(os.path.join(results_dir, 'curves.png'))
   assert 'python -m experiments.run table1 --tables-only' in md and 'Code revision' in md
-  assert 'Prediction (from the paper, written before the run)' in md
+  # The source of a prediction is named by its text (a paper, or jtc's own account), not assumed.
+  assert 'Prediction (written before the run; its source named first): paper Table 1' in md
   # Long format: one row per (learning rate, method): group, run, value, diff vs GSPO,
   # p (sign-flip), seeds, paper, claim: verdict.
   rows = {}

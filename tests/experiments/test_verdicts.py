@@ -115,13 +115,15 @@ def test_eight_seeds_cannot_survive_holm_over_a_family_of_seven():
   assert all(r['verdict'].startswith('agrees') for r in rows)
 
 
-def test_missing_runs_are_inconclusive_no_data_and_still_count_in_their_family():
+def test_missing_runs_are_not_yet_run_untallied_and_still_count_in_their_family():
   rows = _rows([_claim('ABSENT', '>'), _claim('UP', '>')],
                _summaries({'UP': np.full(16, 0.02)}, seeds=range(16)))
-  assert rows[0]['verdict'] == 'inconclusive (no data)' and rows[0]['n_seeds'] == 0
+  assert rows[0]['verdict'] == 'not yet run (declared)' and rows[0]['n_seeds'] == 0
   assert np.isnan(rows[0]['p_holm']) and np.isnan(rows[0]['q_bh'])
   # Holm over the declared family of two, not over the one claim that ran.
   assert rows[1]['p_holm'] == pytest.approx(2 * rows[1]['p_exact'])
+  # A declared claim without runs is no verdict: not tallied as inconclusive, named apart.
+  assert verdicts.tally(rows) == '1 claims: 1 agree; 1 declared, not yet run'
 
 
 def test_different_evaluation_problems_are_flagged():
@@ -182,3 +184,99 @@ def test_bit_identical_arms_are_one_test():
   rows = _rows([_claim('UP', '>'), _claim('UP_NEARLY', '>')], summ)
   assert not rows[1]['same_as']
   assert rows[0]['p_holm'] == pytest.approx(2 * rows[0]['p_exact'])
+
+
+def test_a_significant_difference_inside_the_sesoi_is_not_shown_equivalent():
+  """Issue 54: for '=' claims a difference that is significant but smaller than the SESOI (and
+  not inside it by TOST) is 'not shown equivalent', not 'disagrees'; one at least the SESOI
+  disagrees; one significant and inside the SESOI by TOST agrees."""
+  rng = np.random.default_rng(7)
+  z = rng.standard_normal(16)
+  z = (z - z.mean()) / z.std(ddof=1)  # exactly mean 0, sd 1
+  rows = _rows(
+      [_claim('SMALL', '='), _claim('BIG', '='),
+       _claim('TINY', '=')],
+      _summaries(
+          {
+              'SMALL': 0.0085 + 0.009 * z,  # +0.85 [0.37, 1.33] points
+              'BIG': 0.015 + 0.003 * rng.standard_normal(16),
+              'TINY': 0.002 + 0.001 * rng.standard_normal(16)
+          },
+          seeds=range(16)))
+  small, big, tiny = rows
+  assert small['p_holm'] < 0.05 and abs(small['delta']) < 1.0 and small['tost_p'] >= 0.05
+  assert small['verdict'] == 'not shown equivalent: a difference inside +-1 points is significant'
+  assert big['verdict'] == 'disagrees: the arms differ'
+  assert tiny['p_holm'] < 0.05 and tiny['verdict'].startswith('agrees: equivalent within +-1')
+  assert tiny['verdict'].endswith('a smaller difference is significant')
+  assert verdicts.tally(rows) == '3 claims: 1 agree, 1 disagree, 1 not shown equivalent'
+
+
+def test_jtc_accounts_and_descriptive_checks_are_apart_and_rows_name_their_platform(tmp_path):
+  """A claim on jtc's own account is listed under its own heading and not tallied among the
+  verdicts on the papers; a descriptive check (against 0 with its threshold) is judged alone;
+  every row of claims.csv / claims.md names its platform (from the sweep's invocation.json)."""
+  rng = np.random.default_rng(8)
+  summ = _summaries(
+      {
+          'UP': 0.02 + 0.003 * rng.standard_normal(16),
+          'NEAR0': 0.001 * rng.standard_normal(16)
+      }, seeds=range(16))
+  claims = [
+      _claim('UP', '>'),
+      _claim('UP', '=', name='c.account', subject='jtc'),
+      Claim('c.gap', family='D', sweep='fake', metric='final:eval/avg@', arm='NEAR0', baseline='',
+            kind='descriptive', predicted='=', sesoi=60.0)
+  ]
+  rows = verdicts.correct([verdicts.measure(c, summ, 'GPU (NVIDIA H200)') for c in claims])
+  assert rows[2]['comparison'] == 'NEAR0 (against 0)' and rows[2]['n_seeds'] == 16
+  assert rows[2]['verdict'].startswith('agrees: equivalent within +-60')  # ~50 points, sd 0.1
+  assert np.isnan(rows[2]['p_holm'])
+  assert rows[0]['p_holm'] == pytest.approx(2 * rows[0]['p_exact'])  # F holds UP and the account
+  paths = verdicts.write(rows, str(tmp_path))
+  md = open(paths[1]).read()
+  papers = md.split("## Confirmatory claims on jtc's own accounts")[0]
+  assert '1 claims: 1 agree.' in papers and 'c.account' not in papers
+  assert 'c.account' in md.split("## Confirmatory claims on jtc's own accounts")[1]
+  assert '## Descriptive checks' in md and 'GPU (NVIDIA H200)' in md
+  assert {r['platform'] for r in verdicts.read_csv(paths[0])} == {'GPU (NVIDIA H200)'}
+
+
+def test_the_platform_is_read_from_the_invocation_parts(tmp_path):
+  assert verdicts.platform_of(str(tmp_path)) == 'not run'
+  parts = [{
+      'revision': 'abc (on one NVIDIA H200, jax 0.11.2)'
+  }, {
+      'revision': 'def'
+  }, {
+      'revision': 'ghi',
+      'platform': 'GPU (NVIDIA H100)'
+  }]
+  (tmp_path / 'invocation.json').write_text(__import__('json').dumps({'parts': parts}))
+  assert verdicts.platform_of(str(tmp_path)) == 'GPU (NVIDIA H200) + CPU + GPU (NVIDIA H100)'
+
+
+def test_the_committed_confirmatory_verdicts_recompute_from_the_committed_summaries():
+  """Every confirmatory claim of claims.csv (and the implementation check) is what the committed
+  per-run summaries give: the same seeds, delta, exact and Holm p (Holm is within a family, and
+  every confirmatory family is in the confirmatory claims) and verdict; BH's q, over every claim,
+  is left out. A declared claim whose sweep has not run reads 'not yet run (declared)'."""
+  from experiments.sweeps import claims as claims_lib  # pylint: disable=import-outside-toplevel
+  declared = [
+      c for c in claims_lib.all_claims() if c.kind in ('confirmatory', 'check', 'descriptive')
+  ]
+  rows = verdicts.build(declared)
+  committed = {
+      r['claim']: r for r in verdicts.read_csv(os.path.join(verdicts.RESULTS_DIR, 'claims.csv'))
+  }
+  ran = [r for r in rows if r['n_seeds']]
+  assert len([r for r in ran if r['kind'] == 'confirmatory']) == 17
+  for r in rows:
+    c = committed[r['claim']]
+    assert (r['n_seeds'], r['verdict']) == (c['n_seeds'], c['verdict']), r['claim']
+    if r['n_seeds']:
+      np.testing.assert_allclose([r['delta'], r['p_exact'], r['p_holm']],
+                                 [c['delta'], c['p_exact'], c['p_holm']], rtol=1e-5,
+                                 err_msg=r['claim'])
+    else:
+      assert r['verdict'] == 'not yet run (declared)', r['claim']

@@ -3,6 +3,7 @@
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -96,3 +97,15 @@ def test_bad_inputs():
     advantages.compute_advantages('rloo', r, group_size=1)
   with pytest.raises(ValueError, match='std_ddof'):
     advantages.compute_advantages('grpo', r, group_size=3, std_ddof=2)
+
+
+def test_keep_sign_zeroes_the_other_sign_and_both_is_the_identity():
+  adv_B, _ = advantages.compute_advantages('grpo', jnp.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0]),
+                                           group_size=3)
+  pos_B = advantages.keep_sign(adv_B, 'positive')
+  neg_B = advantages.keep_sign(adv_B, 'negative')
+  np.testing.assert_array_equal(pos_B + neg_B, adv_B)
+  assert bool(jnp.all(pos_B >= 0)) and bool(jnp.all(neg_B <= 0)) and float(jnp.sum(pos_B)) > 0
+  assert advantages.keep_sign(adv_B, 'both') is adv_B
+  with pytest.raises(ValueError, match=r"sign='pos'; valid: both, positive, negative"):
+    advantages.keep_sign(adv_B, 'pos')

@@ -17,7 +17,9 @@ def _rollout(rewards, tag, T=3):
                          completion_mask_BT=np.ones((B, T), np.int32), sampler_logps_BT=np.zeros(
                              (B, T), np.float32), truncated_B=np.zeros(B, bool),
                          rewards_B=np.asarray(rewards, np.float32),
-                         texts=tuple(f'{tag}-{i}' for i in range(B)))
+                         texts=tuple(f'{tag}-{i}' for i in range(B)),
+                         prompts=tuple(f'p{tag}-{i // 2}' for i in range(B)),
+                         answers=tuple(f'a{tag}-{i // 2}' for i in range(B)))
 
 
 def test_overlong_shaping_matches_dapo_formula():
@@ -41,6 +43,8 @@ def test_dynamic_sampling_refill_replaces_only_zero_variance_groups():
   # Group 1 (informative) untouched; groups 0 and 2 get the donor's groups 1 and 2.
   np.testing.assert_array_equal(new.rewards_B, [1, 0, 0, 1, 0, 1])
   assert new.texts == ('2-2', '2-3', '1-2', '1-3', '2-4', '2-5')
+  assert new.prompts == ('p2-1', 'p2-1', 'p1-1', 'p1-1', 'p2-2', 'p2-2')  # each row's own prompt
+  assert new.answers == ('a2-1', 'a2-1', 'a1-1', 'a1-1', 'a2-2', 'a2-2')
   np.testing.assert_array_equal(new.completion_BT[0], donor.completion_BT[2])
   np.testing.assert_array_equal(new.completion_BT[2], ro.completion_BT[2])
   np.testing.assert_array_equal(new.tokens_BL[:2], donor.tokens_BL[2:4])

@@ -1,5 +1,5 @@
-"""The RL trainer (jtc.rl.trainer): an end-to-end smoke run, SIGKILL + resume equal to an
-uninterrupted run, diagnostics measured off-policy.
+"""The RL trainer (jtc.rl.trainer): an end-to-end smoke run (its sample generations too), SIGKILL +
+resume equal to an uninterrupted run, diagnostics measured off-policy.
 
 The runs start from a freshly initialised tiny policy bundle (the shipped base policy is tested
 in tests/rl/test_base_policy.py); they check the mechanics, not learning.
@@ -19,6 +19,7 @@ from jtc.models import bundles
 from jtc.analysis import metric_writer
 from jtc.models import model as model_lib
 from jtc.analysis import curve_plots
+from jtc.analysis import samples
 from jtc.analysis import tracking
 from jtc.rl import distributed
 from jtc.models import tokenizer as tokenizer_lib
@@ -82,6 +83,11 @@ def test_smoke_run_writes_metrics_checkpoints_and_tensorboard(uninterrupted):
   assert records[-1]['compute/update_steps'] == 3 * 2
   assert glob.glob(os.path.join(uninterrupted, 'tensorboard', 'events.*'))
   assert os.path.isdir(os.path.join(uninterrupted, 'checkpoints', '3'))
+  # Sample generations every step (the smoke config's log.samples_every=1): one completion of
+  # each of the step's 2 prompts, scored as the step's rewards were.
+  got = samples.read(uninterrupted)
+  assert [r['step'] for r in got] == [1, 1, 2, 2, 3, 3]
+  assert all(r['prompt'] and r['answer'] and r['reward'] in (0.0, 1.0) for r in got)
 
 
 def test_the_wandb_run_holds_the_records_of_metrics_jsonl(uninterrupted):
@@ -98,6 +104,9 @@ def test_the_wandb_run_holds_the_records_of_metrics_jsonl(uninterrupted):
   assert config['code_revision'] == distributed.code_revision()
   assert config['loss']['name'] == 'dfpo_min_replace' and config['num_steps'] == 3
   assert run['display_name'] == os.path.basename(uninterrupted)
+  tables = tracking.offline_tables(uninterrupted, samples.TABLE)
+  assert [row for t in tables for row in t['data']
+         ] == [[r[k] for k in samples.COLUMNS] for r in samples.read(uninterrupted)]
 
 
 def test_sigkill_then_resume_equals_uninterrupted(uninterrupted, tiny_policy, tmp_path):
@@ -129,6 +138,8 @@ def test_sigkill_then_resume_equals_uninterrupted(uninterrupted, tiny_policy, tm
       **tracking.for_wandb(r)
   } for r in resumed]
   assert len({r['run']['run_id'] for r in records if r['type'] == 'run'}) == 1
+  # Each step's samples once, as the uninterrupted run's.
+  assert samples.read(workdir) == samples.read(uninterrupted)
 
 
 def test_plot_draws_several_runs(uninterrupted, tmp_path):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from configs import common
+from jtc import checks
 from jtc.models import bundles
 from jtc.analysis import metric_writer
 from jtc.models import model as model_lib
@@ -125,6 +126,26 @@ def test_a_run_recorded_before_the_verifier_pool_keys_resumes(tmp_path):
   with c.unlocked():
     c.data.reward = 'math_verify'
   with pytest.raises(workdir_lib.WorkdirError, match=r"data.reward: '' -> 'math_verify'"):
+    workdir_lib.check_identity(str(tmp_path), c, has_checkpoint=True)
+
+
+def test_a_run_recorded_before_the_added_keys_resumes(tmp_path):
+  """A config.json recorded before the keys of ADDED_KEYS existed (mesh.expert, the dataset
+  split and overlong keys, ...) resumes: they ran at those values, today's defaults; another
+  value is refused (known positive)."""
+  c = common.get_config('smoke')
+  flat = checks.flatten(c.to_dict())
+  assert {k: flat[k] for k in workdir_lib.ADDED_KEYS} == workdir_lib.ADDED_KEYS
+  old = ml_collections.ConfigDict(c.to_dict())
+  with old.unlocked():
+    for key in workdir_lib.ADDED_KEYS:
+      section, leaf = key.rsplit('.', 1)
+      del old[section][leaf]
+  workdir_lib.record_config(str(tmp_path), old, c.num_steps)
+  assert workdir_lib.check_identity(str(tmp_path), c, has_checkpoint=True) == c.num_steps
+  with c.unlocked():
+    c.mesh.expert = 2
+  with pytest.raises(workdir_lib.WorkdirError, match=r'mesh.expert: 1 -> 2'):
     workdir_lib.check_identity(str(tmp_path), c, has_checkpoint=True)
 
 

@@ -63,3 +63,19 @@ def test_an_extension_runs_for_its_method_and_for_gspo(monkeypatch):
   monkeypatch.setattr(bestlr, 'EXTENSIONS', {'PPO': (4,)})
   with pytest.raises(ValueError, match="EXTENSIONS has 'PPO'; valid"):
     bestlr.grid_steps('GSPO')
+
+
+def test_best_vs_best_is_blocked_until_every_rate_is_chosen(monkeypatch):
+  """Fresh seeds 40-55; until lr_grid's rule has chosen every method's rate the sweep says why it
+  cannot run and experiments.run refuses it; with the rates chosen each method runs at its own."""
+  from experiments import run as run_lib  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(bestlr, 'CHOSEN_LR', {'GSPO': 1.41e-4})
+  sweep = sweeps_lib.get_sweep('best_vs_best')
+  assert (sweep.first_seed, sweep.seeds) == (40, 16) and 'needs CHOSEN_LR' in sweep.blocked
+  with pytest.raises(SystemExit):
+    run_lib.main(['best_vs_best'])
+  chosen = {m.label: bestlr.rate(k) for m, k in zip(bestlr.METHODS, (1, 0, 0, -1))}
+  monkeypatch.setattr(bestlr, 'CHOSEN_LR', chosen)
+  sweep = sweeps_lib.get_sweep('best_vs_best')
+  assert not sweep.blocked
+  assert {r.label: dict(r.overrides)['optim.learning_rate'] for r in sweep.runs} == chosen
