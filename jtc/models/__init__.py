@@ -1,4 +1,5 @@
-"""The policy: model config, decoder, decoding caches, sampler, Hugging Face import, tokenizers."""
+"""The policy: model config, decoder (dense and hybrid layers), decoding caches, sampler, Hugging
+Face import, tokenizers."""
 
 # The submodules (``from jtc.models import *`` imports them).
 __all__ = [
@@ -7,13 +8,19 @@ __all__ = [
     'bundles',
     'decode',
     'decode_loop',
+    'delta_rule',
+    'gated_deltanet',
+    'hf_architectures',
     'hf_config',
     'hf_import',
+    'hf_tensors',
+    'layer_types',
     'layers',
     'logprobs',
     'lora',
     'model',
     'model_config',
+    'params',
     'moe',
     'safetensors_io',
     'sampler',

@@ -2,12 +2,14 @@
 them to mesh axes); `jtc.models.model` re-exports them.
 
 Dimension key (docs/dimensions.md): Y layers, B batch, K kv heads, S cache slots, H head dim.
+A hybrid's Gated DeltaNet parameters have their own table (`gated_deltanet.PARAM_AXES`).
 """
 
 from typing import Any
 
 import jax
 
+from jtc.models import gated_deltanet
 from jtc.models import moe
 
 _PARAM_AXES = {
@@ -17,6 +19,7 @@ _PARAM_AXES = {
     ('final_norm', 'scale'): ('norm',),
     ('q', 'kernel'): ('embed', 'heads', 'head_dim'),
     ('q', 'bias'): ('heads', 'head_dim'),
+    ('q_gate', 'kernel'): ('embed', 'heads', 'head_dim'),
     ('k', 'kernel'): ('embed', 'kv_heads', 'head_dim'),
     ('k', 'bias'): ('kv_heads', 'head_dim'),
     ('v', 'kernel'): ('embed', 'kv_heads', 'head_dim'),
@@ -31,6 +34,10 @@ _PARAM_AXES = {
     **moe.PARAM_AXES,
 }
 
+# Stacks (`jtc.models.layer_types`) whose parameters have their own table, keyed by the path
+# below the stack's name (their names would clash with attention's).
+_STACK_AXES = {'linear_attn': gated_deltanet.PARAM_AXES}
+
 # Logical axes of the KV caches ([Y, B, K, S, H] and [B, S]) and of activations/batches.
 CACHE_AXES = ('layers', 'batch', 'kv_heads', 'cache_length', 'head_dim')
 CACHE_MASK_AXES = ('batch', 'cache_length')
@@ -39,8 +46,11 @@ CACHE_MASK_AXES = ('batch', 'cache_length')
 def leaf_logical_axes(path):
   """Logical axis names of the parameter at tree ``path`` (None: not a model parameter, e.g. a
   LoRA factor); parameters under 'layers' get the stacked 'layers' axis first."""
-  names = _PARAM_AXES.get(tuple(p.key for p in path[-2:]))
-  return names and (('layers',) + names if path[0].key == 'layers' else names)
+  keys = tuple(getattr(p, 'key', None) for p in path)
+  stack = next((s for s in _STACK_AXES if s in keys), None)
+  table = _PARAM_AXES if stack is None else _STACK_AXES[stack]
+  names = table.get(keys[-2:] if stack is None else keys[keys.index(stack) + 1:])
+  return names and (('layers',) + names if keys[0] == 'layers' else names)
 
 
 def param_logical_axes(params) -> Any:
@@ -49,8 +59,11 @@ def param_logical_axes(params) -> Any:
   def axes(path, leaf):
     names = leaf_logical_axes(path)
     if names is None:
+      keys = tuple(getattr(p, 'key', None) for p in path)
+      stack = next((s for s in _STACK_AXES if s in keys), None)
+      table = _PARAM_AXES if stack is None else _STACK_AXES[stack]
       raise ValueError(f'no logical axes for parameter {jax.tree_util.keystr(path)}; '
-                       f'known: {sorted(_PARAM_AXES)}')
+                       f"known{'' if stack is None else ' below ' + stack}: {sorted(table)}")
     if len(names) != leaf.ndim:
       raise ValueError(f'parameter {jax.tree_util.keystr(path)} has shape {leaf.shape}, '
                        f'expected rank {len(names)} for axes {names}')

@@ -46,6 +46,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jtc.models import axes as axes_lib
 from jtc.models import decode
+from jtc.models import gated_deltanet
 from jtc.models import lora
 from jtc.models import model as model_lib
 
@@ -130,6 +131,9 @@ def param_shardings(params, mesh: Mesh, members: int = 0):
   # LoRA adapters (`jtc.models.lora`): small, sharded over the layers and members only.
   axes = (lora.logical_axes(params)
           if lora.is_adapters(params) else model_lib.param_logical_axes(params))
+  linear = params.get('layers', {}).get('linear_attn') if isinstance(params, dict) else None
+  if linear is not None and 'a_log' in linear:  # a hybrid's Gated DeltaNet heads over 'tensor'
+    gated_deltanet.check_tensor_axis(linear, mesh.shape['tensor'])
   lead = (('members',), (members,)) if members else ((), ())
   return jax.tree_util.tree_map(
       lambda a, x: named_sharding(mesh, lead[0] + a, lead[1] + tuple(x.shape)), axes, params,
@@ -163,6 +167,10 @@ def cache_shardings(cache, mesh: Mesh):
   shared counters replicated."""
   kv = lambda x, axes=model_lib.CACHE_AXES: named_sharding(mesh, axes, x.shape)
   mask = lambda x: named_sharding(mesh, model_lib.CACHE_MASK_AXES, x.shape)
+  # A hybrid's linear-attention states (`gated_deltanet.LinearState` [Y, B, ...]): rows over batch.
+  linear = None if cache.linear is None else jax.tree.map(
+      lambda axes, x: named_sharding(mesh, axes, x.shape), gated_deltanet.STATE_AXES, cache.linear,
+      is_leaf=lambda x: isinstance(x, tuple))
   if isinstance(cache, decode.GroupCache):
     k_axes = model_lib.CACHE_AXES[:3] + model_lib.CACHE_AXES[:2:-1]  # [Y, R, K, H, S]
     rows = lambda x: None if x is None else (replicated(mesh) if x.ndim == 0 else named_sharding(
@@ -171,9 +179,10 @@ def cache_shardings(cache, mesh: Mesh):
                              prompt_v_YBKPH=kv(cache.prompt_v_YBKPH),
                              prompt_mask_BP=mask(cache.prompt_mask_BP),
                              k_YRKHT=kv(cache.k_YRKHT, k_axes), v_YRKTH=kv(cache.v_YRKTH),
-                             length=rows(cache.length), prompt_R=rows(cache.prompt_R))
+                             length=rows(cache.length), prompt_R=rows(cache.prompt_R),
+                             linear=linear)
   return model_lib.KVCache(k=kv(cache.k), v=kv(cache.v), mask_BS=mask(cache.mask_BS),
-                           index=replicated(mesh))
+                           index=replicated(mesh), linear=linear)
 
 
 @dataclasses.dataclass(frozen=True)
