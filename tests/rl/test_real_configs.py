@@ -31,6 +31,7 @@ from jtc.data import formats
 from jtc.data import pipeline as data_lib
 from jtc.models import hf_import
 from jtc.models import tiny_checkpoint
+from jtc.analysis import ledger
 from jtc.analysis import metric_writer
 from jtc.analysis import samples
 from jtc.models import model as model_lib
@@ -122,15 +123,37 @@ def even_length_reward(prompts, completions, answers):
 SMOKE = [
     pytest.param(n, marks=pytest.mark.slow) if n in ('llama3_1b_gsm8k_grpo', 'qwen3_8b_math_dapo',
                                                      'qwen3_8b_math_delta', 'qwen3_14b_math_delta',
-                                                     'qwen3_32b_aime_dfpo') else n for n in REAL
+                                                     'qwen3_32b_aime_dfpo',
+                                                     'qwen3_5_2b_gsm8k_dfpo') else n for n in REAL
 ]
+# The hybrid configs run against a tiny hybrid checkpoint of their architecture, ledger on.
+HYBRID = {'qwen3_5_2b_gsm8k_dfpo': 'qwen3_5'}
+
+
+@pytest.fixture(scope='session')
+def tiny_hybrids(tmp_path_factory):
+  """like -> a lazily written tiny checkpoint directory of that hybrid architecture."""
+  root, written = tmp_path_factory.mktemp('real_hybrid'), {}
+
+  def get(like):
+    if like not in written:
+      written[like] = str(root / like)
+      write_tiny_hf_checkpoint(written[like], arch=like)
+    return written[like]
+
+  return get
 
 
 @pytest.mark.parametrize('name', SMOKE)
-def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tmp_path, monkeypatch):
+def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tiny_hybrids, tmp_path,
+                                                        monkeypatch):
   workdir = str(tmp_path)
   monkeypatch.setitem(rewards.REWARD_FNS, 'test_even_length', even_length_reward)
-  c = _real_config(name, tiny_hf, **{'data.reward': 'test_even_length'})
+  overrides = {'data.reward': 'test_even_length'}
+  if name in HYBRID:
+    tiny_hf = dict(tiny_hf, checkpoint=tiny_hybrids(HYBRID[name]))
+    overrides['log.ledger_every'] = 1
+  c = _real_config(name, tiny_hf, **overrides)
   trainer = trainer_lib.Trainer(c, workdir)
   start_params = jax.tree.map(np.array, trainer.state.params)
   # The HF model, tokenizer (eos/pad from tokenizer_config.json) and chat template are in use.
@@ -138,6 +161,7 @@ def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tmp_path,
   assert trainer.model_config.param_dtype == 'float32'  # master weights
   assert trainer.model_config.dtype == 'bfloat16'  # compute
   assert trainer.model_config.remat
+  assert ('linear_attention' in trainer.model_config.layer_types) == (name in HYBRID)
   assert trainer.tokenizer.eos_id == trainer.tokenizer._tok.token_to_id('<|im_end|>')
   assert trainer.tokenizer.pad_id == trainer.tokenizer._tok.token_to_id('<|endoftext|>')
   with c.unlocked():
@@ -156,6 +180,8 @@ def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tmp_path,
   for r in records[1:]:
     assert np.isfinite(r['loss']) and np.isfinite(r['grad_norm']), r
   assert os.path.isdir(os.path.join(workdir, 'checkpoints', '2'))
+  if name in HYBRID:  # the per-token ledger of every step, across the resume
+    assert ledger.steps(workdir) == [1, 2]
   # The update path really ran: some group had unequal rewards, the gradient was non-zero and
   # the parameters moved (weight decay is 0 in these configs, so only the gradient moves them).
   assert min(r['adv/frac_zero_std'] for r in records[1:]) < 1, records
