@@ -15,7 +15,7 @@ Reports, measured in one run, tokens per second of one jitted call of
   backward  the gradient of a scalar of it with respect to the parameters and the input,
 for the dense layer and each MoE implementation (`moe.MOE_IMPLS`), `--rounds` times
 INTERLEAVED after one compile call each, with the load average and the cores other processes
-kept busy beside every figure (`common.OtherLoad`). The ratios MoE / dense of the medians are
+kept busy beside every figure (`harness.OtherLoad`). The ratios MoE / dense of the medians are
 printed only when no other process competed for the cores during any timed call; otherwise
 they are marked "LOADED". The active parameters per token are equal by construction (W experts
 of width F against one MLP of width W * F; the router's D * X more); the MoE layer does more
@@ -24,7 +24,7 @@ work around them: the router, the sort and gather of (token, expert) pairs ('rag
 every token ('dense', X / W times the matmul FLOPs).
 """
 
-from benchmarks import common  # first: --cpu must act before jax is imported
+from benchmarks import harness  # first: --cpu must act before jax is imported
 
 import argparse
 import dataclasses
@@ -71,7 +71,7 @@ def programs(moe_config, dense_config, tokens):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  common.add_cpu_flag(parser)
+  harness.add_cpu_flag(parser)
   parser.add_argument('--small', action='store_true', help='512 tokens, 2 rounds: a quick check')
   parser.add_argument('--wide', action='store_true', help='D = 512, 16 experts of 256')
   parser.add_argument('--rounds', type=int, default=7)
@@ -80,7 +80,7 @@ def main():
   tokens = 512 if args.small else 128 * 52
   rounds = 2 if args.small else args.rounds
   c = moe_config
-  print(f'# {common.device_line()}; {tokens} tokens, D = {c.d_model}, X = {c.n_experts} experts '
+  print(f'# {harness.device_line()}; {tokens} tokens, D = {c.d_model}, X = {c.n_experts} experts '
         f'of F = {c.d_expert}, W = {c.experts_per_token} per token vs a dense MLP of '
         f'{dense_config.d_ff}; {rounds} rounds interleaved')
   calls = programs(moe_config, dense_config, tokens)
@@ -89,12 +89,12 @@ def main():
   seconds, loaded = {k: [] for k in calls}, False
   for r in range(rounds):
     for key, call in calls.items():
-      with common.OtherLoad() as other:
+      with harness.OtherLoad() as other:
         call()
       seconds[key].append(other.seconds)
-      loaded |= common.is_loaded(other)
+      loaded |= harness.is_loaded(other)
       print(f'round {r} {key[0]:12s} {key[1]:8s} {tokens / other.seconds:12.0f} tokens/s  '
-            f'({common.load_str(other)})')
+            f'({harness.load_str(other)})')
   for kind in ('forward', 'backward'):
     med = {name: statistics.median(seconds[name, k]) for name, k in calls if k == kind}
     base = med['dense MLP']
@@ -102,7 +102,7 @@ def main():
     ratios = [f'{name} / dense = {base / s:.2f}' for name, s in med.items() if name != 'dense MLP']
     print(f"{kind}: median {', '.join(parts)}; throughput "
           f"{'LOADED: not valid ratios' if loaded else ', '.join(ratios)}")
-  print(f'# finished at {time.strftime("%H:%M:%S")}, load {common.load_average():.1f}')
+  print(f'# finished at {time.strftime("%H:%M:%S")}, load {harness.load_average():.1f}')
 
 
 if __name__ == '__main__':

@@ -68,7 +68,9 @@ def smoke(c):
   c.optim.microbatch_prompts = 1  # exercises gradient accumulation
   c.rollout.chunk_prompts = 1  # ... and chunked sampling / scoring
   c.rollout.score_chunk_prompts = 0  # scoring chunked as sampling
-  c.data.prompt_width = 160
+  # A GSM8K prompt with a real tokenizer's chat template and the suffix takes up to 259 tokens
+  # (the tiny checkpoint's byte-level tokenizer counts bytes: docs/models.md).
+  c.data.prompt_width = 288
   c.rollout.sampling.max_new_tokens = 12
   c.eval.sampling.max_new_tokens = 12
   c.dapo.overlong_buffer = min(c.dapo.overlong_buffer, 4)
@@ -79,6 +81,7 @@ def smoke(c):
   c.eval.sampling.num_samples = 2
   c.log.ckpt_every = 1
   c.log.diagnostics_every = 1
+  c.log.samples_every = 1
   c.optim.learning_rate = 1e-3  # so that two steps visibly move the tiny model
   c.mesh.data = -1
   c.mesh.fsdp = 1

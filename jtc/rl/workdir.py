@@ -53,6 +53,8 @@ ADDED_KEYS = {
     'data.split_seed': 0,
     'data.overlong': 'error',
     'mesh.expert': 1,
+    'optim.minibatch_order': 'group',
+    'advantage.sign': 'both',
 }
 # Keys removed since runs were recorded, with the one value every recorded run had (a recorded
 # config with another value is a run this version cannot continue).

@@ -1,6 +1,7 @@
 """Tests of jtc.analysis.credit_step: the measured update is the trainer's (`update.update_step`
 on the same state and mini-batch gives the same parameters and optimiser state), under AdamW and
-under plain SGD; a bad preconditioning is refused; the mini-batches are whole groups."""
+under plain SGD (both slow: they compile on the transformer); a bad preconditioning is refused
+before any compute; the mini-batches are whole groups."""
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +56,8 @@ def test_the_measured_update_is_the_trainers(setup, loss_name):
   assert got['mass']['sign_balance'] > 0
 
 
-def test_sgd_steps_against_the_gradient_and_unknown_preconditioning_is_refused(setup):
+@pytest.mark.slow  # compiles the re-scoring and the coefficients on the transformer: ~10 s
+def test_sgd_steps_against_the_gradient(setup):
   _, params, fn, mb = setup
   got = credit_step.measure(fn, params, None, mb, loss_name='grpo', group_size=G, optimizer=None,
                             optim=None, learning_rate=0.1, preconditioning='sgd',
@@ -64,8 +66,11 @@ def test_sgd_steps_against_the_gradient_and_unknown_preconditioning_is_refused(s
   for a, p, g in zip(jax.tree.leaves(got['after']), jax.tree.leaves(params),
                      jax.tree.leaves(grads)):
     np.testing.assert_allclose(a, p - 0.1 * g, rtol=1e-5, atol=1e-7)
+
+
+def test_unknown_preconditioning_is_refused_before_any_compute():
   with pytest.raises(ValueError, match="preconditioning='newton'; valid: 'adam', 'sgd'"):
-    credit_step.measure(fn, params, None, mb, loss_name='grpo', group_size=G, optimizer=None,
+    credit_step.measure(None, None, None, None, loss_name='grpo', group_size=G, optimizer=None,
                         optim=None, learning_rate=0.1, preconditioning='newton')
 
 

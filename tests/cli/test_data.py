@@ -49,6 +49,24 @@ def test_jsonl_with_named_fields_is_shown_as_written(tmp_path, capsys):
   assert _pairs(out) == [(r['instruction'], str(i + 2)) for i, r in enumerate(rows)]
 
 
+def test_a_list_and_glob_of_files_is_one_split_in_the_order_named(tmp_path, capsys):
+  for name, n in (('part-1.jsonl', 1), ('part-0.jsonl', 2), ('extra.jsonl', 1)):
+    (tmp_path / name).write_text(''.join(
+        json.dumps({
+            'question': f'{name}:{i}',
+            'answer': '#### 1'
+        }) + '\n' for i in range(n)))
+  assert data.main([f'{tmp_path}/part-*.jsonl,{tmp_path}/extra.jsonl', '--show', '9']) == 0
+  out = capsys.readouterr().out
+  assert 'split train: 4 rows' in out
+  assert [p for p, _ in _pairs(out)
+         ] == ['part-0.jsonl:0', 'part-0.jsonl:1', 'part-1.jsonl:0', 'extra.jsonl:0']
+  with pytest.raises(SystemExit):  # a pattern that matches nothing: one line naming it
+    data.main([f'{tmp_path}/none-*.jsonl'])
+  err = capsys.readouterr().err
+  assert "none-*.jsonl' matches no file" in err
+
+
 def test_a_saved_hf_dataset_is_shown_as_written(tmp_path):
   datasets = pytest.importorskip('datasets', reason='datasets writes the save_to_disk layout')
   qa = {'problem': ['1+1?', '2+2?', '3+3?'], 'solution': ['\\boxed{2}', '\\boxed{4}', '\\boxed{6}']}

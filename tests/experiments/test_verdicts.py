@@ -254,3 +254,29 @@ def test_the_platform_is_read_from_the_invocation_parts(tmp_path):
   }]
   (tmp_path / 'invocation.json').write_text(__import__('json').dumps({'parts': parts}))
   assert verdicts.platform_of(str(tmp_path)) == 'GPU (NVIDIA H200) + CPU + GPU (NVIDIA H100)'
+
+
+def test_the_committed_confirmatory_verdicts_recompute_from_the_committed_summaries():
+  """Every confirmatory claim of claims.csv (and the implementation check) is what the committed
+  per-run summaries give: the same seeds, delta, exact and Holm p (Holm is within a family, and
+  every confirmatory family is in the confirmatory claims) and verdict; BH's q, over every claim,
+  is left out. A declared claim whose sweep has not run reads 'not yet run (declared)'."""
+  from experiments.sweeps import claims as claims_lib  # pylint: disable=import-outside-toplevel
+  declared = [
+      c for c in claims_lib.all_claims() if c.kind in ('confirmatory', 'check', 'descriptive')
+  ]
+  rows = verdicts.build(declared)
+  committed = {
+      r['claim']: r for r in verdicts.read_csv(os.path.join(verdicts.RESULTS_DIR, 'claims.csv'))
+  }
+  ran = [r for r in rows if r['n_seeds']]
+  assert len([r for r in ran if r['kind'] == 'confirmatory']) == 17
+  for r in rows:
+    c = committed[r['claim']]
+    assert (r['n_seeds'], r['verdict']) == (c['n_seeds'], c['verdict']), r['claim']
+    if r['n_seeds']:
+      np.testing.assert_allclose([r['delta'], r['p_exact'], r['p_holm']],
+                                 [c['delta'], c['p_exact'], c['p_holm']], rtol=1e-5,
+                                 err_msg=r['claim'])
+    else:
+      assert r['verdict'] == 'not yet run (declared)', r['claim']

@@ -32,6 +32,7 @@ from jtc.data import pipeline as data_lib
 from jtc.models import hf_import
 from jtc.models import tiny_checkpoint
 from jtc.analysis import metric_writer
+from jtc.analysis import samples
 from jtc.models import model as model_lib
 from jtc.models import logprobs
 from jtc.data import rewards
@@ -311,3 +312,38 @@ def test_each_dataset_format_trains_a_smoke_config(fmt, tiny_hf, tmp_path, monke
   records = metric_writer.read_jsonl(str(tmp_path / 'run' / 'metrics.jsonl'))
   assert [r['step'] for r in records] == [0, 1] and 'eval/avg@2' in records[0]
   assert np.isfinite(records[-1]['loss']) and np.isfinite(records[-1]['grad_norm'])
+
+
+# A user's reward function, unchanged (tests/data/user_rewards.py), trains a smoke run: verl's
+# compute_score per sample and TRL's batched reward_funcs. Slow (CI time: the pool and both
+# signatures are tested fast in tests/data/test_custom_rewards.py).
+USER_REWARDS = {
+    'verl': ('even_length', lambda text: float(len(text) % 2 == 0)),
+    'trl': ('reward_len', lambda text: float(-abs(20 - len(text)))),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('signature', sorted(USER_REWARDS))
+def test_a_users_reward_function_trains_a_smoke_run(signature, tiny_hf, tmp_path):
+  """Each logged sample's reward is the user's function of its completion (an independent
+  reference: the function called here), and the step trains (finite loss)."""
+  name, reference = USER_REWARDS[signature]
+  root = tmp_path / 'verl'
+  root.mkdir()
+  _verl_gsm8k(root, {'train': TINY_GSM8K, 'test': TINY_GSM8K[:2]})
+  c = _real_config(
+      'qwen3_0_6b_gsm8k_dfpo', tiny_hf, **{
+          'data.dataset': str(root),
+          'data.prompt_suffix': '',
+          'data.reward': f'tests.data.user_rewards:{name}',
+          'data.reward_signature': signature,
+          'data.verify_workers': 1,
+          'num_steps': 1,
+      })
+  config_check.validate(c)
+  trainer_lib.Trainer(c, str(tmp_path / 'run')).run()
+  records = metric_writer.read_jsonl(str(tmp_path / 'run' / 'metrics.jsonl'))
+  assert [r['step'] for r in records] == [0, 1] and np.isfinite(records[-1]['loss'])
+  logged = samples.read(str(tmp_path / 'run'))
+  assert logged and all(r['reward'] == reference(r['completion']) for r in logged)
