@@ -1,4 +1,5 @@
-"""The policy: model config, decoder, decoding caches, sampler, Hugging Face import, tokenizers."""
+"""The policy: model config, decoder (dense and hybrid layers), decoding caches, sampler, Hugging
+Face import, tokenizers."""
 
 # The submodules (``from jtc.models import *`` imports them).
 __all__ = [
@@ -6,13 +7,19 @@ __all__ = [
     'axes',
     'bundles',
     'decode',
+    'delta_rule',
+    'gated_deltanet',
+    'hf_architectures',
     'hf_config',
     'hf_import',
+    'hf_tensors',
+    'layer_types',
     'layers',
     'logprobs',
     'lora',
     'model',
     'model_config',
+    'params',
     'moe',
     'safetensors_io',
     'sampler',

@@ -2,12 +2,14 @@
 them to mesh axes); `jtc.models.model` re-exports them.
 
 Dimension key (docs/dimensions.md): Y layers, B batch, K kv heads, S cache slots, H head dim.
+A hybrid's Gated DeltaNet parameters have their own table (`gated_deltanet.PARAM_AXES`).
 """
 
 from typing import Any
 
 import jax
 
+from jtc.models import gated_deltanet
 from jtc.models import moe
 
 _PARAM_AXES = {
@@ -17,6 +19,7 @@ _PARAM_AXES = {
     ('final_norm', 'scale'): ('norm',),
     ('q', 'kernel'): ('embed', 'heads', 'head_dim'),
     ('q', 'bias'): ('heads', 'head_dim'),
+    ('q_gate', 'kernel'): ('embed', 'heads', 'head_dim'),
     ('k', 'kernel'): ('embed', 'kv_heads', 'head_dim'),
     ('k', 'bias'): ('kv_heads', 'head_dim'),
     ('v', 'kernel'): ('embed', 'kv_heads', 'head_dim'),
@@ -31,6 +34,10 @@ _PARAM_AXES = {
     **moe.PARAM_AXES,
 }
 
+# Stacks (`jtc.models.layer_types`) whose parameters have their own table, keyed by the path
+# below the stack's name (their names would clash with attention's).
+_STACK_AXES = {'linear_attn': gated_deltanet.PARAM_AXES}
+
 # Logical axes of the KV caches ([Y, B, K, S, H] and [B, S]) and of activations/batches.
 CACHE_AXES = ('layers', 'batch', 'kv_heads', 'cache_length', 'head_dim')
 CACHE_MASK_AXES = ('batch', 'cache_length')
@@ -41,11 +48,14 @@ def param_logical_axes(params) -> Any:
   'layers' get the stacked 'layers' axis first."""
 
   def axes(path, leaf):
-    key = tuple(p.key for p in path[-2:])
-    if key not in _PARAM_AXES:
+    keys = tuple(p.key for p in path)
+    stack = next((s for s in _STACK_AXES if s in keys), None)
+    table = _PARAM_AXES if stack is None else _STACK_AXES[stack]
+    key = keys[-2:] if stack is None else keys[keys.index(stack) + 1:]
+    if key not in table:
       raise ValueError(f'no logical axes for parameter {jax.tree_util.keystr(path)}; '
-                       f'known: {sorted(_PARAM_AXES)}')
-    names = _PARAM_AXES[key]
+                       f"known{'' if stack is None else ' below ' + stack}: {sorted(table)}")
+    names = table[key]
     if path[0].key == 'layers':
       names = ('layers',) + names
     if len(names) != leaf.ndim:

@@ -7,6 +7,11 @@ prefix of their own completion cache, in fixed-size blocks up to the current len
 `jax.lax.fori_loop`), combining the parts with an online softmax; the layers run as the model's
 scan or, with `split_layers` / `split_cache`, as an unrolled loop (faster on XLA:CPU).
 
+In a hybrid (`jtc.models.layer_types`) Y counts the full-attention layers only; each
+linear-attention layer keeps, per row, its `gated_deltanet.LinearState` (constant size: no
+KV cache), computed once per prompt by `prefill` and copied to the prompt's rows
+(`prompt_states_to_rows`), then advanced one token per decode step by the recurrent form.
+
 Dimension key (docs/dimensions.md): B prompts, G samples per prompt, R = B * G rows, P prompt
 length, T completion slots, Y layers, N heads, K kv heads, Q = N / K, J = G * Q queries of a prompt
 per kv head, H head dim, C cache block.
@@ -20,9 +25,12 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from jtc.models import model as model_lib
+from typing import Any
 
+from jtc.models import gated_deltanet
+from jtc.models import layer_types
 from jtc.models import layers
+from jtc.models import model as model_lib
 from jtc.models.model_config import ModelConfig
 
 
@@ -38,8 +46,10 @@ class GroupCache:
     k_YRKHT: completion keys, stored transposed (the slots of a block contiguous); T here is
       the completion length rounded up to whole blocks.
     v_YRKTH: completion values.
-  After `split_cache` the four key / value fields are tuples of Y per-layer arrays.
     length: [] int32, completion slots written so far (the next one to write).
+    linear: None, or (a hybrid) the linear-attention layers' `gated_deltanet.LinearState`
+      with leading axes [Y_linear, R]: each row's own recurrent and convolution state.
+  After `split_cache` the four key / value fields (and `linear`) are tuples of per-layer values.
   """
   prompt_k_YBKPH: jax.Array
   prompt_v_YBKPH: jax.Array
@@ -47,6 +57,7 @@ class GroupCache:
   k_YRKHT: jax.Array
   v_YRKTH: jax.Array
   length: jax.Array
+  linear: Any = None
 
   @property
   def group_size(self) -> int:
@@ -82,22 +93,34 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
   sin_BLH, cos_BLH = layers.rope_sin_cos(model_lib.positions_from_mask(prompt_mask_BP), c)
   x_BPD = model_lib.constrain_rows(model_lib.embed_tokens(params, prompt_tokens_BP, c),
                                    row_sharding)
-  x_BPD, (k_YBKPH, v_YBKPH), routed = model_lib.trunk(params, dataclasses.replace(c, remat=False),
-                                                      x_BPD, sin_BLH, cos_BLH, prompt_mask_BP,
-                                                      return_kv=True)
+  x_BPD, states, routed = model_lib.trunk(params, dataclasses.replace(c, remat=False), x_BPD,
+                                          sin_BLH, cos_BLH, prompt_mask_BP, return_kv=True)
+  Y, R, K, H = layer_types.stack_sizes(c).get('attn', 0), B * num_samples, c.n_kv_heads, c.head_dim
+  empty_YBKPH = jnp.zeros((Y, B, K, P, H), c.jnp_dtype)
+  k_YBKPH, v_YBKPH = states.get('attn', (empty_YBKPH, empty_YBKPH))
+  linear = states.get('linear_attn')
+  if linear is not None:  # each prompt's final state, copied to its G rows
+    linear = prompt_states_to_rows(linear, jnp.arange(R) // num_samples)
   # Prompts are left-padded, so the last column predicts the first new token; only its
   # logits are computed (never [B, P, V]).
   logits_BV = model_lib.logits(params, c, model_lib.final_norm(params, x_BPD[:, -1:], c))[:, 0]
-  Y, R, K, H = c.n_layers, B * num_samples, c.n_kv_heads, c.head_dim
   cache = GroupCache(prompt_k_YBKPH=k_YBKPH.astype(c.jnp_dtype),
                      prompt_v_YBKPH=v_YBKPH.astype(c.jnp_dtype),
                      prompt_mask_BP=prompt_mask_BP.astype(bool), k_YRKHT=jnp.zeros(
                          (Y, R, K, H, T_pad), c.jnp_dtype), v_YRKTH=jnp.zeros(
-                             (Y, R, K, T_pad, H), c.jnp_dtype), length=jnp.zeros((), jnp.int32))
+                             (Y, R, K, T_pad, H), c.jnp_dtype), length=jnp.zeros(
+                                 (), jnp.int32), linear=linear)
   cache = model_lib.constrain_rows(cache, row_sharding)
   if return_routing:
     return logits_BV, cache, None if routed is None else routed.experts_BLW.transpose(1, 2, 0, 3)
   return logits_BV, cache
+
+
+def prompt_states_to_rows(linear, prompt_of_R):
+  """Linear-attention states [Y_linear, B, ...] of B prompts -> [Y_linear, R, ...]: row r gets
+  prompt ``prompt_of_R[r]``'s state (a copy; the rows then advance independently). The
+  sampler's groups use prompt_of_R = r // G."""
+  return jax.tree.map(lambda x: jnp.take(x, prompt_of_R, axis=1), linear)
 
 
 def _online_update(state, scores_RKQC, v_RKCH):
@@ -177,25 +200,26 @@ def _group_attention(q_R1NH, prompt_k_BKPH, prompt_v_BKPH, prompt_mask_BP, read_
 
 
 def split_layers(params) -> dict:
-  """`params` with 'layers' as a tuple of Y per-layer trees (slices of the stacked arrays).
+  """`params` with each stack of 'layers' as a tuple of its per-layer trees (slices of the
+  stacked arrays, `layer_types.split_stacks`).
 
   Made once, outside a decode loop, this lets `decode_step` run its layers as a Python loop
   over separate arrays: on XLA:CPU a dynamic slice of a stacked weight that feeds a matmul is
   copied every step, which a decode step (bandwidth-bound) pays for in full."""
-  Y = jax.tree_util.tree_leaves(params['layers'])[0].shape[0]
-  return {
-      **params, 'layers':
-          tuple(jax.tree_util.tree_map(lambda x, i=i: x[i], params['layers']) for i in range(Y))
-  }
+  return {**params, 'layers': layer_types.split_stacks(params['layers'])}
 
 
 def split_cache(cache: GroupCache) -> GroupCache:
-  """The same cache with its four key / value arrays as tuples of Y per-layer arrays (the layout
-  `decode_step` uses with `split_layers` params: each layer writes and reads its own buffers)."""
+  """The same cache with its four key / value arrays (and a hybrid's linear states) as tuples
+  of per-layer values (the layout `decode_step` uses with `split_layers` params: each layer
+  writes and reads its own buffers)."""
   split = lambda x: tuple(x[i] for i in range(x.shape[0]))
+  linear = cache.linear
+  if linear is not None:
+    linear = layer_types.split_stacks({'linear_attn': linear})['linear_attn']
   return cache.replace(prompt_k_YBKPH=split(cache.prompt_k_YBKPH),
                        prompt_v_YBKPH=split(cache.prompt_v_YBKPH), k_YRKHT=split(cache.k_YRKHT),
-                       v_YRKTH=split(cache.v_YRKTH))
+                       v_YRKTH=split(cache.v_YRKTH), linear=linear)
 
 
 def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: GroupCache, *,
@@ -222,21 +246,21 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
   chex.assert_rank([tokens_R, positions_R], 1)
   chex.assert_equal_shape([tokens_R, positions_R])
   c = config
-  per_layer = isinstance(params['layers'], (tuple, list))
+  per_layer = isinstance(next(iter(params['layers'].values())), (tuple, list))
   if per_layer != isinstance(cache.k_YRKHT, (tuple, list)):
     raise ValueError('decode_step: split_layers(params) goes with split_cache(cache), and '
                      'stacked params with a stacked cache')
-  C = min(block_size, cache.v_YRKTH[0].shape[-2])  # v: [(Y,) R, K, T', H]
   t = cache.length
   sin_BLH, cos_BLH = layers.rope_sin_cos(positions_R[:, None], c)
   x_R1D = model_lib.constrain_rows(model_lib.embed_tokens(params, tokens_R[:, None], c),
                                    row_sharding)
 
-  def layer_step(x_R1D, layer, prompt_k_BKPH, prompt_v_BKPH, k_cache, v_cache, i):
-    """One block; `k_cache`, `v_cache` are this layer's ([R, K, H, T'], [R, K, T', H]) or, with
-    a layer index `i`, the stacked ([Y, ...]) completion caches. The new key/value go to slot
-    t first, then blocks of C slots are read from the updated buffers."""
-    lead = () if i is None else (i,)
+  def attention_step(kind, p, x_R1D, prompt_k_BKPH, prompt_v_BKPH, k_cache, v_cache, lead):
+    """One full-attention block; `k_cache`, `v_cache` are this layer's ([R, K, H, T'],
+    [R, K, T', H]) or, with a layer index in `lead`, the stacked ([Y, ...]) completion caches.
+    The new key/value go to slot t first, then blocks of C slots are read from the updated
+    buffers. Returns (x, (k_cache, v_cache))."""
+    C = min(block_size, v_cache.shape[-2])  # v: [(Y,) R, K, T', H]
 
     def read(kv, start):
       kt, v = kv
@@ -260,32 +284,63 @@ def decode_step(params, config: ModelConfig, tokens_R, positions_R, cache: Group
                                   lambda start: read(written, start), t, C, c)
       return out_R1NH, written
 
-    return layers.block(layer, x_R1D, sin_BLH, cos_BLH, attend, c)
+    mixer = layers.attention_mixer(p['attn'], sin_BLH, cos_BLH, attend, c)
+    x_R1D, aux = layers.block(p, x_R1D, mixer, c, kind)
+    return x_R1D, aux['attn'], aux.get('mlp')
 
+  def linear_step(kind, p, x_R1D, state):
+    """One linear-attention block advancing the rows' states by one token (recurrent form)."""
+    ones_R1 = jnp.ones(x_R1D.shape[:2], jnp.int32)
+    mixer = lambda h_R1D: gated_deltanet.mix(p['linear_attn'], h_R1D, ones_R1, c, state, form=
+                                             'recurrent')
+    x_R1D, aux = layers.block(p, x_R1D, mixer, c, kind)
+    return x_R1D, aux['linear_attn'], aux.get('mlp')
+
+  prompt_kv = {'attn': (cache.prompt_k_YBKPH, cache.prompt_v_YBKPH)}
   if per_layer:
-    ks, vs, routed = [], [], []
-    for i, layer in enumerate(params['layers']):
-      x_R1D, (k_i, v_i), routed_i = layer_step(x_R1D, layer, cache.prompt_k_YBKPH[i],
-                                               cache.prompt_v_YBKPH[i], cache.k_YRKHT[i],
-                                               cache.v_YRKTH[i], None)
-      ks.append(k_i)
-      vs.append(v_i)
-      routed.append(routed_i)
-    k, v = tuple(ks), tuple(vs)
-    routed = None if routed[0] is None else jax.tree.map(lambda *xs: jnp.stack(xs), *routed)
+    states = {'attn': tuple(zip(cache.k_YRKHT, cache.v_YRKTH))}
+    if cache.linear is not None:
+      states['linear_attn'] = cache.linear
+
+    def layer_fn(kind, x_R1D, layer, _):
+      p, prompt, state = layer
+      if kind.mixer == 'linear_attention':
+        x_R1D, new, routed = linear_step(kind, p, x_R1D, state['linear_attn'])
+        out = {'linear_attn': new}
+      else:
+        (k_cache, v_cache), (prompt_k, prompt_v) = state['attn'], prompt['attn']
+        x_R1D, new, routed = attention_step(kind, p, x_R1D, prompt_k, prompt_v, k_cache, v_cache,
+                                            ())
+        out = {'attn': new}
+      return x_R1D, out if routed is None else {**out, 'mlp': routed}
+
+    split_prompt = {'attn': tuple(zip(*prompt_kv['attn']))}
+    x_R1D, out = layer_types.loop_layers(layer_fn, x_R1D, (params['layers'], split_prompt, states),
+                                         c)
+    k, v = (tuple(kv) for kv in zip(*out['attn'])) if 'attn' in out else ((), ())
+    linear = out.get('linear_attn')
+    routed = None if 'mlp' not in out else jax.tree.map(lambda *xs: jnp.stack(xs), *out['mlp'])
   else:
 
-    def body(carry, xs):
-      x_R1D, k_all, v_all = carry
-      layer, prompt_k_BKPH, prompt_v_BKPH, i = xs
-      x_R1D, (k_all, v_all), routed = layer_step(x_R1D, layer, prompt_k_BKPH, prompt_v_BKPH, k_all,
-                                                 v_all, i)
-      return (x_R1D, k_all, v_all), routed
+    def layer_fn(kind, carry, layer, rows):
+      x_R1D, k_all, v_all, linear_all = carry
+      p, prompt = layer
+      if kind.mixer == 'linear_attention':
+        i = rows['linear_attn']
+        state = jax.tree.map(lambda a: a[i], linear_all)
+        x_R1D, state, routed = linear_step(kind, p, x_R1D, state)
+        linear_all = jax.tree.map(lambda a, s: a.at[i].set(s.astype(a.dtype)), linear_all, state)
+      else:
+        x_R1D, (k_all, v_all), routed = attention_step(kind, p, x_R1D, *prompt['attn'], k_all,
+                                                       v_all, (rows['attn'],))
+      return (x_R1D, k_all, v_all, linear_all), ({} if routed is None else {'mlp': routed})
 
-    xs = (params['layers'], cache.prompt_k_YBKPH, cache.prompt_v_YBKPH, jnp.arange(c.n_layers))
-    (x_R1D, k, v), routed = jax.lax.scan(body, (x_R1D, cache.k_YRKHT, cache.v_YRKTH), xs)
+    carry = (x_R1D, cache.k_YRKHT, cache.v_YRKTH, cache.linear)
+    (x_R1D, k, v, linear), out = layer_types.scan_layers(layer_fn, carry,
+                                                         (params['layers'], prompt_kv), c)
+    routed = out.get('mlp')
   logits_RV = model_lib.logits(params, c, model_lib.final_norm(params, x_R1D, c))[:, 0]
-  cache = cache.replace(k_YRKHT=k, v_YRKTH=v, length=t + 1)
+  cache = cache.replace(k_YRKHT=k, v_YRKTH=v, length=t + 1, linear=linear)
   if return_routing:  # routed.experts_BLW: [Y, R, 1, W]
     return logits_RV, cache, None if routed is None else routed.experts_BLW[:, :, 0].swapaxes(0, 1)
   return logits_RV, cache

@@ -1,5 +1,7 @@
-"""Hugging Face ``config.json`` <-> jtc `ModelConfig`: which architectures load (Llama, Qwen2,
-Qwen3, and the mixtures of experts Qwen3-MoE and Qwen2-MoE), their flags, RoPE scaling and dtypes. The tensors themselves are `jtc.models.hf_import`.
+"""Hugging Face ``config.json`` <-> jtc `ModelConfig`: the sizes, RoPE scaling and dtypes, with the
+architecture's flags from `jtc.models.hf_architectures` (which architectures load: Llama, Qwen2,
+Qwen3, Qwen3-MoE, Qwen2-MoE, Qwen3.5, Qwen3-Next). The tensors themselves are
+`jtc.models.hf_tensors` / `hf_import`.
 
 RoPE scaling: ``default``, ``linear`` and ``llama3`` (Llama-3.1/3.2), read from ``rope_scaling``
 (transformers 4) or ``rope_parameters`` (transformers 5); a file with both that disagree is
@@ -7,126 +9,20 @@ rejected.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import ml_dtypes
 import numpy as np
 
 from jtc.models import model as model_lib
+# The architectures and their flags (re-exported: the errors and names every loader uses).
+from jtc.models.hf_architectures import (CONFIG_FILE, LINEAR_KEYS, MODEL_TYPES,
+                                         SUPPORTED_ARCHITECTURES, CheckpointError, architecture,
+                                         architecture_for, is_hybrid_architecture, language_model)
 
-CONFIG_FILE = 'config.json'
-# config.json "torch_dtype"/"dtype" value -> safetensors code.
 HF_DTYPE_NAMES = {'float32': 'F32', 'float16': 'F16', 'bfloat16': 'BF16'}
 # jtc dtype names (ModelConfig.param_dtype / dtype) -> numpy dtype.
 JTC_DTYPES = {'float32': np.dtype(np.float32), 'bfloat16': np.dtype(ml_dtypes.bfloat16)}
-
-
-class CheckpointError(ValueError):
-  """A Hugging Face checkpoint directory that jtc cannot load as asked."""
-
-
-# ----------------------------------------------------------------------------
-# Architectures: config.json -> the two architecture flags of ModelConfig.
-# ----------------------------------------------------------------------------
-
-
-def _llama_flags(hf: Mapping[str, Any]) -> dict[str, bool]:
-  # Llama's `attention_bias` also puts a bias on o_proj, which jtc has no slot for.
-  _require_false(hf, 'attention_bias', 'LlamaForCausalLM')
-  _require_false(hf, 'mlp_bias', 'LlamaForCausalLM')
-  return dict(qk_norm=False, attn_bias=False)
-
-
-def _qwen2_flags(hf: Mapping[str, Any]) -> dict[str, bool]:
-  # Qwen2 always has biases on q/k/v (never on o_proj or the MLP).
-  _require_false(hf, 'use_sliding_window', 'Qwen2ForCausalLM')
-  return dict(qk_norm=False, attn_bias=True)
-
-
-def _qwen3_flags(hf: Mapping[str, Any]) -> dict[str, bool]:
-  # Qwen3's `attention_bias` would also put a bias on o_proj.
-  _require_false(hf, 'attention_bias', 'Qwen3ForCausalLM')
-  _require_false(hf, 'use_sliding_window', 'Qwen3ForCausalLM')
-  return dict(qk_norm=True, attn_bias=False)
-
-
-def _moe_fields(hf: Mapping[str, Any], arch: str) -> dict[str, Any]:
-  """The mixture-of-experts fields of `ModelConfig` (HF defaults where a key is absent:
-  norm_topk_prob false, decoder_sparse_step 1, mlp_only_layers []). Dense layers among sparse
-  ones are rejected."""
-  counts = {k: hf[k] for k in ('num_experts', 'num_local_experts') if hf.get(k) is not None}
-  if len(set(counts.values())) > 1:
-    raise CheckpointError(f'{CONFIG_FILE} has num_experts and num_local_experts that disagree: '
-                          f'{counts}; keep one of them.')
-  missing = [k for k in ('num_experts_per_tok', 'moe_intermediate_size') if k not in hf]
-  if not counts or missing:
-    raise CheckpointError(f'{arch} in {CONFIG_FILE} is missing keys '
-                          f"{missing or ['num_experts']}.")
-  n_experts = int(next(iter(counts.values())))
-  step, dense = int(hf.get('decoder_sparse_step') or 1), list(hf.get('mlp_only_layers') or [])
-  if n_experts <= 0 or step != 1 or dense:
-    raise CheckpointError(
-        f'{arch} with num_experts={n_experts}, decoder_sparse_step={step}, mlp_only_layers='
-        f'{dense} in {CONFIG_FILE}: dense layers among sparse ones are not supported yet; '
-        'supported: every layer sparse (num_experts > 0, decoder_sparse_step=1, '
-        'mlp_only_layers=[]).')
-  k = int(hf['num_experts_per_tok'])
-  if not 1 <= k <= n_experts:
-    raise CheckpointError(f'num_experts_per_tok={k} in {CONFIG_FILE} must be in [1, '
-                          f'num_experts={n_experts}].')
-  return dict(n_experts=n_experts, experts_per_token=k, d_expert=int(hf['moe_intermediate_size']),
-              norm_topk_prob=bool(hf.get('norm_topk_prob', False)))
-
-
-def _qwen3_moe_flags(hf: Mapping[str, Any]) -> dict[str, Any]:
-  _require_false(hf, 'attention_bias', 'Qwen3MoeForCausalLM')
-  _require_false(hf, 'use_sliding_window', 'Qwen3MoeForCausalLM')
-  return dict(qk_norm=True, attn_bias=False, **_moe_fields(hf, 'Qwen3MoeForCausalLM'))
-
-
-def _qwen2_moe_flags(hf: Mapping[str, Any]) -> dict[str, Any]:
-  # Qwen2-MoE: q/k/v biases iff qkv_bias (default true), a shared expert behind a sigmoid gate.
-  _require_false(hf, 'use_sliding_window', 'Qwen2MoeForCausalLM')
-  shared = int(hf.get('shared_expert_intermediate_size') or 0)
-  if shared <= 0:
-    raise CheckpointError(f'Qwen2MoeForCausalLM needs shared_expert_intermediate_size > 0 in '
-                          f'{CONFIG_FILE}, got {shared}.')
-  return dict(qk_norm=False, attn_bias=bool(hf.get('qkv_bias', True)), d_shared_expert=shared,
-              **_moe_fields(hf, 'Qwen2MoeForCausalLM'))
-
-
-SUPPORTED_ARCHITECTURES: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
-    'LlamaForCausalLM': _llama_flags,
-    'Qwen2ForCausalLM': _qwen2_flags,
-    'Qwen3ForCausalLM': _qwen3_flags,
-    'Qwen3MoeForCausalLM': _qwen3_moe_flags,
-    'Qwen2MoeForCausalLM': _qwen2_moe_flags,
-}
-_MODEL_TYPES = {
-    'llama': 'LlamaForCausalLM',
-    'qwen2': 'Qwen2ForCausalLM',
-    'qwen3': 'Qwen3ForCausalLM',
-    'qwen3_moe': 'Qwen3MoeForCausalLM',
-    'qwen2_moe': 'Qwen2MoeForCausalLM',
-}
-
-
-def _require_false(hf: Mapping[str, Any], key: str, arch: str) -> None:
-  if hf.get(key):
-    raise CheckpointError(
-        f'{arch} with {key}={hf[key]!r} in {CONFIG_FILE} is not supported by jtc.models.model '
-        f'(only {key}=false).')
-
-
-def _architecture(hf: Mapping[str, Any]) -> str:
-  archs = hf.get('architectures') or []
-  if not archs and hf.get('model_type') in _MODEL_TYPES:
-    archs = [_MODEL_TYPES[hf['model_type']]]
-  if len(archs) != 1 or archs[0] not in SUPPORTED_ARCHITECTURES:
-    raise CheckpointError(
-        f"Unsupported architecture {archs!r} (model_type={hf.get('model_type')!r}) in "
-        f'{CONFIG_FILE}; supported: {sorted(SUPPORTED_ARCHITECTURES)}.')
-  return archs[0]
 
 
 _ROPE_KEYS = {  # HF key -> ModelConfig field, per rope_type
@@ -215,8 +111,8 @@ def config_from_hf(hf_config: Mapping[str, Any], *, param_dtype: str | None = No
     dtype: compute dtype; default equals ``param_dtype``.
     max_seq_len: default ``max_position_embeddings``.
   """
-  hf = hf_config
-  flags = SUPPORTED_ARCHITECTURES[_architecture(hf)](hf)
+  hf, _ = language_model(hf_config)
+  flags = SUPPORTED_ARCHITECTURES[architecture(hf)](hf)
   act = hf.get('hidden_act', 'silu')
   if act not in ('silu', 'swish'):
     raise CheckpointError(
@@ -250,32 +146,11 @@ def config_from_hf(hf_config: Mapping[str, Any], *, param_dtype: str | None = No
   )
 
 
-def architecture_for(config: model_lib.ModelConfig) -> str:
-  """The HF architecture that represents `config` (used by the exporter)."""
-  if config.is_moe:
-    if config.qk_norm and not config.attn_bias and not config.d_shared_expert:
-      return 'Qwen3MoeForCausalLM'
-    if not config.qk_norm and config.d_shared_expert:
-      return 'Qwen2MoeForCausalLM'
-    raise ValueError('No supported HF architecture has a mixture of experts with qk_norm='
-                     f'{config.qk_norm}, attn_bias={config.attn_bias}, d_shared_expert='
-                     f'{config.d_shared_expert} (Qwen3MoeForCausalLM: qk_norm, no bias, no shared '
-                     'expert; Qwen2MoeForCausalLM: no qk_norm, a shared expert).')
-  if config.qk_norm and config.attn_bias:
-    raise ValueError('No supported HF architecture has both qk_norm and attn_bias '
-                     f'(supported: {sorted(SUPPORTED_ARCHITECTURES)}).')
-  if config.qk_norm:
-    return 'Qwen3ForCausalLM'
-  if config.attn_bias:
-    return 'Qwen2ForCausalLM'
-  return 'LlamaForCausalLM'
-
-
 def hf_config_from(config: model_lib.ModelConfig, *,
                    torch_dtype: str = 'float32') -> dict[str, Any]:
   """Inverse of `config_from_hf`: a ``config.json`` dict for `config`."""
   arch = architecture_for(config)
-  model_type = {v: k for k, v in _MODEL_TYPES.items()}[arch]
+  model_type = {v: k for k, v in MODEL_TYPES.items()}[arch]
   hf: dict[str, Any] = dict(
       architectures=[arch],
       model_type=model_type,
@@ -298,16 +173,27 @@ def hf_config_from(config: model_lib.ModelConfig, *,
       eos_token_id=None,
       pad_token_id=None,
   )
-  if arch not in ('Qwen2ForCausalLM', 'Qwen2MoeForCausalLM'):
+  if is_hybrid_architecture(config):
+    del hf['rope_theta'], hf['rope_scaling']
+    hf['rope_parameters'] = dict(
+        _rope_scaling_for_hf(config) or {'rope_type': 'default'}, rope_theta=config.rope_theta,
+        partial_rotary_factor=config.partial_rotary_factor)
+    hf['layer_types'] = list(config.layer_types or ['full_attention'] * config.n_layers)
+    hf.update({key: getattr(config, field) for key, (field, _) in LINEAR_KEYS.items()})
+  elif arch not in ('Qwen2ForCausalLM', 'Qwen2MoeForCausalLM'):
     hf.update(attention_bias=False)
   if arch == 'LlamaForCausalLM':
     hf.update(mlp_bias=False)
-  else:
+  elif not is_hybrid_architecture(config):
     hf.update(use_sliding_window=False, sliding_window=None)
   if config.is_moe:
     hf.update(num_experts=config.n_experts, num_experts_per_tok=config.experts_per_token,
               moe_intermediate_size=config.d_expert, norm_topk_prob=config.norm_topk_prob,
               decoder_sparse_step=1, mlp_only_layers=[])
   if arch == 'Qwen2MoeForCausalLM':
-    hf.update(qkv_bias=config.attn_bias, shared_expert_intermediate_size=config.d_shared_expert)
+    hf.update(qkv_bias=config.attn_bias)
+  if config.d_shared_expert:
+    hf.update(shared_expert_intermediate_size=config.d_shared_expert)
+  if is_hybrid_architecture(config):
+    hf.update(attention_bias=False)
   return hf

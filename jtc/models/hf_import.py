@@ -10,35 +10,14 @@ tokenizer class of jtc (`jtc.models.tokenizer.HFTokenizer`).
 Safetensors files are read without torch by `jtc.models.safetensors_io` (memory-mapped,
 bfloat16 through ``ml_dtypes``).
 
-Layout map (HF ``nn.Linear`` weights are ``[out, in]``; jtc kernels are ``[in, ...out]``; jtc
-stacks the layers, so layer i's tensor is row i of a ``layers/...`` array ``[Y, ...]``):
-
-  model.embed_tokens.weight            [V, D]     -> embed/embedding              [V, D]
-  model.layers.i.self_attn.q_proj.weight [N*H, D] -> layers/attn/q/kernel[i]      [D, N, H]
-  model.layers.i.self_attn.q_proj.bias   [N*H]    -> layers/attn/q/bias[i]        [N, H]
-  model.layers.i.self_attn.{k,v}_proj.weight [K*H, D] -> layers/attn/{k,v}/kernel[i] [D, K, H]
-  model.layers.i.self_attn.o_proj.weight [D, N*H] -> layers/attn/o/kernel[i]      [N, H, D]
-  model.layers.i.self_attn.{q,k}_norm.weight [H]  -> layers/attn/{q,k}_norm/scale[i] [H]
-  model.layers.i.input_layernorm.weight  [D]      -> layers/attn_norm/scale[i]    [D]
-  model.layers.i.post_attention_layernorm.weight -> layers/mlp_norm/scale[i]     [D]
-  model.layers.i.mlp.{gate,up}_proj.weight [F, D] -> layers/mlp/{gate,up}/kernel[i] [D, F]
-  model.layers.i.mlp.down_proj.weight    [D, F]   -> layers/mlp/down/kernel[i]    [F, D]
-  mixture of experts (Qwen3-MoE, Qwen2-MoE; `jtc.models.moe`), expert e of layer i:
-  model.layers.i.mlp.gate.weight         [X, D]   -> layers/mlp/router/kernel[i]  [D, X]
-  ...mlp.experts.e.{gate,up}_proj.weight [F, D]   -> layers/mlp/expert_{gate,up}/kernel[i, e] [D, F]
-  ...mlp.experts.e.down_proj.weight      [D, F]   -> layers/mlp/expert_down/kernel[i, e] [F, D]
-  ...mlp.shared_expert.{gate,up,down}_proj.weight -> layers/mlp/shared/{gate,up,down}/kernel[i]
-  ...mlp.shared_expert_gate.weight       [1, D]   -> layers/mlp/shared_gate/kernel[i] [D, 1]
-  model.norm.weight                      [D]      -> final_norm/scale             [D]
-  lm_head.weight                         [V, D]   -> lm_head/kernel               [D, V]
+Which tensors a checkpoint holds and where each goes (the layout map): `jtc.models.hf_tensors`.
 
 RoPE in jtc uses the same rotate-half convention as HF, so q/k need no permutation. RoPE
 scaling: ``default``, ``linear`` and ``llama3`` (Llama-3.1/3.2), read from ``rope_scaling``
 (transformers 4) or ``rope_parameters`` (transformers 5); a file with both that disagree is
 rejected.
 
-Dimension key (docs/dimensions.md): V vocab, D model dim, Y layers, N query heads, K kv heads, H head dim,
-F mlp dim, X experts.
+Dimension key (docs/dimensions.md): Y layers.
 """
 from __future__ import annotations
 
@@ -53,8 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jtc.models import hf_config
+from jtc.models import hf_tensors
 from jtc.models import lora
 from jtc.models.hf_config import CONFIG_FILE, CheckpointError, config_from_hf, hf_config_from
+from jtc.models.hf_tensors import tensor_specs  # the tensors of a config (re-exported)
 from jtc.models import model as model_lib
 from jtc.models import safetensors_io
 from jtc.models import tokenizer as tokenizer_lib
@@ -66,127 +47,10 @@ PathLike = str | os.PathLike
 
 SINGLE_FILE = 'model.safetensors'
 
-# ----------------------------------------------------------------------------
-# Tensor name / layout mapping.
-# ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _TensorSpec:
-  """One HF tensor and where it goes in the jtc params tree (row `layer` of a stacked
-  ``layers/...`` array, or the whole array when `layer` is None; row [layer, expert] of a
-  stacked [Y, X, ...] expert array when `expert` is set)."""
-  hf_key: str
-  jtc_path: tuple[str, ...]
-  hf_shape: tuple[int, ...]
-  to_jtc: Callable[[np.ndarray], np.ndarray]
-  to_hf: Callable[[np.ndarray], np.ndarray]
-  layer: int | None = None
-  expert: int | None = None
-
-  @property
-  def index(self) -> tuple[int, ...]:
-    """Where the tensor sits in its jtc array: (), (layer,) or (layer, expert)."""
-    return tuple(i for i in (self.layer, self.expert) if i is not None)
-
-
-def _same(x: np.ndarray) -> np.ndarray:
-  return x
-
-
-def _transpose(x: np.ndarray) -> np.ndarray:
-  return np.ascontiguousarray(x.T)
-
-
-def _in_proj(n: int, h: int) -> tuple[Callable, Callable]:
-  """[n*h, D] (HF) <-> [D, n, h] (jtc)."""
-  to_jtc = lambda w: np.ascontiguousarray(w.T).reshape(w.shape[1], n, h)
-  to_hf = lambda k: np.ascontiguousarray(k.reshape(k.shape[0], n * h).T)
-  return to_jtc, to_hf
-
-
-def _in_bias(n: int, h: int) -> tuple[Callable, Callable]:
-  """[n*h] (HF) <-> [n, h] (jtc)."""
-  return (lambda b: b.reshape(n, h)), (lambda b: b.reshape(n * h))
-
-
-def _out_proj(n: int, h: int) -> tuple[Callable, Callable]:
-  """[D, n*h] (HF) <-> [n, h, D] (jtc)."""
-  to_jtc = lambda w: np.ascontiguousarray(w.T).reshape(n, h, w.shape[0])
-  to_hf = lambda k: np.ascontiguousarray(k.reshape(n * h, k.shape[-1]).T)
-  return to_jtc, to_hf
-
-
-def tensor_specs(config: model_lib.ModelConfig) -> list[_TensorSpec]:
-  """Every tensor a checkpoint of `config` must contain, in file order."""
-  V, D, F = config.vocab_size, config.d_model, config.d_ff
-  N, K, H = config.n_heads, config.n_kv_heads, config.head_dim
-  specs = [_TensorSpec('model.embed_tokens.weight', ('embed', 'embedding'), (V, D), _same, _same)]
-  for i in range(config.n_layers):
-    hf = f'model.layers.{i}.'
-    layer = lambda key, path, shape, to_jtc, to_hf: specs.append(
-        _TensorSpec(hf + key, ('layers', *path), shape, to_jtc, to_hf, layer=i))
-    for name, heads in [('q', N), ('k', K), ('v', K)]:
-      layer(f'self_attn.{name}_proj.weight', ('attn', name, 'kernel'), (heads * H, D),
-            *_in_proj(heads, H))
-      if config.attn_bias:
-        layer(f'self_attn.{name}_proj.bias', ('attn', name, 'bias'), (heads * H,),
-              *_in_bias(heads, H))
-    layer('self_attn.o_proj.weight', ('attn', 'o', 'kernel'), (D, N * H), *_out_proj(N, H))
-    if config.qk_norm:
-      for name in ('q_norm', 'k_norm'):
-        layer(f'self_attn.{name}.weight', ('attn', name, 'scale'), (H,), _same, _same)
-    if config.is_moe:
-      specs.extend(_moe_specs(config, i))
-    else:
-      for name in ('gate', 'up'):
-        layer(f'mlp.{name}_proj.weight', ('mlp', name, 'kernel'), (F, D), _transpose, _transpose)
-      layer('mlp.down_proj.weight', ('mlp', 'down', 'kernel'), (D, F), _transpose, _transpose)
-    layer('input_layernorm.weight', ('attn_norm', 'scale'), (D,), _same, _same)
-    layer('post_attention_layernorm.weight', ('mlp_norm', 'scale'), (D,), _same, _same)
-  specs.append(_TensorSpec('model.norm.weight', ('final_norm', 'scale'), (D,), _same, _same))
-  if not config.tie_embeddings:
-    specs.append(
-        _TensorSpec('lm_head.weight', ('lm_head', 'kernel'), (V, D), _transpose, _transpose))
-  return specs
-
-
-def _moe_specs(config: model_lib.ModelConfig, i: int) -> list[_TensorSpec]:
-  """Layer i's mixture-of-experts tensors: the router, every expert, the shared expert."""
-  D, X, F, Fs = config.d_model, config.n_experts, config.d_expert, config.d_shared_expert
-  hf, path = f'model.layers.{i}.mlp.', ('layers', 'mlp')
-  specs = [
-      _TensorSpec(hf + 'gate.weight', (*path, 'router', 'kernel'), (X, D), _transpose, _transpose,
-                  layer=i)
-  ]
-  for e in range(X):
-    for name, shape in (('gate', (F, D)), ('up', (F, D)), ('down', (D, F))):
-      specs.append(
-          _TensorSpec(f'{hf}experts.{e}.{name}_proj.weight', (*path, f'expert_{name}', 'kernel'),
-                      shape, _transpose, _transpose, layer=i, expert=e))
-  if Fs:
-    for name, shape in (('gate', (Fs, D)), ('up', (Fs, D)), ('down', (D, Fs))):
-      specs.append(
-          _TensorSpec(f'{hf}shared_expert.{name}_proj.weight', (*path, 'shared', name, 'kernel'),
-                      shape, _transpose, _transpose, layer=i))
-    specs.append(
-        _TensorSpec(hf + 'shared_expert_gate.weight', (*path, 'shared_gate', 'kernel'), (1, D),
-                    _transpose, _transpose, layer=i))
-  return specs
-
-
-def _spec_name(spec: _TensorSpec) -> str:
-  """'layers/attn/q/kernel[3]' or 'embed/embedding' (for error messages)."""
-  return '/'.join(spec.jtc_path) + ''.join(f'[{i}]' for i in spec.index)
-
-
-def _leading_shape(spec: _TensorSpec, config: model_lib.ModelConfig) -> tuple[int, ...]:
-  """The stacked axes in front of the tensor in its jtc array: (), (Y,) or (Y, X)."""
-  return (config.n_layers, config.n_experts)[:len(spec.index)]
-
-
 # Tensors some checkpoints carry that carry no information for jtc.
 _IGNORED_SUFFIXES = ('rotary_emb.inv_freq',)
+# Qwen3.5's multi-token-prediction head and vision tower (Hugging Face skips them too).
+_IGNORED_PREFIXES = ('mtp.', 'model.visual.')
 
 
 def _set_path(tree: dict, path: Sequence[str], value: Any) -> None:
@@ -204,7 +68,8 @@ def _get_path(tree: Mapping, path: Sequence[str]) -> Any:
 def load_hf_checkpoint(path: PathLike, *, param_dtype: str | None = None, dtype: str | None = None,
                        max_seq_len: int | None = None, strict_dtype: bool = True,
                        as_numpy: bool = False) -> tuple[model_lib.ModelConfig, Params]:
-  """Loads an HF Llama / Qwen2 / Qwen3 checkpoint directory into jtc.
+  """Loads an HF Llama / Qwen2 / Qwen3 / Qwen3-MoE / Qwen2-MoE / Qwen3.5 checkpoint directory into
+  jtc (a Qwen3.5 vision-language checkpoint: its text model).
 
   Args:
     path: directory with ``config.json`` and ``*.safetensors`` (single or sharded
@@ -239,11 +104,11 @@ def load_hf_checkpoint(path: PathLike, *, param_dtype: str | None = None, dtype:
   target = hf_config.JTC_DTYPES[config.param_dtype]
 
   entries = safetensors_io.tensor_index(path)
-  specs = tensor_specs(config)
+  specs = tensor_specs(config, prefix=hf_config.language_model(hf)[1])
   wanted = {s.hf_key for s in specs}
-  unexpected = sorted(k for k in entries
-                      if k not in wanted and not k.endswith(_IGNORED_SUFFIXES) and
-                      not (config.tie_embeddings and k == 'lm_head.weight'))
+  unexpected = sorted(
+      k for k in entries if k not in wanted and not k.endswith(_IGNORED_SUFFIXES) and
+      not k.startswith(_IGNORED_PREFIXES) and not (config.tie_embeddings and k == 'lm_head.weight'))
   if unexpected:
     raise CheckpointError(
         f"Unexpected tensors for {hf['architectures'][0] if hf.get('architectures') else hf.get('model_type')} "
@@ -264,14 +129,15 @@ def load_hf_checkpoint(path: PathLike, *, param_dtype: str | None = None, dtype:
       raise CheckpointError(
           f'dtype mismatch: tensor {spec.hf_key!r} in {entry.file} is {entry.dtype}, but '
           f'{CONFIG_FILE} declares {declared} (pass strict_dtype=False to cast anyway).')
-    value = spec.to_jtc(read_tensor(entry, spec.hf_key)).astype(target)
-    if spec.layer is None:
-      _set_path(params, spec.jtc_path, value)
-    else:  # row `index` of the stacked [Y(, X), ...] array, allocated when row 0 is read
-      if not any(spec.index):
-        _set_path(params, spec.jtc_path,
-                  np.empty(_leading_shape(spec, config) + value.shape, target))
-      _get_path(params, spec.jtc_path)[spec.index] = value
+    values = spec.to_jtc(read_tensor(entry, spec.hf_key))
+    for jtc_path, value in zip(spec.paths, values if spec.parts else (values,)):
+      value = value.astype(target)
+      if spec.layer is None:
+        _set_path(params, jtc_path, value)
+      else:  # row `index` of the stacked [Y_s(, X), ...] array, allocated when row 0 is read
+        if not any(spec.index):
+          _set_path(params, jtc_path, np.empty(spec.lead + value.shape, target))
+        _get_path(params, jtc_path)[spec.index] = value
   if not as_numpy:
     params = jax.tree_util.tree_map(jnp.asarray, params)
   return config, params
@@ -307,23 +173,26 @@ def export_hf_checkpoint(config: model_lib.ModelConfig, params: Params, path: Pa
   params = model_lib.stack_layers(params)  # the earlier per-layer layout is accepted too
   tensors, host = {}, {}
   for spec in tensor_specs(config):
-    if spec.jtc_path not in host:
-      try:
-        host[spec.jtc_path] = np.asarray(jax.device_get(_get_path(params, spec.jtc_path)))
-      except KeyError as e:
-        raise ValueError(
-            f"params has no {'/'.join(spec.jtc_path)} (needed for {spec.hf_key}).") from e
-    value = host[spec.jtc_path]
-    if spec.layer is not None:
-      lead = _leading_shape(spec, config)
-      if value.shape[:len(lead)] != lead:
-        raise ValueError(f"params/{'/'.join(spec.jtc_path)} has shape {list(value.shape)}; "
-                         f'expected leading axes {list(lead)} (n_layers, n_experts).')
-      value = value[spec.index]
-    hf_value = np.ascontiguousarray(spec.to_hf(value).astype(np_dtype))
+    values = []
+    for jtc_path in spec.paths:
+      if jtc_path not in host:
+        try:
+          host[jtc_path] = np.asarray(jax.device_get(_get_path(params, jtc_path)))
+        except KeyError as e:
+          raise ValueError(f"params has no {'/'.join(jtc_path)} (needed for {spec.hf_key}).") from e
+      value = host[jtc_path]
+      if spec.layer is not None:
+        if value.shape[:len(spec.lead)] != spec.lead:
+          raise ValueError(f"params/{'/'.join(jtc_path)} has shape {list(value.shape)}; "
+                           f'expected leading axes {list(spec.lead)} (the layers of its stack'
+                           f'{", the experts" if spec.expert is not None else ""}; n_layers='
+                           f'{config.n_layers}).')
+        value = value[spec.index]
+      values.append(value)
+    hf_value = np.ascontiguousarray(spec.to_hf(*values).astype(np_dtype))
     if hf_value.shape != spec.hf_shape:
-      raise ValueError(f'params/{_spec_name(spec)} has shape {list(value.shape)}, which '
-                       f'does not map to {spec.hf_key} {list(spec.hf_shape)}.')
+      raise ValueError(f'params/{hf_tensors.spec_name(spec)} has shape {list(values[0].shape)}, '
+                       f'which does not map to {spec.hf_key} {list(spec.hf_shape)}.')
     tensors[spec.hf_key] = hf_value
   save_file(tensors, str(path / SINGLE_FILE), metadata={'format': 'pt'})
   (path / CONFIG_FILE).write_text(

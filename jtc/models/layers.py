@@ -1,7 +1,9 @@
-"""The pieces of one decoder layer, as pure functions of that layer's parameters: RMSNorm,
-rotary embeddings (Hugging Face rotate_half layout, optional linear / Llama-3 scaling), the
-q/k/v projections with optional qk-norm and biases, grouped-query softmax attention, the SwiGLU
-MLP (or the mixture of experts of `jtc.models.moe`) and the pre-norm residual block.
+"""The pieces of one decoder layer, as pure functions of that layer's parameters: RMSNorm
+(optionally zero-centred weights), rotary embeddings (Hugging Face rotate_half layout, optional
+linear / Llama-3 scaling, optionally on the first dimensions of a head only), the q/k/v
+projections with optional qk-norm, biases and output gate, grouped-query softmax attention, the
+SwiGLU MLP (or the mixture of experts of `jtc.models.moe`) and the pre-norm residual block of
+any layer kind (`jtc.models.layer_types`).
 `jtc.models.model` scans them over the stacked layers.
 
 Dimension key (docs/dimensions.md), as `jtc.models.model`: B batch, L tokens, S key slots,
@@ -13,6 +15,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jtc.models import layer_types
 from jtc.models import lora
 from jtc.models import moe
 from jtc.models.model_config import ModelConfig
@@ -20,11 +23,18 @@ from jtc.models.model_config import ModelConfig
 MASKED = -1e30  # finite "minus infinity": a fully masked row softmaxes to uniform, not NaN.
 
 
-def rms_norm(x, scale, eps: float, dtype):
-  """y = x * rsqrt(mean(x^2) + eps) * scale, in float32, cast to `dtype`."""
+def rms_norm(x, scale, eps: float, dtype, zero_centered: bool = False):
+  """y = x * rsqrt(mean(x^2) + eps) * scale, in float32, cast to `dtype`; with
+  ``zero_centered`` the weight is stored as w = scale - 1 (y = ... * (1 + w), Qwen3.5)."""
   x32 = x.astype(jnp.float32)
   y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
-  return (y * scale.astype(jnp.float32)).astype(dtype)
+  scale32 = scale.astype(jnp.float32) + (1.0 if zero_centered else 0.0)
+  return (y * scale32).astype(dtype)
+
+
+def norm(x, p, config: ModelConfig):
+  """The model's RMSNorm with parameters ``p`` ({'scale': ...}) in the compute dtype."""
+  return rms_norm(x, p['scale'], config.norm_eps, config.jnp_dtype, config.norm_zero_centered)
 
 
 def dense(eqn, x, p, dtype):
@@ -39,10 +49,11 @@ def dense(eqn, x, p, dtype):
 
 
 def rope_inv_freq(config: ModelConfig):
-  """Inverse frequencies f_j [H/2] float32 of the rotate_half RoPE, scaled per
+  """Inverse frequencies f_j [rotary_dim / 2] float32 of the rotate_half RoPE, scaled per
   `config.rope_scaling` (see `ModelConfig`)."""
   c = config
-  inv_freq = c.rope_theta**(-jnp.arange(0, c.head_dim, 2, dtype=jnp.float32) / c.head_dim)
+  rot = c.rotary_dim
+  inv_freq = c.rope_theta**(-jnp.arange(0, rot, 2, dtype=jnp.float32) / rot)
   if c.rope_scaling == 'linear':
     inv_freq = inv_freq / c.rope_factor
   elif c.rope_scaling == 'llama3':
@@ -56,19 +67,23 @@ def rope_inv_freq(config: ModelConfig):
 
 
 def rope_sin_cos(positions_BL, config: ModelConfig):
-  """sin/cos [B, L, H] for the rotate_half layout: angle_j = pos * f_j, j < H/2, repeated."""
+  """sin/cos [B, L, rotary_dim] for the rotate_half layout: angle_j = pos * f_j, j <
+  rotary_dim / 2, repeated (rotary_dim = H unless `partial_rotary_factor` < 1)."""
   angles = positions_BL.astype(jnp.float32)[..., None] * rope_inv_freq(config)  # [B, L, H/2]
   angles = jnp.concatenate([angles, angles], axis=-1)
   return jnp.sin(angles), jnp.cos(angles)
 
 
 def apply_rope(x_BLNH, sin_BLH, cos_BLH):
-  """x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] (halves of H), in float32."""
+  """x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] (halves of the rotated part),
+  in float32, on the first sin.shape[-1] dimensions of each head (the rest pass through)."""
   x = x_BLNH.astype(jnp.float32)
+  rot = sin_BLH.shape[-1]
+  x, rest = x[..., :rot], x[..., rot:]
   x1, x2 = jnp.split(x, 2, axis=-1)
   rotated = jnp.concatenate([-x2, x1], axis=-1)
   out = x * cos_BLH[:, :, None, :] + rotated * sin_BLH[:, :, None, :]
-  return out.astype(x_BLNH.dtype)
+  return jnp.concatenate([out, rest], axis=-1).astype(x_BLNH.dtype)
 
 
 def qkv(attn, x_BLD, sin_BLH, cos_BLH, config: ModelConfig):
@@ -78,8 +93,8 @@ def qkv(attn, x_BLD, sin_BLH, cos_BLH, config: ModelConfig):
   k_BLKH = dense('BLD,DKH->BLKH', x_BLD, attn['k'], c.jnp_dtype)
   v_BLKH = dense('BLD,DKH->BLKH', x_BLD, attn['v'], c.jnp_dtype)
   if c.qk_norm:
-    q_BLNH = rms_norm(q_BLNH, attn['q_norm']['scale'], c.norm_eps, c.jnp_dtype)
-    k_BLKH = rms_norm(k_BLKH, attn['k_norm']['scale'], c.norm_eps, c.jnp_dtype)
+    q_BLNH = norm(q_BLNH, attn['q_norm'], c)
+    k_BLKH = norm(k_BLKH, attn['k_norm'], c)
   return apply_rope(q_BLNH, sin_BLH, cos_BLH), apply_rope(k_BLKH, sin_BLH, cos_BLH), v_BLKH
 
 
@@ -89,6 +104,21 @@ def mlp(mlp, x_BLD, config: ModelConfig):
   gate_BLF = dense('BLD,DF->BLF', x_BLD, mlp['gate'], dt)
   up_BLF = dense('BLD,DF->BLF', x_BLD, mlp['up'], dt)
   return dense('BLF,FD->BLD', jax.nn.silu(gate_BLF) * up_BLF, mlp['down'], dt)
+
+
+def feed_forward(p, x_BLD, config: ModelConfig, *, mask_BL=None, replay_BLW=None):
+  """The block's MLP: (y_BLD, None), or with a router in ``p`` the mixture of experts
+  (`jtc.models.moe.feed_forward`: its tokens counted by ``mask_BL``, ``replay_BLW`` replayed):
+  (y_BLD, `moe.Routed`)."""
+  if 'router' in p:
+    return moe.feed_forward(p, x_BLD, config, mask_BL=mask_BL, replay_BLW=replay_BLW)
+  return mlp(p, x_BLD, config), None
+
+
+# Feed-forward blocks by layer kind (`LayerKind.ffn`): fn(params, normed x_BLD, config, *,
+# mask_BL, replay_BLW) -> (y_BLD, aux or None); a non-None aux (a mixture of experts'
+# `moe.Routed`) is returned by `block` under the block's stack name.
+FFNS = {'mlp': feed_forward, 'moe': moe.feed_forward}
 
 
 def softmax_attention(q_BLNH, k_BKSH, v_BKSH, allowed_BLS, config: ModelConfig):
@@ -105,29 +135,40 @@ def softmax_attention(q_BLNH, k_BKSH, v_BKSH, allowed_BLS, config: ModelConfig):
   return out_BLKQH.reshape(B, L, N, H)
 
 
-def feed_forward(p, x_BLD, config: ModelConfig, *, mask_BL=None, replay_BLW=None):
-  """The block's MLP: (y_BLD, None), or with a router in ``p`` the mixture of experts
-  (`jtc.models.moe.feed_forward`: its tokens counted by ``mask_BL``, ``replay_BLW`` replayed):
-  (y_BLD, `moe.Routed`)."""
-  if 'router' in p:
-    return moe.feed_forward(p, x_BLD, config, mask_BL=mask_BL, replay_BLW=replay_BLW)
-  return mlp(p, x_BLD, config), None
-
-
-def block(layer, x_BLD, sin_BLH, cos_BLH, attend, config: ModelConfig, *, mask_BL=None,
-          replay_BLW=None):
-  """Pre-norm residual block: x += o(attend(q, k, v)); x += feed_forward(norm(x)).
+def attention_mixer(attn, sin_BLH, cos_BLH, attend, config: ModelConfig):
+  """The full-attention token mixer of a block: h -> (o(attend(q, k, v)) [* sigmoid gate], aux).
 
   `attend(q_BLNH, k_BLKH, v_BLKH) -> (out_BLNH, aux)` is the attention of this call (plain
-  causal, through a `KVCache`, or grouped decode). Returns (x, aux, routed): ``routed`` is the
-  `moe.Routed` of a mixture-of-experts layer (``mask_BL``, ``replay_BLW``: `feed_forward`), else
-  None.
+  causal, through a `KVCache`, or grouped decode). With `attn_output_gate` (Qwen3.5 / Qwen3-Next)
+  the attention output is multiplied by sigmoid(h W_g) before the output projection."""
+  c = config
+
+  def mixer(h_BLD):
+    q_BLNH, k_BLKH, v_BLKH = qkv(attn, h_BLD, sin_BLH, cos_BLH, c)
+    out_BLNH, aux = attend(q_BLNH, k_BLKH, v_BLKH)
+    if c.attn_output_gate:
+      gate_BLNH = dense('BLD,DNH->BLNH', h_BLD, attn['q_gate'], c.jnp_dtype)
+      out_BLNH = (out_BLNH.astype(jnp.float32) *
+                  jax.nn.sigmoid(gate_BLNH.astype(jnp.float32))).astype(c.jnp_dtype)
+    return dense('BLNH,NHD->BLD', out_BLNH, attn['o'], c.jnp_dtype), aux
+
+  return mixer
+
+
+def block(layer, x_BLD, mixer, config: ModelConfig, kind=None, *, mask_BL=None, replay_BLW=None):
+  """Pre-norm residual block of a layer of ``kind`` (`jtc.models.layer_types.LayerKind`; None:
+  full attention + MLP): x += mixer(norm(x)); x += ffn(norm(x)).
+
+  ``mixer(h_BLD) -> (out_BLD, aux)`` is the layer's token mixer for this call; ``mask_BL``,
+  ``replay_BLW`` go to a mixture of experts (`moe.feed_forward`). Returns (the new x, {stack
+  name: aux}) with the mixer's and the feed-forward block's non-None auxiliary outputs (a
+  `moe.Routed`) under their parameter stacks' names (what `layer_types.scan_layers` stacks).
   """
   c = config
-  h_BLD = rms_norm(x_BLD, layer['attn_norm']['scale'], c.norm_eps, c.jnp_dtype)
-  q_BLNH, k_BLKH, v_BLKH = qkv(layer['attn'], h_BLD, sin_BLH, cos_BLH, c)
-  out_BLNH, aux = attend(q_BLNH, k_BLKH, v_BLKH)
-  x_BLD = x_BLD + dense('BLNH,NHD->BLD', out_BLNH, layer['attn']['o'], c.jnp_dtype)
-  h_BLD = rms_norm(x_BLD, layer['mlp_norm']['scale'], c.norm_eps, c.jnp_dtype)
-  y_BLD, routed = feed_forward(layer['mlp'], h_BLD, c, mask_BL=mask_BL, replay_BLW=replay_BLW)
-  return x_BLD + y_BLD, aux, routed
+  kind = kind or layer_types.DENSE
+  out_BLD, mixer_aux = mixer(norm(x_BLD, layer['attn_norm'], c))
+  x_BLD = x_BLD + out_BLD
+  y_BLD, ffn_aux = FFNS[kind.ffn](layer[kind.ffn_stack], norm(x_BLD, layer['mlp_norm'], c), c,
+                                  mask_BL=mask_BL, replay_BLW=replay_BLW)
+  auxes = ((kind.mixer_stack, mixer_aux), (kind.ffn_stack, ffn_aux))
+  return x_BLD + y_BLD, {name: aux for name, aux in auxes if aux is not None}

@@ -19,6 +19,9 @@ is shared (`member_in_axes`: in_axes None) and only the adapters carry the membe
 `merge` folds the adapters into the kernels (W + s A B: a plain parameter tree, e.g. for
 `jtc.models.hf_import.export_hf_checkpoint`).
 
+In a hybrid the q / k / v / o targets also adapt the Gated DeltaNet layers' projections
+(``'linear_attn'``, stacked over those layers only: `LINEAR_TARGETS`).
+
 Dimension key (docs/dimensions.md): Y layers, D model dim, N heads, H head dim, F mlp dim, r rank.
 """
 
@@ -29,6 +32,8 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jtc.models import layer_types
 
 # Target name -> (its path under params['layers'], the number of input axes of its kernel).
 TARGETS = {
@@ -41,6 +46,14 @@ TARGETS = {
     'down': (('mlp', 'down'), 1),
 }
 ADAPTER_KEYS = ('lora_a', 'lora_b')
+# In a hybrid (`jtc.models.layer_types`) the q / k / v / o targets also adapt the Gated DeltaNet
+# layers' projections of the same name (their own stack, 'linear_attn').
+LINEAR_TARGETS = {
+    'q': (('linear_attn', 'q'), 1),
+    'k': (('linear_attn', 'k'), 1),
+    'v': (('linear_attn', 'v'), 1),
+    'o': (('linear_attn', 'o'), 2),
+}
 INIT_SEED = 0  # A's PRNG key: the same for every seed and member, like the base weights
 
 
@@ -62,10 +75,25 @@ def scale(lora) -> float:
   return float(lora.alpha) / lora.rank
 
 
-def _kernel_dims(model_config, name):
-  """(input dims, output dims) of target ``name``'s kernel (no layer axis)."""
+def _paths(model_config, name) -> list:
+  """The (group, proj) paths under params['layers'] target ``name`` adapts in this model."""
+  sizes = layer_types.stack_sizes(model_config)
+  paths = [TARGETS[name][0]] + ([LINEAR_TARGETS[name][0]] if name in LINEAR_TARGETS else [])
+  return [path for path in paths if path[0] in sizes]
+
+
+def _kernel_dims(model_config, name, group='attn'):
+  """(input dims, output dims) of target ``name``'s kernel (no layer axis) in stack ``group``."""
   c = model_config
   D, N, K, H, F = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff
+  if group == 'linear_attn':
+    K, H, N, O = c.linear_n_k_heads, c.linear_k_head_dim, c.linear_n_v_heads, c.linear_v_head_dim
+    return {
+        'q': ((D,), (K, H)),
+        'k': ((D,), (K, H)),
+        'v': ((D,), (N, O)),
+        'o': ((N, O), (D,))
+    }[name]
   shapes = {
       'q': ((D,), (N, H)),
       'k': ((D,), (K, H)),
@@ -90,31 +118,34 @@ def check_config(lora, model_config=None):
     raise ValueError(f'config.lora.alpha={lora.alpha!r} must be > 0 (the adapters are scaled by '
                      'alpha / rank)')
   for name in parse_targets(lora.targets):
-    if model_config is None:
-      continue
-    dims_in, dims_out = _kernel_dims(model_config, name)
-    most = min(math.prod(dims_in), math.prod(dims_out))
-    if rank > most:
-      raise ValueError(f'config.lora.rank={rank} exceeds target {name!r}: its kernel maps '
-                       f'{math.prod(dims_in)} to {math.prod(dims_out)} features, so the rank '
-                       f'can be at most {most}')
+    for group, _ in ([] if model_config is None else _paths(model_config, name)):
+      dims_in, dims_out = _kernel_dims(model_config, name, group)
+      most = min(math.prod(dims_in), math.prod(dims_out))
+      if rank <= most:
+        continue
+      raise ValueError(f'config.lora.rank={rank} exceeds target {name!r} ({group}): its kernel '
+                       f'maps {math.prod(dims_in)} to {math.prod(dims_out)} features, so the '
+                       f'rank can be at most {most}')
 
 
 def init_adapters(model_config, *, rank: int, targets, rng=None) -> dict:
   """Adapters of ``targets`` (names of `TARGETS`): A [Y, in..., r] ~ N(0, 1/fan_in), B = 0,
   in the parameter dtype; ``rng`` defaults to key(`INIT_SEED`)."""
   rng = jax.random.key(INIT_SEED) if rng is None else rng
-  Y, dtype = model_config.n_layers, model_config.jnp_param_dtype
+  sizes, dtype = layer_types.stack_sizes(model_config), model_config.jnp_param_dtype
   out = {}
   for name in targets:
-    (group, proj), _ = TARGETS[name]
-    dims_in, dims_out = _kernel_dims(model_config, name)
-    key = jax.random.fold_in(rng, list(TARGETS).index(name))
-    a = jax.random.normal(key, (Y, *dims_in, rank), jnp.float32) / math.sqrt(math.prod(dims_in))
-    out.setdefault(group, {})[proj] = {
-        'lora_a': a.astype(dtype),
-        'lora_b': jnp.zeros((Y, rank, *dims_out), dtype)
-    }
+    for group, proj in _paths(model_config, name):
+      Y = sizes[group]
+      dims_in, dims_out = _kernel_dims(model_config, name, group)
+      key = jax.random.fold_in(rng, list(TARGETS).index(name))
+      if group != TARGETS[name][0][0]:
+        key = jax.random.fold_in(key, 1)
+      a = jax.random.normal(key, (Y, *dims_in, rank), jnp.float32) / math.sqrt(math.prod(dims_in))
+      out.setdefault(group, {})[proj] = {
+          'lora_a': a.astype(dtype),
+          'lora_b': jnp.zeros((Y, rank, *dims_out), dtype)
+      }
   return {'layers': out}
 
 

@@ -1,19 +1,26 @@
-"""Decoder-only Transformer of the Llama / Qwen2 / Qwen3 family: layers scanned over stacked
-parameters, an explicit KV cache, chunked log-probabilities.
+"""Decoder-only Transformer of the Llama / Qwen2 / Qwen3 / Qwen3.5 family: layers scanned over
+stacked parameters, an explicit KV cache, chunked log-probabilities.
 
-One set of pure functions covers the three architectures:
-  * RMSNorm (Llama/Qwen: ``x * rsqrt(mean(x^2) + eps) * scale``, computed in float32);
+One set of pure functions covers the architectures:
+  * RMSNorm (Llama/Qwen: ``x * rsqrt(mean(x^2) + eps) * scale``, computed in float32; Qwen3.5
+    stores the weight zero-centred, ``* (1 + w)``);
   * rotary position embeddings in the Hugging Face "rotate_half" layout (first half / second
     half of the head dimension, not interleaved), so Hugging Face weights load unpermuted,
-    with optional frequency scaling (``rope_scaling='linear'`` or Llama-3.1/3.2 ``'llama3'``);
-  * grouped-query attention (``n_kv_heads`` divides ``n_heads``);
+    with optional frequency scaling (``rope_scaling='linear'`` or Llama-3.1/3.2 ``'llama3'``),
+    on the whole head or its first ``partial_rotary_factor`` part;
+  * grouped-query attention (``n_kv_heads`` divides ``n_heads``), optionally with a sigmoid
+    output gate per head dimension (Qwen3.5 ``attn_output_gate``);
   * optional RMSNorm over the head dimension of q and k before RoPE (Qwen3 ``qk_norm``);
-  * optional q/k/v biases (Qwen2 ``attn_bias``); SwiGLU MLP; tied or untied output embeddings.
+  * optional q/k/v biases (Qwen2 ``attn_bias``); SwiGLU MLP; tied or untied output embeddings;
+  * per-layer types (``layer_types``): Gated DeltaNet linear attention
+    (`jtc.models.gated_deltanet`) in some layers, full attention in the others (Qwen3.5).
 
-The layers share one structure, so their parameters are stacked on a leading axis of size
-Y = n_layers and the trunk is one `jax.lax.scan` over them (as maxtext's ``scan_layers``): the
-compiled program, its compile time and `init_params` do not grow with depth. The parameter
-pytree (what `init_params` returns, what `jtc.models.hf_import` fills) is::
+The parameters of the layers are stacked on a leading axis, one stack per sub-module kind
+(`jtc.models.layer_types`), and the trunk is a `jax.lax.scan` (as maxtext's ``scan_layers``;
+a hybrid scans over its repeating super-block): the compiled program, its compile time and
+`init_params` (`jtc.models.params`) do not grow with depth. The parameter pytree (what
+`init_params` returns, what `jtc.models.hf_import` fills) of a model whose Y layers are all
+full attention + MLP is::
 
   {'embed': {'embedding': [V, D]},
    'layers': {'attn_norm': {'scale': [Y, D]},
@@ -21,22 +28,26 @@ pytree (what `init_params` returns, what `jtc.models.hf_import` fills) is::
                        'k': {'kernel': [Y, D, K, H], 'bias': [Y, K, H]},
                        'v': {'kernel': [Y, D, K, H], 'bias': [Y, K, H]},
                        'o': {'kernel': [Y, N, H, D]},
-                       'q_norm': {'scale': [Y, H]}, 'k_norm': {'scale': [Y, H]}},  # iff qk_norm
+                       'q_norm': {'scale': [Y, H]}, 'k_norm': {'scale': [Y, H]},  # iff qk_norm
+                       'q_gate': {'kernel': [Y, D, N, H]}},            # iff attn_output_gate
               'mlp_norm': {'scale': [Y, D]},
               'mlp': {'gate': {'kernel': [Y, D, F]}, 'up': {'kernel': [Y, D, F]},
                       'down': {'kernel': [Y, F, D]}}},   # or a mixture of experts: `moe`
    'final_norm': {'scale': [D]},
    'lm_head': {'kernel': [D, V]}}                                    # absent iff tie_embeddings
 
-Layer i is ``jax.tree.map(lambda x: x[i], params['layers'])``. The earlier per-layer layout
-(``'layers_0'``, ``'layers_1'``, ...) converts both ways with `stack_layers` / `unstack_layers`.
+In a hybrid, 'attn' holds the full-attention layers only and 'linear_attn' (layout in
+`jtc.models.gated_deltanet`) the others; layer i is `layer_types.layer_params(params['layers'],
+config, i)` (``jax.tree.map(lambda x: x[i], params['layers'])`` when all layers are of one
+kind). The earlier per-layer layout (``'layers_0'``, ``'layers_1'``, ...) converts both ways with
+`stack_layers` / `unstack_layers`.
 
 The cache is a pytree passed in and returned: `KVCache` keys/values [Y, B, K, S, H] for S slots;
 all sequences share one slot counter ``index`` (prompts are left-padded) and ``mask_BS`` records
 which slots hold real tokens. Query slot ``index + l`` may see key slot ``s`` iff
 ``mask_BS[b, s]`` and ``s <= index + l``. The sampler's cache (the prompt once per group, the
-live completion prefix in blocks) and its decode step are in `jtc.models.decode`; the architecture and
-its presets in `jtc.models.model_config`.
+live completion prefix in blocks, a hybrid's recurrent states) and its decode step are in
+`jtc.models.decode`; the architecture and its presets in `jtc.models.model_config`.
 
 Dimension key (docs/dimensions.md):
   B batch (prompts), G samples per prompt, R = B * G rows, L tokens in this call, S cache slots,
@@ -47,6 +58,7 @@ Dimension key (docs/dimensions.md):
 
 import functools
 import math
+from typing import Any
 
 import chex
 import flax
@@ -55,140 +67,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jtc.models import attention
+from jtc.models import gated_deltanet
+from jtc.models import layer_types
 from jtc.models import layers
-from jtc.models.axes import CACHE_AXES, CACHE_MASK_AXES, param_logical_axes  # the model's
 from jtc.models import moe
+from jtc.models.axes import CACHE_AXES, CACHE_MASK_AXES, param_logical_axes  # the model's
 from jtc.models.model_config import ModelConfig  # the architecture this module implements
-
-
-def num_params(params) -> int:
-  return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
-
-
-# ----------------------------------------------------------------------------------------
-# Parameters: initialisation (one layer's initialiser, vmapped over the Y layers) and the
-# conversion from the earlier per-layer layout.
-
-
-def _normal(key, shape, fan_in, dtype):
-  """N(0, 1/fan_in) in `dtype`."""
-  return jax.random.normal(key, shape, dtype) * jnp.asarray(1.0 / math.sqrt(fan_in), dtype)
-
-
-def _init_layer(config: ModelConfig, key) -> dict:
-  """One block's parameters (no layer axis): kernels ~ N(0, 1/fan_in), scales 1, biases 0."""
-  c = config
-  D, N, K, H, F = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff
-  dt = c.jnp_param_dtype
-  kq, kk, kv, ko, kg, ku, kd = jax.random.split(key, 7)
-  attn = {
-      'q': {
-          'kernel': _normal(kq, (D, N, H), D, dt)
-      },
-      'k': {
-          'kernel': _normal(kk, (D, K, H), D, dt)
-      },
-      'v': {
-          'kernel': _normal(kv, (D, K, H), D, dt)
-      },
-      'o': {
-          'kernel': _normal(ko, (N, H, D), N * H, dt)
-      }
-  }
-  if c.attn_bias:
-    for name, heads in (('q', N), ('k', K), ('v', K)):
-      attn[name]['bias'] = jnp.zeros((heads, H), dt)
-  if c.qk_norm:
-    attn['q_norm'] = {'scale': jnp.ones((H,), dt)}
-    attn['k_norm'] = {'scale': jnp.ones((H,), dt)}
-  if c.is_moe:
-    mlp = moe.init_ffn(c, kg)
-  else:
-    mlp = {
-        'gate': {
-            'kernel': _normal(kg, (D, F), D, dt)
-        },
-        'up': {
-            'kernel': _normal(ku, (D, F), D, dt)
-        },
-        'down': {
-            'kernel': _normal(kd, (F, D), F, dt)
-        }
-    }
-  return {
-      'attn_norm': {
-          'scale': jnp.ones((D,), dt)
-      },
-      'attn': attn,
-      'mlp_norm': {
-          'scale': jnp.ones((D,), dt)
-      },
-      'mlp': mlp
-  }
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _init_params_jit(config: ModelConfig, rng: jax.Array) -> dict:
-  c = config
-  k_embed, k_layers, k_head = jax.random.split(rng, 3)
-  params = {
-      'embed': {
-          'embedding': _normal(k_embed, (c.vocab_size, c.d_model), c.d_model, c.jnp_param_dtype)
-      },
-      'layers': jax.vmap(functools.partial(_init_layer, c))(jax.random.split(k_layers, c.n_layers)),
-      'final_norm': {
-          'scale': jnp.ones((c.d_model,), c.jnp_param_dtype)
-      }
-  }
-  if not c.tie_embeddings:
-    params['lm_head'] = {
-        'kernel': _normal(k_head, (c.d_model, c.vocab_size), c.d_model, c.jnp_param_dtype)
-    }
-  return params
-
-
-def init_params(config: ModelConfig, rng: jax.Array) -> dict:
-  """Random parameters in the layout documented at the top of this module.
-
-  Kernels ~ N(0, 1/fan_in), embedding ~ N(0, 1/D), norm scales 1, biases 0. One layer's
-  initialiser is traced and vmapped over the Y layers, so the cost does not grow with depth.
-  """
-  return _init_params_jit(config, rng)
-
-
-def _layer_names(params) -> list:
-  names = [k for k in params if k.startswith('layers_')]
-  return sorted(names, key=lambda k: int(k.split('_', 1)[1]))
-
-
-def stack_layers(params: dict) -> dict:
-  """Earlier per-layer layout {'layers_0': {...}, ..., 'layers_{Y-1}': {...}} -> 'layers'
-  stacked on a leading axis (values unchanged); stacked params are returned as they are.
-
-  Works on numpy or jax arrays (numpy stays numpy: nothing is put on a device)."""
-  names = _layer_names(params)
-  if not names:
-    return params
-  if 'layers' in params:
-    raise ValueError(f'params have both stacked "layers" and per-layer {names[:2]}...')
-  if names != [f'layers_{i}' for i in range(len(names))]:
-    raise ValueError(f'per-layer params must be layers_0 .. layers_{len(names) - 1}, got {names}')
-  stack = lambda *xs: (np.stack if isinstance(xs[0], np.ndarray) else jnp.stack)(xs)
-  out = {k: v for k, v in params.items() if k not in names}
-  out['layers'] = jax.tree_util.tree_map(stack, *[params[n] for n in names])
-  return out
-
-
-def unstack_layers(params: dict) -> dict:
-  """Inverse of `stack_layers`: 'layers' [Y, ...] -> {'layers_0': ..., 'layers_{Y-1}': ...}."""
-  if 'layers' not in params:
-    return params
-  Y = jax.tree_util.tree_leaves(params['layers'])[0].shape[0]
-  out = {k: v for k, v in params.items() if k != 'layers'}
-  for i in range(Y):
-    out[f'layers_{i}'] = jax.tree_util.tree_map(lambda x, i=i: x[i], params['layers'])
-  return out
-
+# The parameters' initialisation and layout conversion (re-exported).
+from jtc.models.params import (_init_params_jit, init_params, num_params, stack_layers,
+                               unstack_layers)
 
 # ----------------------------------------------------------------------------------------
 # Caches.
@@ -196,25 +83,34 @@ def unstack_layers(params: dict) -> dict:
 
 @flax.struct.dataclass
 class KVCache:
-  """Keys/values (RoPE already applied) of every layer for S slots.
+  """Keys/values (RoPE already applied) of every full-attention layer for S slots, and the
+  recurrent states of a hybrid's linear-attention layers.
 
   Attributes:
-    k: [Y, B, K, S, H] in the compute dtype.
+    k: [Y, B, K, S, H] in the compute dtype (Y: the full-attention layers).
     v: [Y, B, K, S, H].
     mask_BS: [B, S] bool, True where a slot holds a real (non-pad) token.
     index: [] int32, the next slot to write (shared by the whole batch).
+    linear: None, or a `gated_deltanet.LinearState` stacked over the linear-attention layers.
   """
   k: jax.Array
   v: jax.Array
   mask_BS: jax.Array
   index: jax.Array
+  linear: Any = None
 
 
 def init_cache(config: ModelConfig, batch_size: int, cache_len: int) -> KVCache:
-  """An empty cache of `cache_len` slots."""
-  shape = (config.n_layers, batch_size, config.n_kv_heads, cache_len, config.head_dim)
+  """An empty cache of `cache_len` slots (and zero recurrent states)."""
+  sizes = layer_types.stack_sizes(config)
+  shape = (sizes.get('attn', 0), batch_size, config.n_kv_heads, cache_len, config.head_dim)
+  linear = None
+  if 'linear_attn' in sizes:
+    one = gated_deltanet.init_state(config, batch_size)
+    linear = jax.tree.map(lambda x: jnp.zeros((sizes['linear_attn'], *x.shape), x.dtype), one)
   return KVCache(k=jnp.zeros(shape, config.jnp_dtype), v=jnp.zeros(shape, config.jnp_dtype),
-                 mask_BS=jnp.zeros((batch_size, cache_len), bool), index=jnp.zeros((), jnp.int32))
+                 mask_BS=jnp.zeros((batch_size, cache_len), bool), index=jnp.zeros(
+                     (), jnp.int32), linear=linear)
 
 
 # ----------------------------------------------------------------------------------------
@@ -226,7 +122,7 @@ def embed_tokens(params, tokens_BL, config: ModelConfig):
 
 
 def final_norm(params, x_BLD, config: ModelConfig):
-  return layers.rms_norm(x_BLD, params['final_norm']['scale'], config.norm_eps, config.jnp_dtype)
+  return layers.norm(x_BLD, params['final_norm'], config)
 
 
 def _to_BKLH(x_BLKH):
@@ -234,38 +130,48 @@ def _to_BKLH(x_BLKH):
 
 
 # ----------------------------------------------------------------------------------------
-# The trunk: one scan over the stacked layers.
+# The trunk: a scan over the stacked layers (`layer_types.scan_layers`).
 
 
 def trunk(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask_BL, *, return_kv: bool = False,
           replay_YBLW=None):
-  """Causal attention over the L tokens themselves (real keys only), by `config.attention`.
+  """Causal attention over the L tokens themselves (real keys only), by `config.attention`;
+  the chunked Gated DeltaNet from a zero state in a hybrid's linear-attention layers.
 
-  Returns (x_BLD, kv, routed): kv is None or the keys/values of every layer, each
-  [Y, B, K, L, H] (a prompt cache, when `return_kv`); routed the layers' `moe.Routed` (leaves
-  [Y, ...]) of a mixture-of-experts model, else None. ``replay_YBLW``: experts to route each
-  layer's tokens to (`moe.route`), or None."""
+  Returns (x_BLD, states, routed): states {} or, when `return_kv` (a prompt cache), {'attn':
+  (k, v)} with the keys/values of the full-attention layers, each [Y, B, K, L, H], and in a
+  hybrid 'linear_attn': the linear layers' `gated_deltanet.LinearState` after the L tokens,
+  stacked; routed the layers' `moe.Routed` (leaves [Y, ...]) of a mixture-of-experts model, else
+  None. ``replay_YBLW``: experts to route each layer's tokens to (`moe.route`), or None."""
   c = config
 
   def attend(q_BLNH, k_BLKH, v_BLKH):
     out_BLNH = attention.causal_attention(q_BLNH, k_BLKH, v_BLKH, mask_BL, c)
     return out_BLNH, ((_to_BKLH(k_BLKH), _to_BKLH(v_BLKH)) if return_kv else None)
 
-  def body(x_BLD, xs):
-    layer, replay_BLW = xs
-    x_BLD, kv, routed = layers.block(layer, x_BLD, sin_BLH, cos_BLH, attend, c, mask_BL=mask_BL,
-                                     replay_BLW=replay_BLW)
-    return x_BLD, (kv, routed)
+  def layer_fn(kind, x_BLD, layer, _):
+    p, replay = layer
+    if kind.mixer == 'linear_attention':
 
-  if c.remat:
-    body = jax.checkpoint(body, prevent_cse=False)
-  x_BLD, (kv, routed) = jax.lax.scan(body, x_BLD, (params['layers'], replay_YBLW))
-  return x_BLD, kv, routed
+      def mixer(h_BLD):
+        out_BLD, state = gated_deltanet.mix(p['linear_attn'], h_BLD, mask_BL, c)
+        return out_BLD, (state if return_kv else None)
+    else:
+      mixer = layers.attention_mixer(p['attn'], sin_BLH, cos_BLH, attend, c)
+    return layers.block(p, x_BLD, mixer, c, kind, mask_BL=mask_BL,
+                        replay_BLW=replay.get(kind.ffn_stack))
+
+  replay = {} if replay_YBLW is None else {'mlp': replay_YBLW}
+  x_BLD, out = layer_types.scan_layers(layer_fn, x_BLD, (params['layers'], replay), c,
+                                       remat=c.remat)
+  routed = out.pop('mlp', None)
+  return x_BLD, out, routed
 
 
 def _trunk_with_cache(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask_BL,
                       cache: KVCache):
-  """Writes the L new tokens at slots index .. index + L - 1 and attends over the cache."""
+  """Writes the L new tokens at slots index .. index + L - 1 and attends over the cache; a
+  hybrid's linear layers continue from their cached states."""
   c = config
   L = x_BLD.shape[1]
   index = cache.index
@@ -274,21 +180,34 @@ def _trunk_with_cache(params, config: ModelConfig, x_BLD, sin_BLH, cos_BLH, mask
   causal_LS = jnp.arange(S)[None, :] <= (index + jnp.arange(L))[:, None]
   allowed_BLS = key_mask_BS[:, None, :] & causal_LS[None]
 
-  def body(x_BLD, xs):
-    layer, k_BKSH, v_BKSH = xs
+  def layer_fn(kind, x_BLD, layer, _):
+    p, states = layer
+    if kind.mixer == 'linear_attention':
 
-    def attend(q_BLNH, k_BLKH, v_BLKH):
-      k_new = jax.lax.dynamic_update_slice(k_BKSH,
-                                           _to_BKLH(k_BLKH).astype(k_BKSH.dtype), (0, 0, index, 0))
-      v_new = jax.lax.dynamic_update_slice(v_BKSH,
-                                           _to_BKLH(v_BLKH).astype(v_BKSH.dtype), (0, 0, index, 0))
-      return layers.softmax_attention(q_BLNH, k_new, v_new, allowed_BLS, c), (k_new, v_new)
+      def mixer(h_BLD):
+        return gated_deltanet.mix(p['linear_attn'], h_BLD, mask_BL, c, states['linear_attn'])
+    else:
+      k_BKSH, v_BKSH = states['attn']
 
-    x_BLD, kv, routed = layers.block(layer, x_BLD, sin_BLH, cos_BLH, attend, c, mask_BL=mask_BL)
-    return x_BLD, (kv, routed)
+      def attend(q_BLNH, k_BLKH, v_BLKH):
+        k_new = jax.lax.dynamic_update_slice(k_BKSH,
+                                             _to_BKLH(k_BLKH).astype(k_BKSH.dtype),
+                                             (0, 0, index, 0))
+        v_new = jax.lax.dynamic_update_slice(v_BKSH,
+                                             _to_BKLH(v_BLKH).astype(v_BKSH.dtype),
+                                             (0, 0, index, 0))
+        return layers.softmax_attention(q_BLNH, k_new, v_new, allowed_BLS, c), (k_new, v_new)
 
-  x_BLD, ((k, v), routed) = jax.lax.scan(body, x_BLD, (params['layers'], cache.k, cache.v))
-  return x_BLD, KVCache(k=k, v=v, mask_BS=key_mask_BS, index=index + L), routed
+      mixer = layers.attention_mixer(p['attn'], sin_BLH, cos_BLH, attend, c)
+    return layers.block(p, x_BLD, mixer, c, kind, mask_BL=mask_BL)
+
+  states = {'attn': (cache.k, cache.v)}
+  if cache.linear is not None:
+    states['linear_attn'] = cache.linear
+  x_BLD, out = layer_types.scan_layers(layer_fn, x_BLD, (params['layers'], states), c)
+  k, v = out.get('attn', (cache.k, cache.v))
+  return x_BLD, KVCache(k=k, v=v, mask_BS=key_mask_BS, index=index + L,
+                        linear=out.get('linear_attn')), out.get('mlp')
 
 
 def constrain_rows(x, row_sharding):

@@ -1,7 +1,8 @@
-"""`ModelConfig`: the architecture of a Llama / Qwen2 / Qwen3 decoder and its presets.
+"""`ModelConfig`: the architecture of a Llama / Qwen2 / Qwen3 / Qwen3.5 decoder and its presets.
 
 A frozen dataclass (hashable: static under jit) with classmethod presets
-(`ModelConfig.tiny()`, `.qwen3_0_6b()`, ...); `jtc.models.model` is the network it describes.
+(`ModelConfig.tiny()`, `.qwen3_0_6b()`, `.qwen3_5_2b()`, ...); `jtc.models.model` is the network
+it describes, `jtc.models.layer_types` the per-layer types of a hybrid.
 """
 
 import dataclasses
@@ -13,6 +14,11 @@ ROPE_SCALINGS = ('default', 'linear', 'llama3')
 # The trunk's causal attention (`jtc.models.attention`): the dense [L, S] scores, an online
 # softmax over key blocks with a recomputing backward, or the Pallas TPU splash kernel.
 ATTENTIONS = ('dense', 'blockwise', 'splash')
+# A layer's token mixer (Hugging Face's `layer_types` values) and its feed-forward block: the
+# kinds `jtc.models.layer_types` combines ('moe': `jtc.models.moe`, every layer's when
+# n_experts > 0).
+LAYER_TYPES = ('full_attention', 'linear_attention')
+FFN_TYPES = ('mlp', 'moe')
 # How a mixture-of-experts layer computes its experts (`jtc.models.moe.MOE_IMPLS`): all exact
 # and dropless (every token reaches its experts), different in FLOPs and speed.
 MOE_IMPLS = ('ragged', 'dense', 'blocks')
@@ -54,6 +60,30 @@ class ModelConfig:
   remat: bool = False
   # How the trunk attends (`ATTENTIONS`): same values up to float rounding, different memory.
   attention: str = 'dense'
+  # Per-layer types (`jtc.models.layer_types`): each layer's token mixer, 'full_attention' or
+  # 'linear_attention' (Gated DeltaNet, `jtc.models.gated_deltanet`), as Hugging Face's
+  # `layer_types`; and its feed-forward block (`FFN_TYPES`). () = every layer full attention
+  # with the SwiGLU MLP (the dense models: their parameter layout is unchanged).
+  layer_types: tuple = ()
+  ffn_types: tuple = ()
+  # Gated full attention (Qwen3.5, Qwen3-Next): out = o(attention * sigmoid(x W_g)), a gate per
+  # head and dimension, W_g beside W_q ('q_gate').
+  attn_output_gate: bool = False
+  # RoPE on the first int(partial_rotary_factor * head_dim) dimensions of each head; the rest
+  # pass through (Hugging Face `partial_rotary_factor`).
+  partial_rotary_factor: float = 1.0
+  # RMSNorm weights stored zero-centred, y = norm(x) * (1 + w) (Qwen3.5 / Qwen3-Next: the
+  # layer, final and q/k norms; the Gated DeltaNet's output norm keeps y = norm(x) * w).
+  norm_zero_centered: bool = False
+  # Gated DeltaNet (the 'linear_attention' layers): K key heads, N = K * Q value heads (each with
+  # its head dimension), a causal depthwise convolution of width `linear_conv_width` on q, k, v, and the
+  # chunk length of the chunked parallel form (training and scoring; decoding is recurrent).
+  linear_n_k_heads: int = 2
+  linear_n_v_heads: int = 4
+  linear_k_head_dim: int = 32
+  linear_v_head_dim: int = 32
+  linear_conv_width: int = 4
+  linear_chunk: int = 64
   # Mixture of experts (`jtc.models.moe`, Qwen3-MoE): with n_experts > 0 every layer's MLP is
   # X = n_experts SwiGLU experts of width d_expert, experts_per_token of them per token (the top
   # of the router's softmax; their weights renormalised to sum 1 iff norm_topk_prob), plus a
@@ -67,16 +97,43 @@ class ModelConfig:
   moe_impl: str = 'ragged'
 
   def __post_init__(self):
+    for name in ('layer_types', 'ffn_types'):  # a list from JSON or a config file: a tuple
+      object.__setattr__(self, name, tuple(getattr(self, name)))
     for name in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'head_dim', 'd_ff',
-                 'max_seq_len', 'rope_original_max_len'):
+                 'max_seq_len', 'rope_original_max_len', 'linear_n_k_heads', 'linear_n_v_heads',
+                 'linear_k_head_dim', 'linear_v_head_dim', 'linear_conv_width', 'linear_chunk'):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f'ModelConfig.{name} must be a positive int, got {value!r}')
     if self.n_heads % self.n_kv_heads:
       raise ValueError(f'ModelConfig.n_heads={self.n_heads} must be divisible by '
                        f'ModelConfig.n_kv_heads={self.n_kv_heads}')
+    if self.linear_n_v_heads % self.linear_n_k_heads:
+      raise ValueError(f'ModelConfig.linear_n_v_heads={self.linear_n_v_heads} must be divisible '
+                       f'by ModelConfig.linear_n_k_heads={self.linear_n_k_heads}')
     if self.head_dim % 2:
       raise ValueError(f'ModelConfig.head_dim={self.head_dim} must be even for RoPE')
+    if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim % 2 or not self.rotary_dim:
+      raise ValueError(f'ModelConfig.partial_rotary_factor={self.partial_rotary_factor!r} must be '
+                       f'in (0, 1] and rotate an even number of the head_dim={self.head_dim} '
+                       f'dimensions (it rotates {self.rotary_dim})')
+    if set(self.ffn_types) == {'mlp', 'moe'}:
+      raise ValueError(f'ModelConfig.ffn_types={list(self.ffn_types)!r} mixes dense and '
+                       "mixture-of-experts layers, which share the 'mlp' stack: not supported yet")
+    if 'moe' in self.ffn_types and not self.n_experts:
+      raise ValueError("ModelConfig.ffn_types has 'moe' layers but n_experts=0")
+    if self.n_experts and 'mlp' in self.ffn_types:
+      raise ValueError(f'ModelConfig.n_experts={self.n_experts} makes every layer a mixture of '
+                       f"experts; ffn_types={list(self.ffn_types)!r} has 'mlp' layers")
+    for name, valid in (('layer_types', LAYER_TYPES), ('ffn_types', FFN_TYPES)):
+      values = getattr(self, name)
+      if values and len(values) != self.n_layers:
+        raise ValueError(f'ModelConfig.{name} has {len(values)} entries; it needs one per layer '
+                         f'(n_layers={self.n_layers}) or none')
+      for value in values:
+        if value not in valid:
+          raise ValueError(f'ModelConfig.{name}: unknown layer type {value!r}; valid: '
+                           f'{list(valid)}')
     if not self.rope_theta > 0:
       raise ValueError(f'ModelConfig.rope_theta must be > 0, got {self.rope_theta!r}')
     if self.rope_scaling not in ROPE_SCALINGS:
@@ -98,7 +155,8 @@ class ModelConfig:
       if value not in DTYPES:
         raise ValueError(f'ModelConfig.{name}={value!r} is not one of {sorted(DTYPES)}')
     self._check_moe()
-    for name in ('qk_norm', 'attn_bias', 'tie_embeddings', 'remat', 'norm_topk_prob'):
+    for name in ('qk_norm', 'attn_bias', 'tie_embeddings', 'remat', 'attn_output_gate',
+                 'norm_zero_centered', 'norm_topk_prob'):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f'ModelConfig.{name} must be a bool, got {getattr(self, name)!r}')
 
@@ -120,6 +178,11 @@ class ModelConfig:
   @property
   def is_moe(self) -> bool:
     return self.n_experts > 0
+
+  @property
+  def rotary_dim(self) -> int:
+    """The head dimensions RoPE rotates (the first ones): int(partial_rotary_factor * H)."""
+    return int(self.head_dim * self.partial_rotary_factor)
 
   @property
   def jnp_dtype(self):
@@ -201,6 +264,48 @@ class ModelConfig:
         })
 
   @classmethod
+  def tiny_hybrid(cls, vocab_size: int = 64, **overrides) -> 'ModelConfig':
+    """The tiny CPU model as a Qwen3.5-style hybrid: 4 layers, three Gated DeltaNet (2 key / 4
+    value heads of 32) then one gated full attention (partial RoPE, zero-centred norms); with
+    n_layers overridden, every 4th layer full attention."""
+    flags = _qwen3_5_flags(overrides.get('n_layers', 4))
+    return cls.tiny(vocab_size, **{**flags, 'linear_chunk': 16, **overrides})
+
+  @classmethod
+  def qwen3_5_0_8b(cls, **overrides) -> 'ModelConfig':
+    """Qwen3.5-0.8B's text model (Qwen/Qwen3.5-0.8B: 24 layers in 6 x (3 Gated DeltaNet, 1
+    gated attention), hidden 1024, 8 heads / 2 kv heads of 256 (RoPE on 64), intermediate 3584;
+    Gated DeltaNet 16 key / 16 value heads of 128; vocab 248320, rope_theta 1e7, tied)."""
+    return cls(
+        **{
+            **dict(vocab_size=248_320, d_model=1024, n_layers=24, n_heads=8, n_kv_heads=2, head_dim=256, d_ff=3584, linear_n_k_heads=16, linear_n_v_heads=16, **_QWEN3_5, tie_embeddings=True),
+            **_qwen3_5_flags(24),
+            **overrides
+        })
+
+  @classmethod
+  def qwen3_5_2b(cls, **overrides) -> 'ModelConfig':
+    """Qwen3.5-2B's text model (24 layers as 0.8B, hidden 2048, 8 / 2 heads of 256,
+    intermediate 6144; Gated DeltaNet 16 key / 16 value heads of 128; tied)."""
+    return cls(
+        **{
+            **dict(vocab_size=248_320, d_model=2048, n_layers=24, n_heads=8, n_kv_heads=2, head_dim=256, d_ff=6144, linear_n_k_heads=16, linear_n_v_heads=16, **_QWEN3_5, tie_embeddings=True),
+            **_qwen3_5_flags(24),
+            **overrides
+        })
+
+  @classmethod
+  def qwen3_5_9b(cls, **overrides) -> 'ModelConfig':
+    """Qwen3.5-9B's text model (32 layers in 8 x (3 + 1), hidden 4096, 16 / 4 heads of 256,
+    intermediate 12288; Gated DeltaNet 16 key / 32 value heads of 128; untied)."""
+    return cls(
+        **{
+            **dict(vocab_size=248_320, d_model=4096, n_layers=32, n_heads=16, n_kv_heads=4, head_dim=256, d_ff=12_288, linear_n_k_heads=16, linear_n_v_heads=32, **_QWEN3_5, tie_embeddings=False),
+            **_qwen3_5_flags(32),
+            **overrides
+        })
+
+  @classmethod
   def tiny_moe(cls, vocab_size: int = 64, **overrides) -> 'ModelConfig':
     """`tiny` with a mixture of experts in every layer: 8 experts of width 192, 2 per token (the
     active MLP width 384 of `tiny`'s dense MLP), computed in blocks (the fast way on a CPU)."""
@@ -231,3 +336,31 @@ class ModelConfig:
             **dict(vocab_size=151_936, d_model=4096, n_layers=94, n_heads=64, n_kv_heads=4, head_dim=128, d_ff=12_288, n_experts=128, experts_per_token=8, d_expert=1536, norm_topk_prob=True, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True, attn_bias=False, tie_embeddings=False, param_dtype='bfloat16', dtype='bfloat16', max_seq_len=40_960),
             **overrides
         })
+
+  @classmethod
+  def qwen3_next_80b_a3b(cls, **overrides) -> 'ModelConfig':
+    """Qwen/Qwen3-Next-80B-A3B: 48 layers in 12 x (3 Gated DeltaNet, 1 gated attention), hidden
+    2048, 16 heads / 2 kv heads of 256 (RoPE on 64); Gated DeltaNet 16 key / 32 value heads of
+    128; in every layer 512 experts of intermediate 512, 10 per token (norm_topk_prob), a shared
+    expert of 512 behind a sigmoid gate; vocab 151936, rope_theta 1e7, untied."""
+    return cls(
+        **{
+            **dict(vocab_size=151_936, d_model=2048, n_layers=48, n_heads=16, n_kv_heads=2, head_dim=256, d_ff=5120, linear_n_k_heads=16, linear_n_v_heads=32, n_experts=512, experts_per_token=10, d_expert=512, d_shared_expert=512, norm_topk_prob=True, **_QWEN3_5, tie_embeddings=False),
+            **_qwen3_5_flags(48),
+            **overrides
+        })
+
+
+# What every Qwen3.5 / Qwen3-Next text model shares (Hugging Face `Qwen3_5TextConfig`, the published configs).
+_QWEN3_5 = dict(rope_theta=10_000_000.0, norm_eps=1e-6, linear_k_head_dim=128,
+                linear_v_head_dim=128, linear_conv_width=4, param_dtype='bfloat16',
+                dtype='bfloat16', max_seq_len=262_144)
+
+
+def _qwen3_5_flags(n_layers: int) -> dict:
+  """Qwen3.5's architecture flags for ``n_layers`` layers: every 4th layer full attention (with
+  an output gate, qk-norm and RoPE on a quarter of each head), the others Gated DeltaNet."""
+  types = tuple(
+      'full_attention' if (i + 1) % 4 == 0 else 'linear_attention' for i in range(n_layers))
+  return dict(layer_types=types, attn_output_gate=True, qk_norm=True, partial_rotary_factor=0.25,
+              norm_zero_centered=True)

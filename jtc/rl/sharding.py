@@ -45,6 +45,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jtc.models import decode
+from jtc.models import gated_deltanet
 from jtc.models import lora
 from jtc.models import model as model_lib
 
@@ -129,6 +130,9 @@ def param_shardings(params, mesh: Mesh, members: int = 0):
   # LoRA adapters (`jtc.models.lora`): small, sharded over the layers and members only.
   axes = (lora.logical_axes(params)
           if lora.is_adapters(params) else model_lib.param_logical_axes(params))
+  linear = params.get('layers', {}).get('linear_attn') if isinstance(params, dict) else None
+  if linear is not None and 'a_log' in linear:  # a hybrid's Gated DeltaNet heads over 'tensor'
+    gated_deltanet.check_tensor_axis(linear, mesh.shape['tensor'])
   lead = (('members',), (members,)) if members else ((), ())
   return jax.tree_util.tree_map(
       lambda a, x: named_sharding(mesh, lead[0] + a, lead[1] + tuple(x.shape)), axes, params,
@@ -161,15 +165,19 @@ def cache_shardings(cache, mesh: Mesh):
   likewise), masks [B, S] over (batch, -), counters replicated."""
   kv = lambda x, axes=model_lib.CACHE_AXES: named_sharding(mesh, axes, x.shape)
   mask = lambda x: named_sharding(mesh, model_lib.CACHE_MASK_AXES, x.shape)
+  # A hybrid's linear-attention states (`gated_deltanet.LinearState` [Y, B, ...]): rows over batch.
+  linear = None if cache.linear is None else jax.tree.map(
+      lambda axes, x: named_sharding(mesh, axes, x.shape), gated_deltanet.STATE_AXES, cache.linear,
+      is_leaf=lambda x: isinstance(x, tuple))
   if isinstance(cache, decode.GroupCache):
     k_axes = model_lib.CACHE_AXES[:3] + model_lib.CACHE_AXES[:2:-1]  # [Y, R, K, H, S]
     return decode.GroupCache(prompt_k_YBKPH=kv(cache.prompt_k_YBKPH),
                              prompt_v_YBKPH=kv(cache.prompt_v_YBKPH),
                              prompt_mask_BP=mask(cache.prompt_mask_BP),
-                             k_YRKHT=kv(cache.k_YRKHT,
-                                        k_axes), v_YRKTH=kv(cache.v_YRKTH), length=replicated(mesh))
+                             k_YRKHT=kv(cache.k_YRKHT, k_axes), v_YRKTH=kv(cache.v_YRKTH),
+                             length=replicated(mesh), linear=linear)
   return model_lib.KVCache(k=kv(cache.k), v=kv(cache.v), mask_BS=mask(cache.mask_BS),
-                           index=replicated(mesh))
+                           index=replicated(mesh), linear=linear)
 
 
 @dataclasses.dataclass(frozen=True)

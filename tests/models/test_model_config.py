@@ -47,3 +47,31 @@ def test_tiny_and_small_presets():
   assert ModelConfig.tiny().vocab_size == 64 and ModelConfig.tiny(vocab_size=100).vocab_size == 100
   shapes = jax.eval_shape(lambda: model_lib.init_params(ModelConfig.small_25m(), jax.random.key(0)))
   assert 22e6 < model_lib.num_params(shapes) < 28e6
+
+
+@pytest.mark.parametrize('overrides, pattern', [
+    (dict(layer_types=('linear_attention', 'sliding_attention', 'full_attention',
+                       'full_attention')), "unknown layer type 'sliding_attention'"),
+    (dict(layer_types=('full_attention',) * 3), 'layer_types has 3 entries.*n_layers=4'),
+    (dict(linear_n_v_heads=3), 'linear_n_v_heads=3 must be divisible by .*linear_n_k_heads=2'),
+    (dict(partial_rotary_factor=0.1), 'partial_rotary_factor=0.1'),
+    (dict(ffn_types=('mlp', 'moe', 'mlp', 'mlp'), n_experts=4, experts_per_token=1,
+          d_expert=8), 'mixes dense and mixture-of-experts'),
+    (dict(ffn_types=('moe',) * 4), "'moe' layers but n_experts=0"),
+])
+def test_hybrid_validation_names_field(overrides, pattern):
+  with pytest.raises(ValueError, match=pattern):
+    ModelConfig.tiny_hybrid(**overrides)
+
+
+def test_hybrid_presets():
+  """Every 4th layer full attention; Qwen3-Next-80B-A3B has 80B parameters in total (its model
+  card), within 2%."""
+  for preset in ('qwen3_5_0_8b', 'qwen3_5_2b', 'qwen3_5_9b', 'qwen3_next_80b_a3b'):
+    config = getattr(ModelConfig, preset)()
+    assert config.layer_types[3::4] == ('full_attention',) * (config.n_layers // 4), preset
+    assert config.rotary_dim == 64 and config.attn_output_gate and config.norm_zero_centered
+  config = ModelConfig.qwen3_next_80b_a3b()
+  shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
+  assert abs(model_lib.num_params(shapes) / 80e9 - 1) < 0.02
+  assert ModelConfig(**{**config.__dict__, 'layer_types': list(config.layer_types)}) == config

@@ -1,0 +1,66 @@
+"""The per-token notebook's shared-prefix cancellation check (notebooks/per_token_gradients.ipynb,
+paper 2604.13088 Prop. 3.1 / Eq. 2) on a tiny Qwen3.5-style hybrid: in a linear-attention layer a
+token's context reaches it through a recurrent state instead of attention scores, but positions
+whose whole group shares prompt, prefix and token still have one score vector, so GRPO's and
+DFPO's coefficients cancel there (known positive) and GSPO's do not (known negative)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jtc.analysis import diagnostics
+from jtc.analysis import grad_norms
+from jtc.analysis import ledger
+from jtc.models import logprobs
+from jtc.models import model as model_lib
+from jtc.models import sampler
+from jtc.models.model_config import ModelConfig
+from jtc.objectives import advantages
+
+G, PREFIX, T = 4, 3, 4
+
+
+@pytest.fixture(scope='module')
+def group():
+  config = ModelConfig.tiny_hybrid(vocab_size=16, d_model=32, head_dim=8, d_ff=48,
+                                   linear_k_head_dim=8, linear_v_head_dim=8, linear_chunk=4)
+  params = model_lib.init_params(config, jax.random.key(0))
+  prompt_BP = jnp.array([[3, 5, 7, 9, 2, 4, 6]], jnp.int32)  # the last PREFIX: the forced prefix
+  out = sampler.sample(params, config, prompt_BP, jnp.ones_like(prompt_BP), rng=jax.random.key(1),
+                       num_samples=G, max_new_tokens=T, eos_id=15, pad_id=0)
+  P = prompt_BP.shape[1] - PREFIX
+  tokens, input_mask = out.tokens_RL, out.input_mask_RL
+  mask = jnp.concatenate([jnp.ones((G, PREFIX)), out.completion_mask_RT], 1).astype(jnp.float32)
+  adv, _ = advantages.compute_advantages('grpo', jnp.array([1.0, 0.0, 0.0, 1.0]), group_size=G)
+  noise = jax.tree.map(lambda x: 1e-4 * jax.random.normal(jax.random.key(2), x.shape), params)
+  old_params = jax.tree.map(jnp.add, params, noise)
+  logps = logprobs.sequence_logprobs(params, config, tokens, input_mask,
+                                     completion_start=P)['logps']
+  old_logps = logprobs.sequence_logprobs(old_params, config, tokens, input_mask,
+                                         completion_start=P)['logps']
+  norms = grad_norms.exact_grad_norms(params, config, tokens, input_mask, completion_start=P)
+  return config, params, tokens, input_mask, mask, adv, logps, old_logps, P, norms
+
+
+@pytest.mark.parametrize('loss, cancels', [('grpo', True), ('dfpo_min_replace', True),
+                                           ('gspo', False)])
+def test_shared_prefix_gradients_cancel_on_a_hybrid(group, loss, cancels):
+  config, params, tokens, input_mask, mask, adv, logps, old_logps, P, norms = group
+  shared = diagnostics.shared_context_mask(tokens, input_mask, mask, group_size=G,
+                                           completion_start=P)
+  assert int(shared[0].sum()) >= PREFIX
+  cols = ledger.token_ledger(logps, tokens_BL=tokens, input_mask_BL=input_mask,
+                             old_logps_BT=old_logps, advantages_B=adv, mask_BT=mask, group_size=G,
+                             completion_start=P, loss_name=loss,
+                             loss_hparams={'aggregation': 'token_mean'})
+  coef = cols['coef']
+  net_T = diagnostics.position_net_grad_norms(params, config, tokens, input_mask, coef,
+                                              completion_start=P)
+  gross_T = jnp.sum(jnp.abs(coef) * norms, axis=0)
+  rel = np.asarray(net_T[:PREFIX] / gross_T[:PREFIX])
+  residual = float(
+      diagnostics.shared_token_residual(coef, norms, shared, mask, group_size=G)['residual'])
+  if cancels:
+    assert rel.max() < 1e-3 and residual < 1e-5, (rel, residual)
+  else:
+    assert rel.max() > 1e-1 and residual > 1e-3, (rel, residual)
