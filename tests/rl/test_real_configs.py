@@ -72,6 +72,24 @@ def tiny_hf(tmp_path_factory):
   return dict(checkpoint=ckpt, dataset=str(data), data_dir=str(root / 'cache'))
 
 
+@pytest.fixture(scope='session')
+def tiny_hf_moe(tiny_hf, tmp_path_factory):
+  """``tiny_hf`` with a random tiny Qwen3-MoE checkpoint instead (4 experts, 2 per token)."""
+  ckpt = str(tmp_path_factory.mktemp('real_moe') / 'tiny_qwen3_moe')
+  config = tiny_checkpoint.model_config('qwen3', n_experts=4, experts_per_token=2, d_expert=64,
+                                        norm_topk_prob=True)
+  tokenizer_lib.write_byte_level_hf(ckpt)
+  hf_import.export_hf_checkpoint(config, model_lib.init_params(config, jax.random.key(0)), ckpt,
+                                 torch_dtype='bfloat16')
+  return {**tiny_hf, 'checkpoint': ckpt}
+
+
+# The real configs of a mixture-of-experts policy: their smoke runs load ``tiny_hf_moe``.
+MOE = ('qwen3_30b_a3b_math_dapo',)
+# The hybrid configs run against a tiny hybrid checkpoint of their architecture, ledger on.
+HYBRID = {'qwen3_5_2b_gsm8k_dfpo': 'qwen3_5'}
+
+
 def _real_config(name, tiny_hf, **overrides):
   c = importlib.import_module(f'configs.real.{name}').get_config('smoke')
   with c.unlocked():
@@ -118,16 +136,15 @@ def even_length_reward(prompts, completions, answers):
   return np.asarray([len(c) % 2 == 0 for c in completions], np.float32)
 
 
-# The Llama, DAPO and 32B smoke runs are slow-only (CI time); the HF import tests cover Llama,
-# the 8B DelTA config covers the 8B math task and the 0.6B config DFPO Min-Replace (the 32B's).
+# The Llama, DAPO, 14B, 32B, MoE and hybrid smoke runs are slow-only (CI time); the HF import tests
+# cover Llama, the 8B DelTA config covers the 8B math task and the 0.6B config DFPO Min-Replace
+# (the 32B's), tests/rl/test_routing.py a MoE run with routing replay.
 SMOKE = [
     pytest.param(n, marks=pytest.mark.slow) if n in ('llama3_1b_gsm8k_grpo', 'qwen3_8b_math_dapo',
                                                      'qwen3_8b_math_delta', 'qwen3_14b_math_delta',
-                                                     'qwen3_32b_aime_dfpo',
-                                                     'qwen3_5_2b_gsm8k_dfpo') else n for n in REAL
+                                                     'qwen3_32b_aime_dfpo', *MOE, *HYBRID) else n
+    for n in REAL
 ]
-# The hybrid configs run against a tiny hybrid checkpoint of their architecture, ledger on.
-HYBRID = {'qwen3_5_2b_gsm8k_dfpo': 'qwen3_5'}
 
 
 @pytest.fixture(scope='session')
@@ -145,13 +162,13 @@ def tiny_hybrids(tmp_path_factory):
 
 
 @pytest.mark.parametrize('name', SMOKE)
-def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tiny_hybrids, tmp_path,
-                                                        monkeypatch):
+def test_real_config_smoke_runs_checkpoints_and_resumes(name, request, tmp_path, monkeypatch):
+  tiny_hf = request.getfixturevalue('tiny_hf_moe' if name in MOE else 'tiny_hf')
   workdir = str(tmp_path)
   monkeypatch.setitem(rewards.REWARD_FNS, 'test_even_length', even_length_reward)
   overrides = {'data.reward': 'test_even_length'}
   if name in HYBRID:
-    tiny_hf = dict(tiny_hf, checkpoint=tiny_hybrids(HYBRID[name]))
+    tiny_hf = dict(tiny_hf, checkpoint=request.getfixturevalue('tiny_hybrids')(HYBRID[name]))
     overrides['log.ledger_every'] = 1
   c = _real_config(name, tiny_hf, **overrides)
   trainer = trainer_lib.Trainer(c, workdir)
