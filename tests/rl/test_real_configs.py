@@ -136,9 +136,9 @@ def even_length_reward(prompts, completions, answers):
   return np.asarray([len(c) % 2 == 0 for c in completions], np.float32)
 
 
-# The Llama, DAPO, 14B, 32B, MoE and hybrid smoke runs are slow-only (CI time); the HF import tests
-# cover Llama, the 8B DelTA config covers the 8B math task and the 0.6B config DFPO Min-Replace
-# (the 32B's), tests/rl/test_routing.py a MoE run with routing replay.
+# The Llama, DAPO, 14B, 32B, MoE and hybrid smoke runs are slow-only (CI time); the HF import
+# tests cover Llama, the 8B DelTA config covers the 8B math task and the 0.6B config DFPO
+# Min-Replace (the 32B's), tests/rl/test_routing.py a MoE run with routing replay.
 SMOKE = [
     pytest.param(n, marks=pytest.mark.slow) if n in ('llama3_1b_gsm8k_grpo', 'qwen3_8b_math_dapo',
                                                      'qwen3_8b_math_delta', 'qwen3_14b_math_delta',
