@@ -79,11 +79,16 @@ def test_exact_grad_norms_of_a_ragged_mixture_of_experts_match_a_grad_loop():
   tokens = jax.random.randint(jax.random.key(1), (2, 6), 0, 16)
   mask = jnp.ones_like(tokens)
   norms = grad_norms.exact_grad_norms(params, cfg, tokens, mask, completion_start=2)
+
+  @jax.jit
+  def grad_bt(q, b, t):
+    f = lambda q: logprobs.sequence_logprobs(q, cfg, tokens, mask, completion_start=2)['logps'][b, t
+                                                                                               ]
+    return jax.grad(f)(q)
+
   for b, t in [(0, 0), (1, 3)]:
-    f = lambda q, b=b, t=t: logprobs.sequence_logprobs(q, cfg, tokens, mask, completion_start=2)[
-        'logps'][b, t]
     ref = np.sqrt(
         sum(
             np.sum(np.square(np.asarray(x, np.float64)))
-            for x in jax.tree.leaves(jax.grad(f)(params))))
+            for x in jax.tree.leaves(grad_bt(params, b, t))))
     np.testing.assert_allclose(norms[b, t], ref, rtol=1e-4)
