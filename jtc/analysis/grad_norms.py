@@ -10,6 +10,8 @@ Dimension key (docs/dimensions.md): B batch, T completion length, L = P + T, D m
 V vocabulary.
 """
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -35,9 +37,14 @@ def exact_grad_norms(params, config, tokens_BL, input_mask_BL, *, completion_sta
   One reverse-mode Jacobian per row (`jax.jacrev`: one forward, T vector-Jacobian products),
   rows in sequence (`jax.lax.map`). Memory ~ T x num_params floats; cost ~ B T backward passes.
   For small models (the tiny policy: B=16, T=32 takes seconds); use mode='proxy' otherwise.
+  A mixture of experts runs its 'blocks' form here (`jax.jacrev` cannot batch 'ragged').
   """
   chex.assert_rank([tokens_BL, input_mask_BL], 2)
   chex.assert_equal_shape([tokens_BL, input_mask_BL])
+  if config.is_moe and config.moe_impl == 'ragged':
+    # `jax.jacrev` batches the backward pass and `ragged_dot`'s weight gradient has no batching
+    # rule: the same experts computed in blocks (equal to float rounding, jtc.models.moe).
+    config = dataclasses.replace(config, moe_impl='blocks')
 
   def row(args):
     tokens_L, mask_L = args

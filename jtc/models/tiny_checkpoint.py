@@ -17,22 +17,33 @@ from jtc.models import tokenizer as tokenizer_lib
 
 # The byte-level tokenizer's vocabulary: 256 bytes and 3 special tokens, rounded up to 272.
 VOCAB_SIZE = 272
-# --like: the architecture's distinguishing settings (hf_config.architecture_for reads them).
+# --like: the architecture's distinguishing settings (hf_architectures.architecture_for reads
+# them); 'preset' names the `ModelConfig` preset they modify (default `tiny`, 2 layers).
 LIKE = {
-    'qwen3': dict(qk_norm=True, attn_bias=False),  # Qwen3ForCausalLM
-    'qwen2': dict(qk_norm=False, attn_bias=True),  # Qwen2ForCausalLM
-    'llama': dict(qk_norm=False, attn_bias=False),  # LlamaForCausalLM
+    'qwen3':
+        dict(qk_norm=True, attn_bias=False),  # Qwen3ForCausalLM
+    'qwen2':
+        dict(qk_norm=False, attn_bias=True),  # Qwen2ForCausalLM
+    'llama':
+        dict(qk_norm=False, attn_bias=False),  # LlamaForCausalLM
+    # Qwen3_5ForCausalLM: 3 Gated DeltaNet layers, then 1 gated full attention.
+    'qwen3_5':
+        dict(preset='tiny_hybrid', n_layers=4),
+    # Qwen3NextForCausalLM: the same hybrid with 4 experts of 64 (2 per token) and a shared one.
+    'qwen3_next':
+        dict(preset='tiny_hybrid', n_layers=4, n_experts=4, experts_per_token=2, d_expert=64,
+             d_shared_expert=64, norm_topk_prob=True, moe_impl='blocks'),
 }
 
 
 def model_config(like: str = 'qwen3', **overrides) -> model_lib.ModelConfig:
-  """The tiny model of architecture ``like``: 2 layers, d_model 128, 4 heads (2 kv), d_ff 256."""
+  """The tiny model of architecture ``like``: 2 layers (the hybrids 4), d_model 128, 4 heads
+  (2 kv), d_ff 256."""
   if like not in LIKE:
     raise ValueError(f'unknown architecture {like!r}; valid: {sorted(LIKE)}')
-  return model_lib.ModelConfig.tiny(vocab_size=VOCAB_SIZE, n_layers=2, d_ff=256, **{
-      **LIKE[like],
-      **overrides
-  })
+  settings = {**dict(preset='tiny', n_layers=2), **LIKE[like], **overrides}
+  preset = getattr(model_lib.ModelConfig, settings.pop('preset'))
+  return preset(vocab_size=VOCAB_SIZE, d_ff=256, **settings)
 
 
 def write(path: str, *, like: str = 'qwen3', seed: int = 0) -> model_lib.ModelConfig:

@@ -42,6 +42,8 @@ import types
 import jax
 import numpy as np
 
+from jtc.models import gated_deltanet
+from jtc.models import layer_types
 from jtc.models import model as model_lib
 from jtc.rl import sharding as sharding_lib
 from jtc.rl import stages as stages_lib
@@ -172,19 +174,44 @@ class Context:
                link / self.chip.link_bandwidth)
 
   def flops(self, tokens, L):
-    """Forward FLOPs of ``tokens`` tokens in rows of L: 2 N per token + causal attention."""
+    """Forward FLOPs of ``tokens`` tokens in rows of L: 2 N per token + causal attention in the
+    full-attention layers; a hybrid's linear-attention layers add, per token, the delta rule's
+    state products and the chunked form's within-chunk products (`delta_rule`)."""
     m = self.m
-    return tokens * (2 * self.n_params + 2 * m.n_layers * m.n_heads * m.head_dim * L)
+    stacks = layer_types.stack_sizes(m)
+    attention = 2 * stacks.get('attn', 0) * m.n_heads * m.head_dim * L
+    _, H, N, Hv, _ = gated_deltanet.dims(m)
+    linear = 2 * stacks.get('linear_attn', 0) * N * (2 * H * Hv + m.linear_chunk * (H + Hv))
+    return tokens * (2 * self.n_params + attention + linear)
 
 
 def kv_cache_bytes(x, B, G, P, T):
   """The sampler's `decode.GroupCache` per chip: B prompts' P slots and B x G rows' T slots
-  (rounded up to blocks of 128 on an accelerator) of keys and values, every layer."""
+  (rounded up to blocks of 128 on an accelerator) of keys and values, every full-attention
+  layer; in a hybrid, also each row's state in every linear-attention layer (`linear`)."""
   m = x.m
   r, b = _rows(B * G, x.sizes), _rows(B, x.sizes)
   kv = m.n_kv_heads // _div(m.n_kv_heads, x.t)
   T_pad = T if x.chip.platform == 'cpu' else -(-T // min(128, T)) * min(128, T)
-  return m.n_layers * kv * m.head_dim * 2 * x.d * (r * T_pad + b * P)
+  stacks = layer_types.stack_sizes(m)
+  kv_bytes = stacks.get('attn', 0) * kv * m.head_dim * 2 * x.d * (r * T_pad + b * P)
+  return kv_bytes + linear_state_bytes(x, stacks.get('linear_attn', 0), B * G)
+
+
+def linear_state_bytes(x, Y, rows):
+  """Per chip, the `gated_deltanet.LinearState` of ``rows`` rows in Y linear-attention layers
+  (constant in the sequence length): the convolutions' last W - 1 inputs (compute dtype) and
+  the float32 delta-rule state, sharded as `gated_deltanet.STATE_AXES`."""
+  if not Y:
+    return 0
+  K, H, N, Hv, W = gated_deltanet.dims(x.m)
+  axes = gated_deltanet.STATE_AXES
+  shapes = gated_deltanet.LinearState(conv_q=(Y, rows, W - 1, K, H), conv_k=(Y, rows, W - 1, K, H),
+                                      conv_v=(Y, rows, W - 1, N, Hv), ssm_BNHH=(Y, rows, N, H, Hv))
+  itemsize = dict(conv_q=x.d, conv_k=x.d, conv_v=x.d, ssm_BNHH=4)
+  return sum(
+      shard_elements(getattr(shapes, f), getattr(axes, f), x.sizes) * n
+      for f, n in itemsize.items())
 
 
 def context(c, model_config, sizes, chip, weighter=None):

@@ -4,8 +4,8 @@ r"""The generated table of docs/scaling.md: every real config planned on the sli
   nice -n 5 python -m jtc.plan.scaling_table 0_6b llama   # only the rows whose config or slice
                                                           # contains one of these (the rest kept)
 
-Rows: every `configs/real/*` config on v5e-8, v5e-64, v5p-64 and v6e-16; Qwen3-32B and the
-Qwen3-14B DelTA config (30k tokens) on v5p-128 and v5p-256; the largest seed population of
+Rows: every `configs/real/*` config on v5e-8, v5e-64, v5p-64 and v6e-16; Qwen3-32B, the
+Qwen3-14B DelTA config (30k tokens) and Qwen3-30B-A3B (MoE, 32k) on v5p-128 and v5p-256; the largest seed population of
 Qwen3-0.6B that fits one v5e-8 (8, 4, 2 members tried in that order, each member on its own
 chips). A row is planned as configured when the
 analytic estimate (`estimate.estimate`) says it can fit; otherwise, or when its compiled plan
@@ -52,7 +52,7 @@ def rows():
       for p in configs
       if os.path.basename(p) not in ('__init__.py', 'base.py')
   ]
-  big = [p for p in configs if '32b' in p or '14b' in p]  # the papers' largest: whole pods
+  big = [p for p in configs if any(k in p for k in ('32b', '14b', '30b'))]  # whole pods
   out = [(p, s, {}) for p in big for s in ('v5p-256', 'v5p-128')]
   out += [(p, s, {}) for p in big + [q for q in configs if q not in big] for s in SLICES]
   return out

@@ -302,18 +302,20 @@ def overlong_shaping(lengths_B, *, max_new_tokens, buffer, penalty):
 def behaviour_pass(params, tokens_BL, input_mask_BL, replay_BLYW=None, *, model_config,
                    completion_start, return_hidden, row_sharding=None):
   """Log-probs [B, T] (and hidden states [B, T, D] when asked) of the rollouts: one forward
-  pass, no gradient; a MoE policy routes by ``replay_BLYW`` (`jtc.rl.routing`) when given. Jit
-  with everything but the arrays static."""
+  pass, no gradient; a MoE policy routes by ``replay_BLYW`` (`jtc.rl.routing`) when given and
+  returns its router's own experts (not its load-balancing loss, a scalar no chunk could be
+  concatenated with). Jit with everything but the arrays static."""
   chex.assert_equal_shape([tokens_BL, input_mask_BL])
-  return logprobs.sequence_logprobs(params, model_config, tokens_BL, input_mask_BL,
-                                    completion_start=completion_start, return_hidden=return_hidden,
-                                    row_sharding=row_sharding, replay_BLYW=replay_BLYW)
+  out = logprobs.sequence_logprobs(params, model_config, tokens_BL, input_mask_BL,
+                                   completion_start=completion_start, return_hidden=return_hidden,
+                                   row_sharding=row_sharding, replay_BLYW=replay_BLYW)
+  return {k: v for k, v in out.items() if k != 'router_aux'}
 
 
 def jit_behaviour(model_config, *, completion_start, return_hidden,
                   population=population_lib.SINGLE, mesh=None):
   """`behaviour_pass` jitted (and mapped over a population's members): fn(params, tokens_BL,
-  input_mask_BL[, replay_BLYW]) -> {'logps', 'entropy'(, 'hidden')(, 'experts', 'router_aux')};
+  input_mask_BL[, replay_BLYW]) -> {'logps', 'entropy'(, 'hidden')(, 'experts')};
   with a ``mesh``, the activations' rows over its batch axes (`sharding_lib.RowSharding`)."""
   row_sharding = None if mesh is None else sharding_lib.RowSharding(mesh)
   return jax.jit(

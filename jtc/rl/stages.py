@@ -78,6 +78,15 @@ def batch_arg(step, shape, dtype):
       shape, dtype, sharding=sharding_lib.batch_sharding(step.mesh, shape, members=pop.batched))
 
 
+def replay_dims(step):
+  """(Y, W) of the experts a MoE policy's training passes replay (`rollout.routing_replay`, one
+  int16 per token, layer and routed expert), or None (no replay)."""
+  mc = step.model_config
+  if not mc.is_moe or step.c.rollout.routing_replay == 'none':
+    return None
+  return mc.n_layers, mc.experts_per_token
+
+
 def keys_arg(pop):
   """The members' keys: uncommitted, as the trainer passes them (split on the host's default
   device), so that a compile here is the one the trainer's call finds."""
@@ -135,7 +144,10 @@ def step_batch(step):
       old_logps_BT=f32(B, T), ref_logps_BT=f32(B, T) if step.ref is not None else None,
       token_weights_BT=f32(B, T) if c.token_weights else None,
       is_weights_BT=f32(B, T) if c.rollout.correction != 'none' or
-      (c.rollout.policy_lag and c.rollout.policy_lag_mode == 'decoupled') else None)
+      (c.rollout.policy_lag and c.rollout.policy_lag_mode == 'decoupled') else None,
+      replay_BLYW=None if replay_dims(step) is None else batch_arg(step,
+                                                                   (B, P + T,
+                                                                    *replay_dims(step)), jnp.int16))
 
 
 def scoring_outputs(step, rows):
@@ -143,6 +155,9 @@ def scoring_outputs(step, rows):
   T = step.c.rollout.sampling.max_new_tokens
   out = {'logps': batch_arg(step, (rows, T), jnp.float32)}
   out['entropy'] = out['logps']
+  if step.model_config.is_moe:  # the router's own experts of the completion tokens
+    mc = step.model_config
+    out['experts'] = batch_arg(step, (rows, T, mc.n_layers, mc.experts_per_token), jnp.int32)
   if step.delta is not None:
     out['hidden'] = batch_arg(step, (rows, T, step.model_config.d_model),
                               step.infer_config.jnp_dtype)
@@ -163,10 +178,14 @@ def scoring_stages(step):
   tokens = batch_arg(step, (rows, P + T), jnp.int32)
   policy = step.policy(step.state.params)
   inputs = 2 * chip_bytes(batch_arg(step, (c.rollout.prompts_per_step * G, P + T), jnp.int32))
+  # A MoE policy's replayed experts: one chunk's as an argument, the step's held (`make_batch`).
+  replay = () if replay_dims(step) is None else (batch_arg(step, (rows, P + T,
+                                                                  *replay_dims(step)), jnp.int16),)
+  inputs += chip_bytes(step_batch(step).replay_BLYW)
   one = chip_bytes(scoring_outputs(step, rows))
   held = inputs + ((2 * calls - 1) * one if calls > 1 else 0)
   stages = [
-      Stage('behaviour', step.behaviour, (policy, tokens, tokens), {},
+      Stage('behaviour', step.behaviour, (policy, tokens, tokens, *replay), {},
             calls * (2 if step.lag else 1),
             resident_other=step.resident('params', 'base') + held + calls * one * bool(step.lag))
   ]
@@ -218,7 +237,9 @@ def update_stage(step):
       ref_logps_BT=f32(T) if step.ref is not None else None,
       token_weights_BT=f32(T) if c.token_weights else None,
       is_weights_BT=f32(T) if c.rollout.correction != 'none' or
-      (c.rollout.policy_lag and c.rollout.policy_lag_mode == 'decoupled') else None)
+      (c.rollout.policy_lag and c.rollout.policy_lag_mode == 'decoupled') else None,
+      replay_BLYW=None if replay_dims(step) is None else leaf(
+          (P + T, *replay_dims(step)), jnp.int16))
   hparams = {
       k: jax.ShapeDtypeStruct((pop.n,), jnp.float32, sharding=sharding_lib.replicated(step.mesh))
       for k in pop.varied()
@@ -242,8 +263,9 @@ def build(step, platform, only=None):
     stages.append(prefill_stage(step, platform=platform, calls=calls))
   if want('sample'):
     stages.append(
-        sampler_stage(step, 'sample', c.rollout.sampling.to_dict(), step.sampler_config,
-                      platform=platform, calls=calls, B=B))
+        sampler_stage(step, 'sample',
+                      dict(c.rollout.sampling.to_dict(), return_routing=step.sampler_config.is_moe),
+                      step.sampler_config, platform=platform, calls=calls, B=B))
   if want('behaviour', 'reference', 'delta'):
     stages += [s for s in scoring_stages(step) if want(s.name)]
   if want('update'):

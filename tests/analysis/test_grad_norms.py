@@ -1,5 +1,6 @@
 """Tests of jtc.analysis.grad_norms: the LM-head proxy is the norm of the head's gradient, an
-unknown mode is named, and the proxy keeps float64 precision where the model is sure."""
+unknown mode is named, the proxy keeps float64 precision where the model is sure, and the exact
+norms of a mixture of experts in its 'ragged' form match a per-token gradient loop."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,3 +68,27 @@ def test_lm_head_proxy_keeps_its_precision_when_the_model_is_sure():
     naive = np.sqrt(max(np.float32(1) - 2 * p32[y[0, t]] + np.sum(p32 * p32), 0.0))
     if margins[t] == 20.0:  # the control: the cancelling form is far off where this one is not
       assert abs(naive * np.linalg.norm(h32[0, t]) - ref) > 0.5 * ref
+
+
+def test_exact_grad_norms_of_a_ragged_mixture_of_experts_match_a_grad_loop():
+  """`jax.jacrev` cannot batch `ragged_dot`'s weight gradient: a 'ragged' MoE's exact norms
+  (computed in blocks) equal each token's own `jax.grad` through the 'ragged' form."""
+  cfg = model.ModelConfig.tiny_moe(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
+                                   head_dim=8, n_experts=4, d_expert=8, moe_impl='ragged')
+  params = model.init_params(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 6), 0, 16)
+  mask = jnp.ones_like(tokens)
+  norms = grad_norms.exact_grad_norms(params, cfg, tokens, mask, completion_start=2)
+
+  @jax.jit
+  def grad_bt(q, b, t):
+    f = lambda q: logprobs.sequence_logprobs(q, cfg, tokens, mask, completion_start=2)['logps'][b, t
+                                                                                               ]
+    return jax.grad(f)(q)
+
+  for b, t in [(0, 0), (1, 3)]:
+    ref = np.sqrt(
+        sum(
+            np.sum(np.square(np.asarray(x, np.float64)))
+            for x in jax.tree.leaves(grad_bt(params, b, t))))
+    np.testing.assert_allclose(norms[b, t], ref, rtol=1e-4)

@@ -1,8 +1,14 @@
 """The per-token notebook's shared-prefix cancellation check (notebooks/per_token_gradients.ipynb,
-paper 2604.13088 Prop. 3.1 / Eq. 2) on a tiny Qwen3.5-style hybrid: in a linear-attention layer a
-token's context reaches it through a recurrent state instead of attention scores, but positions
-whose whole group shares prompt, prefix and token still have one score vector, so GRPO's and
-DFPO's coefficients cancel there (known positive) and GSPO's do not (known negative)."""
+paper 2604.13088 Prop. 3.1 / Eq. 2) on tiny hybrids: in a linear-attention layer a token's
+context reaches it through a recurrent state instead of attention scores, but positions whose
+whole group shares prompt, prefix and token still have one score vector, so GRPO's and DFPO's
+coefficients cancel there (known positive) and GSPO's do not (known negative).
+
+The policies: jtc's own `tiny_hybrid` (random init), and a Qwen3.5 and a Qwen3-Next (hybrid +
+mixture of experts) written by transformers and imported (tests/models/hf_hybrids.py), so the
+sampler, the token ledger and the exact per-token gradient norms run on the imported models."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +17,7 @@ import pytest
 from jtc.analysis import diagnostics
 from jtc.analysis import grad_norms
 from jtc.analysis import ledger
+from jtc.models import hf_import
 from jtc.models import logprobs
 from jtc.models import model as model_lib
 from jtc.models import sampler
@@ -18,13 +25,31 @@ from jtc.models.model_config import ModelConfig
 from jtc.objectives import advantages
 
 G, PREFIX, T = 4, 3, 4
+V = 16
 
 
-@pytest.fixture(scope='module')
-def group():
-  config = ModelConfig.tiny_hybrid(vocab_size=16, d_model=32, head_dim=8, d_ff=48,
-                                   linear_k_head_dim=8, linear_v_head_dim=8, linear_chunk=4)
-  params = model_lib.init_params(config, jax.random.key(0))
+def _policy(name, directory):
+  """(config, params) of policy ``name``, 4-token chunks (the 7-token prompt crosses one)."""
+  if name == 'tiny_hybrid':
+    config = ModelConfig.tiny_hybrid(vocab_size=V, d_model=32, head_dim=8, d_ff=48,
+                                     linear_k_head_dim=8, linear_v_head_dim=8)
+    params = model_lib.init_params(config, jax.random.key(0))
+  else:
+    hf_hybrids = pytest.importorskip('tests.models.hf_hybrids')
+    getattr(hf_hybrids, f'write_{name}')(directory, vocab_size=V)
+    config, params = hf_import.load_hf_checkpoint(directory)
+  return dataclasses.replace(config, linear_chunk=4), params
+
+
+# The imported checkpoints' runs are slow (each compiles its own sampler and Jacobians).
+POLICIES = ['tiny_hybrid'
+           ] + [pytest.param(n, marks=pytest.mark.slow) for n in ('qwen3_5', 'qwen3_next')]
+
+
+@pytest.fixture(scope='module', params=POLICIES)
+def group(request, tmp_path_factory):
+  config, params = _policy(request.param, tmp_path_factory.mktemp(request.param))
+  assert {'linear_attention', 'full_attention'} <= set(config.layer_types)
   prompt_BP = jnp.array([[3, 5, 7, 9, 2, 4, 6]], jnp.int32)  # the last PREFIX: the forced prefix
   out = sampler.sample(params, config, prompt_BP, jnp.ones_like(prompt_BP), rng=jax.random.key(1),
                        num_samples=G, max_new_tokens=T, eos_id=15, pad_id=0)

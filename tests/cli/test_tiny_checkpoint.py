@@ -13,4 +13,4 @@ def test_the_command_refuses_a_directory_with_files(tmp_path, capsys):
   assert [p.name for p in tmp_path.iterdir()] == ['mine.txt']
   with pytest.raises(SystemExit):
     cli.main([str(tmp_path / 'new'), '--like', 'gpt2'])  # argparse names the valid choices
-  assert "choose from 'llama', 'qwen2', 'qwen3'" in capsys.readouterr().err
+  assert "choose from 'llama', 'qwen2', 'qwen3', 'qwen3_5', 'qwen3_next'" in capsys.readouterr().err

@@ -3,8 +3,9 @@
 same logits on a left-padded batch, greedy decoding gives HF `generate`'s tokens, an export
 round-trips exactly, and a damaged checkpoint is named.
 
-The checkpoint's norms, gates and decay rates are perturbed away from their initialisation so
-that a wrongly mapped one shows up; chunks of 4 tokens make the chunked form cross chunks.
+The checkpoints (tests/models/hf_hybrids.py) have their norms, gates and decay rates perturbed
+away from their initialisation so that a wrongly mapped one shows up; chunks of 4 tokens make
+the chunked form cross chunks.
 """
 import dataclasses
 import json
@@ -22,30 +23,17 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 from jtc.models import hf_import  # noqa: E402
 from jtc.models import model as model_lib  # noqa: E402
 from jtc.models import sampler  # noqa: E402
+from tests.models import hf_hybrids  # noqa: E402
 from tests.models import model_reference  # noqa: E402
 
-L, F = 'linear_attention', 'full_attention'
+L, F = hf_hybrids.L, hf_hybrids.F
 
 
 @pytest.fixture(scope='module')
 def qwen3_5(tmp_path_factory):
   """(HF model, checkpoint dir, jtc config with 4-token chunks, jtc params)."""
-  torch.manual_seed(0)
-  hf_config = transformers.Qwen3_5TextConfig(
-      vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=5,
-      num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
-      linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
-      layer_types=[L, L, F, L, F], tie_word_embeddings=False, initializer_range=0.1,
-      rms_norm_eps=1e-5, rope_parameters=dict(rope_type='default', rope_theta=1000.0,
-                                              partial_rotary_factor=0.5))
-  hf_config._attn_implementation = 'eager'
-  hf_model = transformers.Qwen3_5ForCausalLM(hf_config).eval()
-  with torch.no_grad():
-    for key, p in hf_model.named_parameters():
-      if 'norm' in key or 'dt_bias' in key:
-        p.add_(0.3 * torch.randn_like(p))
   directory = tmp_path_factory.mktemp('qwen3_5')
-  hf_model.save_pretrained(directory)
+  hf_model = hf_hybrids.write_qwen3_5(directory)
   config, params = hf_import.load_hf_checkpoint(directory)
   return hf_model, directory, dataclasses.replace(config, linear_chunk=4), params
 
@@ -178,21 +166,8 @@ def test_the_text_model_of_a_vision_language_checkpoint_loads(tmp_path):
 def qwen3_next(tmp_path_factory):
   """A tiny Qwen3-Next (the hybrid with a mixture of experts and a shared expert in every
   layer): (HF model, jtc config with 4-token chunks, jtc params)."""
-  torch.manual_seed(2)
-  hf_config = transformers.Qwen3NextConfig(
-      vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
-      num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
-      linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12, num_experts=4,
-      num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
-      layer_types=[L, L, F, L], tie_word_embeddings=False, initializer_range=0.1, rms_norm_eps=1e-5)
-  hf_config._attn_implementation = 'eager'
-  hf_model = transformers.Qwen3NextForCausalLM(hf_config).eval()
-  with torch.no_grad():
-    for key, p in hf_model.named_parameters():
-      if 'norm' in key or 'dt_bias' in key:
-        p.add_(0.3 * torch.randn_like(p))
   directory = tmp_path_factory.mktemp('qwen3_next')
-  hf_model.save_pretrained(directory)
+  hf_model = hf_hybrids.write_qwen3_next(directory)
   config, params = hf_import.load_hf_checkpoint(directory)
   return hf_model, dataclasses.replace(config, linear_chunk=4), params
 

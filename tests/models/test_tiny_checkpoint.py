@@ -14,11 +14,13 @@ from jtc.models import tiny_checkpoint
 from jtc.models import tokenizer as tokenizer_lib
 
 
-@pytest.mark.parametrize('like,arch', [('llama', 'LlamaForCausalLM'),
-                                       ('qwen2', 'Qwen2ForCausalLM')])
+@pytest.mark.parametrize('like,arch', [('llama', 'LlamaForCausalLM'), ('qwen2', 'Qwen2ForCausalLM'),
+                                       ('qwen3_5', 'Qwen3_5ForCausalLM'),
+                                       ('qwen3_next', 'Qwen3NextForCausalLM')])
 def test_each_architecture_is_the_one_named(like, arch):
   assert hf_config.architecture_for(tiny_checkpoint.model_config(like)) == arch
-  with pytest.raises(ValueError, match="valid: \\['llama', 'qwen2', 'qwen3'\\]"):
+  with pytest.raises(ValueError,
+                     match="valid: \\['llama', 'qwen2', 'qwen3', 'qwen3_5', 'qwen3_next'\\]"):
     tiny_checkpoint.model_config('gpt2')
 
 

@@ -56,10 +56,14 @@ def test_the_estimates_step_is_the_planners(mesh, lora):
   assert held(abstract) == held(s)
 
 
-def test_kv_cache_term_is_the_samplers_cache():
+@pytest.mark.parametrize(
+    'path', ['configs/real/qwen3_0_6b_gsm8k_dfpo.py', 'configs/real/qwen3_5_2b_gsm8k_dfpo.py'])
+def test_kv_cache_term_is_the_samplers_cache(path):
   """The sample stage's cache term equals the bytes of the `GroupCache` the sampler builds
-  (traced, not run) over the same shards: 8 prompts x G = 4 over data = 2, tensor = 2."""
-  c = _config(**{'rollout.chunk_prompts': 8, 'rollout.sampling.num_samples': 4})
+  (traced, not run) over the same shards: 8 prompts x G = 4 over data = 2, tensor = 2. For the
+  Qwen3.5 hybrid: the KV cache of its full-attention layers and each row's recurrent and
+  convolution state in its linear ones (`GroupCache.linear`)."""
+  c = _config(path, **{'rollout.chunk_prompts': 8, 'rollout.sampling.num_samples': 4})
   m = planner.model_config_for(c, 'tpu')
   B, P, T = 8, c.data.prompt_width, c.rollout.sampling.max_new_tokens
   sizes = dict(population=1, data=2, fsdp=1, tensor=2)
@@ -70,6 +74,9 @@ def test_kv_cache_term_is_the_samplers_cache():
   shards = {'batch': 2, 'kv_heads': 2}
   want = sum(x.size * x.dtype.itemsize / shards['batch'] / shards['kv_heads']
              for x in (cache.k_YRKHT, cache.v_YRKTH, cache.prompt_k_YBKPH, cache.prompt_v_YBKPH))
+  if cache.linear is not None:  # rows over data, key and value heads over tensor
+    assert 'linear_attention' in m.layer_types
+    want += sum(x.size * x.dtype.itemsize / 2 / 2 for x in jax.tree.leaves(cache.linear))
   x = estimate.context(c, m, sizes, hardware.CHIPS['v5e'])
   assert estimate.kv_cache_bytes(x, B, 4, P, T) == pytest.approx(want, rel=1e-9)
 

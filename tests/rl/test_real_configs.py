@@ -31,6 +31,7 @@ from jtc.data import formats
 from jtc.data import pipeline as data_lib
 from jtc.models import hf_import
 from jtc.models import tiny_checkpoint
+from jtc.analysis import ledger
 from jtc.analysis import metric_writer
 from jtc.analysis import samples
 from jtc.models import model as model_lib
@@ -69,6 +70,24 @@ def tiny_hf(tmp_path_factory):
       for q, a in part:
         f.write(json.dumps({'question': q, 'answer': a}) + '\n')
   return dict(checkpoint=ckpt, dataset=str(data), data_dir=str(root / 'cache'))
+
+
+@pytest.fixture(scope='session')
+def tiny_hf_moe(tiny_hf, tmp_path_factory):
+  """``tiny_hf`` with a random tiny Qwen3-MoE checkpoint instead (4 experts, 2 per token)."""
+  ckpt = str(tmp_path_factory.mktemp('real_moe') / 'tiny_qwen3_moe')
+  config = tiny_checkpoint.model_config('qwen3', n_experts=4, experts_per_token=2, d_expert=64,
+                                        norm_topk_prob=True)
+  tokenizer_lib.write_byte_level_hf(ckpt)
+  hf_import.export_hf_checkpoint(config, model_lib.init_params(config, jax.random.key(0)), ckpt,
+                                 torch_dtype='bfloat16')
+  return {**tiny_hf, 'checkpoint': ckpt}
+
+
+# The real configs of a mixture-of-experts policy: their smoke runs load ``tiny_hf_moe``.
+MOE = ('qwen3_30b_a3b_math_dapo',)
+# The hybrid configs run against a tiny hybrid checkpoint of their architecture, ledger on.
+HYBRID = {'qwen3_5_2b_gsm8k_dfpo': 'qwen3_5'}
 
 
 def _real_config(name, tiny_hf, **overrides):
@@ -117,20 +136,41 @@ def even_length_reward(prompts, completions, answers):
   return np.asarray([len(c) % 2 == 0 for c in completions], np.float32)
 
 
-# The Llama, DAPO and 32B smoke runs are slow-only (CI time); the HF import tests cover Llama,
-# the 8B DelTA config covers the 8B math task and the 0.6B config DFPO Min-Replace (the 32B's).
+# The Llama, DAPO, 14B, 32B, MoE and hybrid smoke runs are slow-only (CI time); the HF import
+# tests cover Llama, the 8B DelTA config covers the 8B math task and the 0.6B config DFPO
+# Min-Replace (the 32B's), tests/rl/test_routing.py a MoE run with routing replay.
 SMOKE = [
     pytest.param(n, marks=pytest.mark.slow) if n in ('llama3_1b_gsm8k_grpo', 'qwen3_8b_math_dapo',
                                                      'qwen3_8b_math_delta', 'qwen3_14b_math_delta',
-                                                     'qwen3_32b_aime_dfpo') else n for n in REAL
+                                                     'qwen3_32b_aime_dfpo', *MOE, *HYBRID) else n
+    for n in REAL
 ]
 
 
+@pytest.fixture(scope='session')
+def tiny_hybrids(tmp_path_factory):
+  """like -> a lazily written tiny checkpoint directory of that hybrid architecture."""
+  root, written = tmp_path_factory.mktemp('real_hybrid'), {}
+
+  def get(like):
+    if like not in written:
+      written[like] = str(root / like)
+      write_tiny_hf_checkpoint(written[like], arch=like)
+    return written[like]
+
+  return get
+
+
 @pytest.mark.parametrize('name', SMOKE)
-def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tmp_path, monkeypatch):
+def test_real_config_smoke_runs_checkpoints_and_resumes(name, request, tmp_path, monkeypatch):
+  tiny_hf = request.getfixturevalue('tiny_hf_moe' if name in MOE else 'tiny_hf')
   workdir = str(tmp_path)
   monkeypatch.setitem(rewards.REWARD_FNS, 'test_even_length', even_length_reward)
-  c = _real_config(name, tiny_hf, **{'data.reward': 'test_even_length'})
+  overrides = {'data.reward': 'test_even_length'}
+  if name in HYBRID:
+    tiny_hf = dict(tiny_hf, checkpoint=request.getfixturevalue('tiny_hybrids')(HYBRID[name]))
+    overrides['log.ledger_every'] = 1
+  c = _real_config(name, tiny_hf, **overrides)
   trainer = trainer_lib.Trainer(c, workdir)
   start_params = jax.tree.map(np.array, trainer.state.params)
   # The HF model, tokenizer (eos/pad from tokenizer_config.json) and chat template are in use.
@@ -138,6 +178,7 @@ def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tmp_path,
   assert trainer.model_config.param_dtype == 'float32'  # master weights
   assert trainer.model_config.dtype == 'bfloat16'  # compute
   assert trainer.model_config.remat
+  assert ('linear_attention' in trainer.model_config.layer_types) == (name in HYBRID)
   assert trainer.tokenizer.eos_id == trainer.tokenizer._tok.token_to_id('<|im_end|>')
   assert trainer.tokenizer.pad_id == trainer.tokenizer._tok.token_to_id('<|endoftext|>')
   with c.unlocked():
@@ -156,6 +197,8 @@ def test_real_config_smoke_runs_checkpoints_and_resumes(name, tiny_hf, tmp_path,
   for r in records[1:]:
     assert np.isfinite(r['loss']) and np.isfinite(r['grad_norm']), r
   assert os.path.isdir(os.path.join(workdir, 'checkpoints', '2'))
+  if name in HYBRID:  # the per-token ledger of every step, across the resume
+    assert ledger.steps(workdir) == [1, 2]
   # The update path really ran: some group had unequal rewards, the gradient was non-zero and
   # the parameters moved (weight decay is 0 in these configs, so only the gradient moves them).
   assert min(r['adv/frac_zero_std'] for r in records[1:]) < 1, records

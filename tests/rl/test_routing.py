@@ -120,7 +120,8 @@ def _routed_rollout(params, behaviour_fn):
 
 @pytest.fixture(scope='module')
 def replayed():
-  """{mode: (batch, metrics)} of `batch.make_batch` on `_routed_rollout`, and the rollout."""
+  """(params, the rollout, {mode: (batch, metrics)} of `batch.make_batch` on `_routed_rollout`,
+  the jitted behaviour pass)."""
   params = model_lib.init_params(POLICY, jax.random.key(3))
   behaviour_fn = rollout_lib.jit_behaviour(POLICY, completion_start=P, return_hidden=False)
   ro = _routed_rollout(params, behaviour_fn)
@@ -132,14 +133,14 @@ def replayed():
                                                 task=None, behaviour_fn=behaviour_fn,
                                                 ref_params=None, to_device=jnp.asarray)
     out[mode] = batch, metrics
-  return params, ro, out
+  return params, ro, out, behaviour_fn
 
 
 def test_replay_makes_the_behaviour_pass_the_samplers_exactly(replayed):
   """'all': the behaviour log-probs equal the sampler's bit for bit; 'behaviour' too except
   row 0, whose flipped prompt token it leaves to the router: equal before that token's position,
   different from it on; 'none': different exactly from each row's first flip on."""
-  _, ro, out = replayed
+  _, ro, out, _ = replayed
   sampler, real = ro.sampler_logps_BT, ro.completion_mask_BT > 0
   first = {0: 2, 1: P + 2, 2: P + 4}  # each row's first flipped position (prompt included)
   predicted_at = P - 1 + np.arange(T)  # completion token t is predicted at position P + t - 1
@@ -157,10 +158,19 @@ def test_replay_makes_the_behaviour_pass_the_samplers_exactly(replayed):
   assert (np.asarray(out['behaviour'][0].replay_BLYW)[:, :P] == -1).all()
 
 
+def test_the_behaviour_pass_returns_no_scalar_its_chunks_could_not_concatenate(replayed):
+  """`rollout.behaviour_logps` concatenates chunks of rows: the behaviour pass returns per-row
+  arrays only (the router's experts, not the load-balancing loss, which the update computes)."""
+  params, ro, _, behaviour_fn = replayed
+  out = behaviour_fn(params, ro.tokens_BL, ro.input_mask_BL, ro.experts_BLYW)
+  assert set(out) == {'logps', 'entropy', 'experts'}
+  assert out['experts'].shape == (4, T, 2, 2)
+
+
 def test_the_flip_metrics_count_the_flipped_completion_tokens(replayed):
   """Two real completion tokens of 23 flip (the prompt's flip is not a completion token's), one
   in each layer; whatever the replay, the flips are the router's own choice against the sampler's."""
-  _, ro, out = replayed
+  _, ro, out, _ = replayed
   n = ro.completion_mask_BT.sum()
   for mode in routing.REPLAYS:
     m = out[mode][1]
@@ -174,7 +184,7 @@ def test_the_update_replays_the_batch_and_adds_the_load_balancing_loss(replayed)
   """One update on the 'all' batch: with its replay the ratios start at 1 (the behaviour pass
   replayed the same experts); without it the flipped rows' ratios move. The load-balancing loss
   is logged and, with a coefficient, changes the router's update."""
-  params, _, out = replayed
+  params, _, out, _ = replayed
   batch = out['all'][0]
   optimizer = optax.sgd(1.0)
   state = update_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,

@@ -1,9 +1,13 @@
 """The stages of one RL step (`jtc.rl.stages`): which programs a config runs, their arguments
 as the trainer passes them, and the state each holds meanwhile (abstract meshes, nothing
 compiles)."""
+import os
+
 import jax
+import jax.numpy as jnp
 import pytest
 
+from jtc.cli import absl_program
 from jtc.models import lora
 from jtc.rl import stages
 from tests.rl import test_step
@@ -92,3 +96,28 @@ def test_chip_bytes_reads_each_shard():
   x = jax.ShapeDtypeStruct((8, 3), 'float32', sharding=jax.sharding.NamedSharding(mesh, spec))
   assert stages.chip_bytes([x, None]) == 2 * 3 * 4
   assert stages.chip_bytes(jax.ShapeDtypeStruct((8, 3), 'int8')) == 24  # no sharding: whole
+
+
+def test_a_moe_step_replays_its_experts_in_the_training_passes():
+  """A MoE policy with routing replay (the 30B-A3B config, 2 layers): the behaviour pass takes
+  one chunk's replayed experts [rows, L, Y, W] (int16), the update a mini-batch's, the step's
+  batch holds them all, and the rollout sampler (not evaluation's) returns its routing.
+  Negative: routing_replay='none' passes none."""
+  c = absl_program.load_config(
+      os.path.join(absl_program.REPO, 'configs/real/qwen3_30b_a3b_math_dapo.py'))
+  with c.policy.overrides.ignore_type():
+    c.policy.overrides.n_layers = 2
+  step = test_step._step(c, fsdp=4)  # pylint: disable=protected-access
+  s = {x.name: x for x in stages.build(step, 'tpu')}
+  rows = c.rollout.score_chunk_prompts * c.rollout.sampling.num_samples
+  L, W = c.data.prompt_width + c.rollout.sampling.max_new_tokens, step.model_config.experts_per_token
+  replay = s['behaviour'].args[3]
+  assert replay.shape == (rows, L, 2, W) and replay.dtype == jnp.int16
+  assert s['update'].args[1].replay_BLYW.shape[2:] == (L, 2, W)
+  assert stages.step_batch(step).replay_BLYW.shape == (c.rollout.prompts_per_step *
+                                                       c.rollout.sampling.num_samples, L, 2, W)
+  assert s['sample'].kwargs['return_routing'] and not s['eval'].kwargs['return_routing']
+  with c.unlocked():
+    c.rollout.routing_replay = 'none'
+  s = {x.name: x for x in stages.build(test_step._step(c, fsdp=4), 'tpu')}  # pylint: disable=protected-access
+  assert len(s['behaviour'].args) == 3 and s['update'].args[1].replay_BLYW is None
