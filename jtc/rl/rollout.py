@@ -92,8 +92,7 @@ class Generator:
   call (0 = all at once); ``population``: the members whose policies sample together (the
   functions below take and return one value per member, `population_lib.Population`);
   ``mesh``: the devices' mesh, over whose batch axes the sampler splits its KV cache's rows
-  (`sharding_lib.RowSharding`; None: the cache follows the prompts' sharding); ``scheduler``,
-  ``slots``, ``decode_layout``: the sampler's (`jtc.models.decode_loop`, `sharding_lib`).
+  (`sharding_lib.RowSharding`; None: the cache follows the prompts' sharding).
   """
   model_config: model_lib.ModelConfig
   tokenizer: Any
@@ -106,9 +105,9 @@ class Generator:
   to_device: Callable = jnp.asarray
   population: population_lib.Population = population_lib.SINGLE
   mesh: Any = None
-  scheduler: str = 'static'
+  scheduler: str = 'static'  # the sampler's scheduler and slots (`jtc.models.decode_loop`)
   slots: int | None = None
-  decode_layout: Any = None
+  decode_layout: Any = None  # None or a `sharding_lib.DecodeLayout`
   return_routing: bool = False  # keep a MoE sampler's routed experts (`Rollout.experts_BLYW`)
 
   @classmethod
@@ -159,10 +158,9 @@ class Generator:
     """Every member's samples of its own prompts (``prompts_M``: a list of prompt lists, one per
     member; ``params`` and ``rng`` stacked as `Population.stack`): per-member `SampleOutput`s
     on the host. ``temperature`` (per member, stacked) replaces sampling['temperature'] in a
-    population that varies it. ``encoded_M``: each member's (tokens_BP', mask_BP') instead, any
-    width P'; ``max_new_tokens_B``: each member's [B] budgets; ``more``: `sampler.sample`'s."""
-    encoded_M = encoded_M or [self.encode(prompts) for prompts in prompts_M]
-    pop = self.population
+    population that varies it. ``encoded_M``: each member's (tokens_BP', mask_BP') instead;
+    ``max_new_tokens_B``: each member's [B] budgets; ``more``: `sampler.sample`'s."""
+    encoded_M, pop = encoded_M or [self.encode(prompts) for prompts in prompts_M], self.population
     tokens_BP, mask_BP = (self.to_device(pop.stack(list(x))) for x in zip(*encoded_M))
     rows = np.shape(encoded_M[0][0])[0] * sampling['num_samples']
     kwargs = dict(sampling, eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id,
