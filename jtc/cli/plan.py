@@ -66,7 +66,11 @@ def define_flags(flag_values, argv=None):
       'suggest', False, 'Search mesh / micro-batches / sampler and scoring chunks / remat for '
       'the cheapest setting that fits (exit 0 when one is found).', flag_values=flag_values)
   flags.DEFINE_list('stages', [], 'Only these stages (default: all).', flag_values=flag_values)
-  return ['config', 'topology', 'num_slices', 'gpu', 'gpus', 'suggest', 'stages']
+  flags.DEFINE_string(
+      'lengths', None, 'Length-aware sampler estimates (static and continuous): MEAN,P99 of the '
+      "answers' lengths in tokens, or a previous run's workdir (its response_length metrics).",
+      flag_values=flag_values)
+  return ['config', 'topology', 'num_slices', 'gpu', 'gpus', 'suggest', 'stages', 'lengths']
 
 
 def target(gpu, gpus, topology, num_slices):
@@ -91,6 +95,7 @@ def target(gpu, gpus, topology, num_slices):
 def run(argv):
   """Plans ``FLAGS.config`` for the command line's target; prints the table and exits 1 (with the
   reason) when a stage does not fit."""
+  from jtc.plan import lengths as lengths_lib  # pylint: disable=import-outside-toplevel
   from jtc.plan import planner  # pylint: disable=import-outside-toplevel
   from jtc.plan import suggest as suggest_lib  # pylint: disable=import-outside-toplevel
   from jtc.plan import table  # pylint: disable=import-outside-toplevel
@@ -105,6 +110,7 @@ def run(argv):
   log = lambda m: print(m, file=sys.stderr, flush=True)
   try:
     planner.check_stages(FLAGS.stages)
+    lengths = FLAGS.lengths and lengths_lib.parse(FLAGS.lengths, c.rollout.sampling.max_new_tokens)
     population_lib.check_config(c)
     rollout_lib.check_config(c)
     update_lib.check_config(c.optim, c.rollout.prompts_per_step)
@@ -132,6 +138,8 @@ def run(argv):
     if result.failure:  # the refusal, not a table of the stages it did not reach
       sys.exit(table.refusal(result))
     print(table.format_table(result))
+    for line in lengths_lib.plan_lines(c, result, lengths) if lengths else ():
+      print(line)
     if result.verdict():
       sys.exit(result.verdict())
     return

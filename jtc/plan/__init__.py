@@ -6,6 +6,7 @@ __all__ = [
     'estimate',
     'hardware',
     'hlo',
+    'lengths',
     'planner',
     'scaling_table',
     'suggest',

@@ -98,6 +98,7 @@ def make_batch(config, rollouts, params, run_state, *, task, behaviour_fn, ref_p
       run_state.token_counts_V, jnp.asarray(completion_BT), batch.mask_BT))
   for m, r in zip(metrics, rollouts):
     m.update(accuracy=float(r.correct_B.mean()), response_length=float(r.lengths_B.mean()),
+             response_length_p99=float(np.percentile(r.lengths_B, 99)),
              frac_truncated=float(r.truncated_B.mean()),
              **evaluation.format_metrics(task, r.texts, r.correct_B))
   return batch, metrics, run_state
