@@ -116,14 +116,14 @@ def estimate_lines(lengths: Lengths, *, rows: int, slots: int | None, seconds_pe
   S = slots or rows
   lines = [
       f'sampler, length-aware ({lengths.source}; mean {lengths.mean():.0f} of T={T}): the table '
-      f'assumes T decode steps per call; per step {per_step * 1e3:.2f} ms (the compiled '
+      f'assumes T decode steps per call; per step {per_step * 1e3:.3g} ms (the compiled '
       f'{compiled} stage), prefill left out'
   ]
   for name, steps in (('static', decode_steps(lengths, rows)), (f'continuous, {S} slots',
                                                                 decode_steps(lengths, rows, S))):
     lines.append(f'  {name:24s} {steps:8.0f} decode steps per call of {rows} rows -> '
-                 f'{calls * steps * per_step:9.1f} s of sampling per RL step '
-                 f'(at T: {calls * seconds_per_call:.1f} s)')
+                 f'{calls * steps * per_step:9.4g} s of sampling per RL step '
+                 f'(at T: {calls * seconds_per_call:.4g} s)')
   return lines
 
 
