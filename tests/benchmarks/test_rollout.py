@@ -4,11 +4,13 @@ LM head is zero), k = V / mean of them EOS, so lengths are geometric with the st
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from benchmarks import rollout as bench
 from jtc.models import model as model_lib
 
 
+@pytest.mark.slow  # ~15 s here under load: a benchmark's instrument, not the library's
 def test_the_test_policy_draws_uniform_tokens_and_v_over_mean_eos_ids():
   config = model_lib.ModelConfig.tiny(vocab_size=64, tie_embeddings=False)
   params, eos_ids = bench.long_tail_policy(config, mean=8)
