@@ -125,6 +125,7 @@ def test_the_decomposition_sums_the_explicit_gram_matrix_on_the_transformer(tiny
   _check_against_gram(fn, params, coef_BT, mask_BT, ids_BT, d, parts)
 
 
+@pytest.mark.slow
 def test_the_decomposition_sums_the_explicit_gram_matrix_of_a_two_leaf_policy():
   """[B, T] = [3, 2] rows of a policy with two parameter leaves (W and a bias) under AdamW's
   preconditioning: own / same / other equal the sums of the explicit Gram matrix."""

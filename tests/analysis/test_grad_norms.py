@@ -70,6 +70,7 @@ def test_lm_head_proxy_keeps_its_precision_when_the_model_is_sure():
       assert abs(naive * np.linalg.norm(h32[0, t]) - ref) > 0.5 * ref
 
 
+@pytest.mark.slow
 def test_exact_grad_norms_of_a_ragged_mixture_of_experts_match_a_grad_loop():
   """`jax.jacrev` cannot batch `ragged_dot`'s weight gradient: a 'ragged' MoE's exact norms
   (computed in blocks) equal each token's own `jax.grad` through the 'ragged' form."""

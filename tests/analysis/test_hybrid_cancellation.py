@@ -24,6 +24,9 @@ from jtc.models import sampler
 from jtc.models.model_config import ModelConfig
 from jtc.objectives import advantages
 
+# Each policy compiles its own sampler and Jacobians (about a minute): the end-to-end set.
+pytestmark = pytest.mark.slow
+
 G, PREFIX, T = 4, 3, 4
 V = 16
 
@@ -57,7 +60,7 @@ def group(request, tmp_path_factory):
   tokens, input_mask = out.tokens_RL, out.input_mask_RL
   mask = jnp.concatenate([jnp.ones((G, PREFIX)), out.completion_mask_RT], 1).astype(jnp.float32)
   adv, _ = advantages.compute_advantages('grpo', jnp.array([1.0, 0.0, 0.0, 1.0]), group_size=G)
-  noise = jax.tree.map(lambda x: 1e-4 * jax.random.normal(jax.random.key(2), x.shape), params)
+  noise = jax.tree.map(lambda x: 1e-2 * jax.random.normal(jax.random.key(2), x.shape), params)
   old_params = jax.tree.map(jnp.add, params, noise)
   logps = logprobs.sequence_logprobs(params, config, tokens, input_mask,
                                      completion_start=P)['logps']
@@ -65,6 +68,13 @@ def group(request, tmp_path_factory):
                                          completion_start=P)['logps']
   norms = grad_norms.exact_grad_norms(params, config, tokens, input_mask, completion_start=P)
   return config, params, tokens, input_mask, mask, adv, logps, old_logps, P, norms
+
+
+# Clips widened so that no token is clipped at this distance from the old policy: sign-asymmetric
+# clipping breaks the cancellation by itself (the paper's other cause), so the positive control
+# isolates exchangeable token weights (GRPO, DFPO) from GSPO's sequence weights s_i, which
+# differ between the rows (the negative control).
+HPARAMS = {'grpo': {'eps_low': 10.0, 'eps_high': 10.0}, 'gspo': {'eps': 0.5}}
 
 
 @pytest.mark.parametrize('loss, cancels', [('grpo', True), ('dfpo_min_replace', True),
@@ -76,8 +86,10 @@ def test_shared_prefix_gradients_cancel_on_a_hybrid(group, loss, cancels):
   assert int(shared[0].sum()) >= PREFIX
   cols = ledger.token_ledger(logps, tokens_BL=tokens, input_mask_BL=input_mask,
                              old_logps_BT=old_logps, advantages_B=adv, mask_BT=mask, group_size=G,
-                             completion_start=P, loss_name=loss,
-                             loss_hparams={'aggregation': 'token_mean'})
+                             completion_start=P, loss_name=loss, loss_hparams={
+                                 'aggregation': 'token_mean',
+                                 **HPARAMS.get(loss, {})
+                             })
   coef = cols['coef']
   net_T = diagnostics.position_net_grad_norms(params, config, tokens, input_mask, coef,
                                               completion_start=P)
@@ -88,4 +100,4 @@ def test_shared_prefix_gradients_cancel_on_a_hybrid(group, loss, cancels):
   if cancels:
     assert rel.max() < 1e-3 and residual < 1e-5, (rel, residual)
   else:
-    assert rel.max() > 1e-1 and residual > 1e-3, (rel, residual)
+    assert rel.max() > 1e-2 and residual > 1e-4, (rel, residual)

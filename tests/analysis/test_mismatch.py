@@ -6,6 +6,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jtc.analysis import mismatch
 from jtc.data import pipeline as data_lib
@@ -59,6 +60,7 @@ def test_routing_flips_compare_sets_and_skip_unrouted_tokens():
   np.testing.assert_allclose([m['flipped_mean_abs'], m['kept_mean_abs']], [0.75, 2.0])
 
 
+@pytest.mark.slow
 def test_routing_source_controls():
   """A random tiny mixture-of-experts policy. Negative control: the same float32 weights in the
   sampler and the trainer flip no token's experts, and replaying the sampler's routing leaves

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from experiments import common
+from experiments import credit_probe
 from experiments import report
 from experiments import schedule
 from experiments import sweeps as sweeps_lib
@@ -20,8 +21,14 @@ def _all_runs():
 
 @pytest.mark.parametrize('sweep_name,run_name', _all_runs())
 def test_every_sweep_run_parses_like_the_trainer(sweep_name, run_name):
-  """Each run's config + overrides is accepted by config_flags (typos, un-overridable keys)."""
+  """Each run's config + overrides is accepted by config_flags (typos, un-overridable keys). A
+  probe sweep's shared 'probe.<field>' keys are its `credit_step.Setting` (an unknown field is a
+  TypeError), the rest the trainer's."""
   sweep = sweeps_lib.get_sweep(sweep_name)
+  if sweep.engine == 'probe':
+    assert credit_probe.setting_of(sweep)
+    sweep = dataclasses.replace(
+        sweep, shared=tuple((k, v) for k, v in sweep.shared if not k.startswith('probe.')))
   spec = next(s for s in schedule.make_specs(sweep, 1) if s.run.name == run_name)
   config = schedule.validate_spec(spec)
   assert config.seed == 0 and config.num_steps == sweep.num_steps

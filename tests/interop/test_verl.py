@@ -45,6 +45,7 @@ def _dump(tmp_path, G=3):
   return path, rows
 
 
+@pytest.mark.slow
 def test_text_is_tokenised_grouped_and_its_log_probs_recomputed(checkpoint, tmp_path):
   ckpt, model = checkpoint
   path, rows = _dump(tmp_path)

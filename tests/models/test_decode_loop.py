@@ -67,6 +67,7 @@ def test_completions_write_drops_idle_slots():
   np.testing.assert_array_equal(out.eos_BG[:, 0], [True, False, False])  # slot 1 (row 3) is idle
 
 
+@pytest.mark.slow
 def test_a_call_stopped_after_k_steps_then_resumed_from_its_prefixes_draws_the_whole_run(setup):
   """max_decode_steps=3 with 8 slots for 9 rows: every row's tokens so far are those of the run
   without the stop (keys are per row and token index); rows not ended come back unfinished

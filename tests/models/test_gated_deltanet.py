@@ -67,6 +67,7 @@ def test_a_left_padded_row_equals_the_unpadded_row(layer):
                              atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_state_carries_the_sequence_token_by_token(layer):
   """Prefill 6 tokens, then one recurrent step per token: the outputs of one chunked pass."""
   h, mask = _inputs(10, pads=[0, 2])

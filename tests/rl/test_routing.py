@@ -180,6 +180,7 @@ def test_the_flip_metrics_count_the_flipped_completion_tokens(replayed):
   assert out['all'][1]['mismatch/mean_abs'] == 0.0  # replayed: the sampler's numbers exactly
 
 
+@pytest.mark.slow
 def test_the_update_replays_the_batch_and_adds_the_load_balancing_loss(replayed):
   """One update on the 'all' batch: with its replay the ratios start at 1 (the behaviour pass
   replayed the same experts); without it the flipped rows' ratios move. The load-balancing loss

@@ -45,6 +45,7 @@ def test_an_sft_step_lowers_the_completion_nll():
   assert sft.eval_sampling(4, T)['temperature'] == 1.0
 
 
+@pytest.mark.slow
 def test_a_moe_sft_step_adds_the_load_balancing_loss():
   """The step's gradient is that of NLL + coef * router_aux: with coef 0 the router only gets the
   NLL's gradient, so the two steps' router updates differ; the reported aux is the policy's."""

@@ -251,6 +251,7 @@ EXPERT_CHILD = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_expert_parallel_equals_one_device_bit_for_bit():
   """A mixture-of-experts policy with its experts split over mesh.expert = 2 host devices: logits,
   routed experts and samples bit-identical to one device; gradients to float rounding (the
