@@ -47,38 +47,32 @@ class Rows:
     return dataclasses.replace(self, keep=tuple(int(base[i]) for i in kept))
 
 
-def train_split(path: str, named: str = '') -> str:
-  """The split of a dataset that trains: ``named`` (``data.train_split``), else ``'train'``, else its
-  only split (a directory holding one ``dapo-math-17k.parquet``); ValueError naming its splits."""
+def _split(path: str, named: str, key: str, default: str, role: str) -> str:
+  """``named`` (config.data.<key>), else ``default``, else the dataset's only split; a ValueError
+  naming its splits."""
   splits = sorted(formats.detect(path).splits)
   if named:
     if named not in splits:
-      raise ValueError(f'config.data.train_split={named!r} is not a split of {path!r}; valid: '
-                       f'{splits}')
+      raise ValueError(f'config.data.{key}={named!r} is not a split of {path!r}; valid: {splits}')
     return named
-  if 'train' in splits:
-    return 'train'
+  if default in splits:
+    return default
   if len(splits) == 1:
     return splits[0]
-  raise ValueError(f'{path}: no train split to train on; its splits are {splits} (name one with '
-                   'config.data.train_split)')
+  raise ValueError(f'{path}: no {default} split to {role}; its splits are {splits} (name one with '
+                   f'config.data.{key})')
+
+
+def train_split(path: str, named: str = '') -> str:
+  """The split of a dataset that trains: ``named`` (``data.train_split``), else ``'train'``, else its
+  only split (a directory holding one ``dapo-math-17k.parquet``)."""
+  return _split(path, named, 'train_split', 'train', 'train on')
 
 
 def held_out_split(path: str, named: str = '') -> str:
   """The split of a dataset that holds out problems: ``named`` (``data.eval_split``), else
-  ``'test'``, else its only split; ValueError naming its splits."""
-  splits = sorted(formats.detect(path).splits)
-  if named:
-    if named not in splits:
-      raise ValueError(f'config.data.eval_split={named!r} is not a split of {path!r}; valid: '
-                       f'{splits}')
-    return named
-  if 'test' in splits:
-    return 'test'
-  if len(splits) == 1:
-    return splits[0]
-  raise ValueError(f'{path}: no test split to evaluate on; its splits are {splits} (name one with '
-                   'config.data.eval_split)')
+  ``'test'``, else its only split."""
+  return _split(path, named, 'eval_split', 'test', 'evaluate on')
 
 
 def fraction_split(n: int, fraction: float, seed: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
