@@ -64,9 +64,11 @@ def test_a_hybrid_trains_with_the_ledger_and_resumes_exactly(hybrid_policy, tmp_
   again = replay.reproduce(led)
   assert again['loss'] == pytest.approx(logged['loss'], rel=1e-4, abs=1e-6)
   assert again['grad_norm'] == pytest.approx(logged['grad_norm'], rel=1e-4)
+  # Replay's objectives run on the hybrid. No cosine is asserted: a random policy earns no reward,
+  # so every group's advantages are 0 and every objective's gradient is exactly zero (a cosine
+  # that cannot differ); GSPO against GRPO is checked on a trained policy in test_replay.py.
   out = replay.replay(led, ['grpo', 'gspo'], contexts=1)
-  assert out['behaviour']['cosine'][0][
-      1] > 0.999  # at the behaviour policy GSPO's weights are GRPO's
+  assert np.all(np.isfinite(np.asarray(out['behaviour']['cosine'])))
 
   killed = str(tmp_path / 'killed')
   ended = procs.kill_after_checkpoint(_cmd(killed, hybrid_policy), killed, 1, cwd=REPO,
