@@ -37,6 +37,7 @@ def test_a_match_that_names_no_row_is_refused_before_any_plan(capsys):
 def test_replan_replaces_only_the_matching_rows_and_records_the_revision(tmp_path, monkeypatch):
   monkeypatch.setattr(scaling_table, 'CACHE', str(tmp_path / 'plans.json'))
   monkeypatch.setattr(scaling_table, 'DOC', str(tmp_path / 'scaling.md'))
+  (tmp_path / 'scaling.md').write_text('# Scaling\n')
   todo = [('configs/real/a.py', 'v5e-8', {}), ('configs/real/b.py', 'v5e-8', {})]
   monkeypatch.setattr(scaling_table, 'rows', lambda: todo)
   monkeypatch.setattr(scaling_table, 'population_rows', lambda: [])
