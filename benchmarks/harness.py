@@ -45,18 +45,25 @@ def _host_busy_seconds():
   return (user + nice + system + irq + softirq + steal) / os.sysconf('SC_CLK_TCK')
 
 
+def _own_seconds():
+  """CPU seconds this process and its finished, waited-for children have used."""
+  t = os.times()
+  return t.user + t.system + t.children_user + t.children_system
+
+
 class OtherLoad:
   """``with OtherLoad() as o: ...`` sets ``o.seconds``, the block's wall time, ``o.cores``, the
-  cores that OTHER processes kept busy meanwhile (the host's CPU time minus this process's, over
-  the wall time; nan without /proc/stat), and ``o.load``, the 1-minute load average at the end."""
+  cores that OTHER processes kept busy meanwhile (the host's CPU time minus this process's and
+  its waited-for children's, e.g. a `subprocess.run` it times, over the wall time; nan without
+  /proc/stat), and ``o.load``, the 1-minute load average at the end."""
 
   def __enter__(self):
-    self._start = (_host_busy_seconds(), time.process_time(), time.perf_counter())
+    self._start = (_host_busy_seconds(), _own_seconds(), time.perf_counter())
     return self
 
   def __exit__(self, *exc_info):
     host0, own0, wall0 = self._start
-    host1, own1, wall1 = _host_busy_seconds(), time.process_time(), time.perf_counter()
+    host1, own1, wall1 = _host_busy_seconds(), _own_seconds(), time.perf_counter()
     self.load = load_average()
     self.seconds = wall1 - wall0
     self.cores = float('nan') if host0 is None else max(0.0, (host1 - host0) -
