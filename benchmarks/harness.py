@@ -81,3 +81,20 @@ def is_loaded(other: OtherLoad) -> bool:
 def load_str(other: OtherLoad) -> str:
   """'load 1.9, others 0.02 cores' beside a figure."""
   return f'load {other.load:4.1f}, others {other.cores:4.2f} cores'
+
+
+def interleaved(calls, rounds, line):
+  """Each of ``calls`` ({key: fn()}) once to warm up (compile), then ``rounds`` rounds calling
+  each in turn, each call timed with `OtherLoad`: ({key: [seconds per round]}, whether any call
+  was loaded); prints ``line(round, key, other)`` after each timed call."""
+  for call in calls.values():
+    call()
+  seconds, loaded = {key: [] for key in calls}, False
+  for r in range(rounds):
+    for key, call in calls.items():
+      with OtherLoad() as other:
+        call()
+      seconds[key].append(other.seconds)
+      loaded |= is_loaded(other)
+      print(line(r, key, other))
+  return seconds, loaded

@@ -170,9 +170,9 @@ def cache_shardings(cache, mesh: Mesh):
   kv = lambda x, axes=model_lib.CACHE_AXES: named_sharding(mesh, axes, x.shape)
   mask = lambda x: named_sharding(mesh, model_lib.CACHE_MASK_AXES, x.shape)
   # A hybrid's linear-attention states (`gated_deltanet.LinearState` [Y, B, ...]): rows over batch.
-  linear = None if cache.linear is None else jax.tree.map(
-      lambda axes, x: named_sharding(mesh, axes, x.shape), gated_deltanet.STATE_AXES, cache.linear,
-      is_leaf=lambda x: isinstance(x, tuple))
+  linear = lambda s: None if s is None else jax.tree.map(
+      lambda axes, x: named_sharding(mesh, axes, x.shape), gated_deltanet.STATE_AXES, s, is_leaf=
+      lambda x: isinstance(x, tuple))
   if isinstance(cache, decode.GroupCache):
     k_axes = model_lib.CACHE_AXES[:3] + model_lib.CACHE_AXES[:2:-1]  # [Y, R, K, H, S]
     rows = lambda x: None if x is None else (replicated(mesh) if x.ndim == 0 else named_sharding(
@@ -182,9 +182,9 @@ def cache_shardings(cache, mesh: Mesh):
                              prompt_mask_BP=mask(cache.prompt_mask_BP),
                              k_YRKHT=kv(cache.k_YRKHT, k_axes), v_YRKTH=kv(cache.v_YRKTH),
                              length=rows(cache.length), prompt_R=rows(cache.prompt_R),
-                             linear=linear)
+                             linear=linear(cache.linear), prompt_linear=linear(cache.prompt_linear))
   return model_lib.KVCache(k=kv(cache.k), v=kv(cache.v), mask_BS=mask(cache.mask_BS),
-                           index=replicated(mesh), linear=linear)
+                           index=replicated(mesh), linear=linear(cache.linear))
 
 
 @dataclasses.dataclass(frozen=True)

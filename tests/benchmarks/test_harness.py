@@ -28,3 +28,13 @@ def test_a_child_the_timed_block_runs_and_waits_for_is_its_own_work():
   after = harness._own_seconds()  # pylint: disable=protected-access
   # Not counted as its own, it would be read as another process's load.
   assert after - before >= float(child.stdout) - 0.02
+
+
+def test_interleaved_warms_up_then_alternates_the_calls_each_round(capsys):
+  order = []
+  calls = {'a': lambda: order.append('a'), 'b': lambda: order.append('b')}
+  seconds, loaded = harness.interleaved(calls, 3, lambda r, key, other: f'round {r} {key}')
+  assert order == ['a', 'b'] * 4  # one warm-up call each, then 3 rounds
+  assert {k: len(v) for k, v in seconds.items()} == {'a': 3, 'b': 3}
+  assert isinstance(loaded, bool)
+  assert capsys.readouterr().out.split('\n')[:2] == ['round 0 a', 'round 0 b']
