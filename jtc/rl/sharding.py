@@ -7,9 +7,11 @@ Mesh axes:
   'fsdp'   data parallelism with parameters (and so optimiser state) sharded over 'embed';
   'tensor' Megatron-style model parallelism over heads, MLP hidden units and vocabulary;
   'expert' expert parallelism: a mixture-of-experts layer's experts split over it (`jtc.models.moe`;
-           the tokens are not, so the rest of the model runs replicated along it and each device
-           computes its experts for all of its tokens; the chosen experts' outputs are summed
-           over the axis, one non-zero term each, so the sum is exact), size 1 for a dense model.
+           the rest of the model runs replicated along it). With policy.moe_dispatch
+           'replicated' each device computes its experts for all of its tokens and the chosen
+           experts' outputs are summed over the axis (one non-zero term each, so the sum is
+           exact); with 'all_to_all' the layer's tokens split over it and go to their experts'
+           devices by an all-to-all (`jtc.models.moe_dispatch`). Size 1 for a dense model.
 
 The model names *logical* axes only (`jtc.models.model.param_logical_axes`, `model.CACHE_AXES`);
 `LOGICAL_AXIS_RULES` below maps them to mesh axes. A dimension whose size is not divisible by
