@@ -189,3 +189,20 @@ def test_the_planner_and_the_trainer_run_the_exchange(tmp_path):
   records = metric_writer.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
   assert [r['step'] for r in records] == [1, 2]
   assert all(0 <= r['mismatch/routing_flip_rate'] <= 1 for r in records)
+
+
+def test_the_planner_counts_every_peer_buffer_of_an_all_to_all():
+  """`jtc.plan.hlo` reads an all-to-all's bytes from its tuple of one buffer per peer (as XLA
+  writes the exchange): 2 x 16 x 16 f32, not one buffer's share; and counts each all-to-all,
+  also when they share a channel id (XLA:CPU numbers a shard_map's all-to-alls alike)."""
+  from jtc.plan import hlo  # pylint: disable=import-outside-toplevel
+  text = textwrap.dedent('''
+      ENTRY %main (p: f32[1,16,16]) -> f32[1,16,16] {
+        %p = f32[1,16,16]{2,1,0} parameter(0)
+        %all-to-all = (f32[1,16,16]{2,1,0}, f32[1,16,16]{2,1,0}) all-to-all(%p, %p), channel_id=1, replica_groups={{0,1}}
+        %b = f32[1,16,16]{2,1,0} get-tuple-element(%all-to-all), index=0
+        %all-to-all.1 = (f32[1,16,16]{2,1,0}, f32[1,16,16]{2,1,0}) all-to-all(%b, %b), channel_id=1, replica_groups={{0,1}}
+        ROOT %g = f32[1,16,16]{2,1,0} get-tuple-element(%all-to-all.1), index=0
+      }
+  ''')
+  assert hlo.program_costs(text).collective_bytes['all-to-all'] == 2 * (2 * 16 * 16 * 4)
