@@ -36,6 +36,7 @@ Dimension key (docs/dimensions.md): B batch, L tokens, U = B * L tokens flattene
 F an expert's MLP dim, X experts, W experts per token, Y layers.
 """
 
+import functools
 import math
 
 import chex
@@ -43,6 +44,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from jtc.models import moe_dispatch
 from jtc.models.model_config import ModelConfig
 
 # Logical axes of the MoE parameters (`jtc.models.model.param_logical_axes`, by the last two
@@ -222,8 +224,11 @@ def feed_forward(p, x_BLD, config: ModelConfig, *, mask_BL=None, replay_BLW=None
                                                        norm_topk_prob=c.norm_topk_prob,
                                                        replay_BLW=replay_BLW)
   W = c.experts_per_token
-  y_UD = MOE_IMPLS[c.moe_impl](p, x_BLD.reshape(B * L, D), experts_BLW.reshape(B * L, W),
-                               weights_BLW.reshape(B * L, W), dt)
+  experts_fn = MOE_IMPLS[c.moe_impl]
+  if c.moe_dispatch == 'all_to_all':  # expert parallelism: the tokens sent to their experts
+    experts_fn = functools.partial(moe_dispatch.exchange, experts_fn)
+  y_UD = experts_fn(p, x_BLD.reshape(B * L, D), experts_BLW.reshape(B * L, W),
+                    weights_BLW.reshape(B * L, W), dt)
   y_BLD = y_UD.reshape(B, L, D)
   if 'shared' in p:
     s = p['shared']
