@@ -100,6 +100,7 @@ def test_all_to_all_equals_one_device_on_2_and_4_devices_with_and_without_replay
   ])
 
 
+@pytest.mark.slow  # CI time: the 2-device test covers the path
 def test_one_device_mesh_is_the_plain_form():
   """On a mesh whose expert axis is 1 device the exchange is the identity: the sort into slots,
   the padding and the return equal the plain form exactly."""
@@ -232,3 +233,18 @@ def test_the_planner_counts_every_peer_buffer_of_an_all_to_all():
       }
   ''')
   assert hlo.program_costs(text).collective_bytes['all-to-all'] == 2 * (2 * 16 * 16 * 4)
+
+
+def test_a_stored_policy_does_not_carry_its_writers_dispatch(tmp_path):
+  """A bundle (or a ledger's model.json) written by an all-to-all run reads back replicated: the
+  dispatch is the reader's choice (its mesh), not the file's; the policy section sets it."""
+  from jtc.models import bundles  # pylint: disable=import-outside-toplevel
+  c = ModelConfig.tiny_moe(n_layers=1, moe_dispatch='all_to_all')
+  bundles.save_policy_bundle(str(tmp_path), model_config=c, params={}, tokenizer_spec={})
+  read = bundles.read_model_config(str(tmp_path / 'model.json'))
+  assert read == dataclasses.replace(c, moe_dispatch='replicated')
+  from configs import common  # pylint: disable=import-outside-toplevel
+  policy = common.get_config().policy
+  assert checkpoints.policy_model_config(policy, c, 'cpu').moe_dispatch == 'replicated'
+  policy.moe_dispatch = 'all_to_all'
+  assert checkpoints.policy_model_config(policy, read, 'cpu').moe_dispatch == 'all_to_all'
