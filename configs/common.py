@@ -107,6 +107,10 @@ def get_config(arg=None):
   # The trunk's attention (jtc.models.attention): auto | dense | blockwise | splash; 'auto' picks
   # for the devices that run it (CPU: dense; TPU, GPU: blockwise, no [L, L] scores).
   c.policy.attention = 'auto'
+  # A mixture of experts on mesh.expert > 1 devices (jtc.models.moe_dispatch): 'replicated' (the
+  # tokens stay whole along the expert axis) | 'all_to_all' (split over it and sent to their
+  # experts' devices with an all-to-all, expert parallelism's token exchange).
+  c.policy.moe_dispatch = 'replicated'
   # A ModelConfig preset (e.g. 'qwen3_8b') `python -m jtc.plan` plans with when no checkpoint
   # is given: the architecture without the weights.
   c.policy.preset = ''

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from jtc.models import decode
+from jtc.models import gated_deltanet
+from jtc.models import layer_types
 from jtc.models.model_config import ModelConfig
 
 SCHEDULERS = ('static', 'continuous')
@@ -33,12 +35,17 @@ SLOT_MEMORY_FRACTION = 0.5  # of the devices' free memory the continuous schedul
 
 
 def row_bytes(config: ModelConfig, max_new_tokens: int, block_size: int) -> int:
-  """Bytes a decode row (a slot) holds: its completion keys and values in every layer (T rounded
-  up to whole blocks) and three float32 [V] rows (its logits, the noise and filtered logits)."""
+  """Bytes a decode row (a slot) holds: its completion keys and values in every full-attention
+  layer (T rounded up to whole blocks), a hybrid's linear-attention states (the convolutions'
+  last W - 1 inputs, the float32 delta-rule state) and three float32 [V] rows (its logits, the
+  noise and filtered logits)."""
   c = config
+  stacks, size = layer_types.stack_sizes(c), jnp.dtype(c.jnp_dtype).itemsize
   T_pad = -(-max_new_tokens // block_size) * block_size
-  kv = c.n_layers * 2 * c.n_kv_heads * c.head_dim * T_pad * jnp.dtype(c.jnp_dtype).itemsize
-  return int(kv + 3 * 4 * c.vocab_size)
+  kv = stacks.get('attn', 0) * 2 * c.n_kv_heads * c.head_dim * T_pad * size
+  K, H, N, Hv, W = gated_deltanet.dims(c)
+  linear = stacks.get('linear_attn', 0) * ((W - 1) * (2 * K * H + N * Hv) * size + N * H * Hv * 4)
+  return int(kv + linear + 3 * 4 * c.vocab_size)
 
 
 def free_device_bytes() -> int | None:

@@ -44,6 +44,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from jtc.models import moe_dispatch
 from jtc.models.model_config import ModelConfig
 
 # Logical axes of the MoE parameters (`jtc.models.model.param_logical_axes`, by the last two
@@ -279,7 +280,10 @@ def feed_forward(p, x_BLD, config: ModelConfig, *, mask_BL=None, replay_BLW=None
                                                        experts_per_token=c.experts_per_token,
                                                        norm_topk_prob=c.norm_topk_prob,
                                                        replay_BLW=replay_BLW)
-  y_BLD = rows_local(MOE_IMPLS[c.moe_impl], p, x_BLD, experts_BLW, weights_BLW, dt)
+  experts_fn = MOE_IMPLS[c.moe_impl]
+  if c.moe_dispatch == 'all_to_all':  # expert parallelism: the tokens sent to their experts
+    experts_fn = functools.partial(moe_dispatch.exchange, experts_fn)
+  y_BLD = rows_local(experts_fn, p, x_BLD, experts_BLW, weights_BLW, dt)
   if 'shared' in p:
     s = p['shared']
     shared_UD = _swiglu(x_BLD.reshape(B * L, D), s['gate']['kernel'], s['up']['kernel'],

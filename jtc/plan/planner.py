@@ -13,6 +13,7 @@ import time
 
 import jax
 
+from jtc.models import moe_dispatch
 from jtc.models.model_config import ModelConfig
 from jtc.plan import hardware
 from jtc.plan import hlo
@@ -230,7 +231,8 @@ def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=Non
       continue
     t0 = time.perf_counter()
     try:
-      lowered, compiled, seconds = stage.compile()
+      with moe_dispatch.mesh_context(step.mesh, step.model_config):  # an all-to-all's mesh
+        lowered, compiled, seconds = stage.compile()
     except jax.errors.JaxRuntimeError as e:
       result.compile_s += time.perf_counter() - t0
       if 'RESOURCE_EXHAUSTED' not in str(e):

@@ -3,6 +3,7 @@ r"""The generated table of docs/scaling.md: every real config planned on the sli
   nice -n 5 python -m jtc.plan.scaling_table      # compiles each row (hours), rewrites the table
   nice -n 5 python -m jtc.plan.scaling_table 0_6b llama   # only the rows whose config or slice
                                                           # contains one of these (the rest kept)
+  nice -n 5 python -m jtc.plan.scaling_table --replan 8b_math   # plan those rows again
 
 Rows: every `configs/real/*` config on v5e-8, v5e-64, v5p-64 and v6e-16; Qwen3-32B, the
 Qwen3-14B DelTA config (30k tokens) and Qwen3-30B-A3B (MoE, 32k) on v5p-128 and v5p-256; the largest seed population of
@@ -12,7 +13,8 @@ analytic estimate (`estimate.estimate`) says it can fit; otherwise, or when its 
 does not fit, `suggest.suggest` compiles the cheapest settings that can. A row where no setting
 passes the estimate says so with the estimate's numbers (nothing compiled). Finished rows are
 kept in docs/scaling_plans.json, so an interrupted run resumes; the table between the markers
-in docs/scaling.md is replaced, nothing else.
+in docs/scaling.md is replaced, nothing else. Each row records the code revision that planned it
+(its 'planned at' column); `--replan` plans the matching rows again from the current code.
 """
 
 import argparse
@@ -28,6 +30,7 @@ from jtc.plan import hardware  # noqa: E402
 from jtc.plan import planner  # noqa: E402
 from jtc.plan import suggest as suggest_lib  # noqa: E402
 from jtc.cli import absl_program  # noqa: E402
+from jtc.rl import distributed  # noqa: E402
 from jtc.rl import sharding as sharding_lib  # noqa: E402
 from jtc.rl import update as update_lib  # noqa: E402
 
@@ -52,7 +55,7 @@ def rows():
       for p in configs
       if os.path.basename(p) not in ('__init__.py', 'base.py')
   ]
-  big = [p for p in configs if any(k in p for k in ('32b', '14b', '30b'))]  # whole pods
+  big = [p for p in configs if any(k in p for k in ('32b', '14b', '30b', '80b'))]  # whole pods
   out = [(p, s, {}) for p in big for s in ('v5p-256', 'v5p-128')]
   out += [(p, s, {}) for p in big + [q for q in configs if q not in big] for s in SLICES]
   return out
@@ -127,18 +130,26 @@ def plan_row(path, slice_name, overrides, log):
                  _estimate(c, model_config, len(devices), chip), search.compile_s)
 
 
+def _revision_markdown(r):
+  """The short revision that planned row ``r`` ('+' when its code had uncommitted changes); '-'
+  for rows planned before revisions were recorded."""
+  rev = r.get('revision')
+  return rev[:7] + ('+' if '+dirty' in rev else '') if rev else '-'
+
+
 def _row_markdown(key, r):
   path, slice_name, overrides = json.loads(key)
   name = os.path.basename(path)[:-3] + ''.join(
       f' ({v} members)' for k, v in overrides.items() if k == 'population.size')
+  rev = _revision_markdown(r)
   if not r['fits']:
-    return f"| {name} | {slice_name} | no | - | - | - | {r['note']} | - | - |"
+    return f"| {name} | {slice_name} | no | - | - | - | {r['note']} | - | - | {rev} |"
   m = r['mesh']
   mesh = f"({m['data']}, {m['fsdp']}, {m['tensor']})" + (f" x {m['population']} members"
                                                          if m['population'] > 1 else '')
   est = f"{r['est_peak'] / hardware.GIB:.1f}" if r.get('est_peak') else '-'
   return (f"| {name} | {slice_name} | yes | {r['peak'] / hardware.GIB:.1f} | {est} | {mesh} | "
-          f"{r['setting'] or 'as configured'} | {r['step_s']:.3g} | {r['compile_s']:.0f} |")
+          f"{r['setting'] or 'as configured'} | {r['step_s']:.3g} | {r['compile_s']:.0f} | {rev} |")
 
 
 def markdown(results):
@@ -147,9 +158,10 @@ def markdown(results):
       'for the slice by libtpu, without the hardware). Peak: the compiled largest stage per chip; '
       'est.: the analytic estimate `--suggest` filters with (`jtc.plan.estimate`); s/step: the '
       'roofline *estimate* of one RL step; compile: seconds to compile the stages on a busy '
-      '2-core machine.', '',
+      '2-core machine; planned at: the code revision that planned the row (\'-\': before '
+      'revisions were recorded, i.e. before 9917234).', '',
       '| config | slice | fits | peak GiB/chip | est. GiB | mesh (data, fsdp, tensor) | setting '
-      '| est. s/step | compile s |', '|---|---|---|---|---|---|---|---|---|'
+      '| est. s/step | compile s | planned at |', '|---|---|---|---|---|---|---|---|---|---|'
   ]
   lines += [_row_markdown(key, r) for key, r in results.items()]
   lines += ['', END]
@@ -175,7 +187,12 @@ def main(argv=None):
   parser.add_argument(
       'match', nargs='*', help='plan only the rows whose config path or slice '
       'contains one of these (default: every row)')
+  parser.add_argument('--replan', action='store_true',
+                      help='plan the matching rows again even if docs/scaling_plans.json has them')
   args = parser.parse_args(argv)
+  if args.replan and not args.match:
+    parser.error('--replan needs the rows to plan again named (e.g. --replan 8b_math); '
+                 'it does not replan the whole table')
   log = lambda m: print(m, file=sys.stderr, flush=True)
   results = {}
   if os.path.exists(CACHE):
@@ -187,15 +204,18 @@ def main(argv=None):
   if unknown:
     parser.error(f'{unknown} match no row; the rows: {sorted(set(names))}')
   keys = [json.dumps(list(row)) for row in todo]
+  revision, planned = distributed.code_revision(), set()  # planned: the rows this run planned
   for key, name, (path, slice_name, overrides) in zip(keys, names, todo):
     if args.match and not any(m in name for m in args.match):
       continue
-    if key not in results:
+    if key not in results or args.replan:
+      current = {k: r for k, r in results.items() if k in planned or not args.replan}
       if overrides.get('population.size') and any(
-          r['fits'] for k, r in results.items() if 'population.size' in json.loads(k)[2]):
+          r['fits'] for k, r in current.items() if 'population.size' in json.loads(k)[2]):
         continue  # a larger population already fits
       log(f'== {key}')
-      results[key] = plan_row(path, slice_name, overrides, log)
+      results[key] = dict(plan_row(path, slice_name, overrides, log), revision=revision)
+      planned.add(key)
       # The table in the rows' order; a kept row no longer planned (its config removed) last.
       results = {k: results[k] for k in keys + list(results) if k in results}
       write(results)

@@ -7,9 +7,11 @@ Mesh axes:
   'fsdp'   data parallelism with parameters (and so optimiser state) sharded over 'embed';
   'tensor' Megatron-style model parallelism over heads, MLP hidden units and vocabulary;
   'expert' expert parallelism: a mixture-of-experts layer's experts split over it (`jtc.models.moe`;
-           the tokens are not, so the rest of the model runs replicated along it and each device
-           computes its experts for all of its tokens; the chosen experts' outputs are summed
-           over the axis, one non-zero term each, so the sum is exact), size 1 for a dense model.
+           the rest of the model runs replicated along it). With policy.moe_dispatch
+           'replicated' each device computes its experts for all of its tokens and the chosen
+           experts' outputs are summed over the axis (one non-zero term each, so the sum is
+           exact); with 'all_to_all' the layer's tokens split over it and go to their experts'
+           devices by an all-to-all (`jtc.models.moe_dispatch`). Size 1 for a dense model.
 
 The model names *logical* axes only (`jtc.models.model.param_logical_axes`, `model.CACHE_AXES`);
 `LOGICAL_AXIS_RULES` below maps them to mesh axes. A dimension whose size is not divisible by
@@ -168,9 +170,9 @@ def cache_shardings(cache, mesh: Mesh):
   kv = lambda x, axes=model_lib.CACHE_AXES: named_sharding(mesh, axes, x.shape)
   mask = lambda x: named_sharding(mesh, model_lib.CACHE_MASK_AXES, x.shape)
   # A hybrid's linear-attention states (`gated_deltanet.LinearState` [Y, B, ...]): rows over batch.
-  linear = None if cache.linear is None else jax.tree.map(
-      lambda axes, x: named_sharding(mesh, axes, x.shape), gated_deltanet.STATE_AXES, cache.linear,
-      is_leaf=lambda x: isinstance(x, tuple))
+  linear = lambda s: None if s is None else jax.tree.map(
+      lambda axes, x: named_sharding(mesh, axes, x.shape), gated_deltanet.STATE_AXES, s, is_leaf=
+      lambda x: isinstance(x, tuple))
   if isinstance(cache, decode.GroupCache):
     k_axes = model_lib.CACHE_AXES[:3] + model_lib.CACHE_AXES[:2:-1]  # [Y, R, K, H, S]
     rows = lambda x: None if x is None else (replicated(mesh) if x.ndim == 0 else named_sharding(
@@ -180,9 +182,9 @@ def cache_shardings(cache, mesh: Mesh):
                              prompt_mask_BP=mask(cache.prompt_mask_BP),
                              k_YRKHT=kv(cache.k_YRKHT, k_axes), v_YRKTH=kv(cache.v_YRKTH),
                              length=rows(cache.length), prompt_R=rows(cache.prompt_R),
-                             linear=linear)
+                             linear=linear(cache.linear), prompt_linear=linear(cache.prompt_linear))
   return model_lib.KVCache(k=kv(cache.k), v=kv(cache.v), mask_BS=mask(cache.mask_BS),
-                           index=replicated(mesh), linear=linear)
+                           index=replicated(mesh), linear=linear(cache.linear))
 
 
 @dataclasses.dataclass(frozen=True)
