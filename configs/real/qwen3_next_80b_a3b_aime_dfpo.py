@@ -33,7 +33,7 @@ def get_config(arg=None):
   c = base.get_config(None)
   common.set_loss(c, 'dfpo_min_replace', eps_low=3e-4, eps_high=4e-4)
   c.advantage.name = 'grpo'
-  c.policy.preset = 'qwen3_next_80b_a3b'  # the architecture `python -m jtc.plan` plans without weights
+  c.policy.preset = 'qwen3_next_80b_a3b'  # what `python -m jtc.plan` plans without weights
   c.num_steps = 200
   c.rollout.prompts_per_step = 32  # one mini-batch of 32 prompts x 32 rollouts per step
   c.optim.minibatch_prompts = 32  # Appendix I: mini-batch size 32

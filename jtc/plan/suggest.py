@@ -45,7 +45,7 @@ def _stage_program(stage, overrides):
 def _expert_axes(c, n_devices, model_config):
   """The mesh.expert sizes tried: the config's, and for a mixture of experts planned without
   one, each of 2, 4, 8, 16 that divides its experts and the chips (with the all-to-all dispatch,
-  `jtc.models.moe_dispatch`)."""
+  `jtc.models.moe_dispatch`; tried after every setting without one, `candidates`)."""
   own = c.mesh.get('expert', 1)
   if own > 1 or model_config is None or not model_config.is_moe:
     return [own]
@@ -101,8 +101,11 @@ def candidates(c, n_devices, model_config, chip, fit_only=True):
                                     key=lambda stage, o=overrides: _stage_program(stage, o))
         if est.peak <= chip.hbm_bytes or not fit_only:
           out.append((est, overrides))
-  # Ties (the same estimated time) go to the smaller estimated peak: the likelier to fit.
-  return sorted(out, key=lambda x: (x[0].seconds, x[0].peak))
+  # Ties (the same estimated time) go to the smaller estimated peak: the likelier to fit. An
+  # expert axis the config has not set comes after every other setting: the estimate does not
+  # model the all-to-all, whose worst-case buffers cost more than they save (docs/models.md).
+  searched = lambda o: o.get('mesh.expert', 1) > 1 and c.mesh.get('expert', 1) == 1
+  return sorted(out, key=lambda x: (searched(x[1]), x[0].seconds, x[0].peak))
 
 
 def apply(c, overrides):
