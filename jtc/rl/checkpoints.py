@@ -66,8 +66,7 @@ def policy_model_config(policy, model_config, platform):
       k: v for k, v in (('param_dtype', policy.param_dtype), ('dtype', policy.compute_dtype),
                         ('remat', policy.remat)) if v
   }
-  if policy.get('moe_dispatch', 'replicated') != 'replicated':  # `jtc.models.moe_dispatch`
-    overrides['moe_dispatch'] = policy.moe_dispatch
+  overrides['moe_dispatch'] = policy.get('moe_dispatch', 'replicated')  # `models.moe_dispatch`
   overrides['attention'] = attention.resolve(policy.get('attention', 'auto'), platform)
   return dataclasses.replace(model_config, **{**overrides, **dict(policy.overrides)})
 

@@ -16,6 +16,7 @@ from jtc.models import moe_dispatch
 from jtc.models.model_config import ModelConfig
 from jtc.rl import checkpoints
 from jtc.rl import sharding
+from tests.plan import real_configs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -99,6 +100,7 @@ def test_all_to_all_equals_one_device_on_2_and_4_devices_with_and_without_replay
   ])
 
 
+@pytest.mark.slow  # CI time: the 2-device test covers the path
 def test_one_device_mesh_is_the_plain_form():
   """On a mesh whose expert axis is 1 device the exchange is the identity: the sort into slots,
   the padding and the return equal the plain form exactly."""
@@ -143,15 +145,53 @@ PLAN_AND_TRAIN_CHILD = textwrap.dedent('''
     from configs import dfpo_min_replace
     from jtc.plan import hardware, planner
 
+    platform, data, stage = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    devices = jax.devices() if platform == 'cpu' else hardware.topology_devices('v5e:2x2')
     for dispatch in ('all_to_all', 'replicated'):
       c = dfpo_min_replace.get_config('smoke')
-      c.policy.init, c.mesh.data, c.mesh.expert = sys.argv[1], 1, 2
+      c.policy.init, c.mesh.data, c.mesh.expert = sys.argv[1], data, 2
       c.policy.moe_dispatch = dispatch
-      p = planner.plan(c, jax.devices(), platform='cpu', chip=hardware.CHIPS['v5e'],
-                       target='cpu:2', compiled_for='test', only=('update',))
+      p = planner.plan(c, devices, platform=platform, chip=hardware.CHIPS['v5e'],
+                       target='test', compiled_for='test', only=(stage,))
       (row,) = p.rows
       print('A2A_BYTES', dispatch, row.costs.collective_bytes['all-to-all'])
 ''')
+
+
+def _tiny_moe_policy(path):
+  from jtc.models import bundles  # pylint: disable=import-outside-toplevel
+  from jtc.models import model as model_lib  # pylint: disable=import-outside-toplevel
+  from jtc.models import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
+  spec = {'kind': 'char'}
+  config = ModelConfig.tiny_moe(vocab_size=tokenizer_lib.from_spec(spec).vocab_size, n_layers=2,
+                                d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, n_experts=4,
+                                d_expert=16)
+  bundles.save_policy_bundle(path, model_config=config,
+                             params=model_lib.init_params(config,
+                                                          jax.random.key(0)), tokenizer_spec=spec)
+  return path
+
+
+def _plan_child(policy, env, platform, data, stage):
+  """{dispatch: all-to-all bytes of ``stage``} planned on mesh.expert = 2."""
+  proc = subprocess.run(
+      [sys.executable, '-c', PLAN_AND_TRAIN_CHILD, policy, platform,
+       str(data), stage], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-5000:]
+  return {
+      d: float(b)
+      for d, b in (line.split()[1:] for line in proc.stdout.splitlines() if line.startswith('A2A'))
+  }
+
+
+@real_configs.needs_libtpu
+@pytest.mark.slow  # two compiles of the behaviour pass for a deviceless TPU slice
+def test_jtc_plan_compiles_the_exchange_for_a_tpu_slice(tmp_path):
+  """`jtc plan` on v5e:2x2 (data 2 x expert 2, libtpu): the behaviour pass moves bytes by
+  all-to-all with moe_dispatch='all_to_all' and none with 'replicated'."""
+  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''))
+  moved = _plan_child(_tiny_moe_policy(str(tmp_path / 'policy')), env, 'tpu', 2, 'behaviour')
+  assert moved['all_to_all'] > 0 and moved['replicated'] == 0, moved
 
 
 @pytest.mark.slow  # two update compiles and a 2-step trainer run on 2 host devices: ~3 min
@@ -160,24 +200,11 @@ def test_the_planner_and_the_trainer_run_the_exchange(tmp_path):
   by all-to-all with moe_dispatch='all_to_all' and none with 'replicated'; a 2-step RL run with
   routing replay trains on it and logs the routing metrics."""
   from jtc.analysis import metric_writer  # pylint: disable=import-outside-toplevel
-  from jtc.models import bundles  # pylint: disable=import-outside-toplevel
-  from jtc.models import model as model_lib  # pylint: disable=import-outside-toplevel
-  from jtc.models import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
-  spec = {'kind': 'char'}
-  config = ModelConfig.tiny_moe(vocab_size=tokenizer_lib.from_spec(spec).vocab_size, n_layers=2,
-                                d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, n_experts=4,
-                                d_expert=16)
-  policy = str(tmp_path / 'policy')
-  bundles.save_policy_bundle(policy, model_config=config,
-                             params=model_lib.init_params(config,
-                                                          jax.random.key(0)), tokenizer_spec=spec)
+  policy = _tiny_moe_policy(str(tmp_path / 'policy'))
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
              XLA_FLAGS='--xla_force_host_platform_device_count=2', JAX_PLATFORMS='cpu')
-  proc = subprocess.run([sys.executable, '-c', PLAN_AND_TRAIN_CHILD, policy], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=900)
-  assert proc.returncode == 0, proc.stderr[-5000:]
-  moved = dict(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith('A2A'))
-  assert float(moved['all_to_all']) > 0 and float(moved['replicated']) == 0, moved
+  moved = _plan_child(policy, env, 'cpu', 1, 'update')
+  assert moved['all_to_all'] > 0 and moved['replicated'] == 0, moved
   workdir = str(tmp_path / 'run')
   proc = subprocess.run([
       sys.executable, '-m', 'jtc.train', '--config=configs/dfpo_min_replace.py:smoke',
@@ -206,3 +233,18 @@ def test_the_planner_counts_every_peer_buffer_of_an_all_to_all():
       }
   ''')
   assert hlo.program_costs(text).collective_bytes['all-to-all'] == 2 * (2 * 16 * 16 * 4)
+
+
+def test_a_stored_policy_does_not_carry_its_writers_dispatch(tmp_path):
+  """A bundle (or a ledger's model.json) written by an all-to-all run reads back replicated: the
+  dispatch is the reader's choice (its mesh), not the file's; the policy section sets it."""
+  from jtc.models import bundles  # pylint: disable=import-outside-toplevel
+  c = ModelConfig.tiny_moe(n_layers=1, moe_dispatch='all_to_all')
+  bundles.save_policy_bundle(str(tmp_path), model_config=c, params={}, tokenizer_spec={})
+  read = bundles.read_model_config(str(tmp_path / 'model.json'))
+  assert read == dataclasses.replace(c, moe_dispatch='replicated')
+  from configs import common  # pylint: disable=import-outside-toplevel
+  policy = common.get_config().policy
+  assert checkpoints.policy_model_config(policy, c, 'cpu').moe_dispatch == 'replicated'
+  policy.moe_dispatch = 'all_to_all'
+  assert checkpoints.policy_model_config(policy, read, 'cpu').moe_dispatch == 'all_to_all'
