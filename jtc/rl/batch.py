@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jtc.analysis import diagnostics
+from jtc.analysis import mismatch_lag
 from jtc.objectives import advantages as advantages_lib
 from jtc.objectives import corrections
 from jtc.rl import evaluation
@@ -22,7 +23,8 @@ from jtc.rl.update import Batch
 
 
 def make_batch(config, rollouts, params, run_state, *, task, behaviour_fn, ref_params, to_device,
-               weights_fn=None, rng=None, population=population_lib.SINGLE, proximal_params=None):
+               weights_fn=None, rng=None, population=population_lib.SINGLE, proximal_params=None,
+               version=None):
   """Rollouts (one per member) -> `Batch` on the device; returns (batch, each member's rollout
   metrics, run_state).
 
@@ -41,7 +43,8 @@ def make_batch(config, rollouts, params, run_state, *, task, behaviour_fn, ref_p
   -> token weights of ``weights_fn`` (a token-weight plug-in's, e.g. DelTA's `Step.delta`) from
   the behaviour pass. ``run_state`` comes back with the plug-in's state and the token counts
   updated. Every device value carries the population's member axis
-  (`population.Population.stack`).
+  (`population.Population.stack`). ``version``: the policy version of ``params`` (partial
+  rollouts: the mismatch is also split by each token's lag behind it, `mismatch_lag`).
   """
   host = [_host_batch(config, r) for r in rollouts]
   stack = lambda key: population.stack([h[key] for h in host])
@@ -84,6 +87,15 @@ def make_batch(config, rollouts, params, run_state, *, task, behaviour_fn, ref_p
     })
   for m, values in zip(metrics, population.unstack(sharding_lib.to_host(step_metrics))):
     m.update({k: float(v) for k, v in values.items()})
+  if version is not None and rollouts[0].versions_BT is not None:  # partial rollouts: per lag
+    for m, r, train_BT in zip(metrics, rollouts,
+                              population.unstack(sharding_lib.to_host(behaviour['logps']))):
+      m.update({
+          f'mismatch/{k}': v
+          for k, v in mismatch_lag.by_lag(train_BT, r.sampler_logps_BT, r.completion_mask_BT,
+                                          mismatch_lag.lag_BT(r.versions_BT, version),
+                                          cap=config.rollout.correction_cap).items()
+      })
   completion_BT = population.stack([r.completion_BT for r in rollouts])
   if weights_fn is not None:
     weights_BT, weight_metrics, weighter_state = weights_fn(run_state.weighter, params, behaviour,

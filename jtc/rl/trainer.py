@@ -200,8 +200,9 @@ class Trainer:
     lagged = self.run_state.lagged_params
     behaviour_params = lagged[0] if lagged else self.state.params
     t0 = time.perf_counter()
+    version = max(step - 1 - len(lagged), 0)  # of the sampling policy (partial rollouts)
     collect = rollout_lib.collect if self.pools is None else functools.partial(  # partial rollouts
-        partial_lib.collect, pools=self.pools, version=max(step - 1 - len(lagged), 0), c=config)
+        partial_lib.collect, pools=self.pools, version=version, c=config)
     rollouts, rounds = collect(self.gen, self._policy(behaviour_params),
                                [functools.partial(next, it) for it in self.train_iters], k_rollout,
                                sampling=config.rollout.sampling.to_dict(),
@@ -214,7 +215,7 @@ class Trainer:
         config, rollouts, self._policy(behaviour_params), self.run_state, task=self.task,
         behaviour_fn=self.rl_step.behaviour, ref_params=self.ref_params, to_device=self._to_device,
         weights_fn=self.rl_step.delta, rng=k_weights, population=population,
-        proximal_params=self._policy(self.state.params) if lagged else None)
+        proximal_params=self._policy(self.state.params) if lagged else None, version=version)
     if lagged:  # this step's parameters join the lag, the oldest leave it
       self.run_state = self.run_state.replace(lagged_params=lagged[1:] +
                                               (self.rl_step.copy_params(self.state.params),))

@@ -174,3 +174,5 @@ def test_partial_rollouts_sigkill_then_resume_equals_uninterrupted(tmp_path):
   version, mask = step['policy_version_BT'], step['completion_mask_BT'] > 0
   mismatch = np.abs(step['mismatch_BT'])
   assert mismatch[mask & (version == 2)].max() < 1e-4 < mismatch[mask & (version == 1)].mean()
+  # The step's mismatch by lag (`mismatch_lag`) says the same.
+  assert b[3]['mismatch/lag0/max_abs'] < 1e-4 < b[3]['mismatch/lag1/mean_abs']
