@@ -61,23 +61,27 @@ def free_device_bytes() -> int | None:
 
 
 def default_slots(config: ModelConfig, rows: int, max_new_tokens: int, block_size: int,
-                  free_bytes: int | None) -> int:
-  """The continuous scheduler's slot count when none is given: the rows whose `row_bytes` fit
-  in `SLOT_MEMORY_FRACTION` of ``free_bytes`` (all ``rows`` where it is None), at least 1."""
+                  free_bytes: int | None, members: int = 1) -> int:
+  """The continuous scheduler's slot count when none is given (config.rollout.decode_slots
+  None): the rows whose `row_bytes` fit in `SLOT_MEMORY_FRACTION` of ``free_bytes`` (the
+  devices' free memory, summed; all ``rows`` where it is None), shared by ``members`` policies
+  decoding side by side (a population), at least 1 and at most ``rows``. The one rule the
+  sampler (`resolve_slots`) and `jtc plan` (`jtc.rl.decoding`) apply."""
   if free_bytes is None:
     return rows
-  fit = int(SLOT_MEMORY_FRACTION * free_bytes) // row_bytes(config, max_new_tokens, block_size)
+  fit = int(SLOT_MEMORY_FRACTION *
+            max(free_bytes, 0)) // (members * row_bytes(config, max_new_tokens, block_size))
   return max(1, min(rows, fit))
 
 
 @functools.lru_cache(maxsize=None)
-def _memory_slots(config, rows, max_new_tokens, block_size):
+def _memory_slots(config, rows, max_new_tokens, block_size, members):
   """`default_slots` from the free memory at the first call of this shape, then kept (a slot
   count that followed every change of free memory would recompile the sampler)."""
-  return default_slots(config, rows, max_new_tokens, block_size, free_device_bytes())
+  return default_slots(config, rows, max_new_tokens, block_size, free_device_bytes(), members)
 
 
-def resolve_slots(scheduler, slots, rows, config, max_new_tokens, block_size):
+def resolve_slots(scheduler, slots, rows, config, max_new_tokens, block_size, members=1):
   """None under 'static'; the given or the memory-derived slot count under 'continuous'."""
   if scheduler != 'continuous':
     return None
@@ -85,7 +89,7 @@ def resolve_slots(scheduler, slots, rows, config, max_new_tokens, block_size):
     return int(slots)
   if rows is None:
     raise ValueError("sample: scheduler='continuous' needs slots (or the prompt count)")
-  return _memory_slots(config, rows, max_new_tokens, block_size)
+  return _memory_slots(config, rows, max_new_tokens, block_size, members)
 
 
 def token_keys(rng, t_R, row_R):

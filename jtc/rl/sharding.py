@@ -231,22 +231,39 @@ class DecodeLayout:
     return jax.tree_util.tree_map_with_path(constrain, params)
 
 
-def decode_layout(name: str, mesh: Mesh | None, model_config, free_bytes: int | None):
-  """The sampler's ``decode_layout`` argument for config.rollout.decode_layout ``name``: None
-  (the training layout: 'fsdp', no mesh, or nothing split over the batch axes) or a
-  `DecodeLayout`. 'auto' takes 'tensor' when a chip's share of the parameters of
+def decode_layout_choice(name: str, mesh: Mesh | None, model_config,
+                         free_bytes: int | None) -> tuple:
+  """(the layout config.rollout.decode_layout ``name`` takes: 'fsdp' (the training layout) or
+  'tensor' (`DecodeLayout`), why). 'fsdp' when asked, without a mesh, or with nothing split
+  over the batch axes; 'auto' takes 'tensor' when a chip's share of the parameters of
   ``model_config`` (1 / the tensor axis) is at most a quarter of its share of ``free_bytes``
-  (always when a device reports none)."""
+  (the devices' free memory, summed; always when a device reports none)."""
   if name not in DECODE_LAYOUTS:
     raise ValueError(f'config.rollout.decode_layout={name!r} is not one of {list(DECODE_LAYOUTS)}')
-  if name == 'fsdp' or mesh is None or mesh.shape['fsdp'] == 1:
-    return None
+  if name == 'fsdp':
+    return 'fsdp', 'configured'
+  if mesh is None or mesh.shape['fsdp'] == 1:
+    return 'fsdp', 'mesh.fsdp = 1: the training layout gathers no weights'
+  if name == 'tensor':
+    return 'tensor', 'configured'
   shapes = jax.eval_shape(lambda: model_lib.init_params(model_config, jax.random.key(0)))
   param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
   per_chip = param_bytes / mesh.shape['tensor']
-  if name == 'auto' and free_bytes is not None and per_chip > free_bytes / mesh.devices.size / 4:
-    return None
-  return DecodeLayout(mesh)
+  if free_bytes is None:
+    return 'tensor', 'auto: the devices report no free memory'
+  free_chip, gib = free_bytes / math.prod(mesh.shape.values()), 2.0**30
+  share = (f'a chip\'s share of the weights {per_chip / gib:.3g} GiB vs a quarter of its free '
+           f'{free_chip / gib:.3g} GiB')
+  if per_chip > free_chip / 4:
+    return 'fsdp', f'auto: {share} (too large to hold whole over the batch axes)'
+  return 'tensor', f'auto: {share}'
+
+
+def decode_layout(name: str, mesh: Mesh | None, model_config, free_bytes: int | None):
+  """The sampler's ``decode_layout`` argument for config.rollout.decode_layout ``name``: None
+  (the training layout) or a `DecodeLayout`, as `decode_layout_choice` chooses."""
+  chosen, _ = decode_layout_choice(name, mesh, model_config, free_bytes)
+  return DecodeLayout(mesh) if chosen == 'tensor' else None
 
 
 def host_local_to_global(tree, mesh: Mesh):
