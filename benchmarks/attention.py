@@ -79,17 +79,10 @@ def main():
         f'{min(attention.BLOCK, P + T)}, {model_lib.num_params(params) / 1e6:.2f}M parameters, '
         f'{rounds} rounds interleaved')
   calls = programs(config, params, tokens, mask, P)
-  for call in calls.values():
-    call()  # warm-up
-  seconds, loaded = {k: [] for k in calls}, False
-  for r in range(rounds):
-    for key, call in calls.items():
-      with harness.OtherLoad() as other:
-        call()
-      seconds[key].append(other.seconds)
-      loaded |= harness.is_loaded(other)
-      print(f'round {r} {key[0]:9s} {key[1]:8s} {1e3 * other.seconds:8.2f} ms  '
-            f'({harness.load_str(other)})')
+  seconds, loaded = harness.interleaved(
+      calls, rounds,
+      lambda r, key, other: f'round {r} {key[0]:9s} {key[1]:8s} {1e3 * other.seconds:8.2f} ms  '
+      f'({harness.load_str(other)})')
   for name in ('forward', 'backward'):
     med = {impl: statistics.median(seconds[impl, name]) for impl in IMPLS}
     ratio = ('LOADED: not a valid ratio'

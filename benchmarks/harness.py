@@ -45,18 +45,25 @@ def _host_busy_seconds():
   return (user + nice + system + irq + softirq + steal) / os.sysconf('SC_CLK_TCK')
 
 
+def _own_seconds():
+  """CPU seconds this process and its finished, waited-for children have used."""
+  t = os.times()
+  return t.user + t.system + t.children_user + t.children_system
+
+
 class OtherLoad:
   """``with OtherLoad() as o: ...`` sets ``o.seconds``, the block's wall time, ``o.cores``, the
-  cores that OTHER processes kept busy meanwhile (the host's CPU time minus this process's, over
-  the wall time; nan without /proc/stat), and ``o.load``, the 1-minute load average at the end."""
+  cores that OTHER processes kept busy meanwhile (the host's CPU time minus this process's and
+  its waited-for children's, e.g. a `subprocess.run` it times, over the wall time; nan without
+  /proc/stat), and ``o.load``, the 1-minute load average at the end."""
 
   def __enter__(self):
-    self._start = (_host_busy_seconds(), time.process_time(), time.perf_counter())
+    self._start = (_host_busy_seconds(), _own_seconds(), time.perf_counter())
     return self
 
   def __exit__(self, *exc_info):
     host0, own0, wall0 = self._start
-    host1, own1, wall1 = _host_busy_seconds(), time.process_time(), time.perf_counter()
+    host1, own1, wall1 = _host_busy_seconds(), _own_seconds(), time.perf_counter()
     self.load = load_average()
     self.seconds = wall1 - wall0
     self.cores = float('nan') if host0 is None else max(0.0, (host1 - host0) -
@@ -74,3 +81,20 @@ def is_loaded(other: OtherLoad) -> bool:
 def load_str(other: OtherLoad) -> str:
   """'load 1.9, others 0.02 cores' beside a figure."""
   return f'load {other.load:4.1f}, others {other.cores:4.2f} cores'
+
+
+def interleaved(calls, rounds, line):
+  """Each of ``calls`` ({key: fn()}) once to warm up (compile), then ``rounds`` rounds calling
+  each in turn, each call timed with `OtherLoad`: ({key: [seconds per round]}, whether any call
+  was loaded); prints ``line(round, key, other)`` after each timed call."""
+  for call in calls.values():
+    call()
+  seconds, loaded = {key: [] for key in calls}, False
+  for r in range(rounds):
+    for key, call in calls.items():
+      with OtherLoad() as other:
+        call()
+      seconds[key].append(other.seconds)
+      loaded |= is_loaded(other)
+      print(line(r, key, other))
+  return seconds, loaded

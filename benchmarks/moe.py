@@ -84,17 +84,10 @@ def main():
         f'of F = {c.d_expert}, W = {c.experts_per_token} per token vs a dense MLP of '
         f'{dense_config.d_ff}; {rounds} rounds interleaved')
   calls = programs(moe_config, dense_config, tokens)
-  for call in calls.values():
-    call()  # warm-up
-  seconds, loaded = {k: [] for k in calls}, False
-  for r in range(rounds):
-    for key, call in calls.items():
-      with harness.OtherLoad() as other:
-        call()
-      seconds[key].append(other.seconds)
-      loaded |= harness.is_loaded(other)
-      print(f'round {r} {key[0]:12s} {key[1]:8s} {tokens / other.seconds:12.0f} tokens/s  '
-            f'({harness.load_str(other)})')
+  seconds, loaded = harness.interleaved(
+      calls, rounds, lambda r, key, other:
+      f'round {r} {key[0]:12s} {key[1]:8s} {tokens / other.seconds:12.0f} tokens/s  '
+      f'({harness.load_str(other)})')
   for kind in ('forward', 'backward'):
     med = {name: statistics.median(seconds[name, k]) for name, k in calls if k == kind}
     base = med['dense MLP']

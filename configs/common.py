@@ -107,6 +107,10 @@ def get_config(arg=None):
   # The trunk's attention (jtc.models.attention): auto | dense | blockwise | splash; 'auto' picks
   # for the devices that run it (CPU: dense; TPU, GPU: blockwise, no [L, L] scores).
   c.policy.attention = 'auto'
+  # A mixture of experts on mesh.expert > 1 devices (jtc.models.moe_dispatch): 'replicated' (the
+  # tokens stay whole along the expert axis) | 'all_to_all' (split over it and sent to their
+  # experts' devices with an all-to-all, expert parallelism's token exchange).
+  c.policy.moe_dispatch = 'replicated'
   # A ModelConfig preset (e.g. 'qwen3_8b') `python -m jtc.plan` plans with when no checkpoint
   # is given: the architecture without the weights.
   c.policy.preset = ''
@@ -190,12 +194,13 @@ def get_config(arg=None):
   # (prompt, sample) pair when its row ends: no step waits on the longest answer).
   c.rollout.scheduler = 'static'
   # The continuous scheduler's slots (None: as many as half the devices' free memory holds, at
-  # most the rows of a sampler call; fewer slots than rows is where it gains).
+  # most the rows of a sampler call; fewer slots than rows is where it gains; jtc plan prints
+  # the count, jtc.rl.decoding).
   c.rollout.decode_slots = ml_collections.config_dict.placeholder(int)
   # The weights' layout while decoding (jtc.rl.sharding.decode_layout): tensor (resharded once per
   # sampler call, whole over the data/fsdp axes: no per-step gathers) | fsdp (the training layout,
   # gathered at every decode step) | auto (tensor where a chip's share fits a quarter of its
-  # free memory).
+  # free memory; jtc plan prints which and why).
   c.rollout.decode_layout = 'auto'
   # Partial rollouts (jtc.rl.partial; 0 = off): sampler calls stop after this many decode steps;
   # a step trains on the first prompts_per_step complete groups and carries the unfinished rows

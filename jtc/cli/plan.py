@@ -138,7 +138,7 @@ def run(argv):
     if result.failure:  # the refusal, not a table of the stages it did not reach
       sys.exit(table.refusal(result))
     print(table.format_table(result))
-    for line in lengths_lib.plan_lines(c, result, lengths) if lengths else ():
+    for line in lengths_lib.plan_lines(result, lengths) if lengths else ():
       print(line)
     if result.verdict():
       sys.exit(result.verdict())

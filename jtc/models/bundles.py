@@ -68,6 +68,8 @@ def save_policy_bundle(path, *, model_config, params, tokenizer_spec, meta=None)
 def read_model_config(path):
   """The `ModelConfig` stored in ``path`` (a bundle's or a ledger's model.json)."""
   fields = files.read_json(path, expected='a ModelConfig')
+  # How the writer's mesh ran the experts is not the policy's: read back, they run anywhere.
+  fields.pop('moe_dispatch', None)
   try:
     return model_lib.ModelConfig(**fields)
   except TypeError as e:  # an unknown or missing field

@@ -14,12 +14,12 @@ unrolled loop (faster on XLA:CPU).
 In a hybrid (`jtc.models.layer_types`) Y counts the full-attention layers only; each
 linear-attention layer keeps, per row, its `gated_deltanet.LinearState` (constant size: no
 KV cache), computed once per prompt by `prefill` and copied to the prompt's rows
-(`prompt_states_to_rows`), then advanced one token per decode step by the recurrent form.
+(`prompt_states_to_rows`; a slot's again by `start_rows`), then advanced one token per decode
+step by the recurrent form.
 
 Dimension key (docs/dimensions.md): B prompts, G samples per prompt, R the cache's rows (B * G
 samples, or decode slots), P prompt length, T completion slots, Y layers, N heads, K kv heads,
-Q = N / K, J = G * Q queries of a prompt per kv head, H head dim, C cache block, D model dim,
-V vocab.
+Q = N / K, J = G * Q queries of a prompt per kv head, H head dim, C cache block, D model, V vocab.
 """
 
 import dataclasses
@@ -43,8 +43,6 @@ from jtc.models.model_config import ModelConfig
 class GroupCache:
   """The sampler's cache: one prompt block per prompt, one completion block per sample.
 
-  Rows b*G .. b*G + G - 1 are the G samples of prompt b; they all read prompt b's block.
-
   Attributes:
     prompt_k_YBKPH, prompt_v_YBKPH: keys/values of the (left-padded) prompts.
     prompt_mask_BP: [B, P] bool, True on real prompt tokens.
@@ -56,7 +54,10 @@ class GroupCache:
     prompt_R: None (shared length), or [R] int32, the prompt each row reads (per-row lengths).
     linear: None, or (a hybrid) the linear-attention layers' `gated_deltanet.LinearState`
       with leading axes [Y_linear, R]: each row's own recurrent and convolution state.
-  After `split_cache` the four key / value fields (and `linear`) are tuples of per-layer values.
+    prompt_linear: None, or (a hybrid's per-row cache) each prompt's final `LinearState`
+      [Y_linear, B, ...], which a row restarted on prompt b starts from (`start_rows`).
+  After `split_cache` the four key / value fields (and the linear states) are tuples of
+  per-layer values.
   """
   prompt_k_YBKPH: jax.Array
   prompt_v_YBKPH: jax.Array
@@ -66,10 +67,7 @@ class GroupCache:
   length: jax.Array
   linear: Any = None
   prompt_R: jax.Array | None = None
-
-  @property
-  def group_size(self) -> int:
-    return self.k_YRKHT.shape[1] // self.prompt_k_YBKPH.shape[1]
+  prompt_linear: Any = None
 
   @property
   def per_row(self) -> bool:
@@ -91,14 +89,13 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
     row_sharding: None, or the prompts' activations and the cache constrained to it
       (`model_lib.constrain_rows`; the cache's R rows split even when the B prompts cannot).
     slots: None (R = B * G rows sharing one length), or R = ``slots`` rows with their own
-      lengths and prompts, all empty (length 0, prompt 0) until `start_rows` starts them
-      (attention-only models: a linear-attention layer's per-row state is not restarted yet).
+      lengths and prompts, all empty (length 0, prompt 0) until `start_rows` starts them (a
+      hybrid's cache then also keeps each prompt's final linear states, `prompt_linear`).
     return_routing: also return the experts each prompt token was routed to in each layer,
       int [B, P, Y, W] (a mixture-of-experts model; None for a dense one).
 
   Returns:
-    (logits_BV float32 of the token after each prompt, an empty-completion `GroupCache`
-    (, experts_BPYW)).
+    (logits_BV float32 of the token after each prompt, an empty `GroupCache`(, experts_BPYW)).
   """
   chex.assert_rank([prompt_tokens_BP, prompt_mask_BP], 2)
   chex.assert_equal_shape([prompt_tokens_BP, prompt_mask_BP])
@@ -113,47 +110,50 @@ def prefill(params, config: ModelConfig, prompt_tokens_BP, prompt_mask_BP, *, nu
                                           sin_BLH, cos_BLH, prompt_mask_BP, return_kv=True)
   Y, K, H = layer_types.stack_sizes(c).get('attn', 0), c.n_kv_heads, c.head_dim
   R = B * num_samples if slots is None else slots
-  empty_YBKPH = jnp.zeros((Y, B, K, P, H), c.jnp_dtype)
-  k_YBKPH, v_YBKPH = states.get('attn', (empty_YBKPH, empty_YBKPH))
-  linear = states.get('linear_attn')
-  if linear is not None and slots is not None:
-    raise ValueError('decode.prefill: slots (the continuous scheduler) with linear-attention '
-                     'layers is not supported yet; use the static scheduler')
-  if linear is not None:  # each prompt's final state, copied to its G rows
-    linear = prompt_states_to_rows(linear, jnp.arange(R) // num_samples)
+  zeros = lambda *shape: jnp.zeros(shape, c.jnp_dtype)
+  k_YBKPH, v_YBKPH = states.get('attn', (zeros(Y, B, K, P, H),) * 2)
+  per_row = None if slots is None else jnp.zeros((R,), jnp.int32)
+  prompt_linear = linear = states.get('linear_attn')
+  if linear is not None:  # each prompt's final state, copied to its G rows (slots: prompt 0's)
+    linear = prompt_states_to_rows(linear,
+                                   jnp.arange(R) // num_samples if slots is None else per_row)
   # Prompts are left-padded, so the last column predicts the first new token; only its
   # logits are computed (never [B, P, V]).
   logits_BV = model_lib.logits(params, c, model_lib.final_norm(params, x_BPD[:, -1:], c))[:, 0]
-  per_row = None if slots is None else jnp.zeros((R,), jnp.int32)
   cache = GroupCache(prompt_k_YBKPH=k_YBKPH.astype(c.jnp_dtype),
                      prompt_v_YBKPH=v_YBKPH.astype(c.jnp_dtype),
-                     prompt_mask_BP=prompt_mask_BP.astype(bool), k_YRKHT=jnp.zeros(
-                         (Y, R, K, H, T_pad), c.jnp_dtype), v_YRKTH=jnp.zeros(
-                             (Y, R, K, T_pad, H), c.jnp_dtype), length=jnp.zeros(
-                                 (), jnp.int32) if slots is None else per_row, linear=linear,
-                     prompt_R=per_row)
+                     prompt_mask_BP=prompt_mask_BP.astype(bool), k_YRKHT=zeros(Y, R, K, H, T_pad),
+                     v_YRKTH=zeros(Y, R, K, T_pad, H), length=jnp.zeros(
+                         (), jnp.int32) if slots is None else per_row, linear=linear,
+                     prompt_R=per_row, prompt_linear=None if slots is None else prompt_linear)
   cache = model_lib.constrain_rows(cache, row_sharding)
   if return_routing:
     return logits_BV, cache, None if routed is None else routed.experts_BLW.transpose(1, 2, 0, 3)
   return logits_BV, cache
 
 
-def prompt_states_to_rows(linear, prompt_of_R):
+def prompt_states_to_rows(linear, prompt_of_R, axis: int = 1):
   """Linear-attention states [Y_linear, B, ...] of B prompts -> [Y_linear, R, ...]: row r gets
   prompt ``prompt_of_R[r]``'s state (a copy; the rows then advance independently). The
-  sampler's groups use prompt_of_R = r // G."""
-  return jax.tree.map(lambda x: jnp.take(x, prompt_of_R, axis=1), linear)
+  sampler's groups use prompt_of_R = r // G. ``axis`` 0: per-layer states (`split_cache`)."""
+  return jax.tree.map(lambda x: jnp.take(x, prompt_of_R, axis=axis), linear)
 
 
 def start_rows(cache: GroupCache, start_R, prompt_R) -> GroupCache:
   """The rows where ``start_R`` ([R] bool) begin a new completion of prompt ``prompt_R``
-  ([R] int): no completion slot of theirs is live any more. Per-row caches only (`prefill` with
-  ``slots``); every per-row field a layer type adds is reset here."""
+  ([R] int): no completion slot of theirs is live, their linear states (a hybrid) are the
+  prompt's final ones. Per-row caches only (`prefill` with ``slots``); every per-row field a
+  layer type adds is reset here."""
   if not cache.per_row:
     raise ValueError('start_rows: a cache with one shared length (prefill without slots) '
                      'cannot start single rows')
-  return cache.replace(length=jnp.where(start_R, 0, cache.length),
-                       prompt_R=jnp.where(start_R, prompt_R, cache.prompt_R).astype(jnp.int32))
+  prompt_R = jnp.where(start_R, prompt_R, cache.prompt_R).astype(jnp.int32)
+  linear = cache.linear
+  if linear is not None:
+    axis = 0 if isinstance(linear, (tuple, list)) else 1  # per-layer or stacked [Y, R, ...]
+    pick = lambda new, old: jnp.where(start_R.reshape(-1, *[1] * (old.ndim - axis - 1)), new, old)
+    linear = jax.tree.map(pick, prompt_states_to_rows(cache.prompt_linear, prompt_R, axis), linear)
+  return cache.replace(length=jnp.where(start_R, 0, cache.length), prompt_R=prompt_R, linear=linear)
 
 
 def _online_update(state, scores_RKQC, v_RKCH):
@@ -251,12 +251,12 @@ def split_cache(cache: GroupCache) -> GroupCache:
   of per-layer values (the layout `decode_step` uses with `split_layers` params: each layer
   writes and reads its own buffers)."""
   split = lambda x: tuple(x[i] for i in range(x.shape[0]))
-  linear = cache.linear
-  if linear is not None:
-    linear = layer_types.split_stacks({'linear_attn': linear})['linear_attn']
+  per_layer = lambda s: None if s is None else layer_types.split_stacks({'linear_attn': s})[
+      'linear_attn']
   return cache.replace(prompt_k_YBKPH=split(cache.prompt_k_YBKPH),
                        prompt_v_YBKPH=split(cache.prompt_v_YBKPH), k_YRKHT=split(cache.k_YRKHT),
-                       v_YRKTH=split(cache.v_YRKTH), linear=linear)
+                       v_YRKTH=split(cache.v_YRKTH), linear=per_layer(cache.linear),
+                       prompt_linear=per_layer(cache.prompt_linear))
 
 
 def _write(buf, new_RKH, length, time_axis, lead):

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from jtc.models import decode
+from jtc.models import gated_deltanet
+from jtc.models import layer_types
 from jtc.models.model_config import ModelConfig
 
 SCHEDULERS = ('static', 'continuous')
@@ -33,12 +35,17 @@ SLOT_MEMORY_FRACTION = 0.5  # of the devices' free memory the continuous schedul
 
 
 def row_bytes(config: ModelConfig, max_new_tokens: int, block_size: int) -> int:
-  """Bytes a decode row (a slot) holds: its completion keys and values in every layer (T rounded
-  up to whole blocks) and three float32 [V] rows (its logits, the noise and filtered logits)."""
+  """Bytes a decode row (a slot) holds: its completion keys and values in every full-attention
+  layer (T rounded up to whole blocks), a hybrid's linear-attention states (the convolutions'
+  last W - 1 inputs, the float32 delta-rule state) and three float32 [V] rows (its logits, the
+  noise and filtered logits)."""
   c = config
+  stacks, size = layer_types.stack_sizes(c), jnp.dtype(c.jnp_dtype).itemsize
   T_pad = -(-max_new_tokens // block_size) * block_size
-  kv = c.n_layers * 2 * c.n_kv_heads * c.head_dim * T_pad * jnp.dtype(c.jnp_dtype).itemsize
-  return int(kv + 3 * 4 * c.vocab_size)
+  kv = stacks.get('attn', 0) * 2 * c.n_kv_heads * c.head_dim * T_pad * size
+  K, H, N, Hv, W = gated_deltanet.dims(c)
+  linear = stacks.get('linear_attn', 0) * ((W - 1) * (2 * K * H + N * Hv) * size + N * H * Hv * 4)
+  return int(kv + linear + 3 * 4 * c.vocab_size)
 
 
 def free_device_bytes() -> int | None:
@@ -54,23 +61,27 @@ def free_device_bytes() -> int | None:
 
 
 def default_slots(config: ModelConfig, rows: int, max_new_tokens: int, block_size: int,
-                  free_bytes: int | None) -> int:
-  """The continuous scheduler's slot count when none is given: the rows whose `row_bytes` fit
-  in `SLOT_MEMORY_FRACTION` of ``free_bytes`` (all ``rows`` where it is None), at least 1."""
+                  free_bytes: int | None, members: int = 1) -> int:
+  """The continuous scheduler's slot count when none is given (config.rollout.decode_slots
+  None): the rows whose `row_bytes` fit in `SLOT_MEMORY_FRACTION` of ``free_bytes`` (the
+  devices' free memory, summed; all ``rows`` where it is None), shared by ``members`` policies
+  decoding side by side (a population), at least 1 and at most ``rows``. The one rule the
+  sampler (`resolve_slots`) and `jtc plan` (`jtc.rl.decoding`) apply."""
   if free_bytes is None:
     return rows
-  fit = int(SLOT_MEMORY_FRACTION * free_bytes) // row_bytes(config, max_new_tokens, block_size)
+  fit = int(SLOT_MEMORY_FRACTION *
+            max(free_bytes, 0)) // (members * row_bytes(config, max_new_tokens, block_size))
   return max(1, min(rows, fit))
 
 
 @functools.lru_cache(maxsize=None)
-def _memory_slots(config, rows, max_new_tokens, block_size):
+def _memory_slots(config, rows, max_new_tokens, block_size, members):
   """`default_slots` from the free memory at the first call of this shape, then kept (a slot
   count that followed every change of free memory would recompile the sampler)."""
-  return default_slots(config, rows, max_new_tokens, block_size, free_device_bytes())
+  return default_slots(config, rows, max_new_tokens, block_size, free_device_bytes(), members)
 
 
-def resolve_slots(scheduler, slots, rows, config, max_new_tokens, block_size):
+def resolve_slots(scheduler, slots, rows, config, max_new_tokens, block_size, members=1):
   """None under 'static'; the given or the memory-derived slot count under 'continuous'."""
   if scheduler != 'continuous':
     return None
@@ -78,7 +89,7 @@ def resolve_slots(scheduler, slots, rows, config, max_new_tokens, block_size):
     return int(slots)
   if rows is None:
     raise ValueError("sample: scheduler='continuous' needs slots (or the prompt count)")
-  return _memory_slots(config, rows, max_new_tokens, block_size)
+  return _memory_slots(config, rows, max_new_tokens, block_size, members)
 
 
 def token_keys(rng, t_R, row_R):

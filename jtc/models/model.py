@@ -56,6 +56,7 @@ Dimension key (docs/dimensions.md):
   C vocab chunk / cache block, n number of chunks.
 """
 
+import contextlib
 import functools
 import math
 from typing import Any
@@ -217,6 +218,15 @@ def constrain_rows(x, row_sharding):
   return x if row_sharding is None else jax.lax.with_sharding_constraint(x, row_sharding(x))
 
 
+def rows_mesh(row_sharding):
+  """The rows' mesh as the abstract mesh in context while tracing the trunk (a mixture of
+  experts sorts each shard's rows by it, `moe.rows_local`), unless one is set already or there
+  is no ``row_sharding``."""
+  if row_sharding is None or not jax.sharding.get_abstract_mesh().empty:
+    return contextlib.nullcontext()
+  return jax.sharding.use_abstract_mesh(row_sharding.mesh.abstract_mesh)
+
+
 def hidden_states(params, config: ModelConfig, tokens_BL, positions_BL, mask_BL,
                   cache: KVCache | None = None, *, row_sharding=None, replay_YBLW=None):
   """The trunk only: (final-normed hidden [B, L, D], cache or None, `moe.Routed` of the layers or
@@ -226,12 +236,13 @@ def hidden_states(params, config: ModelConfig, tokens_BL, positions_BL, mask_BL,
   chex.assert_equal_shape([tokens_BL, positions_BL, mask_BL])
   sin_BLH, cos_BLH = layers.rope_sin_cos(positions_BL, config)
   x_BLD = constrain_rows(embed_tokens(params, tokens_BL, config), row_sharding)
-  if cache is None:
-    x_BLD, _, routed = trunk(params, config, x_BLD, sin_BLH, cos_BLH, mask_BL,
-                             replay_YBLW=replay_YBLW)
-  else:
-    x_BLD, cache, routed = _trunk_with_cache(params, config, x_BLD, sin_BLH, cos_BLH, mask_BL,
-                                             cache)
+  with rows_mesh(row_sharding):
+    if cache is None:
+      x_BLD, _, routed = trunk(params, config, x_BLD, sin_BLH, cos_BLH, mask_BL,
+                               replay_YBLW=replay_YBLW)
+    else:
+      x_BLD, cache, routed = _trunk_with_cache(params, config, x_BLD, sin_BLH, cos_BLH, mask_BL,
+                                               cache)
   return final_norm(params, x_BLD, config), cache, routed
 
 

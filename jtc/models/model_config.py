@@ -22,6 +22,9 @@ FFN_TYPES = ('mlp', 'moe')
 # How a mixture-of-experts layer computes its experts (`jtc.models.moe.MOE_IMPLS`): all exact
 # and dropless (every token reaches its experts), different in FLOPs and speed.
 MOE_IMPLS = ('ragged', 'dense', 'blocks')
+# How a mixture-of-experts layer meets a mesh's 'expert' axis (`jtc.models.moe_dispatch`): the
+# tokens replicated along it, or split over it and exchanged with an all-to-all.
+MOE_DISPATCHES = ('replicated', 'all_to_all')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +98,7 @@ class ModelConfig:
   norm_topk_prob: bool = True
   d_shared_expert: int = 0
   moe_impl: str = 'ragged'
+  moe_dispatch: str = 'replicated'
 
   def __post_init__(self):
     for name in ('layer_types', 'ffn_types'):  # a list from JSON or a config file: a tuple
@@ -167,6 +171,9 @@ class ModelConfig:
         raise ValueError(f'ModelConfig.{name} must be an int >= 0, got {value!r}')
     if self.moe_impl not in MOE_IMPLS:
       raise ValueError(f'ModelConfig.moe_impl={self.moe_impl!r} is not one of {list(MOE_IMPLS)}')
+    if self.moe_dispatch not in MOE_DISPATCHES:
+      raise ValueError(f'ModelConfig.moe_dispatch={self.moe_dispatch!r} is not one of '
+                       f'{list(MOE_DISPATCHES)}')
     if not self.n_experts:
       return
     if not 1 <= self.experts_per_token <= self.n_experts:

@@ -36,6 +36,7 @@ Dimension key (docs/dimensions.md): B batch, L tokens, U = B * L tokens flattene
 F an expert's MLP dim, X experts, W experts per token, Y layers.
 """
 
+import functools
 import math
 
 import chex
@@ -43,6 +44,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from jtc.models import moe_dispatch
 from jtc.models.model_config import ModelConfig
 
 # Logical axes of the MoE parameters (`jtc.models.model.param_logical_axes`, by the last two
@@ -207,6 +209,63 @@ def _experts_blocks(p, x_UD, experts_UW, weights_UW, dtype, block: int = 64):
 
 MOE_IMPLS = {'ragged': _experts_ragged, 'dense': _experts_dense, 'blocks': _experts_blocks}
 
+# The mesh axes the rows of a batch split over (`jtc.rl.sharding`: 'data' and 'fsdp').
+ROW_AXES = ('data', 'fsdp')
+
+# The model axis D of each expert weight ([X, D, F] and [X, F, D]), split over 'fsdp' ('embed').
+EXPERT_D_AXIS = {'expert_gate': 1, 'expert_up': 1, 'expert_down': 2}
+
+
+def _experts_BLD(experts_fn, p, x_BLD, experts_BLW, weights_BLW, dtype, gather=()):
+  """``experts_fn`` over the B x L tokens flattened: y [B, L, D]; ``gather``: the weights whose
+  model axis is split over 'fsdp' here, all-gathered first (inside `rows_local`)."""
+  B, L, D = x_BLD.shape
+  W = experts_BLW.shape[-1]
+  gathered = lambda k: jax.lax.all_gather(p[k]['kernel'], 'fsdp', axis=EXPERT_D_AXIS[k], tiled=True)
+  p = {**p, **{k: {'kernel': gathered(k)} for k in gather}}
+  y_UD = experts_fn(p, x_BLD.reshape(B * L, D), experts_BLW.reshape(B * L, W),
+                    weights_BLW.reshape(B * L, W), dtype)
+  return y_UD.reshape(B, L, D)
+
+
+def rows_local(experts_fn, p, x_BLD, experts_BLW, weights_BLW, dtype):
+  """``experts_fn`` (one of `MOE_IMPLS`) on the rows of each shard of the batch, y [B, L, D].
+
+  The sorted forms order the (token, expert) pairs by expert with one `argsort` over the pair
+  axis; with the rows split over the mesh's batch axes (`ROW_AXES`), XLA cannot split a sort
+  along the axis it sorts, so it gathers every chip's pairs and each chip sorts, gathers and
+  runs the pairs of the whole batch (measured for Qwen3-30B-A3B's experts on TPU: per-chip
+  temporaries grow with the global token count, docs/scaling.md). Under an abstract mesh in
+  context (`jtc.models.model.hidden_states` sets the rows' mesh) whose batch axes split B,
+  each shard sorts and runs its own rows (`jax.shard_map`, manual over those axes only, the
+  other axes left to XLA): the experts' weights enter split over 'fsdp' along D as they are
+  stored and are all-gathered inside (FSDP: their gradient leaves reduce-scattered), the same
+  pairs and the same per-pair arithmetic, so the same values. Any other ``experts_fn``
+  ('dense': no sort), no mesh, a population's mesh or a B the shards do not divide: one call
+  over all rows."""
+  mesh = jax.sharding.get_abstract_mesh()
+  axes = () if mesh.empty else tuple(a for a in ROW_AXES if mesh.shape.get(a, 1) > 1)
+  shards = math.prod(mesh.shape[a] for a in axes) if axes else 1
+  if (experts_fn not in (_experts_ragged, _experts_blocks) or shards == 1 or
+      x_BLD.shape[0] % shards or mesh.shape.get('population', 1) > 1):
+    return _experts_BLD(experts_fn, p, x_BLD, experts_BLW, weights_BLW, dtype)
+  P = jax.sharding.PartitionSpec
+  experts_p = {k: p[k] for k in EXPERT_D_AXIS}
+  gather = tuple(k for k, a in EXPERT_D_AXIS.items()
+                 if 'fsdp' in axes and experts_p[k]['kernel'].shape[a] % mesh.shape['fsdp'] == 0)
+  specs = {
+      k: {
+          'kernel': P(*[None] * a, 'fsdp') if k in gather else P()
+      } for k, a in EXPERT_D_AXIS.items()
+  }
+  rows = P(axes)
+  local = functools.partial(_experts_BLD, experts_fn, dtype=dtype, gather=gather)
+  # check_vma off: the blocks form's searchsorted has no rule for varying axes; the weights'
+  # gradient is still summed over the shards (tested).
+  return jax.shard_map(local, mesh=mesh, in_specs=(specs, rows, rows, rows), out_specs=rows,
+                       axis_names=frozenset(axes), check_vma=False)(experts_p, x_BLD, experts_BLW,
+                                                                    weights_BLW)
+
 
 def feed_forward(p, x_BLD, config: ModelConfig, *, mask_BL=None, replay_BLW=None):
   """The MoE block on normed inputs x [B, L, D]: (y_BLD in the compute dtype, `Routed`).
@@ -221,10 +280,10 @@ def feed_forward(p, x_BLD, config: ModelConfig, *, mask_BL=None, replay_BLW=None
                                                        experts_per_token=c.experts_per_token,
                                                        norm_topk_prob=c.norm_topk_prob,
                                                        replay_BLW=replay_BLW)
-  W = c.experts_per_token
-  y_UD = MOE_IMPLS[c.moe_impl](p, x_BLD.reshape(B * L, D), experts_BLW.reshape(B * L, W),
-                               weights_BLW.reshape(B * L, W), dt)
-  y_BLD = y_UD.reshape(B, L, D)
+  experts_fn = MOE_IMPLS[c.moe_impl]
+  if c.moe_dispatch == 'all_to_all':  # expert parallelism: the tokens sent to their experts
+    experts_fn = functools.partial(moe_dispatch.exchange, experts_fn)
+  y_BLD = rows_local(experts_fn, p, x_BLD, experts_BLW, weights_BLW, dt)
   if 'shared' in p:
     s = p['shared']
     shared_UD = _swiglu(x_BLD.reshape(B * L, D), s['gate']['kernel'], s['up']['kernel'],

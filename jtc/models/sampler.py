@@ -285,7 +285,7 @@ def sample_members(params, config: model_lib.ModelConfig, prompt_tokens_EBP, pro
   static = _static_args(config, prompt_tokens_EBP.shape[-1],
                         temperature=1.0 if per_member else temperature,
                         num_prompts=prompt_tokens_EBP.shape[1], budgets=budget_EB is not None,
-                        **kwargs)
+                        members=prompt_tokens_EBP.shape[0], **kwargs)
   budget = () if budget_EB is None else (budget_EB,)  # no trailing None: `program`'s
   return _sample_members_jit(params, prompt_tokens_EBP, prompt_mask_EBP, rng,
                              jnp.asarray(temperature, jnp.float32) if per_member else None, *budget,
@@ -296,9 +296,9 @@ def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temp
                  top_k=0, top_p=1.0, min_p=0.0, greedy=False, block_size=None, layer_loop='auto',
                  row_sharding=None, scheduler='static', slots=None, decode_layout=None,
                  max_decode_steps=None, budgets=False, num_prompts=None, platform=None,
-                 return_routing=False):
+                 return_routing=False, members=1):
   """The sampler's static arguments, checked (a ValueError naming the bad one) and resolved.
-  ``num_prompts`` (B) resolves the continuous scheduler's default ``slots``."""
+  ``num_prompts`` (B) and ``members`` (E) resolve the continuous scheduler's default ``slots``."""
   V = config.vocab_size
   R = None if num_prompts is None else num_prompts * num_samples
   eos_ids = tuple(int(e) for e in (eos_id if isinstance(eos_id, (tuple, list)) else [eos_id]))
@@ -336,13 +336,14 @@ def _static_args(config, P, *, num_samples, max_new_tokens, eos_id, pad_id, temp
     if not ok:
       raise ValueError(f'sample: {name}={value!r} is invalid; must be {valid}')
   block = resolve_block_size(block_size, max_new_tokens, platform)
-  return dict(config=config, num_samples=num_samples, max_new_tokens=max_new_tokens,
-              eos_ids=eos_ids, pad_id=int(pad_id), temperature=float(temperature), top_k=int(top_k),
-              top_p=float(top_p), min_p=float(min_p), greedy=bool(greedy), block_size=block,
-              layer_loop=resolve_layer_loop(layer_loop, platform), row_sharding=row_sharding,
-              scheduler=scheduler, decode_layout=decode_layout, max_decode_steps=max_decode_steps,
-              slots=decode_loop.resolve_slots(scheduler, slots, R, config, max_new_tokens,
-                                              block), return_routing=bool(return_routing))
+  return dict(
+      config=config, num_samples=num_samples, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+      pad_id=int(pad_id), temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
+      min_p=float(min_p), greedy=bool(greedy), block_size=block,
+      layer_loop=resolve_layer_loop(layer_loop, platform), row_sharding=row_sharding,
+      scheduler=scheduler, decode_layout=decode_layout, max_decode_steps=max_decode_steps,
+      slots=decode_loop.resolve_slots(scheduler, slots, R, config, max_new_tokens, block,
+                                      members), return_routing=bool(return_routing))
 
 
 def _sample_members_impl(params, prompt_tokens_EBP, prompt_mask_EBP, rng_E, temperature_E,

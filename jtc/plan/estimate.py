@@ -106,12 +106,27 @@ def _rows(rows, sizes):
 def _layer_bytes(m, rows, L, t):
   """One layer's forward working set on ``rows`` sequences of L tokens (compute dtype d): the
   input and normed residual (d, f32), q and the float32 attention output of N/t heads, k and v
-  of K/t heads, gate, up and their product over F/t."""
+  of K/t heads, and the feed-forward's (`_ffn_bytes_per_token`)."""
   d = np.dtype(m.jnp_dtype).itemsize
   heads, kv = m.n_heads // _div(m.n_heads, t), m.n_kv_heads // _div(m.n_kv_heads, t)
   per_token = (m.d_model * (2 * d + 4) + heads * m.head_dim * (d + 4) + 2 * kv * m.head_dim * d +
-               3 * (m.d_ff // _div(m.d_ff, t)) * d)
+               _ffn_bytes_per_token(m, t))
   return rows * L * per_token
+
+
+def _ffn_bytes_per_token(m, t):
+  """A token's feed-forward working set: a dense MLP's gate, up and their product over F/t; a
+  mixture of experts' (`jtc.models.moe`, each chip sorting its own rows' pairs) float32 router
+  logits and probabilities over X experts, and for each of its W (token, expert) pairs the
+  token's D-vector sorted by expert, the expert's gate, up and product over F/t, its output
+  sorted and back in token order; plus a shared expert's gate, up and product over Fs/t."""
+  d = np.dtype(m.jnp_dtype).itemsize
+  width = lambda F: 3 * (F // _div(F, t)) * d
+  if not m.n_experts:
+    return width(m.d_ff)
+  W = m.experts_per_token
+  return (2 * m.n_experts * 4 + W * (3 * m.d_model * d + width(m.d_expert)) +
+          (width(m.d_shared_expert) if m.d_shared_expert else 0))
 
 
 def _div(n, t):

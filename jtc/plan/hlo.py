@@ -12,7 +12,8 @@ constant (the sampler's stop-at-EOS loop, a decode step's live blocks) takes ``u
   * FLOPs: 2 x output elements x contracted size of every dot / convolution (matmuls; the
     elementwise work is not counted), per chip.
   * Collective bytes: the output bytes of all-gather, reduce-scatter, all-reduce and
-    all-to-all (and their -start forms), once per collective channel.
+    all-to-all (and their -start forms; every peer's buffer of a tuple-shaped all-to-all), once
+    per collective channel.
 """
 
 import collections
@@ -205,7 +206,11 @@ def program_costs(text, unknown_trips=(), trip_counts=True):
       if base in COLLECTIVES:
         channel = re.search(r'channel_id=(\d+)', ins.rest)
         key = channel.group(1) if channel else (name, ins.name)
+        if base == 'all-to-all':  # XLA:CPU gives a shard_map's all-to-alls one channel
+          key = (name, ins.name)
         out = _arrays(ins.shape)
+        if base == 'all-to-all':  # a tuple of one buffer per peer (`jtc.models.moe_dispatch`)
+          out = [(dtype, (sum(math.prod(d) for _, d in out),)) for dtype, _ in out[:1]]
         nbytes = (DTYPE_BYTES[out[-1][0]] * math.prod(out[-1][1])) if out else 0
         if key not in seen_channels:
           seen_channels[key] = True

@@ -127,12 +127,13 @@ def estimate_lines(lengths: Lengths, *, rows: int, slots: int | None, seconds_pe
   return lines
 
 
-def plan_lines(c, result, lengths: Lengths) -> list:
-  """`estimate_lines` for config ``c``'s plan ``result`` (its compiled 'sample' stage)."""
+def plan_lines(result, lengths: Lengths) -> list:
+  """`estimate_lines` for plan ``result`` (its compiled 'sample' stage), the
+  continuous scheduler at the slot count the plan resolved (`Plan.decoding`: the configured
+  or memory-derived one, as the trainer's sampler takes it)."""
   row = next((r for r in result.rows if r.stage == 'sample'), None)
   if row is None:
     return ['sampler, length-aware: no sample stage compiled (--stages)']
-  rows = (c.rollout.chunk_prompts or c.rollout.prompts_per_step) * c.rollout.sampling.num_samples
-  return estimate_lines(lengths, rows=rows, slots=c.rollout.get('decode_slots',
-                                                                None), seconds_per_call=row.seconds,
-                        calls=row.calls, compiled=c.rollout.get('scheduler', 'static'))
+  d = result.decoding
+  return estimate_lines(lengths, rows=d.rows, slots=d.slots, seconds_per_call=row.seconds,
+                        calls=row.calls, compiled=d.scheduler)

@@ -10,13 +10,16 @@ import dataclasses
 import json
 import os
 import time
+from typing import Any
 
 import jax
 
+from jtc.models import moe_dispatch
 from jtc.models.model_config import ModelConfig
 from jtc.plan import hardware
 from jtc.plan import hlo
 from jtc.rl import checkpoints
+from jtc.rl import decoding as decoding_lib
 from jtc.rl import preflight
 from jtc.rl import sharding as sharding_lib
 from jtc.rl import step as step_lib
@@ -61,6 +64,7 @@ class Plan:
   refused_stage: str = ''  # the stage the compiler refused
   compile_s: float = 0.0  # every compile of this plan, a refused one included
   stages: tuple = ()  # the names of every stage of the step, compiled or not
+  decoding: Any = None  # the sample stage's `jtc.rl.decoding.Decoding` (slots, layout), if any
 
   @property
   def complete(self):
@@ -222,15 +226,21 @@ def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=Non
   if step.frozen is not None:
     resident = {'frozen base': parts['base'], **resident}
   resident.update({'reference': parts['reference'], 'lagged params': parts['lagged']})
-  stages = step.stages(platform)
+  # The sampler's slots and layout follow the memory its first call finds: the chips' less the
+  # resident state.
+  stages = step.stages(
+      platform, free_bytes=decoding_lib.planned_free_bytes(chip.hbm_bytes, step.resident(),
+                                                           len(devices)))
   result = Plan(target, chip, len(devices), dict(step.mesh.shape), [], resident, compiled_for,
-                stages=tuple(s.name for s in stages))
+                stages=tuple(s.name for s in stages), decoding=next(
+                    (s.decoding for s in stages if s.name == 'sample'), None))
   for stage in stages:
     if only and stage.name not in only:
       continue
     t0 = time.perf_counter()
     try:
-      lowered, compiled, seconds = stage.compile()
+      with moe_dispatch.mesh_context(step.mesh, step.model_config):  # an all-to-all's mesh
+        lowered, compiled, seconds = stage.compile()
     except jax.errors.JaxRuntimeError as e:
       result.compile_s += time.perf_counter() - t0
       if 'RESOURCE_EXHAUSTED' not in str(e):

@@ -55,7 +55,7 @@ def rows():
       for p in configs
       if os.path.basename(p) not in ('__init__.py', 'base.py')
   ]
-  big = [p for p in configs if any(k in p for k in ('32b', '14b', '30b'))]  # whole pods
+  big = [p for p in configs if any(k in p for k in ('32b', '14b', '30b', '80b'))]  # whole pods
   out = [(p, s, {}) for p in big for s in ('v5p-256', 'v5p-128')]
   out += [(p, s, {}) for p in big + [q for q in configs if q not in big] for s in SLICES]
   return out

@@ -1,7 +1,8 @@
 """`--suggest`: a setting of the mesh, micro-batches, sampler and scoring chunks and remat that
 fits, cheapest first.
 
-Every candidate (mesh data x fsdp x tensor over the chips, `optim.microbatch_prompts`,
+Every candidate (mesh data x fsdp x tensor over the chips, and for a mixture of experts planned
+with mesh.expert = 1 also mesh.expert with the all-to-all dispatch, `optim.microbatch_prompts`,
 `rollout.chunk_prompts`, `rollout.score_chunk_prompts`, `policy.remat`) that the config's
 divisibility rules allow gets the analytic `estimate.estimate` (no compile); those whose estimated
 peak fits the chip are compiled in order of estimated step time, and the first whose compiled
@@ -20,6 +21,8 @@ from jtc.rl import sharding as sharding_lib
 from jtc.rl import update as update_lib
 
 MESH_KEYS = ('mesh.data', 'mesh.fsdp', 'mesh.tensor')
+# A mixture of experts' expert axis, searched when the config has none (`_expert_axes`).
+EXPERT_KEYS = ('mesh.expert', 'policy.moe_dispatch')
 # The candidate keys each stage's program depends on besides the mesh (`stages.build`: the
 # sampler does not remat; DelTA's pass takes the whole step's rows and evaluation batches
 # eval.batch_prompts, neither of which is searched).
@@ -36,7 +39,17 @@ STAGE_KEYS = {
 
 def _stage_program(stage, overrides):
   """What decides ``stage``'s program in a candidate: (stage, its keys' values)."""
-  return stage, tuple(overrides[k] for k in MESH_KEYS + STAGE_KEYS[stage])
+  return stage, tuple(overrides.get(k) for k in MESH_KEYS + EXPERT_KEYS + STAGE_KEYS[stage])
+
+
+def _expert_axes(c, n_devices, model_config):
+  """The mesh.expert sizes tried: the config's, and for a mixture of experts planned without
+  one, each of 2, 4, 8, 16 that divides its experts and the chips (with the all-to-all dispatch,
+  `jtc.models.moe_dispatch`; tried after every setting without one, `candidates`)."""
+  own = c.mesh.get('expert', 1)
+  if own > 1 or model_config is None or not model_config.is_moe:
+    return [own]
+  return [1] + [e for e in (2, 4, 8, 16) if model_config.n_experts % e == 0 and n_devices % e == 0]
 
 
 def _divisors(n):
@@ -53,8 +66,13 @@ def candidates(c, n_devices, model_config, chip, fit_only=True):
   prompts = _divisors(c.rollout.prompts_per_step)
   work = apply(c, {})  # a copy each candidate is written into (cheaper than a copy each)
   out, memo = [], {}
-  for tensor, fsdp in itertools.product(tensors, _divisors(n_devices)):
-    fixed = {'population': c.mesh.population, 'expert': c.mesh.get('expert', 1)}  # not searched
+  experts = _expert_axes(c, n_devices, model_config)
+  for expert, tensor, fsdp in itertools.product(experts, tensors, _divisors(n_devices)):
+    fixed = {'population': c.mesh.population, 'expert': expert}  # the population not searched
+    searched = {} if len(experts) == 1 else {
+        'mesh.expert': expert,
+        'policy.moe_dispatch': 'all_to_all' if expert > 1 else c.policy.moe_dispatch
+    }
     data = n_devices // (tensor * fsdp * math.prod(fixed.values()))
     sizes = {**fixed, 'data': data, 'fsdp': fsdp, 'tensor': tensor}
     if data * fsdp * tensor * math.prod(fixed.values()) != n_devices:
@@ -74,7 +92,8 @@ def candidates(c, n_devices, model_config, chip, fit_only=True):
             'optim.microbatch_prompts': mb,
             'rollout.chunk_prompts': chunk,
             'rollout.score_chunk_prompts': score,
-            'policy.remat': remat
+            'policy.remat': remat,
+            **searched
         }
         set_in(work, overrides)
         step = step or estimate_lib.abstract_step(work, m, sizes)
@@ -82,8 +101,11 @@ def candidates(c, n_devices, model_config, chip, fit_only=True):
                                     key=lambda stage, o=overrides: _stage_program(stage, o))
         if est.peak <= chip.hbm_bytes or not fit_only:
           out.append((est, overrides))
-  # Ties (the same estimated time) go to the smaller estimated peak: the likelier to fit.
-  return sorted(out, key=lambda x: (x[0].seconds, x[0].peak))
+  # Ties (the same estimated time) go to the smaller estimated peak: the likelier to fit. An
+  # expert axis the config has not set comes after every other setting: the estimate does not
+  # model the all-to-all, whose worst-case buffers cost more than they save (docs/models.md).
+  searched = lambda o: o.get('mesh.expert', 1) > 1 and c.mesh.get('expert', 1) == 1
+  return sorted(out, key=lambda x: (searched(x[1]), x[0].seconds, x[0].peak))
 
 
 def apply(c, overrides):

@@ -54,6 +54,8 @@ def format_table(p) -> str:
   lines += [_row(r, p.capacity) for r in p.rows]
   res = ', '.join(f'{k} {_gib(v)} GiB' for k, v in p.resident.items())
   lines.append(f'resident per chip across stages: {res}')
+  if p.decoding is not None:
+    lines.append(p.decoding.describe())
   if p.complete:
     lines.append(f'RL step (estimate, roofline at published peaks: {p.chip.source}): '
                  f'{p.step_seconds:.4g} s per step, MFU {100 * p.mfu:.1f} % '

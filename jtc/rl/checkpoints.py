@@ -21,6 +21,7 @@ import orbax.checkpoint as ocp
 from jtc import files
 from jtc.models import bundles
 from jtc.models import tokenizer as tokenizer_lib
+from jtc.models.model_config import MOE_DISPATCHES
 
 
 def check_policy_config(policy):
@@ -35,6 +36,10 @@ def check_policy_config(policy):
       not os.path.isfile(os.path.join(bundles.resolve_policy_path(policy.init), 'model.json'))):
     raise ValueError(f'config.policy.init={policy.init!r} is neither a shipped policy '
                      f'({sorted(bundles.SHIPPED)}) nor a policy bundle directory (no model.json)')
+  dispatch = policy.get('moe_dispatch', 'replicated')
+  if dispatch not in MOE_DISPATCHES:
+    raise ValueError(f'config.policy.moe_dispatch={dispatch!r} is not one of '
+                     f'{list(MOE_DISPATCHES)}')
   for key in ('param_dtype', 'compute_dtype', 'ref_param_dtype'):
     if policy[key] not in ('', 'float32', 'bfloat16'):
       raise ValueError(f"config.policy.{key}={policy[key]!r} is not valid; valid: '' (the "
@@ -61,6 +66,7 @@ def policy_model_config(policy, model_config, platform):
       k: v for k, v in (('param_dtype', policy.param_dtype), ('dtype', policy.compute_dtype),
                         ('remat', policy.remat)) if v
   }
+  overrides['moe_dispatch'] = policy.get('moe_dispatch', 'replicated')  # `models.moe_dispatch`
   overrides['attention'] = attention.resolve(policy.get('attention', 'auto'), platform)
   return dataclasses.replace(model_config, **{**overrides, **dict(policy.overrides)})
 

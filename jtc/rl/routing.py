@@ -38,7 +38,9 @@ def check_config(c, model_config, population_size=1):
   expert_axis = c.mesh.get('expert', 1)
   if not model_config.is_moe:
     for key, value, off in (('rollout.routing_replay', replay, 'none'),
-                            ('loss.router_aux_coef', coef, 0.0), ('mesh.expert', expert_axis, 1)):
+                            ('loss.router_aux_coef', coef, 0.0), ('mesh.expert', expert_axis, 1),
+                            ('policy.moe_dispatch', c.policy.get('moe_dispatch',
+                                                                 'replicated'), 'replicated')):
       if value != off:
         raise ValueError(f'config.{key}={value!r} needs a mixture-of-experts policy; this one '
                          f'is dense (n_experts=0): set it to {off!r}')
@@ -51,6 +53,10 @@ def check_config(c, model_config, population_size=1):
     raise ValueError("a population of a mixture-of-experts policy with moe_impl='ragged': "
                      "jax.lax.ragged_dot's weight gradient has no batching rule under the "
                      "members' vmap; set config.policy.overrides.moe_impl to 'blocks' or 'dense'")
+  if population_size > 1 and model_config.moe_dispatch == 'all_to_all':
+    raise ValueError("a population of a mixture-of-experts policy with moe_dispatch='all_to_all': "
+                     "the token exchange does not run under the members' vmap; set "
+                     "config.policy.moe_dispatch to 'replicated'")
   if c.lora.rank:
     targets = {t.strip() for t in str(c.lora.targets).split(',')}
     if targets & {'gate', 'up', 'down'}:

@@ -7,9 +7,11 @@ Mesh axes:
   'fsdp'   data parallelism with parameters (and so optimiser state) sharded over 'embed';
   'tensor' Megatron-style model parallelism over heads, MLP hidden units and vocabulary;
   'expert' expert parallelism: a mixture-of-experts layer's experts split over it (`jtc.models.moe`;
-           the tokens are not, so the rest of the model runs replicated along it and each device
-           computes its experts for all of its tokens; the chosen experts' outputs are summed
-           over the axis, one non-zero term each, so the sum is exact), size 1 for a dense model.
+           the rest of the model runs replicated along it). With policy.moe_dispatch
+           'replicated' each device computes its experts for all of its tokens and the chosen
+           experts' outputs are summed over the axis (one non-zero term each, so the sum is
+           exact); with 'all_to_all' the layer's tokens split over it and go to their experts'
+           devices by an all-to-all (`jtc.models.moe_dispatch`). Size 1 for a dense model.
 
 The model names *logical* axes only (`jtc.models.model.param_logical_axes`, `model.CACHE_AXES`);
 `LOGICAL_AXIS_RULES` below maps them to mesh axes. A dimension whose size is not divisible by
@@ -168,9 +170,9 @@ def cache_shardings(cache, mesh: Mesh):
   kv = lambda x, axes=model_lib.CACHE_AXES: named_sharding(mesh, axes, x.shape)
   mask = lambda x: named_sharding(mesh, model_lib.CACHE_MASK_AXES, x.shape)
   # A hybrid's linear-attention states (`gated_deltanet.LinearState` [Y, B, ...]): rows over batch.
-  linear = None if cache.linear is None else jax.tree.map(
-      lambda axes, x: named_sharding(mesh, axes, x.shape), gated_deltanet.STATE_AXES, cache.linear,
-      is_leaf=lambda x: isinstance(x, tuple))
+  linear = lambda s: None if s is None else jax.tree.map(
+      lambda axes, x: named_sharding(mesh, axes, x.shape), gated_deltanet.STATE_AXES, s, is_leaf=
+      lambda x: isinstance(x, tuple))
   if isinstance(cache, decode.GroupCache):
     k_axes = model_lib.CACHE_AXES[:3] + model_lib.CACHE_AXES[:2:-1]  # [Y, R, K, H, S]
     rows = lambda x: None if x is None else (replicated(mesh) if x.ndim == 0 else named_sharding(
@@ -180,9 +182,9 @@ def cache_shardings(cache, mesh: Mesh):
                              prompt_mask_BP=mask(cache.prompt_mask_BP),
                              k_YRKHT=kv(cache.k_YRKHT, k_axes), v_YRKTH=kv(cache.v_YRKTH),
                              length=rows(cache.length), prompt_R=rows(cache.prompt_R),
-                             linear=linear)
+                             linear=linear(cache.linear), prompt_linear=linear(cache.prompt_linear))
   return model_lib.KVCache(k=kv(cache.k), v=kv(cache.v), mask_BS=mask(cache.mask_BS),
-                           index=replicated(mesh), linear=linear)
+                           index=replicated(mesh), linear=linear(cache.linear))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,22 +231,39 @@ class DecodeLayout:
     return jax.tree_util.tree_map_with_path(constrain, params)
 
 
-def decode_layout(name: str, mesh: Mesh | None, model_config, free_bytes: int | None):
-  """The sampler's ``decode_layout`` argument for config.rollout.decode_layout ``name``: None
-  (the training layout: 'fsdp', no mesh, or nothing split over the batch axes) or a
-  `DecodeLayout`. 'auto' takes 'tensor' when a chip's share of the parameters of
+def decode_layout_choice(name: str, mesh: Mesh | None, model_config,
+                         free_bytes: int | None) -> tuple:
+  """(the layout config.rollout.decode_layout ``name`` takes: 'fsdp' (the training layout) or
+  'tensor' (`DecodeLayout`), why). 'fsdp' when asked, without a mesh, or with nothing split
+  over the batch axes; 'auto' takes 'tensor' when a chip's share of the parameters of
   ``model_config`` (1 / the tensor axis) is at most a quarter of its share of ``free_bytes``
-  (always when a device reports none)."""
+  (the devices' free memory, summed; always when a device reports none)."""
   if name not in DECODE_LAYOUTS:
     raise ValueError(f'config.rollout.decode_layout={name!r} is not one of {list(DECODE_LAYOUTS)}')
-  if name == 'fsdp' or mesh is None or mesh.shape['fsdp'] == 1:
-    return None
+  if name == 'fsdp':
+    return 'fsdp', 'configured'
+  if mesh is None or mesh.shape['fsdp'] == 1:
+    return 'fsdp', 'mesh.fsdp = 1: the training layout gathers no weights'
+  if name == 'tensor':
+    return 'tensor', 'configured'
   shapes = jax.eval_shape(lambda: model_lib.init_params(model_config, jax.random.key(0)))
   param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
   per_chip = param_bytes / mesh.shape['tensor']
-  if name == 'auto' and free_bytes is not None and per_chip > free_bytes / mesh.devices.size / 4:
-    return None
-  return DecodeLayout(mesh)
+  if free_bytes is None:
+    return 'tensor', 'auto: the devices report no free memory'
+  free_chip, gib = free_bytes / math.prod(mesh.shape.values()), 2.0**30
+  share = (f'a chip\'s share of the weights {per_chip / gib:.3g} GiB vs a quarter of its free '
+           f'{free_chip / gib:.3g} GiB')
+  if per_chip > free_chip / 4:
+    return 'fsdp', f'auto: {share} (too large to hold whole over the batch axes)'
+  return 'tensor', f'auto: {share}'
+
+
+def decode_layout(name: str, mesh: Mesh | None, model_config, free_bytes: int | None):
+  """The sampler's ``decode_layout`` argument for config.rollout.decode_layout ``name``: None
+  (the training layout) or a `DecodeLayout`, as `decode_layout_choice` chooses."""
+  chosen, _ = decode_layout_choice(name, mesh, model_config, free_bytes)
+  return DecodeLayout(mesh) if chosen == 'tensor' else None
 
 
 def host_local_to_global(tree, mesh: Mesh):

@@ -32,7 +32,9 @@ import jax
 import jax.numpy as jnp
 
 from jtc.models import decode
+from jtc.models import decode_loop
 from jtc.models import sampler as sampler_lib
+from jtc.rl import decoding as decoding_lib
 from jtc.rl import rollout as rollout_lib
 from jtc.rl import sharding as sharding_lib
 from jtc.rl import update as update_lib
@@ -50,6 +52,7 @@ class Stage:
   unknown_trips: tuple = ()  # trip counts of its non-constant loops (`jtc.plan.hlo`)
   flops_note: str = 'hlo'
   in_total: bool = True  # False: inside another stage's program (the prefill)
+  decoding: Any = None  # a sampler stage's `jtc.rl.decoding.Decoding`
 
   def compile(self):
     """(lowered, compiled, seconds); the compiler's errors pass through."""
@@ -94,26 +97,32 @@ def keys_arg(pop):
   return jax.ShapeDtypeStruct((pop.n,) if pop.batched else (), key.dtype)
 
 
-def sampler_stage(step, name, sampling, model_config, *, platform, calls, B):
+def sampler_stage(step, name, sampling, model_config, *, platform, calls, B, free_bytes=None):
   """The sampler program for one call of B prompts, its cache's rows over the batch axes (as
-  the trainer's `rollout.Generator` samples)."""
+  the trainer's `rollout.Generator` samples), with the rollout's scheduler, slots and layout
+  (`jtc.rl.decoding`: from ``free_bytes``, the devices' free memory, None: measured now)."""
   pop, P, r = step.pop, step.c.data.prompt_width, step.c.rollout
-  slots = r.get('decode_slots', None)  # the rollout's scheduler and layout ('auto': 'tensor')
+  T = sampling['max_new_tokens']
+  free = decode_loop.free_device_bytes() if free_bytes is None else free_bytes
+  decoding = decoding_lib.resolve(r, model_config, step.mesh, rows=B * sampling['num_samples'],
+                                  max_new_tokens=T, members=pop.n if pop.batched else 1,
+                                  block_size=sampler_lib.resolve_block_size(None, T, platform),
+                                  free_bytes=free)
   fn, static = sampler_lib.program(
       model_config, P, members=pop.batched, platform=platform, eos_id=step.ids[0],
       pad_id=step.ids[1], row_sharding=sharding_lib.RowSharding(step.mesh), num_prompts=B,
-      scheduler=r.get('scheduler', 'static'),
-      slots=None if slots is None else min(slots, B * sampling['num_samples']),
+      scheduler=decoding.scheduler, slots=decoding.compiled_slots,
       max_decode_steps=(r.get('max_decode_steps', 0) or None) if name == 'sample' else None,
-      decode_layout=sharding_lib.decode_layout(r.get('decode_layout', 'auto'), step.mesh,
-                                               model_config, None), **sampling)
+      decode_layout=sharding_lib.DecodeLayout(step.mesh) if decoding.layout == 'tensor' else None,
+      **sampling)
   prompts = batch_arg(step, (B, P), jnp.int32)
   args = (step.policy(step.state.params), prompts, prompts, keys_arg(pop))
   if pop.batched:
     args += (None,)
-  T, C = sampling['max_new_tokens'], static['block_size']
+  C = static['block_size']
   return Stage(name, fn, args, static, calls, resident_other=step.resident('params', 'base'),
-               unknown_trips=(T, (T // C) / 2 + 1), flops_note='hlo, loops at T tokens')
+               unknown_trips=(T, (T // C) / 2 + 1), flops_note='hlo, loops at T tokens',
+               decoding=decoding)
 
 
 def prefill_stage(step, *, platform, calls):
@@ -251,9 +260,10 @@ def update_stage(step):
       resident_other=step.resident('params', 'opt_state', 'base') + chip_bytes(step_batch(step)))
 
 
-def build(step, platform, only=None):
+def build(step, platform, only=None, free_bytes=None):
   """[`Stage`] of ``step`` on ``platform`` (the devices' platform: the sampler's block size and
-  layer loop depend on it); ``only``: the stages of these names (None: all)."""
+  layer loop depend on it); ``only``: the stages of these names (None: all); ``free_bytes``:
+  the devices' free memory the samplers' slots and layout follow (None: measured now)."""
   c = step.c
   want = lambda *names: only is None or any(n in only for n in names)
   B = c.rollout.chunk_prompts or c.rollout.prompts_per_step
@@ -264,8 +274,9 @@ def build(step, platform, only=None):
   if want('sample'):
     stages.append(
         sampler_stage(step, 'sample',
-                      dict(c.rollout.sampling.to_dict(), return_routing=step.sampler_config.is_moe),
-                      step.sampler_config, platform=platform, calls=calls, B=B))
+                      dict(c.rollout.sampling.to_dict(),
+                           return_routing=step.sampler_config.is_moe), step.sampler_config,
+                      platform=platform, calls=calls, B=B, free_bytes=free_bytes))
   if want('behaviour', 'reference', 'delta'):
     stages += [s for s in scoring_stages(step) if want(s.name)]
   if want('update'):
@@ -274,5 +285,6 @@ def build(step, platform, only=None):
     batch = c.eval.batch_prompts
     stages.append(
         sampler_stage(step, 'eval', c.eval.sampling.to_dict(), step.infer_config, platform=platform,
-                      calls=-(-c.eval.problems // batch) / c.eval.every, B=batch))
+                      calls=-(-c.eval.problems // batch) / c.eval.every, B=batch,
+                      free_bytes=free_bytes))
   return stages

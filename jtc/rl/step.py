@@ -120,9 +120,10 @@ class Step:
     arguments)."""
     return sum(v for k, v in self.resident_parts().items() if k not in holds)
 
-  def stages(self, platform):
-    """The step's programs with their abstract arguments (`jtc.rl.stages.build`)."""
-    return stages_lib.build(self, platform)
+  def stages(self, platform, free_bytes=None):
+    """The step's programs with their abstract arguments (`jtc.rl.stages.build`; ``free_bytes``:
+    the devices' free memory its samplers' decoding follows, None: measured now)."""
+    return stages_lib.build(self, platform, free_bytes=free_bytes)
 
   def materialise(self, params):
     """(state, frozen base or None, KL reference or None) on the mesh from one member's host

@@ -45,6 +45,7 @@ from jtc.data import pipeline as data_lib
 from jtc.data import tasks as tasks_lib
 from jtc.data import traps
 from jtc.data import verifiers
+from jtc.models import moe_dispatch
 from jtc.rl import batch as batch_lib
 from jtc.rl import checkpoints
 from jtc.rl import config_check
@@ -82,6 +83,8 @@ class Trainer:
         self.gen.close()
       if self._lock is not None:  # another trainer (or this one, fixed) may use the workdir
         self._lock.close()
+      if getattr(self, '_mesh_set', None) is not None:
+        self._mesh_set.__exit__(None, None, None)
       raise
 
   def _build(self, schedule_steps, policy):
@@ -103,6 +106,8 @@ class Trainer:
         f'mesh {dict(self.mesh.shape)}: {jax.device_count()} devices, {jax.process_count()} '
         f'processes' + (f', {population.n} population members' if population.batched else ''),
         file=sys.stderr)
+    # A mixture of experts' all-to-all dispatch runs over this mesh: set until `close`.
+    self._mesh_set = moe_dispatch.mesh_context(self.mesh, self.model_config)
     # The state's structure and shardings, the LoRA base, the KL reference, the lag and the
     # jitted stages: decided once, in `jtc.rl.step.build` (the planner compiles the same).
     self.rl_step = step_lib.build(config, self.mesh, self.model_config, params=params,
@@ -382,3 +387,4 @@ class Trainer:
     self.ckpt.close()
     if self._lock is not None:
       self._lock.close()
+    self._mesh_set.__exit__(None, None, None)

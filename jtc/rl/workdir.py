@@ -53,6 +53,7 @@ ADDED_KEYS = {
     'data.split_seed': 0,
     'data.overlong': 'error',
     'mesh.expert': 1,
+    'policy.moe_dispatch': 'replicated',
     'optim.minibatch_order': 'group',
     'advantage.sign': 'both',
 }

@@ -66,7 +66,7 @@ def test_a_cache_holds_each_prompt_once_and_whole_blocks_of_slots(setup):
   _, cache = decode.prefill(params, config, prompt_BP, mask_BP, num_samples=G, max_new_tokens=T,
                             block_size=BLOCK)
   Y, K, H = config.n_layers, config.n_kv_heads, config.head_dim
-  assert cache.prompt_k_YBKPH.shape == (Y, 2, K, P, H) and cache.group_size == G
+  assert cache.prompt_k_YBKPH.shape == (Y, 2, K, P, H)
   assert cache.k_YRKHT.shape == (Y, 2 * G, K, H, 6) and cache.v_YRKTH.shape == (Y, 2 * G, K, 6, H)
   assert int(cache.length) == 0
 

@@ -1,18 +1,24 @@
 """Tests of jtc.models.decode_loop: the continuous scheduler draws, token for token, what the
 static one draws for the same key, whatever its slot count (rows of different lengths, some
-ended by EOS and some at T, rows restarted in slots that other rows left); a row's draws are
-keyed by (row, token index) only; idle slots write nothing."""
+ended by EOS and some at T, rows restarted in slots that other rows left; a hybrid's:
+tests/models/test_hybrid.py); a row's draws are keyed by (row, token index) only; idle slots
+write nothing; a slot's bytes are those its cache holds per row (dense and hybrid)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jtc.models import decode
 from jtc.models import decode_loop
 from jtc.models import model as model_lib
 from jtc.models import sampler as sampler_lib
 
 CONFIG = model_lib.ModelConfig.tiny(vocab_size=23, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2,
                                     head_dim=8, d_ff=48, qk_norm=True)
+HYBRID = model_lib.ModelConfig.tiny_hybrid(vocab_size=23, d_model=16, n_heads=2, n_kv_heads=1,
+                                           head_dim=8, d_ff=32, linear_n_k_heads=1,
+                                           linear_n_v_heads=2, linear_k_head_dim=8,
+                                           linear_v_head_dim=6, linear_chunk=4)
 PAD, EOS_IDS = 0, (5,)
 PROMPTS = [[5, 9, 14, 2], [7], [3, 11, 6, 8, 20, 4]]
 G, T = 3, 12
@@ -46,6 +52,21 @@ def test_continuous_draws_what_static_draws_whatever_the_slots(static_run, slots
   for name in ('tokens_RL', 'input_mask_RL', 'completion_RT', 'completion_mask_RT', 'truncated_R'):
     np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
   np.testing.assert_allclose(got.logps_RT, want.logps_RT, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('config', [CONFIG, HYBRID], ids=['dense', 'hybrid'])
+def test_a_slots_bytes_are_what_its_cache_holds_per_row(config):
+  """`row_bytes` less its three float32 [V] rows = the per-row fields (completion keys and
+  values, a hybrid's linear states) of a 3-slot cache from `decode.prefill`, over 3 (shapes)."""
+  params = jax.eval_shape(lambda k: model_lib.init_params(config, k), jax.random.key(0))
+  prompts = jax.ShapeDtypeStruct((2, 6), jnp.int32)
+  _, cache = jax.eval_shape(
+      lambda p, t: decode.prefill(p, config, t, t, num_samples=G, max_new_tokens=T, block_size=4,
+                                  slots=3), params, prompts)
+  per_row = [cache.k_YRKHT, cache.v_YRKTH] + jax.tree.leaves(cache.linear)
+  assert (cache.linear is None) == (config is CONFIG)
+  want = sum(x.size * x.dtype.itemsize for x in per_row) // 3
+  assert decode_loop.row_bytes(config, T, 4) - 3 * 4 * config.vocab_size == want
 
 
 def test_token_keys_depend_on_row_and_token_index_only():

@@ -88,6 +88,19 @@ def test_the_chunk_length_is_a_speed_knob_only(layer):
   np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('form', ['chunked', 'recurrent'])
+def test_bf16_compute_carries_a_float32_delta_rule_state(layer, form):
+  """With compute dtype bfloat16 the layer's output and convolution history are bf16 and the
+  delta rule's state float32, in both forms (abstract shapes: `jax.eval_shape`; the values'
+  closeness to a float32 run: tests/models/test_delta_rule.py)."""
+  config = dataclasses.replace(CONFIG, dtype='bfloat16')
+  h, mask = _inputs(5, pads=[0, 2])
+  out, state = jax.eval_shape(lambda h: gated_deltanet.mix(layer, h, mask, config, form=form),
+                              h.astype(jnp.bfloat16))
+  assert out.dtype == state.conv_q.dtype == state.conv_v.dtype == jnp.bfloat16
+  assert state.ssm_BNHH.dtype == jnp.float32
+
+
 def test_gated_rms_norm_closed_form():
   o = np.array([[3.0, 4.0]])
   z = np.array([[0.0, 2.0]])

@@ -389,7 +389,8 @@ def test_export_rejects_incomplete_params(llama_dir, tmp_path):
 
 @pytest.mark.parametrize('corruption, patterns', [
     (dict(drop=[EXPERT]), ['Missing tensor', re.escape(EXPERT)]),
-    (dict(tensors_update={EXPERT: np.zeros((16, 8), np.float32)}), [r'expected \[8, 16\]']),
+    (dict(tensors_update={EXPERT: np.zeros((16, 8), np.float32)}),
+     [re.escape(EXPERT), 'model.safetensors', r'expected \[8, 16\]']),
     (dict(tensors_update={EXPERT[:-16] + '4.up_proj.weight': np.zeros((8, 16), np.float32)}),
      ['Unexpected', 'experts.4.up_proj']),
 ])

@@ -1,6 +1,7 @@
 """A tiny Qwen3.5-style hybrid (Gated DeltaNet + gated full attention) through every path of the
 model: the KV-cache forward, the sampler's prefill and decode steps (scanned and unrolled) and
-the sampler's log-probs equal one scoring pass; LoRA adapts both kinds of layer."""
+the sampler's log-probs equal one scoring pass; the continuous scheduler draws what the static
+one draws; LoRA adapts both kinds of layer."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,18 +81,43 @@ def test_prefill_and_decode_steps_equal_one_full_forward(setup, split):
   np.testing.assert_allclose(jnp.stack(got, 1), want, rtol=1e-4, atol=1e-4)
 
 
-def test_sampler_logprobs_equal_the_scoring_pass(setup):
+@pytest.fixture(scope='module')
+def sample(setup):
+  """fn(**scheduler) -> `sampler.sample` of the two prompts (G = 2: R = 4 rows), temperature 1,
+  and the static scheduler's sample."""
+  params, prompt_BP, mask_BP, _ = setup
+  run = lambda **more: sampler.sample(params, CONFIG, prompt_BP, mask_BP, rng=jax.random.key(
+      3), num_samples=G, max_new_tokens=T, eos_id=1, pad_id=0, temperature=1.0, **more)
+  return run, run(scheduler='static')
+
+
+def test_sampler_logprobs_equal_the_scoring_pass(setup, sample):
   """The recurrent form (sampling) and the chunked form (scoring) give one token's log-prob to
   float32 round-off: the mismatch instruments' negative control reads zero."""
-  params, prompt_BP, mask_BP, _ = setup
-  out = sampler.sample(params, CONFIG, prompt_BP, mask_BP, rng=jax.random.key(3), num_samples=G,
-                       max_new_tokens=T, eos_id=1, pad_id=0, temperature=1.0)
+  params, *_ = setup
+  out = sample[1]
   scored = logprobs.sequence_logprobs(params, CONFIG, out.tokens_RL, out.input_mask_RL,
                                       completion_start=P)
   mask = np.asarray(out.completion_mask_RT, bool)
   np.testing.assert_allclose(
       np.asarray(scored['logps'])[mask],
       np.asarray(out.logps_RT)[mask], rtol=1e-5, atol=1e-5)
+
+
+# 3 slots (rows of both prompts at once, a slot refilled) in CI; 1 slot (every row but the first
+# refills the slot) slow-only: each is a sampler compile of ~5 s of CPU.
+@pytest.mark.parametrize('slots', [pytest.param(1, marks=pytest.mark.slow), 3])
+def test_continuous_scheduler_draws_what_static_draws(sample, slots):
+  """Decode slots that take new (prompt, sample) rows as rows end: a slot restarts its
+  recurrent and convolution states from the new row's prompt-final ones (`decode.start_rows`),
+  so each row's tokens are the static scheduler's (a slot that kept its previous row's states
+  would change them: the test fails so with 3 slots, the fourth row refilling a slot)."""
+  run, want = sample
+  assert len(set(np.asarray(want.completion_mask_RT).sum(1).tolist())) >= 2  # rows end apart
+  got = run(scheduler='continuous', slots=slots)
+  for name in ('tokens_RL', 'completion_mask_RT', 'truncated_R'):
+    np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+  np.testing.assert_allclose(got.logps_RT, want.logps_RT, rtol=1e-5, atol=1e-5)
 
 
 def test_lora_adapts_both_kinds_of_layer(setup):

@@ -163,3 +163,40 @@ def test_blocks_of_any_size_hold_every_pair(block):
   blocks = jax.jit(moe._experts_blocks, static_argnums=(4, 5))(p, x_UD, experts_UW, weights_UW,
                                                                jnp.float32, block)
   np.testing.assert_allclose(blocks, dense, rtol=1e-5, atol=1e-6)
+
+
+def _pair_sort_lengths(mesh_sizes, impl):
+  """The lengths of the 1-D sorts (the (token, expert) pairs by expert) in the gradient program
+  of `moe.feed_forward` on [4, 5] tokens traced under an abstract mesh of ``mesh_sizes``."""
+  config = dataclasses.replace(CONFIG, moe_impl=impl)
+  p = jax.eval_shape(lambda: _params(config))
+  x = jax.ShapeDtypeStruct((4, L, CONFIG.d_model), jnp.float32)
+  mesh = jax.sharding.AbstractMesh(tuple(mesh_sizes.values()), tuple(mesh_sizes))
+
+  def grad(p, x):
+    with jax.sharding.use_abstract_mesh(mesh):
+      return jax.grad(lambda p: jnp.sum(moe.feed_forward(p, x, config)[0]))(p)
+
+  lengths = set()
+
+  def walk(jaxpr):
+    for e in jaxpr.eqns:
+      if e.primitive.name == 'sort' and e.invars[0].aval.ndim == 1:
+        lengths.add(e.invars[0].aval.shape[0])
+      for sub in jax.extend.core.jaxprs_in_params(e.params):
+        walk(sub)
+
+  walk(jax.make_jaxpr(grad)(p, x).jaxpr)
+  return lengths
+
+
+@pytest.mark.parametrize('impl', ['ragged', 'blocks'])
+def test_each_batch_shard_sorts_its_own_pairs(impl):
+  """Under a mesh whose batch axes (data x fsdp = 4) split the 4 rows, the sorted forms sort each
+  shard's 1 x 5 x W pairs (`moe.rows_local`), not the batch's 4 x 5 x W (which XLA would gather
+  on every chip); without batch shards, or with 3 that do not divide the rows, the whole batch's
+  (the values are those of one device: tests/rl/test_sharding.py)."""
+  pairs = 4 * L * CONFIG.experts_per_token
+  assert _pair_sort_lengths({'data': 2, 'fsdp': 2, 'tensor': 2}, impl) == {pairs // 4}
+  assert _pair_sort_lengths({'data': 1, 'fsdp': 1, 'tensor': 2}, impl) == {pairs}
+  assert _pair_sort_lengths({'data': 3, 'fsdp': 1}, impl) == {pairs}

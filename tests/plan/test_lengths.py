@@ -71,3 +71,17 @@ def test_bad_lengths_name_the_flag(text, needle):
   with pytest.raises(ValueError, match=needle) as e:
     lengths_lib.parse(text, T)
   assert '--lengths' in str(e.value)
+
+
+def test_a_plans_estimate_runs_the_slots_the_plan_resolved():
+  """`plan_lines` reads the plan's `Decoding`: its rows, its (memory-derived) slot count for the
+  continuous scheduler even when the compiled one is static."""
+  import types  # pylint: disable=import-outside-toplevel
+  from jtc.rl import decoding  # pylint: disable=import-outside-toplevel
+  d = decoding.Decoding(scheduler='static', rows=64, slots=16, slots_from='default', layout='fsdp',
+                        layout_why='configured', free_bytes=1)
+  row = types.SimpleNamespace(stage='sample', seconds=2.0, calls=3)
+  lines = lengths_lib.plan_lines(types.SimpleNamespace(rows=[row], decoding=d),
+                                 lengths_lib.Lengths(np.zeros(T), 'all at T'))
+  assert 'compiled static stage' in lines[0]
+  assert 'continuous, 16 slots' in lines[2] and ' 24 s of sampling' in lines[2]

@@ -76,3 +76,23 @@ def test_a_failed_stage_is_not_compiled_again_in_the_same_program(monkeypatch):
   assert suggest.suggest(c, plan_fn, 8, None, chip, max_compiles=2,
                          log=lambda m: None) == (None, None)
   assert compiled == [order[0], order[2]]
+
+
+def test_a_mixture_of_experts_is_also_tried_on_an_expert_axis():
+  """A MoE policy planned with mesh.expert = 1: candidates on expert axes that divide its experts
+  and the chips, with the all-to-all dispatch, after every candidate without one; a dense policy
+  (or one planned with an expert axis) keeps its own."""
+  from configs import dfpo_min_replace  # pylint: disable=import-outside-toplevel
+  from jtc.models.model_config import ModelConfig  # pylint: disable=import-outside-toplevel
+  c = dfpo_min_replace.get_config('smoke')
+  tried = lambda c, model: {(o.get('mesh.expert'), o.get('policy.moe_dispatch')) for _, o in suggest
+                            .candidates(c, 4, model, hardware.CHIPS['v5e'], fit_only=False)}
+  assert tried(c, ModelConfig.tiny_moe()) == {(1, 'replicated'), (2, 'all_to_all'),
+                                              (4, 'all_to_all')}
+  order = [
+      o['mesh.expert'] for _, o in suggest.candidates(c, 4, ModelConfig.tiny_moe(),
+                                                      hardware.CHIPS['v5e'], fit_only=False)
+  ]
+  assert order == sorted(order, key=lambda e: e > 1)  # the expert axes after every other
+  assert tried(c, ModelConfig.tiny()) == {(None, None)}
+  assert tried(suggest.apply(c, {'mesh.expert': 2}), ModelConfig.tiny_moe()) == {(None, None)}

@@ -87,7 +87,7 @@ def tiny_hf_moe(tiny_hf, tmp_path_factory):
 # The real configs of a mixture-of-experts policy: their smoke runs load ``tiny_hf_moe``.
 MOE = ('qwen3_30b_a3b_math_dapo',)
 # The hybrid configs run against a tiny hybrid checkpoint of their architecture, ledger on.
-HYBRID = {'qwen3_5_2b_gsm8k_dfpo': 'qwen3_5'}
+HYBRID = {'qwen3_5_2b_gsm8k_dfpo': 'qwen3_5', 'qwen3_next_80b_a3b_aime_dfpo': 'qwen3_next'}
 
 
 def _real_config(name, tiny_hf, **overrides):
@@ -113,7 +113,9 @@ def test_real_config_validates_and_documents_its_run(name):
   o, e = c.optim, c.eval.sampling
   assert o.learning_rate == 8e-7 and o.min_lr_ratio == 0.2 and o.warmup_frac == 0.03
   assert c.rollout.sampling.num_samples == 32 and o.minibatch_prompts == 32
-  assert (e.temperature, e.top_p, e.top_k, e.min_p) == (0.6, 0.95, 20, 0.0)
+  # Appendix J: Qwen3's evaluation decoding, and Qwen3-Next's own.
+  want = (0.7, 0.8, 20, 0.0) if 'qwen3_next' in name else (0.6, 0.95, 20, 0.0)
+  assert (e.temperature, e.top_p, e.top_k, e.min_p) == want
   assert e.max_new_tokens == c.rollout.sampling.max_new_tokens
   # Without a checkpoint and a dataset the config refuses to run, naming the keys.
   with pytest.raises(ValueError, match='config.policy.checkpoint'):

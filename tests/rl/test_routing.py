@@ -50,6 +50,10 @@ def _config(**updates):
     }, MOE, 1, r'mesh.expert=3 must divide .* n_experts=8 \(valid: \[1, 2, 4, 8'),
     ({}, ModelConfig.tiny_moe(moe_impl='ragged'), 4, "moe_impl='ragged'.*'blocks' or 'dense'"),
     ({
+        'policy.moe_dispatch': 'all_to_all'
+    }, DENSE, 1, r"policy.moe_dispatch='all_to_all' needs a mixture"),
+    ({}, ModelConfig.tiny_moe(moe_dispatch='all_to_all'), 4, "moe_dispatch to 'replicated'"),
+    ({
         'lora.rank': 4
     }, MOE, 1, "lora.targets=.*valid targets: 'q', 'k', 'v', 'o'"),
 ])
