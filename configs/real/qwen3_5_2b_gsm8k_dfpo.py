@@ -2,9 +2,10 @@
 (Min-Replace), the paper's Appendix I/J settings as configs/real/qwen3_0_6b_gsm8k_dfpo.py.
 
 The published checkpoint is a `Qwen3_5ForConditionalGeneration`; jtc loads its text model
-(docs/models.md, "Hybrid models"). Not yet planned on a slice (`jtc plan` does not yet count the
-Gated DeltaNet's recurrent states and chunked-form temporaries): the memory settings are the
-0.6B config's, whose parameters are a third of these.
+(docs/models.md, "Hybrid models"). The memory settings are the 0.6B config's, whose parameters
+are a third of these; planned in docs/scaling.md's generated table (every stage compiled by
+libtpu): it fits a v5e-8 with the suggested setting (fsdp 4 x tensor 2, 15.2 GiB per chip; as
+configured its update needs 17.0 of 16 GiB), a v5p-64 and a v6e-16 as configured.
 
 Run (one GPU/TPU host; GSM8K as JSONL with "question"/"answer" fields):
   python -m jtc.train --config configs/real/qwen3_5_2b_gsm8k_dfpo.py \
