@@ -2,8 +2,7 @@
 
 For each architecture a tiny random model is built once per module with `transformers`,
 saved with `save_pretrained`, and loaded with `jtc.models.hf_import`. Norm scales and biases are
-perturbed away from their 1/0 initialisation so that a wrongly mapped norm or bias shows up.
-"""
+perturbed away from their 1/0 initialisation so that a wrongly mapped norm or bias shows up."""
 import dataclasses
 import json
 import re
