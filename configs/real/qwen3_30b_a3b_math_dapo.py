@@ -6,7 +6,8 @@ weight (`loss.router_aux_coef`). Optimisation and decoding as the other real con
 Appendix I/J); dynamic sampling off, the soft overlong punishment over the last 4k tokens.
 
 Memory: 30.5B parameters in float32 with AdamW state (~366 GB) split over fsdp x tensor; at 32k
-tokens the trunk attends blockwise (`policy.attention='auto'` picks it off CPU). Plan it first:
+tokens the trunk attends blockwise (`policy.attention='auto'` picks it off CPU). It fits a
+v5p-128 and a v5p-256 as configured (docs/scaling.md's generated table). Plan it first:
   python -m jtc.plan --config configs/real/qwen3_30b_a3b_math_dapo.py --topology v5p-128
 Run:
   python -m jtc.train --config configs/real/qwen3_30b_a3b_math_dapo.py \
@@ -42,8 +43,9 @@ def get_config(arg=None):
   c.loss.router_aux_coef = 0.001  # Qwen3-MoE's router_aux_loss_coef
   # Parameters and AdamW state over fsdp x tensor (the experts' weights split over their model
   # and hidden dimensions like a dense MLP's), every batch's rows over fsdp, kv heads over
-  # tensor. `mesh.expert` stays 1: it splits the experts but runs the tokens replicated along
-  # it (`jtc.rl.sharding`).
+  # tensor; each fsdp shard sorts its own rows' expert pairs (`moe.rows_local`). `mesh.expert`
+  # stays 1: with `policy.moe_dispatch='all_to_all'` it exchanges tokens, but at these shapes
+  # its worst-case slots cost more memory than splitting the experts saves (docs/models.md).
   c.mesh.data = 1
   c.mesh.fsdp = -1
   c.mesh.tensor = 4
