@@ -15,6 +15,7 @@ __all__ = [
     'ledger_view',
     'metric_writer',
     'mismatch',
+    'mismatch_lag',
     'probes',
     'replay',
     'samples',

@@ -6,6 +6,7 @@ __all__ = [
     'checkpoint_eval',
     'checkpoints',
     'config_check',
+    'decoding',
     'distributed',
     'evaluation',
     'export',
