@@ -93,8 +93,8 @@ def get_config(arg=None):
   c.token_budget = 0  # stop once this many tokens were generated (0 = off)
 
   c.policy = ConfigDict()
-  # A jtc policy bundle: 'base' (shipped, arithmetic), 'phrasing' (shipped) or a directory
-  # written by `python -m jtc.sft`.
+  # A jtc policy bundle: 'base' (shipped, arithmetic), 'phrasing' (shipped), 'moe' (shipped,
+  # arithmetic, a mixture of experts) or a directory written by `python -m jtc.sft`.
   c.policy.init = 'base'
   # A Hugging Face model dir (Qwen3/Qwen2/Llama) instead: weights, tokenizer, chat template and
   # eos/pad ids from it.

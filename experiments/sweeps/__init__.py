@@ -8,6 +8,7 @@ they carry (`CLAIMS`, experiments/sweeps/claims.py).
   lag.py      the policy-lag axis (asynchronous RL's off-policy data), exploratory
   lora.py     GSPO vs literal DFPO under LoRA ranks 1, 4, 16 (rates chosen on seeds 0-3)
   bestlr.py   best-vs-best: each method's learning rate chosen on seeds 0-7 by a declared rule
+  moe.py      GRPO, GSPO, DFPO on the tiny MoE policy, routing replay none vs behaviour
   credit.py   the Cancellation Hypothesis's batching prediction (GRPO, whole groups vs rows)
   claims.py   every claim: comparison, family, the paper's delta and sign, SESOI, kind
 """
@@ -19,6 +20,7 @@ from experiments.sweeps import credit
 from experiments.sweeps import lag
 from experiments.sweeps import lora
 from experiments.sweeps import mismatch
+from experiments.sweeps import moe
 from experiments.sweeps import paper
 from experiments.sweeps import stepsize
 from experiments.sweeps.base import (FINAL_AVG, FULL_STEPS, LEARNING_RATES, SEEDS, Run, Sweep,
@@ -40,6 +42,7 @@ SWEEPS = {
     **lora.SWEEPS,
     **bestlr.SWEEPS,
     **credit.SWEEPS,
+    **moe.SWEEPS,
 }
 
 

@@ -23,9 +23,14 @@ from jtc.models import tokenizer as tokenizer_lib
 
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'assets')
 BASE_POLICY_DIR = os.path.join(ASSETS_DIR, 'base_policy')
-# Policy bundles shipped with jtc, by name: the arithmetic base policy and the one of the
-# phrasing task (configs/sft_phrasing.py).
-SHIPPED = {'base': BASE_POLICY_DIR, 'phrasing': os.path.join(ASSETS_DIR, 'phrasing_policy')}
+# Policy bundles shipped with jtc, by name: the arithmetic base policy, the one of the phrasing
+# task (configs/sft_phrasing.py) and the arithmetic mixture-of-experts policy
+# (configs/sft_arith_moe.py).
+SHIPPED = {
+    'base': BASE_POLICY_DIR,
+    'phrasing': os.path.join(ASSETS_DIR, 'phrasing_policy'),
+    'moe': os.path.join(ASSETS_DIR, 'moe_policy')
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +43,8 @@ class PolicyBundle:
 
 
 def resolve_policy_path(name_or_path):
-  """A shipped bundle's name ('base', 'phrasing') -> its directory; else a directory path."""
+  """A shipped bundle's name ('base', 'phrasing', 'moe') -> its directory; else a directory
+  path."""
   return SHIPPED.get(name_or_path, name_or_path)
 
 
