@@ -191,29 +191,46 @@ class Context:
     return max(flops / self.chips / self.chip.peak_flops, hbm / self.chip.hbm_bandwidth,
                link / self.chip.link_bandwidth)
 
+  @property
+  def active_params(self):
+    """The parameters a token's forward multiplies by (`active_params`)."""
+    return active_params(self.m, self.n_params)
+
   def flops(self, tokens, L):
-    """Forward FLOPs of ``tokens`` tokens in rows of L: 2 N per token + causal attention in the
-    full-attention layers; a hybrid's linear-attention layers add, per token, the delta rule's
-    state products and the chunked form's within-chunk products (`delta_rule`)."""
+    """Forward FLOPs of ``tokens`` tokens in rows of L: 2 N per token (N the active parameters:
+    a mixture of experts' W of X) + causal attention in the full-attention layers; a hybrid's
+    linear-attention layers add, per token, the delta rule's state products and the chunked
+    form's within-chunk products (`delta_rule`)."""
     m = self.m
     stacks = layer_types.stack_sizes(m)
     attention = 2 * stacks.get('attn', 0) * m.n_heads * m.head_dim * L
     _, H, N, Hv, _ = gated_deltanet.dims(m)
     linear = 2 * stacks.get('linear_attn', 0) * N * (2 * H * Hv + m.linear_chunk * (H + Hv))
-    return tokens * (2 * self.n_params + attention + linear)
+    return tokens * (2 * self.active_params + attention + linear)
 
 
-def kv_cache_bytes(x, B, G, P, T):
-  """The sampler's `decode.GroupCache` per chip: B prompts' P slots and B x G rows' T slots
+def active_params(m, n_params):
+  """Of ``n_params``, those a token's forward uses: a mixture of experts' layers (every layer
+  when n_experts > 0, `jtc.models.moe`) leave X - W experts' gate, up and down idle."""
+  idle = m.n_layers * (m.n_experts - m.experts_per_token) * 3 * m.d_model * m.d_expert
+  return n_params - (idle if m.n_experts else 0)
+
+
+def kv_cache_bytes(x, B, G, P, T, slots=None):
+  """The sampler's `decode.GroupCache` per chip: B prompts' P slots and R rows' T slots
   (rounded up to blocks of 128 on an accelerator) of keys and values, every full-attention
-  layer; in a hybrid, also each row's state in every linear-attention layer (`linear`)."""
+  layer; in a hybrid, also each row's state in every linear-attention layer (`linear`). R is
+  B x G, or the continuous scheduler's ``slots``, whose hybrid cache also keeps each of the B
+  prompts' final linear states to restart rows from (`prompt_linear`)."""
   m = x.m
-  r, b = _rows(B * G, x.sizes), _rows(B, x.sizes)
+  R = slots or B * G
+  r, b = _rows(R, x.sizes), _rows(B, x.sizes)
   kv = m.n_kv_heads // _div(m.n_kv_heads, x.t)
   T_pad = T if x.chip.platform == 'cpu' else -(-T // min(128, T)) * min(128, T)
   stacks = layer_types.stack_sizes(m)
   kv_bytes = stacks.get('attn', 0) * kv * m.head_dim * 2 * x.d * (r * T_pad + b * P)
-  return kv_bytes + linear_state_bytes(x, stacks.get('linear_attn', 0), B * G)
+  Y = stacks.get('linear_attn', 0)
+  return kv_bytes + linear_state_bytes(x, Y, R) + (linear_state_bytes(x, Y, B) if slots else 0)
 
 
 def linear_state_bytes(x, Y, rows):
@@ -245,10 +262,12 @@ def _sampler(x, stage):
   m = x.m
   B, P = stage.args[1].shape[-2:]
   G, T = stage.kwargs['num_samples'], stage.kwargs['max_new_tokens']
-  r, b = _rows(B * G, x.sizes), _rows(B, x.sizes)
-  cache = kv_cache_bytes(x, B, G, P, T)
+  R = stage.kwargs.get('slots') or B * G  # continuous: its decode slots
+  r, b = _rows(R, x.sizes), _rows(B, x.sizes)
+  cache = kv_cache_bytes(x, B, G, P, T, stage.kwargs.get('slots'))
   nbytes = cache + r * m.vocab_size * 4 * 4 + _layer_bytes(m, b, P, x.t)
-  per_token = x.roof(2 * x.n_params * B * G, x.n_params * x.p / x.t + cache / 2,
+  # Time as the compiled plan counts it: B x G rows' T tokens (the decode loop at T steps).
+  per_token = x.roof(2 * x.active_params * B * G, x.n_params * x.p / x.t + cache / 2,
                      x.gather + x.activations(B * G))
   return nbytes, T * per_token + x.roof(x.flops(B * P, P), 0, x.gather + x.activations(B * P))
 
