@@ -204,14 +204,16 @@ def is_primary():
   return jax.process_index() == 0
 
 
-def code_revision():
+def code_revision(exclude=()):
   """The git revision of jtc's checkout, with '+dirty' and a hash of the changes (so that two
-  processes running different uncommitted code differ), or the package version."""
+  processes running different uncommitted code differ), or the package version. ``exclude``:
+  paths whose changes do not count (e.g. the docs a run itself writes)."""
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   try:
     sha = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=root, capture_output=True, text=True,
                          check=True).stdout.strip()
-    diff = subprocess.run(['git', 'diff', 'HEAD'], cwd=root, capture_output=True, check=True).stdout
+    diff = subprocess.run(['git', 'diff', 'HEAD', '--', '.', *(f':(exclude){p}' for p in exclude)],
+                          cwd=root, capture_output=True, check=True).stdout
   except (OSError, subprocess.CalledProcessError):
     from importlib import metadata  # pylint: disable=import-outside-toplevel
     return f'jtc {metadata.version("jtc")}'

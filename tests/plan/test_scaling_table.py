@@ -48,7 +48,7 @@ def test_replan_replaces_only_the_matching_rows_and_records_the_revision(tmp_pat
     return dict(fits=False, note=f'plan {len(calls)}')
 
   monkeypatch.setattr(scaling_table, 'plan_row', fake_plan_row)
-  monkeypatch.setattr(scaling_table.distributed, 'code_revision', lambda: 'abcdef0123+dirty-x')
+  monkeypatch.setattr(scaling_table.distributed, 'code_revision', lambda **_: 'abcdef0123+dirty-x')
   scaling_table.main([])
   scaling_table.main(['a.py'])  # cached: nothing planned
   assert calls == ['configs/real/a.py', 'configs/real/b.py']
