@@ -13,7 +13,9 @@ compiler adds inside each program is modelled, per member on a chip:
              residual stream, the vocabulary chunk's [T, C/t] float32 logits (3 live copies)
              and its outputs (log-probs, entropies and, for DelTA, the hidden states);
   delta      DelTA's per-token [B/r, T] float32 vectors (margins, scores, weights, ...: 12),
-             a chunk of the token-gradient proxies and a copy of the hidden states;
+             a chunk of the token-gradient proxies and a copy of the hidden states (held), or
+             one scoring chunk's forward and hidden states, its 2K + 2 forwards timed
+             (delta.hidden = 'recomputed');
   update     the saved activations (remat: one [L, D] residual per layer and row; without:
              every layer's forward), one layer's backward (2 forwards), the vocabulary chunk
              forward and backward (4 copies), float32 gradients, their accumulator over
@@ -45,6 +47,7 @@ import numpy as np
 from jtc.models import gated_deltanet
 from jtc.models import layer_types
 from jtc.models import model as model_lib
+from jtc.objectives import delta_recompute
 from jtc.rl import sharding as sharding_lib
 from jtc.rl import stages as stages_lib
 from jtc.rl import step as step_lib
@@ -280,19 +283,29 @@ def _scoring(x, stage, hidden):
   return nbytes, x.roof(x.flops(rows * L, L), 0, x.gather + x.activations(rows * L))
 
 
-def _delta(x, stage):
+def _delta(x, stage, weighter):
   """(bytes per member, seconds) of DelTA's coefficient pass over the step's B x T tokens: its
-  per-token float32 vectors and one chunk of [rows, C, D] proxies (three live copies)."""
-  B, T, D = stage.args[2]['hidden'].shape[-3:]
-  r = _rows(B, x.sizes)
-  options = x.delta_options
-  chunk_T = max(1, min(T, -(-options.chunk_size // B)))
-  hidden = r * T * D * x.d
-  # A copy of the hidden states (the compiled pass takes one for its loops: 8.05 GiB of
-  # temporaries beside 8.0 GiB of hidden states, Qwen3-8B on v5p-64).
-  nbytes = hidden + 12 * r * T * 4 + 3 * r * chunk_T * D * 4
+  per-token float32 vectors and one chunk of [rows, C, D] proxies (three live copies), and
+  either the held hidden states' copy or (``weighter.hidden == 'recomputed'``) one chunk of
+  rows' forward pass and hidden states, that forward run in each of the 2K + 2 passes."""
+  B, T = stage.args[2]['logps'].shape[-2:]
+  D, r, options = x.m.d_model, _rows(B, x.sizes), x.delta_options
   passes = 2 * options.num_refine + 2
-  return nbytes, x.roof(passes * 8 * B * T * D, passes * hidden, 0)
+  if weighter.needs_hidden:
+    chunk_T = max(1, min(T, -(-options.chunk_size // B)))
+    hidden = r * T * D * x.d
+    # A copy of the hidden states (the compiled pass takes one for its loops: 8.05 GiB of
+    # temporaries beside 8.0 GiB of hidden states, Qwen3-8B on v5p-64).
+    nbytes = hidden + 12 * r * T * 4 + 3 * r * chunk_T * D * 4
+    return nbytes, x.roof(passes * 8 * B * T * D, passes * hidden, 0)
+  R = delta_recompute.rows_per_chunk(B, weighter.chunk_rows)
+  rc, L = _rows(R, x.sizes), T + x.P
+  chunk_T = max(1, min(T, -(-options.chunk_size // R)))
+  forward = _layer_bytes(x.m, rc, L, x.t) + rc * L * D * x.d * 2
+  nbytes = 2 * rc * T * D * x.d + forward + 12 * r * T * 4 + 3 * rc * chunk_T * D * 4
+  seconds = passes * (x.roof(x.flops(B * L, L), 0, x.gather + x.activations(B * L)) +
+                      x.roof(8 * B * T * D, 0, 0))
+  return nbytes, seconds
 
 
 def _update(x, stage, grads):
@@ -321,9 +334,10 @@ def stage_estimate(x, stage, step):
   if stage.name in ('sample', 'eval'):
     nbytes, seconds = _sampler(x, stage)
   elif stage.name in ('behaviour', 'reference'):
-    nbytes, seconds = _scoring(x, stage, hidden=step.delta is not None)
+    nbytes, seconds = _scoring(x, stage, hidden=step.weighter is not None and
+                               step.weighter.needs_hidden)
   elif stage.name == 'delta':
-    nbytes, seconds = _delta(x, stage)
+    nbytes, seconds = _delta(x, stage, step.weighter)
   elif stage.name == 'update':
     grads = stages_lib.chip_bytes(step.state.params) / x.p * 4 / members  # float32 gradients
     nbytes, seconds = _update(x, stage, grads)
@@ -341,8 +355,11 @@ def estimate(c, model_config, sizes, chip, *, step=None, memo=None, key=None) ->
   only chunks, micro-batches and remat: one step per mesh); ``memo`` with ``key(stage)``: a
   dict of stage estimates shared by the candidates of one search (a stage's estimate depends
   on the keys its program does, `suggest.STAGE_KEYS`)."""
-  step = dataclasses.replace(step or abstract_step(c, model_config, sizes), c=c,
-                             model_config=model_config)
+  step = step or abstract_step(c, model_config, sizes)
+  # The candidate's token weights (DelTA's hidden states held or recomputed, its row chunk).
+  step = dataclasses.replace(
+      step, c=c, model_config=model_config,
+      weighter=step_lib.token_weighter(c, model_config, step.infer_config, step.mesh))
   x = context(c, model_config, sizes, chip, step.weighter)
   keys = {name: None if memo is None else key(name) for name in STAGES}
   todo = [name for name, k in keys.items() if k is None or k not in memo]
