@@ -231,6 +231,12 @@ def get_config(arg=None):
   c.delta.lam_max = 1.2
   c.delta.num_refine = 1
   c.delta.scope = 'batch'
+  # Where the coefficient pass's hidden states come from, a memory/compute knob like remat
+  # (jtc.objectives.delta_recompute): 'held', the behaviour pass returns the step's [B, T, D]
+  # hidden states and they live until DelTA's pass; 'recomputed', none are returned and each of
+  # DelTA's 2K + 2 passes recomputes them, rollout.score_chunk_prompts x G rows at a time
+  # (2K + 2 more forward passes; one chunk's [R, T, D] at a time). Valid: 'held', 'recomputed'.
+  c.delta.hidden = 'held'
 
   c.optim = ConfigDict()  # paper Appendix I: AdamW, warm-up 3%, cosine to 0.2 x peak
   c.optim.learning_rate = 2e-4  # peak; the paper's 8e-7 is for 32B models

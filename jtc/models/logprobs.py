@@ -75,6 +75,26 @@ def token_logprobs(hidden_BTD, head_DV, targets_BT, *, vocab_chunk: int = 8192):
   return logps_BT, entropy_BT
 
 
+def completion_hidden(params, config: ModelConfig, tokens_BL, input_mask_BL, *,
+                      completion_start: int, row_sharding=None, replay_BLYW=None):
+  """(hidden_BTD, routed): the final-normed hidden states [B, T, D] that predict the completion
+  tokens of [prompt | completion] rows (column P + t - 1 predicts token P + t), and a mixture of
+  experts' `moe.Routed` (else None). The forward pass of `sequence_logprobs` without its head;
+  the arguments are its."""
+  chex.assert_rank([tokens_BL, input_mask_BL], 2)
+  chex.assert_equal_shape([tokens_BL, input_mask_BL])
+  P = completion_start
+  L = tokens_BL.shape[1]
+  if not 1 <= P < L:
+    raise ValueError(f'completion_start={P!r} must satisfy 1 <= completion_start < L={L}')
+  replay_YBLW = None if replay_BLYW is None else jnp.moveaxis(replay_BLYW, 2, 0)
+  hidden_BLD, _, routed = model_lib.hidden_states(params, config, tokens_BL,
+                                                  model_lib.positions_from_mask(input_mask_BL),
+                                                  input_mask_BL, row_sharding=row_sharding,
+                                                  replay_YBLW=replay_YBLW)
+  return hidden_BLD[:, P - 1:L - 1], routed
+
+
 def sequence_logprobs(params, config: ModelConfig, tokens_BL, input_mask_BL, *,
                       completion_start: int, vocab_chunk: int = 8192, return_hidden: bool = False,
                       row_sharding=None, replay_BLYW=None) -> dict:
@@ -98,18 +118,10 @@ def sequence_logprobs(params, config: ModelConfig, tokens_BL, input_mask_BL, *,
     axes of a mesh). ``replay_BLYW``: int experts to route each token to in each layer (-1: the
     router's own choice; `jtc.models.moe.route`), or None.
   """
-  chex.assert_rank([tokens_BL, input_mask_BL], 2)
-  chex.assert_equal_shape([tokens_BL, input_mask_BL])
   P = completion_start
-  L = tokens_BL.shape[1]
-  if not 1 <= P < L:
-    raise ValueError(f'completion_start={P!r} must satisfy 1 <= completion_start < L={L}')
-  replay_YBLW = None if replay_BLYW is None else jnp.moveaxis(replay_BLYW, 2, 0)
-  hidden_BLD, _, routed = model_lib.hidden_states(params, config, tokens_BL,
-                                                  model_lib.positions_from_mask(input_mask_BL),
-                                                  input_mask_BL, row_sharding=row_sharding,
-                                                  replay_YBLW=replay_YBLW)
-  hidden_BTD = hidden_BLD[:, P - 1:L - 1]
+  hidden_BTD, routed = completion_hidden(params, config, tokens_BL, input_mask_BL,
+                                         completion_start=P, row_sharding=row_sharding,
+                                         replay_BLYW=replay_BLYW)
   logps_BT, entropy_BT = token_logprobs(hidden_BTD, model_lib.lm_head_DV(params, config),
                                         tokens_BL[:, P:], vocab_chunk=vocab_chunk)
   out = {'logps': logps_BT, 'entropy': entropy_BT}

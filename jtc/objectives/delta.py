@@ -24,7 +24,10 @@ The token-gradient proxy is the LM-head output-row gradient (Implementation):
 predicted the token. It is computed chunk by chunk from the hidden states of the
 behaviour log-prob forward pass (`jtc.objectives.delta_geometry`), so no extra model forward pass is
 needed (the paper's implementation spends num_refine + 2 = 3 of them) and only one chunk of ``v`` is
-ever materialised. The trainer's plug-in and the token clouds are in `jtc.objectives.token_weights`.
+ever materialised. That holds the step's [B, T, D] hidden states from the behaviour pass to this
+one; ``delta.hidden = 'recomputed'`` trades them for 2K + 2 forward passes of a chunk of rows
+at a time (`jtc.objectives.delta_recompute`). The trainer's plug-in and the token clouds are in
+`jtc.objectives.token_weights`.
 
 Dimension key (docs/dimensions.md):
   B: batch (trajectories)    T: completion length     D: model dim
@@ -45,6 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from jtc.objectives import delta_geometry as geometry
+from jtc.objectives import delta_recompute
 # The options and the named ablations are part of this module's API (`delta.DELTA_ABLATIONS`).
 from jtc.objectives.delta_options import DELTA_ABLATIONS, DeltaOptions, ablation_options, options_for  # pylint: disable=unused-import
 
@@ -56,6 +60,8 @@ POS, NEG = geometry.POS, geometry.NEG
 def _validate(hidden_BTD, token_logps_BT, advantages_B, mask_BT, options, *, group_size, rng,
               unembed_VD, token_ids_BT):
   """The inputs' ranks, shapes and dtypes, and what the options need (a ValueError)."""
+  if isinstance(hidden_BTD, delta_recompute.RecomputedHidden):  # its shape, float32 when computed
+    hidden_BTD = jax.ShapeDtypeStruct(hidden_BTD.shape, jnp.float32)
   chex.assert_rank([hidden_BTD, token_logps_BT, advantages_B, mask_BT], [3, 2, 1, 2])
   chex.assert_equal_shape([token_logps_BT, mask_BT])
   chex.assert_equal_shape_prefix([hidden_BTD, token_logps_BT], 2)
@@ -106,7 +112,9 @@ def token_coefficients(hidden_BTD: Array, token_logps_BT: Array, advantages_B: A
 
     Args:
       hidden_BTD: [B, T, D] final-normed hidden states that predicted each completion
-        token (any float dtype; math in float32).
+        token (any float dtype; math in float32), or a `delta_recompute.RecomputedHidden`
+        that recomputes them a chunk of rows at a time in each of the 2K + 2 passes (no [B, T,
+        D] array exists; the same coefficients up to float32 round-off).
       token_logps_BT: [B, T] log p(y_t), the log-prob of the sampled token.
       advantages_B: [B] sequence advantages A_i (only sign and |A| are used).
       mask_BT: [B, T] valid completion tokens (bool or 0/1).
@@ -203,27 +211,36 @@ def _token_classes(advantages_B, mask_BT, *, scope, group_size):
                                     0.0), seg_B=seg_B, seg2_B=seg2_B, num_seg=num_seg)
 
 
-def _proxy_pass(hidden_BTD, token_logps_BT, tk, o, *, unembed_VD, token_ids_BT, row_sharding):
+def _proxy_pass(hidden, token_logps_BT, tk, o, *, unembed_VD, token_ids_BT, row_sharding):
   """``run(**kwargs)``: one chunked pass over the token-gradient proxies v (the LM-head row
   gradient (1 - p) h, or the top-k hidden proxy), `geometry.proxy_pass`: chunks of C tokens of
-  every row, C * B about ``o.chunk_size``."""
-  batch, length, dim = hidden_BTD.shape
-  chunk = min(length, max(1, o.chunk_size // batch))
-  # Note: XLA:CPU upcasts a bfloat16 loop operand to float32 once, before the loop (a float32
-  # copy of all hidden states); pass float32 hidden states on CPU.
-  hidden_chunk = lambda start: geometry.take_chunk(hidden_BTD, start, chunk)
-  if o.proxy == 'lm_head':
-    v_fn = lambda start: geometry.lm_head_proxy(hidden_chunk(start),
-                                                geometry.take_chunk(token_logps_BT, start, chunk))
-  else:
-    # Row by row (vmap), so that sharded rows stay where they are.
-    topk = jax.vmap(
-        functools.partial(geometry.topk_hidden_proxy, unembed_VD=unembed_VD, topk=o.topk))
-    v_fn = lambda start: topk(hidden_chunk(start), geometry.take_chunk(token_ids_BT, start, chunk))
+  every row, C * rows about ``o.chunk_size``. Held hidden states are read in place; recomputed
+  ones (`delta_recompute.RecomputedHidden`) a chunk of rows at a time, each pass recomputing
+  them (`delta_recompute.proxy_pass`)."""
+  batch, length, dim = hidden.shape
+  recomputed = isinstance(hidden, delta_recompute.RecomputedHidden)
+  rows = batch // hidden.num_chunks if recomputed else batch
+  chunk = min(length, max(1, o.chunk_size // rows))
   constrain = lambda x: (x if row_sharding is None else jax.lax.with_sharding_constraint(
       x, row_sharding(x)))
-  return functools.partial(geometry.proxy_pass, v_fn, tk.seg2_B, length=length, chunk=chunk,
-                           num_seg=tk.num_seg, dim=dim, constrain=constrain)
+  proxies = functools.partial(geometry.chunk_proxies, chunk=chunk, proxy=o.proxy, topk=o.topk,
+                              unembed_VD=unembed_VD)
+  one_pass = functools.partial(geometry.proxy_pass, length=length, chunk=chunk, num_seg=tk.num_seg,
+                               dim=dim, constrain=constrain)
+  if not recomputed:
+    v_fn = proxies(hidden, token_logps_BT, token_ids_BT=token_ids_BT)
+    return functools.partial(one_pass, v_fn, tk.seg2_B)
+
+  def run(mu_BZD=None, weight_BT=None, want_sq=False):
+    per_row = dict(seg2_B=tk.seg2_B, logps_BT=token_logps_BT, ids_BT=token_ids_BT, mu_BZD=mu_BZD,
+                   weight_BT=weight_BT)
+    chunk_pass = lambda hidden_BTD, x: one_pass(
+        proxies(hidden_BTD, x['logps_BT'], token_ids_BT=x['ids_BT']), x['seg2_B'], mu_BZD=x[
+            'mu_BZD'], weight_BT=x['weight_BT'], want_sq=want_sq)
+    return delta_recompute.proxy_pass(hidden, chunk_pass, per_row, num_seg=tk.num_seg,
+                                      constrain=constrain)
+
+  return run
 
 
 def _scores(run, tk, o):

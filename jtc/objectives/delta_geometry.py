@@ -15,6 +15,7 @@ Dimension key (docs/dimensions.md):
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional
 
 import chex
@@ -93,6 +94,22 @@ def scan_chunks(length: int, chunk: int, body: Callable, init: Any) -> Any:
 def take_chunk(x_BT: Array, start: Array, chunk: int) -> Array:
   """Positions [start, start + chunk) of axis 1 of [B, T, ...] (every row's)."""
   return jax.lax.dynamic_slice_in_dim(x_BT, start, chunk, axis=1)
+
+
+def chunk_proxies(hidden_BTD: Array, token_logps_BT: Array, *, chunk: int, proxy: str = 'lm_head',
+                  topk: int = 0, unembed_VD: Optional[Array] = None,
+                  token_ids_BT: Optional[Array] = None) -> Callable:
+  """``v_fn(start)``: the proxies v [B, C, D] of positions [start, start + C) of every row,
+    `lm_head_proxy` or (proxy='topk_hidden') `topk_hidden_proxy`, row by row (vmap) so that
+    sharded rows stay where they are."""
+  # Note: XLA:CPU upcasts a bfloat16 loop operand to float32 once, before the loop (a float32
+  # copy of all hidden states); pass float32 hidden states on CPU.
+  hidden_chunk = lambda start: take_chunk(hidden_BTD, start, chunk)
+  if proxy == 'lm_head':
+    return lambda start: lm_head_proxy(hidden_chunk(start), take_chunk(
+        token_logps_BT, start, chunk))
+  topk_rows = jax.vmap(functools.partial(topk_hidden_proxy, unembed_VD=unembed_VD, topk=topk))
+  return lambda start: topk_rows(hidden_chunk(start), take_chunk(token_ids_BT, start, chunk))
 
 
 def proxy_pass(v_fn: Callable, seg2_B: Array, *, length: int, chunk: int, num_seg: int, dim: int,

@@ -1,8 +1,9 @@
 """Plug-ins that produce per-token loss weights for the trainer, and their token clouds.
 
 A plug-in is chosen by `config.token_weights` (``PLUGINS``); the trainer calls
-``weights(state, params, behaviour, completion_BT, adv_B, mask_BT, rng) -> (weights_BT, metrics,
-state)`` once per rollout batch with the behaviour pass's log-probs and hidden states, and
+``weights(state, params, behaviour, inputs, completion_BT, adv_B, mask_BT, rng) -> (weights_BT,
+metrics, state)`` once per rollout batch with the behaviour pass's outputs (log-probs, hidden
+states when ``needs_hidden``) and inputs (tokens, masks, replayed experts), and
 checkpoints ``state`` with the run. `DeltaWeighter` is DelTA (arXiv 2605.21467): the
 coefficients of `jtc.objectives.delta.token_coefficients` and the running token cloud (Figure 4).
 
@@ -23,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from jtc.objectives import delta
+from jtc.objectives import delta_recompute
 from jtc.models import model as model_lib
 
 Array = jax.Array
@@ -99,22 +101,30 @@ def top_bottom_tokens(state: TokenCloudState, k: int, *, min_count: float = 1.0)
 class DeltaWeighter:
   """DelTA as a token-weight plug-in of the trainer.
 
-    ``weights(state, params, behaviour, completion_BT, adv_B, mask_BT, rng)`` returns
-    (lam_BT, metrics, state): the coefficients `surrogates.delta` takes as token_weights,
-    computed from the hidden states of the behaviour log-prob pass (``behaviour``: the dict of
-    `logprobs.sequence_logprobs` with return_hidden=True, so no extra forward pass), and the
-    running token cloud (DelTA Figure 4) over the tokens DelTA scores (real, A != 0). The cloud
-    is the plug-in's ``state`` (arrays, checkpointed with the run).
+    ``weights(state, params, behaviour, inputs, completion_BT, adv_B, mask_BT, rng)`` returns
+    (lam_BT, metrics, state): the coefficients `surrogates.delta` takes as token_weights, and
+    the running token cloud (DelTA Figure 4) over the tokens DelTA scores (real, A != 0). The
+    cloud is the plug-in's ``state`` (arrays, checkpointed with the run).
+
+    ``hidden`` (config.delta.hidden, `delta_recompute.HIDDEN_MODES`) says where the hidden
+    states come from: 'held', the behaviour log-prob pass's (``behaviour``: the dict of
+    `logprobs.sequence_logprobs` with return_hidden=True, so no extra forward pass, but the
+    step's [B, T, D] states live from that pass to this one); 'recomputed', ``forward(params,
+    inputs of a chunk of rows)`` (the behaviour pass's forward, ``inputs``: {'tokens_BL',
+    'input_mask_BL', 'replay_BLYW'}) run again on ``chunk_rows`` rows at a time in each of
+    DelTA's 2K + 2 passes (`jtc.objectives.delta_recompute`).
     """
 
-  needs_hidden = True
-
   def __init__(self, options: delta.DeltaOptions, *, group_size: int, model_config: Any,
-               row_sharding=None):
+               row_sharding=None, hidden: str = 'held', forward=None, chunk_rows: int = 0):
     self.options = options
     self.model_config = model_config
     # row_sharding: the rows' sharding the coefficient pass keeps (`delta.token_coefficients`).
     self.row_sharding = row_sharding
+    check_hidden(hidden)
+    if hidden == 'recomputed' and forward is None:
+      raise ValueError("config.delta.hidden='recomputed' needs the behaviour pass's forward")
+    self.hidden, self.forward, self.chunk_rows = hidden, forward, chunk_rows
     self._coefficients = jax.jit(
         functools.partial(delta.token_coefficients, options=options, group_size=group_size,
                           row_sharding=row_sharding))
@@ -123,6 +133,7 @@ class DeltaWeighter:
   def check_config(section: Any) -> delta.DeltaOptions:
     """The `DeltaOptions` of a config's `delta` section (ablation name, range, refinement,
         scope); a ValueError naming the bad key otherwise."""
+    check_hidden(section.get('hidden', 'held'))
     if section.ablation not in delta.DELTA_ABLATIONS:
       raise ValueError(f'config.delta.ablation={section.ablation!r} is not valid; valid: '
                        f'{sorted(delta.DELTA_ABLATIONS)}')
@@ -133,22 +144,34 @@ class DeltaWeighter:
       raise ValueError(f'config.delta: {e}') from None
 
   @classmethod
-  def from_config(cls, section: Any, *, group_size: int, model_config: Any,
-                  row_sharding=None) -> 'DeltaWeighter':
-    """From a config's `delta` section."""
+  def from_config(cls, section: Any, *, group_size: int, model_config: Any, row_sharding=None,
+                  forward=None, chunk_rows: int = 0) -> 'DeltaWeighter':
+    """From a config's `delta` section (``forward``, ``chunk_rows``: for hidden='recomputed')."""
     return cls(cls.check_config(section), group_size=group_size, model_config=model_config,
-               row_sharding=row_sharding)
+               row_sharding=row_sharding, hidden=section.get('hidden', 'held'), forward=forward,
+               chunk_rows=chunk_rows)
+
+  @property
+  def needs_hidden(self) -> bool:
+    """Whether the behaviour pass must return its hidden states."""
+    return self.hidden == 'held'
 
   def init_state(self) -> TokenCloudState:
     return init_token_cloud(self.model_config.vocab_size)
 
-  def weights(self, state, params, behaviour, completion_BT, adv_B, mask_BT, rng):
+  def weights(self, state, params, behaviour, inputs, completion_BT, adv_B, mask_BT, rng):
     extra = {}
     if self.options.proxy == 'topk_hidden':
       extra = dict(unembed_VD=model_lib.lm_head_DV(params, self.model_config).T,
                    token_ids_BT=completion_BT)
-    lam_BT, metrics = self._coefficients(behaviour['hidden'], behaviour['logps'], adv_B, mask_BT,
-                                         rng=rng, **extra)
+    hidden = behaviour.get('hidden')
+    if not self.needs_hidden:
+      hidden = delta_recompute.RecomputedHidden(params=params, inputs=inputs, forward=self.forward,
+                                                length=mask_BT.shape[1],
+                                                dim=self.model_config.d_model,
+                                                chunk_rows=self.chunk_rows)
+    lam_BT, metrics = self._coefficients(hidden, behaviour['logps'], adv_B, mask_BT, rng=rng,
+                                         **extra)
     scored_BT = mask_BT * (adv_B[:, None] != 0)
     state = update_token_cloud(state, completion_BT, lam_BT, scored_BT)
     return lam_BT, metrics, state
@@ -165,6 +188,13 @@ class DeltaWeighter:
     }
     with open(os.path.join(workdir, 'token_cloud.json'), 'w') as f:
       json.dump(rows, f, indent=1)
+
+
+def check_hidden(hidden: str) -> None:
+  """A ValueError naming ``hidden`` unless it is one of `delta_recompute.HIDDEN_MODES`."""
+  if hidden not in delta_recompute.HIDDEN_MODES:
+    raise ValueError(f'config.delta.hidden={hidden!r} is not valid; valid: '
+                     f'{list(delta_recompute.HIDDEN_MODES)}')
 
 
 PLUGINS = {'delta': DeltaWeighter}

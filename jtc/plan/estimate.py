@@ -13,7 +13,9 @@ compiler adds inside each program is modelled, per member on a chip:
              residual stream, the vocabulary chunk's [T, C/t] float32 logits (3 live copies)
              and its outputs (log-probs, entropies and, for DelTA, the hidden states);
   delta      DelTA's per-token [B/r, T] float32 vectors (margins, scores, weights, ...: 12),
-             a chunk of the token-gradient proxies and a copy of the hidden states;
+             a chunk of the token-gradient proxies and a copy of the hidden states (held), or
+             one scoring chunk's forward and hidden states, its 2K + 2 forwards timed
+             (delta.hidden = 'recomputed');
   update     the saved activations (remat: one [L, D] residual per layer and row; without:
              every layer's forward), one layer's backward (2 forwards), the vocabulary chunk
              forward and backward (4 copies), float32 gradients, their accumulator over
@@ -45,6 +47,7 @@ import numpy as np
 from jtc.models import gated_deltanet
 from jtc.models import layer_types
 from jtc.models import model as model_lib
+from jtc.objectives import delta_recompute
 from jtc.rl import sharding as sharding_lib
 from jtc.rl import stages as stages_lib
 from jtc.rl import step as step_lib
@@ -188,29 +191,46 @@ class Context:
     return max(flops / self.chips / self.chip.peak_flops, hbm / self.chip.hbm_bandwidth,
                link / self.chip.link_bandwidth)
 
+  @property
+  def active_params(self):
+    """The parameters a token's forward multiplies by (`active_params`)."""
+    return active_params(self.m, self.n_params)
+
   def flops(self, tokens, L):
-    """Forward FLOPs of ``tokens`` tokens in rows of L: 2 N per token + causal attention in the
-    full-attention layers; a hybrid's linear-attention layers add, per token, the delta rule's
-    state products and the chunked form's within-chunk products (`delta_rule`)."""
+    """Forward FLOPs of ``tokens`` tokens in rows of L: 2 N per token (N the active parameters:
+    a mixture of experts' W of X) + causal attention in the full-attention layers; a hybrid's
+    linear-attention layers add, per token, the delta rule's state products and the chunked
+    form's within-chunk products (`delta_rule`)."""
     m = self.m
     stacks = layer_types.stack_sizes(m)
     attention = 2 * stacks.get('attn', 0) * m.n_heads * m.head_dim * L
     _, H, N, Hv, _ = gated_deltanet.dims(m)
     linear = 2 * stacks.get('linear_attn', 0) * N * (2 * H * Hv + m.linear_chunk * (H + Hv))
-    return tokens * (2 * self.n_params + attention + linear)
+    return tokens * (2 * self.active_params + attention + linear)
 
 
-def kv_cache_bytes(x, B, G, P, T):
-  """The sampler's `decode.GroupCache` per chip: B prompts' P slots and B x G rows' T slots
+def active_params(m, n_params):
+  """Of ``n_params``, those a token's forward uses: a mixture of experts' layers (every layer
+  when n_experts > 0, `jtc.models.moe`) leave X - W experts' gate, up and down idle."""
+  idle = m.n_layers * (m.n_experts - m.experts_per_token) * 3 * m.d_model * m.d_expert
+  return n_params - (idle if m.n_experts else 0)
+
+
+def kv_cache_bytes(x, B, G, P, T, slots=None):
+  """The sampler's `decode.GroupCache` per chip: B prompts' P slots and R rows' T slots
   (rounded up to blocks of 128 on an accelerator) of keys and values, every full-attention
-  layer; in a hybrid, also each row's state in every linear-attention layer (`linear`)."""
+  layer; in a hybrid, also each row's state in every linear-attention layer (`linear`). R is
+  B x G, or the continuous scheduler's ``slots``, whose hybrid cache also keeps each of the B
+  prompts' final linear states to restart rows from (`prompt_linear`)."""
   m = x.m
-  r, b = _rows(B * G, x.sizes), _rows(B, x.sizes)
+  R = slots or B * G
+  r, b = _rows(R, x.sizes), _rows(B, x.sizes)
   kv = m.n_kv_heads // _div(m.n_kv_heads, x.t)
   T_pad = T if x.chip.platform == 'cpu' else -(-T // min(128, T)) * min(128, T)
   stacks = layer_types.stack_sizes(m)
   kv_bytes = stacks.get('attn', 0) * kv * m.head_dim * 2 * x.d * (r * T_pad + b * P)
-  return kv_bytes + linear_state_bytes(x, stacks.get('linear_attn', 0), B * G)
+  Y = stacks.get('linear_attn', 0)
+  return kv_bytes + linear_state_bytes(x, Y, R) + (linear_state_bytes(x, Y, B) if slots else 0)
 
 
 def linear_state_bytes(x, Y, rows):
@@ -242,10 +262,12 @@ def _sampler(x, stage):
   m = x.m
   B, P = stage.args[1].shape[-2:]
   G, T = stage.kwargs['num_samples'], stage.kwargs['max_new_tokens']
-  r, b = _rows(B * G, x.sizes), _rows(B, x.sizes)
-  cache = kv_cache_bytes(x, B, G, P, T)
+  R = stage.kwargs.get('slots') or B * G  # continuous: its decode slots
+  r, b = _rows(R, x.sizes), _rows(B, x.sizes)
+  cache = kv_cache_bytes(x, B, G, P, T, stage.kwargs.get('slots'))
   nbytes = cache + r * m.vocab_size * 4 * 4 + _layer_bytes(m, b, P, x.t)
-  per_token = x.roof(2 * x.n_params * B * G, x.n_params * x.p / x.t + cache / 2,
+  # Time as the compiled plan counts it: B x G rows' T tokens (the decode loop at T steps).
+  per_token = x.roof(2 * x.active_params * B * G, x.n_params * x.p / x.t + cache / 2,
                      x.gather + x.activations(B * G))
   return nbytes, T * per_token + x.roof(x.flops(B * P, P), 0, x.gather + x.activations(B * P))
 
@@ -261,19 +283,29 @@ def _scoring(x, stage, hidden):
   return nbytes, x.roof(x.flops(rows * L, L), 0, x.gather + x.activations(rows * L))
 
 
-def _delta(x, stage):
+def _delta(x, stage, weighter):
   """(bytes per member, seconds) of DelTA's coefficient pass over the step's B x T tokens: its
-  per-token float32 vectors and one chunk of [rows, C, D] proxies (three live copies)."""
-  B, T, D = stage.args[2]['hidden'].shape[-3:]
-  r = _rows(B, x.sizes)
-  options = x.delta_options
-  chunk_T = max(1, min(T, -(-options.chunk_size // B)))
-  hidden = r * T * D * x.d
-  # A copy of the hidden states (the compiled pass takes one for its loops: 8.05 GiB of
-  # temporaries beside 8.0 GiB of hidden states, Qwen3-8B on v5p-64).
-  nbytes = hidden + 12 * r * T * 4 + 3 * r * chunk_T * D * 4
+  per-token float32 vectors and one chunk of [rows, C, D] proxies (three live copies), and
+  either the held hidden states' copy or (``weighter.hidden == 'recomputed'``) one chunk of
+  rows' forward pass and hidden states, that forward run in each of the 2K + 2 passes."""
+  B, T = stage.args[2]['logps'].shape[-2:]
+  D, r, options = x.m.d_model, _rows(B, x.sizes), x.delta_options
   passes = 2 * options.num_refine + 2
-  return nbytes, x.roof(passes * 8 * B * T * D, passes * hidden, 0)
+  if weighter.needs_hidden:
+    chunk_T = max(1, min(T, -(-options.chunk_size // B)))
+    hidden = r * T * D * x.d
+    # A copy of the hidden states (the compiled pass takes one for its loops: 8.05 GiB of
+    # temporaries beside 8.0 GiB of hidden states, Qwen3-8B on v5p-64).
+    nbytes = hidden + 12 * r * T * 4 + 3 * r * chunk_T * D * 4
+    return nbytes, x.roof(passes * 8 * B * T * D, passes * hidden, 0)
+  R = delta_recompute.rows_per_chunk(B, weighter.chunk_rows)
+  rc, L = _rows(R, x.sizes), T + x.P
+  chunk_T = max(1, min(T, -(-options.chunk_size // R)))
+  forward = _layer_bytes(x.m, rc, L, x.t) + rc * L * D * x.d * 2
+  nbytes = 2 * rc * T * D * x.d + forward + 12 * r * T * 4 + 3 * rc * chunk_T * D * 4
+  seconds = passes * (x.roof(x.flops(B * L, L), 0, x.gather + x.activations(B * L)) +
+                      x.roof(8 * B * T * D, 0, 0))
+  return nbytes, seconds
 
 
 def _update(x, stage, grads):
@@ -302,9 +334,10 @@ def stage_estimate(x, stage, step):
   if stage.name in ('sample', 'eval'):
     nbytes, seconds = _sampler(x, stage)
   elif stage.name in ('behaviour', 'reference'):
-    nbytes, seconds = _scoring(x, stage, hidden=step.delta is not None)
+    nbytes, seconds = _scoring(x, stage, hidden=step.weighter is not None and
+                               step.weighter.needs_hidden)
   elif stage.name == 'delta':
-    nbytes, seconds = _delta(x, stage)
+    nbytes, seconds = _delta(x, stage, step.weighter)
   elif stage.name == 'update':
     grads = stages_lib.chip_bytes(step.state.params) / x.p * 4 / members  # float32 gradients
     nbytes, seconds = _update(x, stage, grads)
@@ -322,8 +355,11 @@ def estimate(c, model_config, sizes, chip, *, step=None, memo=None, key=None) ->
   only chunks, micro-batches and remat: one step per mesh); ``memo`` with ``key(stage)``: a
   dict of stage estimates shared by the candidates of one search (a stage's estimate depends
   on the keys its program does, `suggest.STAGE_KEYS`)."""
-  step = dataclasses.replace(step or abstract_step(c, model_config, sizes), c=c,
-                             model_config=model_config)
+  step = step or abstract_step(c, model_config, sizes)
+  # The candidate's token weights (DelTA's hidden states held or recomputed, its row chunk).
+  step = dataclasses.replace(
+      step, c=c, model_config=model_config,
+      weighter=step_lib.token_weighter(c, model_config, step.infer_config, step.mesh))
   x = context(c, model_config, sizes, chip, step.weighter)
   keys = {name: None if memo is None else key(name) for name in STAGES}
   todo = [name for name, k in keys.items() if k is None or k not in memo]

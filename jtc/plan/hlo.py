@@ -10,7 +10,13 @@ constant (the sampler's stop-at-EOS loop, a decode step's live blocks) takes ``u
 (by nesting depth among such loops), which the caller states.
 
   * FLOPs: 2 x output elements x contracted size of every dot / convolution (matmuls; the
-    elementwise work is not counted), per chip.
+    elementwise work is not counted), per chip. A `ragged-dot` (`jax.lax.ragged_dot`, the MoE
+    experts' grouped matmul; XLA's cost analysis counts none) counts its real rows once: 2 m k n
+    for m rows of k against their group's [k, n] (forward and input gradient), and for its
+    weight gradient, whose ragged dimension is contracted into a [g, k, n] output, 2 m k n too
+    (the output's g groups each see only their own rows: 1/g of a dense count).
+  * A `jax.shard_map` body (in a lowered program, a call of `xla.sdy.manual_computation_body`)
+    holds one shard's shapes: it counts once per shard of its manual mesh axes.
   * Collective bytes: the output bytes of all-gather, reduce-scatter, all-reduce and
     all-to-all (and their -start forms; every peer's buffer of a tuple-shaped all-to-all), once
     per collective channel.
@@ -124,16 +130,21 @@ def _attr(rest, key):
 
 
 def _matmul_flops(ins, shapes):
-  """2 x output elements x contracted size of a dot or convolution, else 0."""
+  """2 x output elements x contracted size of a dot, ragged-dot or convolution, else 0; a
+  ragged-dot whose ragged dimension is contracted (a weight gradient: output [g, ...]) / g."""
   out = _arrays(ins.shape)
-  if ins.op not in ('dot', 'convolution') or not out:
+  if ins.op not in ('dot', 'ragged-dot', 'convolution') or not out:
     return 0
   out_elems = math.prod(out[0][1])
   ops = _operands(ins.rest)
-  if ins.op == 'dot':
+  if ins.op in ('dot', 'ragged-dot'):
     lhs = _arrays(shapes.get(ops[0], '')) if ops else []
     dims = _attr(ins.rest, 'lhs_contracting_dims')
     contract = math.prod(lhs[0][1][d] for d in dims) if lhs else 1
+    ragged = _attr(ins.rest, 'lhs_ragged_dims')
+    if ins.op == 'ragged-dot' and ragged and ragged[0] in dims and len(ops) > 2:
+      sizes = _arrays(shapes.get(ops[2], ''))  # the group sizes [..., g]
+      return 2 * out_elems * contract // (sizes[0][1][-1] if sizes and sizes[0][1] else 1)
     return 2 * out_elems * contract
   labels = re.search(r'dim_labels=(\w+)_(\w+)->(\w+)', ins.rest)
   rhs = _arrays(shapes.get(ops[1], '')) if len(ops) > 1 else []
@@ -142,6 +153,34 @@ def _matmul_flops(ins, shapes):
   contract = math.prod(size for label, size in zip(labels.group(2), rhs[0][1]) if label != 'o')
   groups = re.search(r'feature_group_count=(\d+)', ins.rest)
   return 2 * out_elems * contract // (int(groups.group(1)) if groups else 1)
+
+
+def meshes(text):
+  """{mesh name: {axis: size}} of a lowered program's Shardy meshes (its module header)."""
+  header = text.split('\n', 1)[0]
+  return {
+      name: {
+          a: int(n) for a, n in re.findall(r'\\?"([\w.\-]+)\\?"\s*=\s*(\d+)', axes)
+      } for name, axes in re.findall(r'([\w.\-]+) = #sdy\.mesh<\[(.*?)\]', header)
+  }
+
+
+def _manual_shards(caller, ins, mesh_sizes):
+  """The shards of a shard_map body called by ``ins``: the product of its manual axes' sizes,
+  read from the `xla.sdy.GlobalToLocalShape` custom-call its operands come from (1 if none)."""
+  by_name = {i.name: i for i in caller.instrs}
+  for name in _operands(ins.rest):
+    src = by_name.get(name)
+    if src is not None and src.op == 'get-tuple-element':
+      src = by_name.get((_operands(src.rest) or [''])[0])
+    if src is None or 'GlobalToLocalShape' not in src.rest:
+      continue
+    axes = re.search(r'manual_axes\{(.*?)\}', src.rest)
+    mesh = re.search(r'<@([\w.\-]+)', src.rest)
+    sizes = mesh_sizes.get(mesh.group(1), {}) if mesh else {}
+    names = re.findall(r'[\w.\-]+', axes.group(1).replace('\\"', ' ')) if axes else []
+    return math.prod(sizes.get(a, 1) for a in names)
+  return 1
 
 
 def _trip_count(comps, caller, ins):
@@ -191,6 +230,7 @@ def program_costs(text, unknown_trips=(), trip_counts=True):
   at depth d among such loops (1 past the end of the tuple). ``trip_counts=False`` counts every
   loop body once, as XLA's `cost_analysis()` does (the tests' known negative)."""
   comps, entry = parse(text)
+  mesh_sizes = meshes(text)
   mult = collections.defaultdict(float)
   costs = Costs()
   seen_channels = {}
@@ -229,7 +269,9 @@ def program_costs(text, unknown_trips=(), trip_counts=True):
                                  ins.rest):
           if callee in comps and not ins.op.startswith(
               ('all-reduce', 'reduce', 'sort', 'map', 'scatter', 'select-and-scatter')):
-            visit(callee, m, depth)
+            shards = (_manual_shards(comp, ins, mesh_sizes)
+                      if callee.startswith('xla.sdy.manual_computation_body') else 1)
+            visit(callee, m * shards, depth)
 
   visit(entry, 1.0, 0)
   return costs

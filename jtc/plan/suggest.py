@@ -1,9 +1,10 @@
-"""`--suggest`: a setting of the mesh, micro-batches, sampler and scoring chunks and remat that
-fits, cheapest first.
+"""`--suggest`: a setting of the mesh, micro-batches, sampler and scoring chunks, remat and (DelTA)
+where its hidden states live that fits, cheapest first.
 
 Every candidate (mesh data x fsdp x tensor over the chips, and for a mixture of experts planned
 with mesh.expert = 1 also mesh.expert with the all-to-all dispatch, `optim.microbatch_prompts`,
-`rollout.chunk_prompts`, `rollout.score_chunk_prompts`, `policy.remat`) that the config's
+`rollout.chunk_prompts`, `rollout.score_chunk_prompts`, `policy.remat`, with DelTA
+`delta.hidden`) that the config's
 divisibility rules allow gets the analytic `estimate.estimate` (no compile); those whose estimated
 peak fits the chip are compiled in order of estimated step time, and the first whose compiled
 stages all fit wins (the compiler's `memory_analysis()` decides, not the estimate). A candidate
@@ -16,6 +17,7 @@ import dataclasses
 import itertools
 import math
 
+from jtc.objectives import delta_recompute
 from jtc.plan import estimate as estimate_lib
 from jtc.rl import sharding as sharding_lib
 from jtc.rl import update as update_lib
@@ -29,17 +31,21 @@ EXPERT_KEYS = ('mesh.expert', 'policy.moe_dispatch')
 STAGE_KEYS = {
     'prefill': ('rollout.chunk_prompts',),
     'sample': ('rollout.chunk_prompts',),
-    'behaviour': ('rollout.score_chunk_prompts',),
-    'reference': ('rollout.score_chunk_prompts',),
-    'delta': (),
+    'behaviour': ('rollout.score_chunk_prompts', 'delta.hidden'),
+    'reference': ('rollout.score_chunk_prompts', 'delta.hidden'),
+    'delta': ('rollout.score_chunk_prompts', 'delta.hidden'),
     'update': ('optim.microbatch_prompts', 'policy.remat'),
     'eval': (),
 }
 
 
 def _stage_program(stage, overrides):
-  """What decides ``stage``'s program in a candidate: (stage, its keys' values)."""
-  return stage, tuple(overrides.get(k) for k in MESH_KEYS + EXPERT_KEYS + STAGE_KEYS[stage])
+  """What decides ``stage``'s program in a candidate: (stage, its keys' values; DelTA's pass
+  over held hidden states takes the whole step's rows whatever the scoring chunk)."""
+  keys = STAGE_KEYS[stage]
+  if stage == 'delta' and overrides.get('delta.hidden') != 'recomputed':
+    keys = ('delta.hidden',)
+  return stage, tuple(overrides.get(k) for k in MESH_KEYS + EXPERT_KEYS + keys)
 
 
 def _expert_axes(c, n_devices, model_config):
@@ -50,6 +56,15 @@ def _expert_axes(c, n_devices, model_config):
   if own > 1 or model_config is None or not model_config.is_moe:
     return [own]
   return [1] + [e for e in (2, 4, 8, 16) if model_config.n_experts % e == 0 and n_devices % e == 0]
+
+
+def _hidden_modes(c):
+  """[{}] or, for DelTA, [{'delta.hidden': mode}] of each of its modes (held: the behaviour
+  pass's hidden states kept; recomputed: a chunk of rows at a time, 2K + 2 more forwards, so
+  the estimate ranks it after held wherever held fits)."""
+  if c.token_weights != 'delta':
+    return [{}]
+  return [{'delta.hidden': mode} for mode in delta_recompute.HIDDEN_MODES]
 
 
 def _divisors(n):
@@ -84,7 +99,7 @@ def candidates(c, n_devices, model_config, chip, fit_only=True):
       except ValueError:
         continue
       m = dataclasses.replace(model_config, remat=remat)
-      for chunk, score in itertools.product(prompts, prompts):
+      for chunk, score, hidden in itertools.product(prompts, prompts, _hidden_modes(c)):
         overrides = {
             'mesh.data': data,
             'mesh.fsdp': fsdp,
@@ -93,6 +108,7 @@ def candidates(c, n_devices, model_config, chip, fit_only=True):
             'rollout.chunk_prompts': chunk,
             'rollout.score_chunk_prompts': score,
             'policy.remat': remat,
+            **hidden,
             **searched
         }
         set_in(work, overrides)

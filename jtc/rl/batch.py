@@ -98,8 +98,10 @@ def make_batch(config, rollouts, params, run_state, *, task, behaviour_fn, ref_p
       })
   completion_BT = population.stack([r.completion_BT for r in rollouts])
   if weights_fn is not None:
+    inputs = dict(tokens_BL=batch.tokens_BL, input_mask_BL=batch.input_mask_BL,
+                  replay_BLYW=batch.replay_BLYW)  # what a recomputing plug-in's forward reads
     weights_BT, weight_metrics, weighter_state = weights_fn(run_state.weighter, params, behaviour,
-                                                            to_device(completion_BT),
+                                                            inputs, to_device(completion_BT),
                                                             to_device(stack('adv_B')),
                                                             to_device(stack('mask_BT')), rng)
     batch = batch.replace(token_weights_BT=weights_BT)

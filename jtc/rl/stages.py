@@ -9,10 +9,11 @@ state are among its arguments:
               own program, inside the sample stage's);
   sample      `jtc.models.sampler` for rollout.chunk_prompts x G rows and T new tokens, with its
               KV cache (the program `rollout.Generator` runs);
-  behaviour   `Step.behaviour` (+ hidden states for DelTA) of `rollout.score_chunk_prompts`
+  behaviour   `Step.behaviour` (+ hidden states for DelTA, held) of `rollout.score_chunk_prompts`
               groups (twice under a policy lag: the behaviour and the proximal policy);
   reference   the same function on the KL reference (kl_coef > 0);
-  delta       `Step.delta`: DelTA's coefficients from the behaviour pass's hidden states;
+  delta       `Step.delta`: DelTA's coefficients from the behaviour pass's hidden states, or
+              recomputing them a scoring chunk at a time (config.delta.hidden);
   update      `Step.update` of one mini-batch (micro-batches, remat, AdamW state);
   eval        the sampler at the evaluation decoding (eval.batch_prompts prompts a call, as
               `jtc.rl.evaluation.evaluate` batches them), amortised over eval.every steps.
@@ -167,7 +168,7 @@ def scoring_outputs(step, rows):
   if step.model_config.is_moe:  # the router's own experts of the completion tokens
     mc = step.model_config
     out['experts'] = batch_arg(step, (rows, T, mc.n_layers, mc.experts_per_token), jnp.int32)
-  if step.delta is not None:
+  if step.weighter is not None and step.weighter.needs_hidden:  # DelTA's, held (delta.hidden)
     out['hidden'] = batch_arg(step, (rows, T, step.model_config.d_model),
                               step.infer_config.jnp_dtype)
   return out
@@ -208,8 +209,11 @@ def scoring_stages(step):
 
 
 def delta_stage(step, policy):
-  """`Step.delta` on the whole step's rows: the behaviour pass's log-probs, entropies and hidden
-  states, the completions, advantages and mask (as `batch.make_batch` passes them)."""
+  """`Step.delta` on the whole step's rows: the behaviour pass's log-probs, entropies and (held,
+  config.delta.hidden) hidden states, the rows' tokens and masks (a recomputing pass's forward
+  reads them), the completions, advantages and mask (as `batch.make_batch` passes them). Held
+  meanwhile: the rest of the step's batch; recomputing, the pass runs 2K + 2 forwards of the
+  policy a scoring chunk at a time (in its program: the compiled FLOPs count them)."""
   c, pop = step.c, step.pop
   G, T = c.rollout.sampling.num_samples, c.rollout.sampling.max_new_tokens
   B = c.rollout.prompts_per_step * G
@@ -217,15 +221,13 @@ def delta_stage(step, policy):
   replicated = sharding_lib.replicated(step.mesh)
   state = jax.eval_shape(lambda: pop.stack([step.weighter.init_state()] * pop.n))
   state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), state)
-  behaviour = {
-      'logps': f32(B, T),
-      'entropy': f32(B, T),
-      'hidden': batch_arg(step, (B, T, step.model_config.d_model), step.infer_config.jnp_dtype)
-  }
-  args = (state, policy, behaviour, batch_arg(step, (B, T),
-                                              jnp.int32), f32(B), f32(B, T), keys_arg(pop))
+  behaviour = scoring_outputs(step, B)  # all of it, as `make_batch` passes it
   batch = step_batch(step)  # its rows' tokens, masks and log-probs, held meanwhile
-  held = chip_bytes((batch.tokens_BL, batch.input_mask_BL, batch.old_logps_BT, batch.ref_logps_BT))
+  inputs = dict(tokens_BL=batch.tokens_BL, input_mask_BL=batch.input_mask_BL,
+                replay_BLYW=batch.replay_BLYW)
+  args = (state, policy, behaviour, inputs, batch_arg(step, (B, T),
+                                                      jnp.int32), f32(B), f32(B, T), keys_arg(pop))
+  held = chip_bytes((batch.old_logps_BT, batch.ref_logps_BT))
   return Stage('delta', step.delta, args, {}, 1,
                resident_other=step.resident('params', 'base') + held)
 

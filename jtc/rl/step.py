@@ -40,6 +40,7 @@ import numpy as np
 
 from jtc.models import lora as lora_lib
 from jtc.models import model as model_lib
+from jtc.objectives import delta_recompute
 from jtc.objectives import token_weights
 from jtc.rl import checkpoints
 from jtc.rl import population as population_lib
@@ -187,9 +188,7 @@ def build(c, mesh, model_config, *, params=None, schedule_steps=None, ids=(1, 0)
   sampler_config = infer_config  # the sampler's compute dtype may differ (a planted mismatch)
   if c.rollout.sampler_dtype:
     sampler_config = dataclasses.replace(infer_config, dtype=c.rollout.sampler_dtype)
-  weighter = (token_weights.PLUGINS[c.token_weights].from_config(
-      c.delta, group_size=c.rollout.sampling.num_samples, model_config=model_config,
-      row_sharding=sharding_lib.RowSharding(mesh)) if c.token_weights else None)
+  weighter = token_weighter(c, model_config, infer_config, mesh)
   # A member's learning rate, when members vary it, is traced: the update builds its optimiser.
   update_optimizer = (functools.partial(update_lib.make_optimizer, c.optim, total_updates)
                       if 'optim.learning_rate' in pop.varied() else optimizer)
@@ -206,6 +205,20 @@ def build(c, mesh, model_config, *, params=None, schedule_steps=None, ids=(1, 0)
               minibatch=minibatch, update=update, delta=_jit_weights(weighter, pop, mesh))
 
 
+def token_weighter(c, model_config, infer_config, mesh):
+  """The token-weight plug-in of ``c`` (`token_weights.PLUGINS`) or None; it may recompute the
+  behaviour pass's hidden states (config.delta.hidden): that pass's forward, a scoring chunk's
+  rows at a time."""
+  if not c.token_weights:
+    return None
+  G, rows = c.rollout.sampling.num_samples, sharding_lib.RowSharding(mesh)
+  forward = functools.partial(delta_recompute.behaviour_forward, model_config=infer_config,
+                              completion_start=c.data.prompt_width, row_sharding=rows)
+  return token_weights.PLUGINS[c.token_weights].from_config(
+      c.delta, group_size=G, model_config=model_config, row_sharding=rows, forward=forward,
+      chunk_rows=rollout_lib.score_chunk_prompts(c.rollout) * G)
+
+
 def _jit_weights(weighter, pop, mesh):
   """The plug-in's ``weights`` jitted over the members: the token weights over the batch axes
   (as the rollouts), its metrics and state replicated."""
@@ -214,11 +227,11 @@ def _jit_weights(weighter, pop, mesh):
   rows = lambda x: sharding_lib.batch_sharding(mesh, x.shape, members=pop.batched)
   replicated = sharding_lib.replicated(mesh)
 
-  def weights(state, policy, behaviour, completion_BT, adv_B, mask_BT, rng):
+  def weights(state, policy, behaviour, inputs, completion_BT, adv_B, mask_BT, rng):
     # spmd: the rows' constraints inside map the members over the 'population' axis.
     weights_BT, metrics, state = pop.map(weighter.weights,
-                                         spmd=True)(state, policy, behaviour, completion_BT, adv_B,
-                                                    mask_BT, rng)
+                                         spmd=True)(state, policy, behaviour, inputs, completion_BT,
+                                                    adv_B, mask_BT, rng)
     weights_BT = jax.lax.with_sharding_constraint(weights_BT, rows(weights_BT))
     return weights_BT, metrics, jax.lax.with_sharding_constraint(state, replicated)
 

@@ -57,13 +57,17 @@ def test_the_estimates_step_is_the_planners(mesh, lora):
   assert held(abstract) == held(s)
 
 
+@pytest.mark.parametrize('slots', [None, 6])
 @pytest.mark.parametrize(
     'path', ['configs/real/qwen3_0_6b_gsm8k_dfpo.py', 'configs/real/qwen3_5_2b_gsm8k_dfpo.py'])
-def test_kv_cache_term_is_the_samplers_cache(path):
+def test_kv_cache_term_is_the_samplers_cache(path, slots):
   """The sample stage's cache term equals the bytes of the `GroupCache` the sampler builds
-  (traced, not run) over the same shards: 8 prompts x G = 4 over data = 2, tensor = 2. For the
-  Qwen3.5 hybrid: the KV cache of its full-attention layers and each row's recurrent and
-  convolution state in its linear ones (`GroupCache.linear`)."""
+  (traced, not run) over the same shards: 8 prompts x G = 4 (or the continuous scheduler's 6
+  slots) over data = 2, tensor = 2. For the Qwen3.5 hybrid: the KV cache of its full-attention
+  layers and each row's recurrent and convolution state in its linear ones (`GroupCache.linear`);
+  under continuous also each prompt's final states (`GroupCache.prompt_linear`, which the
+  estimate once left out: the known positive that the static case, without them, does not
+  exercise)."""
   c = _config(path, **{'rollout.chunk_prompts': 8, 'rollout.sampling.num_samples': 4})
   m = planner.model_config_for(c, 'tpu')
   B, P, T = 8, c.data.prompt_width, c.rollout.sampling.max_new_tokens
@@ -71,15 +75,31 @@ def test_kv_cache_term_is_the_samplers_cache(path):
   params = jax.eval_shape(lambda: model_lib.init_params(m, jax.random.key(0)))
   tokens = jax.ShapeDtypeStruct((B, P), 'int32')
   _, cache = jax.eval_shape(
-      lambda p, t: decode.prefill(p, m, t, t, num_samples=4, max_new_tokens=T), params, tokens)
+      lambda p, t: decode.prefill(p, m, t, t, num_samples=4, max_new_tokens=T, slots=slots), params,
+      tokens)
   shards = {'batch': 2, 'kv_heads': 2}
   want = sum(x.size * x.dtype.itemsize / shards['batch'] / shards['kv_heads']
              for x in (cache.k_YRKHT, cache.v_YRKTH, cache.prompt_k_YBKPH, cache.prompt_v_YBKPH))
   if cache.linear is not None:  # rows over data, key and value heads over tensor
     assert 'linear_attention' in m.layer_types
     want += sum(x.size * x.dtype.itemsize / 2 / 2 for x in jax.tree.leaves(cache.linear))
+    assert (cache.prompt_linear is None) == (slots is None)
+    want += sum(x.size * x.dtype.itemsize / 2 / 2 for x in jax.tree.leaves(cache.prompt_linear))
   x = estimate.context(c, m, sizes, hardware.CHIPS['v5e'])
-  assert estimate.kv_cache_bytes(x, B, 4, P, T) == pytest.approx(want, rel=1e-9)
+  assert estimate.kv_cache_bytes(x, B, 4, P, T, slots) == pytest.approx(want, rel=1e-9)
+
+
+def test_active_params_are_the_model_cards():
+  """The estimate's FLOPs count the parameters a token uses: Qwen3-30B-A3B's model card says
+  30.5B in all, 3.3B activated (8 of 128 experts); Qwen3-235B-A22B's 235B and 22B. A dense
+  model (known negative) uses all of its parameters."""
+  from jtc.models.model_config import ModelConfig  # pylint: disable=import-outside-toplevel
+  for preset, total, active in (('qwen3_30b_a3b', 30.5e9, 3.3e9), ('qwen3_235b_a22b', 235e9, 22e9),
+                                ('qwen3_8b', 8.2e9, 8.2e9)):
+    m = getattr(ModelConfig, preset)()
+    n = model_lib.num_params(estimate.param_shapes(m))
+    assert n == pytest.approx(total, rel=0.02)
+    assert estimate.active_params(m, n) == pytest.approx(active, rel=0.03)
 
 
 def test_the_filter_keeps_what_can_fit_and_drops_what_cannot():

@@ -7,9 +7,12 @@ from absl import flags as absl_flags
 
 from jtc.cli import absl_program
 from jtc.cli import train as train_cli
+from jtc.objectives import delta_recompute
+from jtc.plan import estimate
 from jtc.plan import hardware
 from jtc.plan import planner
 from jtc.plan import suggest
+from jtc.rl import sharding
 
 CONFIG = 'configs/real/qwen3_0_6b_gsm8k_dfpo.py'
 
@@ -96,3 +99,56 @@ def test_a_mixture_of_experts_is_also_tried_on_an_expert_axis():
   assert order == sorted(order, key=lambda e: e > 1)  # the expert axes after every other
   assert tried(c, ModelConfig.tiny()) == {(None, None)}
   assert tried(suggest.apply(c, {'mesh.expert': 2}), ModelConfig.tiny_moe()) == {(None, None)}
+
+
+def test_delta_is_also_tried_with_its_hidden_states_recomputed():
+  """A DelTA config's candidates come in both `delta.hidden` modes, each setting held before
+  recomputed (the same memory elsewhere, 2K + 2 more forwards); a config without token weights
+  has no such key. On Qwen3-8B's DelTA config at the DAPO config's v6e-16 setting the estimate
+  of held hidden states is over the chip's 32 GiB (the behaviour pass returns them) and that of
+  recomputed ones is under it (docs/scaling.md compares the compiled stages)."""
+  from configs import delta  # pylint: disable=import-outside-toplevel
+  from jtc.models.model_config import ModelConfig  # pylint: disable=import-outside-toplevel
+  c = suggest.apply(delta.get_config('smoke'), {'rollout.prompts_per_step': 2})
+  found = suggest.candidates(c, 4, ModelConfig.tiny(), hardware.CHIPS['v5e'], fit_only=False)
+  key = lambda o: tuple(v for k, v in sorted(o.items()) if k != 'delta.hidden')
+  order = {}
+  for i, (_, o) in enumerate(found):
+    order.setdefault(key(o), {})[o['delta.hidden']] = i
+  assert order and all(m['held'] < m['recomputed'] for m in order.values())
+  # A refused held DelTA pass is the same program at any scoring chunk, a recomputing one not.
+  program = lambda mode, score: suggest._stage_program(  # pylint: disable=protected-access
+      'delta', {
+          **found[0][1], 'delta.hidden': mode,
+          'rollout.score_chunk_prompts': score
+      })
+  assert program('held', 1) == program('held', 2) and program('recomputed', 1) != program(
+      'recomputed', 2)
+  assert all(
+      'delta.hidden' not in o
+      for _, o in suggest.candidates(suggest.apply(c, {
+          'token_weights': '',
+          'loss.name': 'grpo'
+      }), 4, ModelConfig.tiny(), hardware.CHIPS['v5e'], fit_only=False))
+  big = absl_program.load_config(
+      os.path.join(absl_program.REPO, 'configs/real/qwen3_8b_math_delta.py'))
+  setting = {
+      'mesh.data': 1,
+      'mesh.fsdp': 16,
+      'mesh.tensor': 1,
+      'optim.microbatch_prompts': 1,
+      'rollout.chunk_prompts': 4,
+      'rollout.score_chunk_prompts': 1,
+      'policy.remat': True
+  }
+  v6e = hardware.CHIPS['v6e']
+  sizes = sharding.mesh_sizes(data=1, fsdp=16, tensor=1, n_devices=16)
+  est = {
+      mode: estimate.estimate(config, planner.model_config_for(config, 'tpu'), sizes, v6e)
+      for mode in delta_recompute.HIDDEN_MODES
+      for config in [suggest.apply(big, {
+          **setting, 'delta.hidden': mode
+      })]
+  }
+  assert est['held'].peak > v6e.hbm_bytes >= est['recomputed'].peak
+  assert est['recomputed'].seconds > est['held'].seconds

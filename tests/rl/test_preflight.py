@@ -51,12 +51,15 @@ def _lowered(stage):
   return stage.fn.trace(*stage.args, **stage.kwargs).lower().as_text()
 
 
+@pytest.mark.parametrize('hidden', ['held', pytest.param('recomputed', marks=pytest.mark.slow)])
 def test_preflight_compiles_each_stage_once_and_stops_a_run_that_does_not_fit(
-    tmp_path, monkeypatch, compiles, capsys):
+    tmp_path, monkeypatch, compiles, capsys, hidden):
   """A DelTA run with a KL term: the preflight checks sample, behaviour, reference, delta and
   update, each compiled once over the preflight and a step; the planner's own step on the same
-  devices lowers every stage to the trainer's program."""
+  devices lowers every stage to the trainer's program (DelTA's hidden states held, or
+  recomputed by its own pass)."""
   c = delta.get_config('smoke')
+  c.delta.hidden = hidden
   c.num_steps, c.eval.every, c.log.diagnostics_every = 1, 0, 0
   c.loss.hparams.kl_coef = 0.01
   monkeypatch.setenv('JTC_DEVICE_MEMORY_BYTES', str(2**40))  # a stated capacity: it runs

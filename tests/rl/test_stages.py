@@ -90,6 +90,31 @@ def test_a_scoring_pass_holds_its_earlier_calls_outputs_and_their_concatenation(
   assert held[8, True] - held[8, False] == pytest.approx(7 * hidden)
 
 
+def test_recomputed_delta_hidden_states_leave_the_behaviour_outputs_and_the_delta_arguments():
+  """delta.hidden='recomputed': the behaviour pass returns no hidden states (its held outputs
+  shrink by exactly them), and DelTA's pass takes the step's tokens and masks, no [B, T, D]
+  array; 'held' (the known positive) passes them."""
+  kw = {
+      'rollout.prompts_per_step': 32,
+      'rollout.score_chunk_prompts': 8,
+      'token_weights': 'delta',
+      'loss.name': 'delta'
+  }
+  held_step, held = _stages(**kw)
+  step, recomputed = _stages(**kw, **{'delta.hidden': 'recomputed'})
+  assert 'hidden' in stages.scoring_outputs(held_step, 8)
+  assert 'hidden' not in stages.scoring_outputs(step, 8)
+  G, T = step.c.rollout.sampling.num_samples, step.c.rollout.sampling.max_new_tokens
+  hidden = 8 * G * T * step.model_config.d_model * 2 / 4  # bfloat16, rows over fsdp = 4
+  assert (held['behaviour'].resident_other -
+          recomputed['behaviour'].resident_other == pytest.approx(7 * hidden))
+  ranks = lambda stage: [x.ndim for x in jax.tree.leaves(stage.args[2])]
+  assert 3 in ranks(held['delta']) and 3 not in ranks(recomputed['delta'])
+  inputs = recomputed['delta'].args[3]
+  assert inputs['tokens_BL'].shape == (32 * G, step.c.data.prompt_width + T)
+  assert step.weighter.chunk_rows == 8 * G and not step.weighter.needs_hidden
+
+
 def test_chip_bytes_reads_each_shard():
   mesh = jax.sharding.AbstractMesh((1, 2, 2, 1), ('population', 'data', 'fsdp', 'tensor'))
   spec = jax.sharding.PartitionSpec(('data', 'fsdp'))
