@@ -44,7 +44,7 @@ def test_the_wheel_carries_every_package_the_policies_and_the_console_script(whe
   assert not sorted(set(packages) - names)
   # No generic top-level package (configs, experiments) lands in site-packages.
   assert {n.split('/')[0] for n in names} == {'jtc', f'{wheel.name.split("-py")[0]}.dist-info'}
-  for policy in ('base_policy', 'phrasing_policy'):
+  for policy in ('base_policy', 'phrasing_policy', 'moe_policy'):
     assert {f'jtc/assets/{policy}/{f}' for f in ('params.msgpack', 'model.json')} <= names
   (entry_points,) = [n for n in names if n.endswith('entry_points.txt')]
   assert 'jtc = jtc.cli:main' in zipfile.ZipFile(wheel).read(entry_points).decode()

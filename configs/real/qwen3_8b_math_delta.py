@@ -6,10 +6,11 @@ Run:
   python -m jtc.train --config configs/real/qwen3_8b_math_delta.py \
     --config.policy.checkpoint=/path/to/Qwen3-8B-Base --config.data.dataset=/path/to/deepmath/train.jsonl \
     --config.data.eval_dataset=/path/to/math/test.jsonl --workdir /tmp/jtc/qwen3_8b_math_delta
-On a v6e-16 (the DAPO config's setting there) DelTA fits only with its hidden states recomputed
-a scoring chunk at a time instead of held from the behaviour pass (docs/scaling.md):
+On a v6e-16 DelTA fits only with its hidden states recomputed a scoring chunk at a time instead
+of held from the behaviour pass (`jtc plan --suggest`'s setting, 29.3 GiB per chip;
+docs/scaling.md):
   --config.delta.hidden=recomputed --config.mesh.data=1 --config.mesh.fsdp=16 \
-    --config.mesh.tensor=1 --config.optim.microbatch_prompts=1 --config.rollout.chunk_prompts=4 \
+    --config.mesh.tensor=1 --config.optim.microbatch_prompts=1 --config.rollout.chunk_prompts=8 \
     --config.rollout.score_chunk_prompts=1 --config.policy.remat=True
 Smoke test (CPU, tiny checkpoint):
   python -m jtc.train --config configs/real/qwen3_8b_math_delta.py:smoke \

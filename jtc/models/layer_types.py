@@ -149,6 +149,17 @@ def _slot_in_pattern(pattern) -> list:
   return slots, counts
 
 
+def remat_barrier(pattern) -> bool:
+  """Whether a scan step of these layers puts each rematerialised layer behind an optimisation
+  barrier (`jax.checkpoint`'s ``prevent_cse``): iff it holds more than one layer. Without it,
+  nothing orders the recomputes of a step's layers after the cotangents that need them, and
+  libtpu hoisted them: Qwen3.5-2B's update (3 linear + 1 full attention per step) held four
+  layers' recomputed activations at once (docs/scaling.md, "Qwen3.5-2B on one H100"). A
+  one-layer step is ordered by the scan itself, and stays barrier-free (JAX's advice for
+  `jax.checkpoint` inside `jax.lax.scan`)."""
+  return len(pattern) > 1
+
+
 def scan_layers(fn, carry, stacks, config: ModelConfig, *, remat: bool = False):
   """Runs every layer in order, each segment (`segments`) as one `jax.lax.scan`.
 
@@ -161,7 +172,11 @@ def scan_layers(fn, carry, stacks, config: ModelConfig, *, remat: bool = False):
     carry: the running value (the residual stream, caches updated in place, ...).
     stacks: a tuple of dicts {stack name: pytree stacked on a leading axis of that stack's
       rows} (the parameters' ``params['layers']``, per-layer caches, ...).
-    remat: `jax.checkpoint` each layer (its activations recomputed in the backward pass).
+    remat: `jax.checkpoint` each layer (its activations recomputed in the backward pass). Where
+      a scan step holds several layers (a hybrid's repeating pattern), each layer's recompute
+      sits behind an optimisation barrier with its incoming cotangent (``prevent_cse``), so
+      the compiler recomputes one layer at a time instead of hoisting every layer's forward
+      to the start of the step's backward (`remat_barrier`).
 
   Returns:
     (carry, {stack: the layers' outputs stacked on a leading axis of the stack's rows}).
@@ -198,7 +213,7 @@ def scan_layers(fn, carry, stacks, config: ModelConfig, *, remat: bool = False):
         layer_rows = {s: pick(row_xs[s], s) for s in kind.stacks}
         step = functools.partial(fn, kind)
         if remat:
-          step = jax.checkpoint(step, prevent_cse=False)
+          step = jax.checkpoint(step, prevent_cse=remat_barrier(seg.pattern))
         carry, out = step(carry, layer, layer_rows)
         for s, y in out.items():
           outs.setdefault(s, [None] * counts[s])[slot[s]] = y

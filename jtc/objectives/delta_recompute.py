@@ -66,7 +66,8 @@ class RecomputedHidden:
 
 
 def rows_per_chunk(batch: int, chunk_rows: int) -> int:
-  """Rows per chunk: ``chunk_rows``, or all ``batch`` rows at once when it is 0 or does not divide them."""
+  """Rows per chunk: ``chunk_rows``, or all ``batch`` rows at once when it is 0 or does not
+  divide them."""
   return chunk_rows if chunk_rows and batch % chunk_rows == 0 else batch
 
 

@@ -185,14 +185,26 @@ def check_stages(names):
                      f'{", ".join(map(repr, unknown))}; valid: {", ".join(STAGES)}')
 
 
-def stage_costs(lowered, compiled, n_devices, unknown_trips=(), decode_steps=0):
+def flops_lowering(stage, lowered, platform, model_config):
+  """The lowered program whose matmuls `stage_costs` counts: ``lowered`` (the compiled one's),
+  but for a mixture of experts planned for a GPU (compiled for the host CPU) the stage lowered
+  for CUDA, where `jax.lax.ragged_dot` stays a grouped matmul: XLA:CPU's lowering of it is a
+  masked dense product over every expert (X times the routed rows' FLOPs). Inside the stage's
+  mesh context, as it compiles."""
+  if platform != 'gpu' or not model_config.is_moe:
+    return lowered
+  return stage.fn.trace(*stage.args, **stage.kwargs).lower(lowering_platforms=('cuda',))
+
+
+def stage_costs(lowered, compiled, n_devices, unknown_trips=(), decode_steps=0, flops_lowered=None):
   """Per-chip `hlo.Costs`: collective bytes of the compiled program; FLOPs of the lowered one
-  (global matmuls, before the TPU compiler rewrites them as convolutions) / chips; HBM traffic
-  from the compiled sizes: arguments, outputs and temporaries touched once, and for a decode
-  loop of ``decode_steps`` steps the arguments (weights) and half the temporaries (the live
-  half of the KV cache, on average) once per step."""
+  (global matmuls, before the TPU compiler rewrites them as convolutions; ``flops_lowered``
+  instead where given, `flops_lowering`) / chips; HBM traffic from the compiled sizes:
+  arguments, outputs and temporaries touched once, and for a decode loop of ``decode_steps``
+  steps the arguments (weights) and half the temporaries (the live half of the KV cache, on
+  average) once per step."""
   costs = hlo.program_costs(compiled.as_text(), unknown_trips=unknown_trips)
-  costs.flops = hlo.program_costs(lowered.as_text(dialect='hlo'),
+  costs.flops = hlo.program_costs((flops_lowered or lowered).as_text(dialect='hlo'),
                                   unknown_trips=unknown_trips).flops / n_devices
   mem = compiled.memory_analysis()
   once = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
@@ -201,10 +213,10 @@ def stage_costs(lowered, compiled, n_devices, unknown_trips=(), decode_steps=0):
   return costs
 
 
-def _row(stage, lowered, compiled, seconds, chip, n_devices):
+def _row(stage, lowered, compiled, seconds, chip, n_devices, flops_lowered=None):
   mem = compiled.memory_analysis()
   costs = stage_costs(lowered, compiled, n_devices, stage.unknown_trips,
-                      stage.unknown_trips[0] if stage.unknown_trips else 0)
+                      stage.unknown_trips[0] if stage.unknown_trips else 0, flops_lowered)
   per_call, bound = roofline(costs, chip)
   return Row(stage.name, stage.calls, mem.argument_size_in_bytes, mem.output_size_in_bytes,
              mem.temp_size_in_bytes, mem.generated_code_size_in_bytes, mem.alias_size_in_bytes,
@@ -241,6 +253,7 @@ def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=Non
     try:
       with moe_dispatch.mesh_context(step.mesh, step.model_config):  # an all-to-all's mesh
         lowered, compiled, seconds = stage.compile()
+        flops_lowered = flops_lowering(stage, lowered, platform, step.model_config)
     except jax.errors.JaxRuntimeError as e:
       result.compile_s += time.perf_counter() - t0
       if 'RESOURCE_EXHAUSTED' not in str(e):
@@ -250,7 +263,7 @@ def plan(c, devices, *, platform, chip, target, compiled_for, only=None, log=Non
       result.refused_stage = stage.name
       break
     result.compile_s += seconds
-    row = _row(stage, lowered, compiled, seconds, chip, len(devices))
+    row = _row(stage, lowered, compiled, seconds, chip, len(devices), flops_lowered)
     result.rows.append(row)
     if log:
       log(f'compiled {stage.name} in {seconds:.1f} s: peak {row.peak / GIB:.2f} GiB per chip')

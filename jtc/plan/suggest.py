@@ -40,8 +40,12 @@ STAGE_KEYS = {
 
 
 def _stage_program(stage, overrides):
-  """What decides ``stage``'s program in a candidate: (stage, its keys' values)."""
-  return stage, tuple(overrides.get(k) for k in MESH_KEYS + EXPERT_KEYS + STAGE_KEYS[stage])
+  """What decides ``stage``'s program in a candidate: (stage, its keys' values; DelTA's pass
+  over held hidden states takes the whole step's rows whatever the scoring chunk)."""
+  keys = STAGE_KEYS[stage]
+  if stage == 'delta' and overrides.get('delta.hidden') != 'recomputed':
+    keys = ('delta.hidden',)
+  return stage, tuple(overrides.get(k) for k in MESH_KEYS + EXPERT_KEYS + keys)
 
 
 def _expert_axes(c, n_devices, model_config):

@@ -9,7 +9,7 @@ state are among its arguments:
               own program, inside the sample stage's);
   sample      `jtc.models.sampler` for rollout.chunk_prompts x G rows and T new tokens, with its
               KV cache (the program `rollout.Generator` runs);
-  behaviour   `Step.behaviour` (+ hidden states for DelTA) of `rollout.score_chunk_prompts`
+  behaviour   `Step.behaviour` (+ hidden states for DelTA, held) of `rollout.score_chunk_prompts`
               groups (twice under a policy lag: the behaviour and the proximal policy);
   reference   the same function on the KL reference (kl_coef > 0);
   delta       `Step.delta`: DelTA's coefficients from the behaviour pass's hidden states, or

@@ -253,18 +253,18 @@ def update_step(state, batch, hparams=None, frozen=None, *, model_config, optimi
                 router_aux_coef=0.0):
   """One optimiser step on a mini-batch of whole groups; returns (state, metrics).
 
-  ``batch`` is a `Batch` with leaves [n, B/n, ...]: n micro-batches of whole groups. Their
-  gradients are accumulated in float32 with `microbatch_weights` (n = 1: a plain step), so the
-  update equals the one on the un-split mini-batch while holding the activations of one
-  micro-batch. Metrics: the loss's (`objectives.compute_loss`) plus loss, grad / update / param
-  l2 norms and, given the ``optim`` config section, the norm of AdamW's direction before the
-  learning rate (`adam_direction_norm`, 'adam_step_norm'). ``row_sharding``: the activations'
-  rows constrained to it (`logprobs.sequence_logprobs`). ``hparams``: a population member's
-  traced values of the varied keys ('loss.hparams.<k>' override ``loss_hparams``;
-  'optim.learning_rate' is passed to ``optimizer``, then a function learning_rate ->
-  optimiser, e.g. a partial `make_optimizer`). ``frozen``: a LoRA run's base
-  (`lora.Adapted` without adapters); the state's params are then its adapters, trained alone.
-  ``router_aux_coef``: a MoE policy's load-balancing loss weight (`routing.add_router_aux`).
+  ``batch`` is a `Batch` with leaves [n, B/n, ...]: n micro-batches of whole groups. Their gradients
+  are accumulated in float32 with `microbatch_weights` (n = 1: a plain step), so the update equals
+  the one on the un-split mini-batch while holding the activations (and, through a barrier, the
+  weights' bf16 casts) of one micro-batch only. Metrics: the loss's (`objectives.compute_loss`) plus
+  loss, grad / update / param l2 norms and, given the ``optim`` config section, the norm of AdamW's
+  direction before the learning rate (`adam_direction_norm`, 'adam_step_norm'). ``row_sharding``:
+  the activations' rows constrained to it (`logprobs.sequence_logprobs`). ``hparams``: a population
+  member's traced values of the varied keys ('loss.hparams.<k>' override ``loss_hparams``;
+  'optim.learning_rate' is passed to ``optimizer``, then a function learning_rate -> optimiser, e.g.
+  a partial `make_optimizer`). ``frozen``: a LoRA run's base (`lora.Adapted` without adapters); the
+  state's params are then its adapters, trained alone. ``router_aux_coef``: a MoE policy's
+  load-balancing loss weight (`routing.add_router_aux`).
   """
   chex.assert_rank([batch.tokens_BL, batch.input_mask_BL, batch.mask_BT], 3)  # [n, B/n, ...]
   chex.assert_rank(batch.advantages_B, 2)
@@ -296,7 +296,7 @@ def update_step(state, batch, hparams=None, frozen=None, *, model_config, optimi
 
     def accumulate(acc, xs):
       mb, w = xs
-      (loss, metrics), grads = grad_fn(state.params, mb)
+      (loss, metrics), grads = grad_fn(*jax.lax.optimization_barrier((state.params, mb)))
       acc = jax.tree.map(lambda a, g: a + w * g.astype(jnp.float32), acc, grads)
       return acc, (loss, metrics)
 

@@ -128,3 +128,29 @@ def test_hybrid_program_size_does_not_grow_with_depth():
     forward = lambda p, c=c: model_lib.forward(p, c, tokens, tokens, tokens + 1).logits_BLV
     sizes.append(_num_equations(forward, params))
   assert sizes[0] == sizes[1]
+
+
+@pytest.mark.parametrize('mixers, barriers', [((L, L, L, F) * 2, 4), ((F,) * 3, 0)])
+def test_remat_orders_each_recompute_after_its_cotangent_in_multi_layer_steps(mixers, barriers):
+  """With remat, a scan step of several layers (a hybrid's pattern) recomputes each layer behind
+  an optimisation barrier with its cotangent, one per layer of the step; a one-layer step has
+  none. The gradients equal those without remat (the barrier orders, it does not compute)."""
+  c = _config(mixers)
+  stacks = {
+      s: {
+          'w': 0.3 + 0.1 * jnp.arange(n * 9.0).reshape(n, 3, 3) / n
+      } for s, n in layer_types.stack_sizes(c).items()
+  }
+
+  def fn(kind, carry_B3, layer, rows):
+    del rows
+    return jnp.tanh(carry_B3 @ layer[0][kind.mixer_stack]['w']), {}
+
+  def loss(st, remat):
+    carry_B3, _ = layer_types.scan_layers(fn, jnp.ones((2, 3)), (st,), c, remat=remat)
+    return jnp.sum(carry_B3**2)
+
+  hlo = jax.jit(jax.grad(lambda st: loss(st, True))).lower(stacks).as_text()
+  assert hlo.count('stablehlo.optimization_barrier') == barriers
+  got, want = jax.grad(loss)(stacks, True), jax.grad(loss)(stacks, False)
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7), got, want)

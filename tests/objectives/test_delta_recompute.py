@@ -157,3 +157,30 @@ def test_sharded_recomputation_keeps_the_rows_on_their_devices():
   assert "'data'" in out['spec'], out['spec']
   assert len(out['control']) == 1, out['control']  # the detector sees a gather of rows
   assert out['gathers'] == [], out['gathers']
+
+
+@pytest.mark.slow
+def test_a_population_recomputes_each_members_own_hidden_states():
+  """Mapped over 2 members (their own parameters, rows and advantages, as `Population.map`
+  maps the plug-in): each member's recomputed coefficients are its held ones."""
+  members = [_batch(seed) for seed in (0, 1)]
+  config = members[0][0]
+  stack = lambda i: jax.tree.map(lambda *xs: jnp.stack(xs), *[m[i] for m in members])
+  params, tokens, input_mask, adv, mask = (stack(i) for i in range(1, 6))
+  o = delta.DeltaOptions(scope='group')
+  forward = functools.partial(delta_recompute.behaviour_forward, model_config=config,
+                              completion_start=P)
+
+  def member(params, tokens, input_mask, adv, mask):
+    out = rollout.behaviour_pass(params, tokens, input_mask, model_config=config,
+                                 completion_start=P, return_hidden=True)
+    hidden = delta_recompute.RecomputedHidden(
+        params=params, inputs=dict(tokens_BL=tokens, input_mask_BL=input_mask, replay_BLYW=None),
+        forward=forward, length=T, dim=config.d_model, chunk_rows=2)
+    held = delta.token_coefficients(out['hidden'], out['logps'], adv, mask, o, group_size=G)
+    recomputed = delta.token_coefficients(hidden, out['logps'], adv, mask, o, group_size=G)
+    return held[0], recomputed[0]
+
+  held, recomputed = jax.jit(jax.vmap(member))(params, tokens, input_mask, adv, mask)
+  assert np.ptp(np.asarray(held[0] - held[1])) > 0.05  # the members differ
+  np.testing.assert_allclose(recomputed, held, rtol=1e-6, atol=1e-6)

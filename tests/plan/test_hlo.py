@@ -5,15 +5,13 @@ from tests.plan import real_configs
 pytestmark = real_configs.needs_libtpu
 
 
-def test_update_flops_are_trip_count_corrected():
-  """Update FLOPs against a closed form: 6 N_trunk per token of the L-token rows, 8 D V per
-  completion token (the LM head's vocabulary scan recomputes its logits in the backward).
-  Negative control: every loop body counted once (as XLA's cost_analysis does) falls far short."""
-  from jtc.plan import hardware, hlo, planner  # pylint: disable=import-outside-toplevel
-  # A narrow model (compiles in seconds) whose vocabulary takes two chunks of the LM head's scan.
-  small = dict(d_model=256, d_ff=512, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=16_384)
+def _lowered_update(model, *config_path, **overrides):
+  """(step, HLO text, devices): the update stage of a real config shrunk to ``model``, 4 prompts
+  x 4 rows of 16 + 112 tokens in mini-batches of 4 and micro-batches of 2 prompts, over fsdp 4 of
+  a v5e:2x2, lowered (the planner reads FLOPs there, so nothing compiles)."""
+  from jtc.plan import hardware, planner  # pylint: disable=import-outside-toplevel
   c = real_configs.config(
-      model=small, **{
+      *config_path, model=model, **{
           'policy.remat': False,
           'optim.microbatch_prompts': 2,
           'optim.minibatch_prompts': 4,
@@ -22,13 +20,23 @@ def test_update_flops_are_trip_count_corrected():
           'data.prompt_width': 16,
           'rollout.sampling.max_new_tokens': 112,
           'mesh.data': 1,
-          'mesh.fsdp': 4
+          'mesh.fsdp': 4,
+          **overrides
       })
   devices = hardware.topology_devices('v5e:2x2')
   s = planner.build_step(c, devices, 'tpu')
   (update,) = [st for st in s.stages('tpu') if st.name == 'update']
-  # The FLOPs come from the lowered program (the planner reads them there), so nothing compiles.
-  text = update.fn.trace(*update.args).lower().as_text(dialect='hlo')
+  return s, update.fn.trace(*update.args).lower().as_text(dialect='hlo'), devices
+
+
+def test_update_flops_are_trip_count_corrected():
+  """Update FLOPs against a closed form: 6 N_trunk per token of the L-token rows, 8 D V per
+  completion token (the LM head's vocabulary scan recomputes its logits in the backward).
+  Negative control: every loop body counted once (as XLA's cost_analysis does) falls far short."""
+  from jtc.plan import hlo  # pylint: disable=import-outside-toplevel
+  # A narrow model (compiles in seconds) whose vocabulary takes two chunks of the LM head's scan.
+  small = dict(d_model=256, d_ff=512, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=16_384)
+  s, text, devices = _lowered_update(small)
   flops = hlo.program_costs(text).flops / len(devices)
   m = s.model_config
   rows, L, T = 4 * 4, 16 + 112, 112
@@ -46,26 +54,11 @@ def test_moe_update_flops_count_the_experts_ragged_dots_per_shard():
   experts' matmuls count W of X experts per token (2 x 3 D F W forward, twice that backward: the
   `ragged-dot`s' input and weight gradients). Known negatives: ragged-dots not counted (as before)
   and shard_map bodies counted once both fall far short."""
-  from jtc.plan import hardware, hlo, planner  # pylint: disable=import-outside-toplevel
+  from jtc.plan import hlo  # pylint: disable=import-outside-toplevel
   small = dict(d_model=256, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=16_384, n_experts=8,
                experts_per_token=2, d_expert=2048, moe_impl='ragged')
-  c = real_configs.config(
-      'configs/real/qwen3_30b_a3b_math_dapo.py', model=small, **{
-          'policy.remat': False,
-          'optim.microbatch_prompts': 2,
-          'optim.minibatch_prompts': 4,
-          'rollout.prompts_per_step': 4,
-          'rollout.sampling.num_samples': 4,
-          'data.prompt_width': 16,
-          'rollout.sampling.max_new_tokens': 112,
-          'mesh.data': 1,
-          'mesh.fsdp': 4,
-          'mesh.tensor': 1
-      })
-  devices = hardware.topology_devices('v5e:2x2')
-  s = planner.build_step(c, devices, 'tpu')
-  (update,) = [st for st in s.stages('tpu') if st.name == 'update']
-  text = update.fn.trace(*update.args).lower().as_text(dialect='hlo')
+  s, text, devices = _lowered_update(small, 'configs/real/qwen3_30b_a3b_math_dapo.py',
+                                     **{'mesh.tensor': 1})
   assert 'ragged-dot(' in text and 'xla.sdy.manual_computation_body' in text
   m = s.model_config
   rows, L, T = 4 * 4, 16 + 112, 112

@@ -116,6 +116,14 @@ def test_delta_is_also_tried_with_its_hidden_states_recomputed():
   for i, (_, o) in enumerate(found):
     order.setdefault(key(o), {})[o['delta.hidden']] = i
   assert order and all(m['held'] < m['recomputed'] for m in order.values())
+  # A refused held DelTA pass is the same program at any scoring chunk, a recomputing one not.
+  program = lambda mode, score: suggest._stage_program(  # pylint: disable=protected-access
+      'delta', {
+          **found[0][1], 'delta.hidden': mode,
+          'rollout.score_chunk_prompts': score
+      })
+  assert program('held', 1) == program('held', 2) and program('recomputed', 1) != program(
+      'recomputed', 2)
   assert all(
       'delta.hidden' not in o
       for _, o in suggest.candidates(suggest.apply(c, {

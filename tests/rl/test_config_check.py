@@ -30,6 +30,7 @@ def test_method_configs_validate(method, arg):
     ('loss.hparams.eps_low', -0.1, 'eps_low'),
     ('optim.minibatch_prompts', 3, 'minibatch_prompts'),
     ('delta.lam_min', 1.5, 'lam_min'),
+    ('delta.hidden', 'kept', r"delta.hidden='kept' is not valid; valid: \['held', 'recomputed'\]"),
     ('loss.name', 'ppo_typo', 'loss.name'),
     ('token_weights', 'delta', 'token_weights'),
     ('advantage.name', 'gae', 'advantage'),

@@ -58,6 +58,24 @@ def test_gradient_accumulation_equals_one_minibatch(loss_name):
   assert m1['grad_norm'] > 0
 
 
+def test_accumulation_casts_the_weights_inside_each_micro_batch():
+  """With n > 1 micro-batches the parameters pass an optimisation barrier tied to each
+  micro-batch (so their compute-dtype casts are not hoisted out of the loop and held through
+  the update): one barrier more than a single micro-batch's program (which has no loop)."""
+  mc = model_lib.ModelConfig.tiny(vocab_size=32, n_layers=1, d_ff=64, dtype='bfloat16')
+  params = jax.eval_shape(lambda: model_lib.init_params(mc, jax.random.key(0)))
+  batch, opt = _batch('grpo'), optax.sgd(1.0)
+  step = functools.partial(update.update_step, model_config=mc, optimizer=opt, loss_name='grpo',
+                           loss_hparams=objectives.default_hparams('grpo'), completion_start=3,
+                           group_size=2)
+  state = update.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                            opt_state=jax.eval_shape(opt.init, params))
+  text = lambda n: jax.jit(step).lower(
+      state, update.minibatch(batch, jnp.arange(batch.tokens_BL.shape[0]), num_micro=n)).as_text()
+  barriers = lambda n: text(n).count('stablehlo.optimization_barrier')
+  assert barriers(4) == barriers(1) + 1
+
+
 def test_microbatch_weights_closed_form():
   mask = jnp.array([[[1, 1, 0]], [[1, 0, 0]], [[1, 1, 1]]], jnp.float32)  # n=3, B=1, T=3
   np.testing.assert_allclose(update.microbatch_weights(mask, aggregation='token_mean'),
