@@ -12,6 +12,7 @@ __all__ = [
     'delta',
     'delta_geometry',
     'delta_options',
+    'delta_recompute',
     'group_transforms',
     'loss',
     'registry',
