@@ -179,7 +179,7 @@ def check_verdict(row, alpha=ALPHA):
   """An implementation check: 'holds' when the arms are identical on every seed (or, failing
   that, equivalent within +-SESOI), else 'FAILS'."""
   if not np.isfinite(row['delta']) or row['n_seeds'] < 2:
-    return 'not run'
+    return 'not yet run (declared)'
   if row['delta'] == 0 and row['ci_low'] == row['ci_high'] == 0:  # every difference is 0
     return 'holds: identical on every seed'
   if np.isfinite(row['tost_p']) and row['tost_p'] < alpha:
