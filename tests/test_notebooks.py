@@ -47,9 +47,9 @@ def test_committed_executed_with_outputs(name):
   assert any('image/png' in o.get('data', {}) for c in code for o in c.outputs), name
 
 
-# per_token_gradients.ipynb and credit_tokens.ipynb take minutes: slow set only (their committed
+# Executing a notebook takes from 15 s to minutes: the slow set only (every committed notebook's
 # outputs are checked above).
-SLOW = ('per_token_gradients.ipynb', 'credit_tokens.ipynb')
+SLOW = tuple(NOTEBOOKS)
 
 
 @pytest.mark.parametrize(

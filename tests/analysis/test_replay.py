@@ -10,6 +10,7 @@ from jtc.analysis import metric_writer
 from jtc.analysis import replay as replay_lib
 
 
+@pytest.mark.slow  # replays every objective; the ledger itself is in CI (test_ledger.py)
 def test_replay_of_the_runs_objective_reproduces_its_logged_loss(run_with_ledger):
   ledger = ledger_lib.load(run_with_ledger, 2)
   logged = metric_writer.read_jsonl(os.path.join(run_with_ledger, 'metrics.jsonl'))[2]

@@ -120,6 +120,7 @@ def test_continuous_scheduler_draws_what_static_draws(sample, slots):
   np.testing.assert_allclose(got.logps_RT, want.logps_RT, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # LoRA on a hybrid; LoRA on the dense model is in CI (test_lora.py)
 def test_lora_adapts_both_kinds_of_layer(setup):
   params, prompt_BP, mask_BP, completion_RT = setup
   adapters = lora.init_adapters(CONFIG, rank=2, targets=('q', 'v', 'o', 'up'))

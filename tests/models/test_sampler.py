@@ -238,7 +238,7 @@ def test_several_eos_ids_each_end_a_row(params):
   assert not out.truncated_R[0] and not out.truncated_R[1]
 
 
-@pytest.mark.parametrize('layer_loop', ['scan', 'unroll'])
+@pytest.mark.parametrize('layer_loop', ['scan', pytest.param('unroll', marks=pytest.mark.slow)])
 def test_routed_experts_are_those_of_a_full_forward_pass(layer_loop):
   """A mixture-of-experts policy: the same samples with and without `return_routing`, and the
   experts the sampler reports for every fed token (prompt in the prefill, completion in its

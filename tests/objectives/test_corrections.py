@@ -115,7 +115,7 @@ def _expected_gradient(theta, sampler_logps, reward, correction, name):
   return jax.grad(loss)(theta)
 
 
-@pytest.mark.parametrize('name', ['grpo', 'gspo'])
+@pytest.mark.parametrize('name', ['grpo', pytest.param('gspo', marks=pytest.mark.slow)])
 def test_a_correction_reduces_the_bias_of_a_bf16_sampler(name):
   rng = np.random.default_rng(0)
   theta = (jnp.asarray(rng.normal(0, 3, V),

@@ -97,7 +97,8 @@ def test_a_bad_hidden_mode_is_refused_with_the_valid_ones():
 
 CHILD = textwrap.dedent(r'''
     import functools, json, os, re
-    os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=4'
+    os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                               ' --xla_force_host_platform_device_count=4')
     os.environ['JAX_PLATFORMS'] = 'cpu'
     import jax
     import numpy as np
@@ -148,7 +149,6 @@ def test_sharded_recomputation_keeps_the_rows_on_their_devices():
   coefficients equal the one-device held pass's and the program all-gathers nothing (the
   parameters are replicated at fsdp = 1, so any all-gather would move rows)."""
   env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS='cpu')
-  env.pop('XLA_FLAGS', None)
   proc = subprocess.run([sys.executable, '-c', CHILD], capture_output=True, text=True, env=env,
                         cwd=REPO, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -12,7 +12,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 CHILD = textwrap.dedent(r'''
     import json, os, re
-    os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=4'
+    os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                               ' --xla_force_host_platform_device_count=4')
     os.environ['JAX_PLATFORMS'] = 'cpu'
     import functools
     import jax
@@ -69,7 +70,6 @@ CHILD = textwrap.dedent(r'''
 
 def _run():
   env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS='cpu')
-  env.pop('XLA_FLAGS', None)
   proc = subprocess.run([sys.executable, '-c', CHILD], capture_output=True, text=True, env=env,
                         cwd=REPO, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]

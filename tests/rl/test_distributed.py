@@ -168,7 +168,7 @@ def test_a_partial_or_bad_environment_is_an_error(env, match):
     distributed.requested(env)  # at once: nothing is tried on the network
 
 
-@pytest.mark.parametrize('jtc', [True, False])
+@pytest.mark.parametrize('jtc', [pytest.param(True, marks=pytest.mark.slow), False])
 def test_an_unreachable_coordinator_fails_within_the_timeout_naming_it(tmp_path, jtc):
   """Process 1 of 2 with nothing at the coordinator's port: jtc retries until the (shortened)
   timeout, then one line names the address, the process and the time waited. Control: JAX's own

@@ -27,6 +27,7 @@ def test_format_metrics_are_shares_of_the_correct_completions():
   assert evaluation.format_metrics(None, texts, np.ones(4, bool)) == {}
 
 
+@pytest.mark.slow  # repeated evaluations
 def test_sampling_se_predicts_the_spread_of_repeated_evaluations():
   """avg@k_se, estimated from one evaluation's per-problem counts, against the standard
   deviation of avg@k over 40 evaluations of the same policy with other sampling keys."""

@@ -46,6 +46,7 @@ def _step_1(config, workdir, *, save=False):
     trainer.close()
 
 
+@pytest.mark.slow  # a trainer of 2 steps; the adapters' gradients are in CI (models/test_lora.py)
 def test_rank_4_trains_the_adapters_alone_on_a_frozen_base(tmp_path):
   c = _config(**{'log.ledger_every': 1})
   trainer, (metrics,), _ = _step_1(c, str(tmp_path / 'run'), save=True)

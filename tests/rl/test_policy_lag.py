@@ -63,6 +63,7 @@ def more_runs(tmp_path_factory):
   return _runs(((1, 'behaviour'), (2, 'decoupled')), tmp_path_factory)
 
 
+@pytest.mark.slow  # two lagged trainers
 def test_step_1_of_a_lag_is_the_synchronous_step_and_the_lag_then_shows(runs):
   """The lag starts at the initial policy, so step 1 is the synchronous step exactly; from step
   2 on the proximal policy is not the behaviour one (the known positive), while the synchronous

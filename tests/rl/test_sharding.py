@@ -18,7 +18,8 @@ CHILD = textwrap.dedent('''
     import math
     import os
     import re
-    os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
+    os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                               ' --xla_force_host_platform_device_count=8')
     os.environ['JAX_PLATFORMS'] = 'cpu'
     import jax
     import jax.numpy as jnp
@@ -194,7 +195,7 @@ CHILD = textwrap.dedent('''
 
 def test_sharded_equals_single_device_on_8_cpu_devices():
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
-             XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
+             JAX_PLATFORMS='cpu')
   proc = subprocess.run([sys.executable, '-c', CHILD], cwd=REPO, env=env, capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 0 and 'SHARDING_OK' in proc.stdout, proc.stderr[-5000:]

@@ -148,6 +148,7 @@ def test_plot_draws_several_runs(uninterrupted, tmp_path):
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
 
 
+@pytest.mark.slow  # two trainers; the diagnostics' off-policy contrast is in CI at the step level
 def test_diagnostics_are_measured_off_policy_and_tell_gspo_from_dfpo(tmp_path):
   """Known-positive control of the trainer's diagnostics: same seed, same rollouts, step 1 of
   GSPO and of DFPO (Min-Replace) with 2 updates per step. The diagnostics come from the second

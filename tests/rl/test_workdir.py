@@ -241,6 +241,7 @@ def test_two_trainers_on_one_workdir_the_second_is_refused(policy, tmp_path):
     holder.kill()
 
 
+@pytest.mark.slow  # a trainer stopped by a signal; SIGKILL resume is in CI (tests/rl/test_trainer.py)
 def test_sigint_writes_a_checkpoint_and_exits_with_one_line(policy, tmp_path):
   workdir = str(tmp_path / 'w')
   proc = subprocess.Popen(_cmd(workdir, policy, '--config.log.ckpt_every=1000',
@@ -263,6 +264,7 @@ def test_sigint_writes_a_checkpoint_and_exits_with_one_line(policy, tmp_path):
   assert _steps(workdir) == list(range(step + 2))
 
 
+@pytest.mark.slow  # a trainer run to its token budget
 def test_a_token_budget_stop_is_checkpointed_evaluated_and_final(policy, tmp_path):
   """A run that ends on its token budget keeps its last step: checkpoint and evaluation there,
   and running it again says it is finished instead of redoing the steps."""
