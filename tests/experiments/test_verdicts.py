@@ -270,7 +270,8 @@ def test_the_committed_confirmatory_verdicts_recompute_from_the_committed_summar
       r['claim']: r for r in verdicts.read_csv(os.path.join(verdicts.RESULTS_DIR, 'claims.csv'))
   }
   ran = [r for r in rows if r['n_seeds']]
-  assert len([r for r in ran if r['kind'] == 'confirmatory']) == 17
+  # The 17 confirmatory verdicts the audit of issue 54 recomputed, and every one run since.
+  assert len([r for r in ran if r['kind'] == 'confirmatory']) >= 17
   for r in rows:
     c = committed[r['claim']]
     assert (r['n_seeds'], r['verdict']) == (c['n_seeds'], c['verdict']), r['claim']
