@@ -1,6 +1,6 @@
 """Shared pytest set-up: CPU only, float32 matmuls, deterministic, XLA:CPU's cheap code
-generation, a compilation cache of the session's own; a smoke run with a ledger for the ledger's tests (jtc.analysis.ledger, replay,
-ledger_view; jtc.cli.ledger)."""
+generation, a compilation cache of the session's own; a smoke run with a ledger for the ledger's
+tests (jtc.analysis.ledger, replay, ledger_view; jtc.cli.ledger)."""
 import os
 import shutil
 import subprocess
