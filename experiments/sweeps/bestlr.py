@@ -45,6 +45,7 @@ THE RULE that chooses each method's rate, written here before any run of `lr_gri
 import dataclasses
 import math
 
+from experiments import common
 from experiments.sweeps import confirm
 from experiments.sweeps.base import (DFPO_GATED, DFPO_MIN, EVAL_CRN, FINAL_AVG, GRPO, GSPO, Table,
                                      at, make_sweep, num_steps_of, shared_overrides)
@@ -95,6 +96,19 @@ def group_of(lr):
   return f'lr={mantissa.rstrip("0").rstrip(".")}e{int(exponent)}'
 
 
+def scores_of(summaries, seeds=range(8)):
+  """Rule 1 on lr_grid's ``summaries``: {method label: {rate: mean over ``seeds`` of the final
+  held-out avg@16, in points}}, over the rates every one of ``seeds`` has run."""
+  by_rate = {}
+  for s in summaries:
+    if s['seed'] in seeds:
+      points = 100.0 * common.metric_value(s, FINAL_AVG)
+      lr = s['overrides']['optim.learning_rate']
+      by_rate.setdefault(s['label'], {}).setdefault(lr, {})[s['seed']] = points
+  return {label: {lr: sum(v.values()) / len(v) for lr, v in rates.items() if set(v) == set(seeds)}
+          for label, rates in by_rate.items()}
+
+
 def choose_rate(scores, *, tie_points=TIE_POINTS, shared=SHARED_LR):
   """Rules 2-4 on ``scores`` ({rate: mean final avg@16 in points} of one method over the rates
   it ran). Returns (chosen rate, 'below' | 'above' | ''): the side to extend the grid on when
@@ -107,6 +121,20 @@ def choose_rate(scores, *, tie_points=TIE_POINTS, shared=SHARED_LR):
   chosen = min(tied, key=lambda lr: (round(abs(math.log(lr / shared) / math.log(STEP)), 1), lr))
   edge = 'below' if chosen == min(scores) else 'above' if chosen == max(scores) else ''
   return chosen, edge
+
+
+def choose_rates(summaries):
+  """Rules 1-4 for every method on lr_grid's ``summaries``: {method label: (chosen rate, edge)}
+  (`choose_rate`); a ValueError names the rates a method has not yet run on all of seeds 0-7."""
+  scores = scores_of(summaries)
+  missing = {
+      m.label: [rate(k) for k in grid_steps(m.label) if rate(k) not in scores.get(m.label, {})]
+      for m in METHODS
+  }
+  if any(missing.values()):
+    raise ValueError('lr_grid has not run every rate on seeds 0-7; missing: '
+                     f'{ {label: lrs for label, lrs in missing.items() if lrs} }')
+  return {m.label: choose_rate(scores[m.label]) for m in METHODS}
 
 
 def grid_runs(smoke):

@@ -2,6 +2,7 @@
 apart, every method runs every rate at the table1_confirm setting, the declared rule picks the
 best score, breaks ties towards 1e-4 and asks for an extension at an edge."""
 import math
+import os
 
 import pytest
 
@@ -79,3 +80,42 @@ def test_best_vs_best_is_blocked_until_every_rate_is_chosen(monkeypatch):
   sweep = sweeps_lib.get_sweep('best_vs_best')
   assert not sweep.blocked
   assert {r.label: dict(r.overrides)['optim.learning_rate'] for r in sweep.runs} == chosen
+
+
+def _summary(label, lr, seed, avg):
+  return {'label': label, 'seed': seed, 'overrides': {'optim.learning_rate': lr},
+          'curves': {'eval/avg@16': {'step': [80], 'value': [avg]}}}
+
+
+def test_rule_1_scores_every_rate_on_all_eight_seeds():
+  """The score is the seed mean in points; a rate some seed has not run has no score, and the
+  rule refuses to choose while any method misses a rate of its grid."""
+  runs = [_summary(m.label, bestlr.rate(k), seed, 0.5 + 0.01 * seed - 0.02 * abs(k - i))
+          for i, m in enumerate(bestlr.METHODS) for k in bestlr.GRID_STEPS for seed in range(8)]
+  scores = bestlr.scores_of(runs)
+  assert scores['GSPO'][bestlr.rate(0)] == pytest.approx(100 * (0.5 + 0.035))
+  chosen = bestlr.choose_rates(runs)
+  # Method i peaks at grid step i: inside the grid for steps 0-2, at its upper edge for GRPO (3).
+  assert chosen == {m.label: (bestlr.rate(i), 'above' if i == 3 else '')
+                    for i, m in enumerate(bestlr.METHODS)}
+  with pytest.raises(ValueError, match=r"missing: \{'GRPO': \[5e-05\]\}"):
+    bestlr.choose_rates([
+        s for s in runs
+        if (s['label'], s['seed'], s['overrides']['optim.learning_rate']) != ('GRPO', 3, 5e-5)
+    ])
+
+
+def test_chosen_rates_recompute_from_the_committed_grid():
+  """CHOSEN_LR is the rule's choice on lr_grid's committed summaries, and is written only once
+  every method has run every rate of its grid on seeds 0-7 (the rule needs them all)."""
+  from experiments import common  # pylint: disable=import-outside-toplevel
+  summaries = common.load_summaries(os.path.join(common.results_dir(), 'lr_grid'))
+  if not bestlr.CHOSEN_LR:
+    with pytest.raises(ValueError, match='missing'):
+      bestlr.choose_rates(summaries)
+    return
+  chosen = bestlr.choose_rates(summaries)
+  assert bestlr.CHOSEN_LR == {label: lr for label, (lr, _) in chosen.items()}
+  for label, (_, edge) in chosen.items():  # an edge stays only after MAX_EXTENSIONS (rule 4)
+    beyond = [k for k in bestlr.EXTENSIONS.get(label, ()) if (k > 0) == (edge == 'above')]
+    assert not edge or len(beyond) == bestlr.MAX_EXTENSIONS, (label, edge)
