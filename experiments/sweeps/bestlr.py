@@ -105,8 +105,11 @@ def scores_of(summaries, seeds=range(8)):
       points = 100.0 * common.metric_value(s, FINAL_AVG)
       lr = s['overrides']['optim.learning_rate']
       by_rate.setdefault(s['label'], {}).setdefault(lr, {})[s['seed']] = points
-  return {label: {lr: sum(v.values()) / len(v) for lr, v in rates.items() if set(v) == set(seeds)}
-          for label, rates in by_rate.items()}
+  return {
+      label: {
+          lr: sum(v.values()) / len(v) for lr, v in rates.items() if set(v) == set(seeds)
+      } for label, rates in by_rate.items()
+  }
 
 
 def choose_rate(scores, *, tie_points=TIE_POINTS, shared=SHARED_LR):

@@ -83,21 +83,27 @@ def test_best_vs_best_is_blocked_until_every_rate_is_chosen(monkeypatch):
 
 
 def _summary(label, lr, seed, avg):
-  return {'label': label, 'seed': seed, 'overrides': {'optim.learning_rate': lr},
-          'curves': {'eval/avg@16': {'step': [80], 'value': [avg]}}}
+  curve = {'step': [80], 'value': [avg]}
+  return dict(label=label, seed=seed, overrides={'optim.learning_rate': lr},
+              curves={'eval/avg@16': curve})
 
 
 def test_rule_1_scores_every_rate_on_all_eight_seeds():
   """The score is the seed mean in points; a rate some seed has not run has no score, and the
   rule refuses to choose while any method misses a rate of its grid."""
-  runs = [_summary(m.label, bestlr.rate(k), seed, 0.5 + 0.01 * seed - 0.02 * abs(k - i))
-          for i, m in enumerate(bestlr.METHODS) for k in bestlr.GRID_STEPS for seed in range(8)]
+  runs = [
+      _summary(m.label, bestlr.rate(k), seed, 0.5 + 0.01 * seed - 0.02 * abs(k - i))
+      for i, m in enumerate(bestlr.METHODS)
+      for k in bestlr.GRID_STEPS
+      for seed in range(8)
+  ]
   scores = bestlr.scores_of(runs)
   assert scores['GSPO'][bestlr.rate(0)] == pytest.approx(100 * (0.5 + 0.035))
   chosen = bestlr.choose_rates(runs)
   # Method i peaks at grid step i: inside the grid for steps 0-2, at its upper edge for GRPO (3).
-  assert chosen == {m.label: (bestlr.rate(i), 'above' if i == 3 else '')
-                    for i, m in enumerate(bestlr.METHODS)}
+  assert chosen == {
+      m.label: (bestlr.rate(i), 'above' if i == 3 else '') for i, m in enumerate(bestlr.METHODS)
+  }
   with pytest.raises(ValueError, match=r"missing: \{'GRPO': \[5e-05\]\}"):
     bestlr.choose_rates([
         s for s in runs
