@@ -60,10 +60,8 @@ TIE_POINTS = 0.1  # rule 3, points of avg@16
 # Each entry is added only after the grid's results show that method's best at an edge.
 EXTENSIONS = {}
 # Rule 5: {method label: rate}, written from lr_grid's results before any run of best_vs_best.
-# Chosen 2026-12-03 by `choose_rates` on lr_grid's six rates x seeds 0-7, every best bracketed (rule-1
-# scores, %, 5e-5 .. 2.83e-4): GSPO 59.47 61.18 63.14 63.62 61.64 56.83; literal DFPO 61.37 63.20
-# 64.50 63.71 60.46 53.40; gated DFPO 59.58 61.21 63.08 63.23 61.96 57.01; GRPO 61.20 63.28 64.71
-# 64.94 62.99 55.50.
+# Chosen 2026-12-03 by `choose_rates` on lr_grid's committed summaries (its scores:
+# experiments/results/lr_grid.notes.md); a test checks that the two agree.
 CHOSEN_LR = {
     'GSPO': 1.41e-4,
     'DFPO (Min-Replace)': 1e-4,
